@@ -1,0 +1,40 @@
+# Every target works on a fresh machine with only python3 and make.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run chat test lint typecheck unit bench-pipeline bench-recall clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)  ## run the configured transports (console chat when there is no config)
+	$(BIN)/meshsage run $(if $(CONFIG),--config $(CONFIG),)
+
+chat: $(STAMP)
+	$(BIN)/meshsage chat
+
+lint: $(STAMP)
+	$(BIN)/ruff check bot tests bench
+	$(BIN)/ruff format --check bot tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest
+
+test: lint typecheck unit
+
+bench-pipeline: $(STAMP)
+	$(BIN)/python -m bench.pipeline
+
+bench-recall: $(STAMP)
+	$(BIN)/python -m bench.recall ../shared/bench/locomo-dev.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info

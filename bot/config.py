@@ -1,0 +1,298 @@
+"""Strict, typed configuration, loaded once by the CLI and handed to ``app.build``.
+
+Invariants:
+- Unknown keys, wrong types and out-of-range values fail with one ``ConfigError`` whose message
+  names the file, every bad key path and how to fix it. Nothing starts on a bad config.
+- Secrets never come from YAML: only the *name* of an environment variable is configured
+  (``api_key_env``, ``token_env``); the value is read from the environment when needed.
+- Environment overrides (applied after the file): MESHSAGE_CONFIG (path), MESHSAGE_STATE_DIR,
+  MESHSAGE_LLM_BASE_URL, MESHSAGE_LLM_MODEL.
+- No file at all is valid: defaults run the console transport against Ollama on localhost.
+"""
+
+from __future__ import annotations
+
+import difflib
+import getpass
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from bot.errors import ConfigError
+
+ENV_CONFIG = "MESHSAGE_CONFIG"
+ENV_STATE_DIR = "MESHSAGE_STATE_DIR"
+ENV_LLM_BASE_URL = "MESHSAGE_LLM_BASE_URL"
+ENV_LLM_MODEL = "MESHSAGE_LLM_MODEL"
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are meshsage, a helpful assistant reached over chat and LoRa mesh radio. "
+    "Answer briefly and plainly. Use the notes about the person and earlier conversation "
+    "when they are relevant; say so when you do not know."
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class Endpoint(_Strict):
+    base_url: str = "http://localhost:11434/v1"
+    model: str = "llama3.2:3b"
+    api_key_env: str | None = "OPENAI_API_KEY"
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https:// (e.g. http://localhost:11434/v1)")
+        return v.rstrip("/")
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name a model the server has (e.g. llama3.2:3b)")
+        return v
+
+
+class LLMConfig(Endpoint):
+    fallbacks: tuple[Endpoint, ...] = ()
+    connect_timeout: float = Field(5.0, gt=0, le=120)
+    read_timeout: float = Field(120.0, gt=0, le=3600)
+    retries: int = Field(1, ge=0, le=10)
+    retry_backoff: float = Field(2.0, ge=0, le=300)
+    concurrency: int = Field(1, ge=1, le=64)
+    temperature: float = Field(0.7, ge=0, le=2)
+    strip_thinking: bool = True
+
+
+class RateLimit(_Strict):
+    messages: int = Field(6, ge=1, le=10_000)
+    per_seconds: float = Field(60.0, gt=0, le=86_400)
+
+
+class BotConfig(_Strict):
+    name: str = Field("meshsage", min_length=1, max_length=40)
+    system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, min_length=1)
+    command_prefix: str = Field("!", min_length=1, max_length=3)
+    operators: tuple[str, ...] = ()  # "transport:person", e.g. "meshtastic:!1234abcd"
+    rate_limit: RateLimit = RateLimit()
+    queue_limit: int = Field(3, ge=1, le=100)  # turns waiting per person before we say "slow down"
+    max_message_chars: int = Field(4000, ge=100, le=100_000)  # longer inbound text is cut
+
+    @field_validator("operators")
+    @classmethod
+    def _ops(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for op in v:
+            if ":" not in op:
+                raise ValueError(f"{op!r} must be 'transport:person', e.g. 'console:alice'")
+        return v
+
+
+class RetrievalConfig(_Strict):
+    enabled: bool = True
+    share: float = Field(0.4, ge=0, le=0.9)  # most of the free budget retrieval may take
+    min_score: float = Field(0.0, ge=0)  # BM25 threshold below which nothing is retrieved
+    max_turns: int = Field(8, ge=0, le=100)
+
+
+class SummaryConfig(_Strict):
+    enabled: bool = True
+    min_evicted: int = Field(6, ge=2, le=1000)  # unsummarized old messages before a refresh
+    max_tokens: int = Field(200, ge=32, le=4000)
+    retry_seconds: float = Field(300.0, ge=1, le=86_400)
+
+
+class MemoryConfig(_Strict):
+    retrieval: RetrievalConfig = RetrievalConfig()
+    summary: SummaryConfig = SummaryConfig()
+    max_facts: int = Field(20, ge=1, le=500)
+    retention_days: int = Field(0, ge=0, le=36_500)  # 0 keeps everything
+
+
+class TransportBase(_Strict):
+    enabled: bool = True
+    context_tokens: int = Field(2048, ge=256, le=1_000_000)
+    max_tokens: int = Field(400, ge=16, le=100_000)
+
+
+class ConsoleConfig(TransportBase):
+    user: str = Field(default_factory=lambda: _login_name(), min_length=1)
+
+
+# --- meshtastic: section (transport adapter in bot/transports/meshtastic.py) -----------------
+class MeshtasticConfig(TransportBase):
+    context_tokens: int = Field(1536, ge=256, le=1_000_000)
+    max_tokens: int = Field(120, ge=16, le=4000)
+    connection: Literal["serial", "tcp", "ble"] = "serial"
+    device: str | None = None
+    host: str | None = None
+    port: int = Field(4403, ge=1, le=65535)
+    address: str | None = None
+
+
+# --- discord: section (transport adapter in bot/transports/discord.py) ------------------------
+class DiscordConfig(TransportBase):
+    context_tokens: int = Field(4096, ge=256, le=1_000_000)
+    max_tokens: int = Field(800, ge=16, le=100_000)
+    token_env: str = "DISCORD_TOKEN"
+
+
+class Config(_Strict):
+    state_dir: Path | None = None  # default: $XDG_DATA_HOME/meshsage (~/.local/share/meshsage)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    llm: LLMConfig = LLMConfig()
+    bot: BotConfig = BotConfig()
+    memory: MemoryConfig = MemoryConfig()
+    console: ConsoleConfig | None = None
+    meshtastic: MeshtasticConfig | None = None
+    discord: DiscordConfig | None = None
+
+    @property
+    def database_path(self) -> Path:
+        return (self.state_dir or default_state_dir()) / "meshsage.db"
+
+    def enabled_transports(self) -> list[str]:
+        """Sections present and not disabled; the console when no transport is configured."""
+        present = {
+            name: section
+            for name, section in (
+                ("console", self.console),
+                ("meshtastic", self.meshtastic),
+                ("discord", self.discord),
+            )
+            if section is not None
+        }
+        if not present:
+            return ["console"]
+        return [name for name, section in present.items() if section.enabled]
+
+    def console_config(self) -> ConsoleConfig:
+        return self.console or ConsoleConfig()
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "local"
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "meshsage"
+
+
+def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> Config:
+    """Read, validate and apply environment overrides. ``path=None`` uses MESHSAGE_CONFIG."""
+    env = os.environ if env is None else env
+    if path is None:
+        path = env.get(ENV_CONFIG) or None
+    raw: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        raw = _read_yaml(Path(path))
+    for section in ("console", "meshtastic", "discord"):
+        if section in raw and raw[section] is None:
+            raw[section] = {}  # "meshtastic:" with nothing under it means "on, with defaults"
+    raw = _apply_env(raw, env)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_explain(source, exc)) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: file not found. Fix: pass an existing file, or copy config.example.yaml "
+            "to it, or run without --config to use the defaults."
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc}). Fix: check permissions/encoding.") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(
+            f"{path}:{where}: not valid YAML ({getattr(exc, 'problem', exc)}). "
+            "Fix: check indentation and quoting there."
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of sections (llm:, bot:, ...), "
+            f"not a {type(data).__name__}. Fix: see config.example.yaml."
+        )
+    return data
+
+
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    raw = dict(raw)
+    if env.get(ENV_STATE_DIR):
+        raw["state_dir"] = env[ENV_STATE_DIR]
+    llm_over = {
+        key: env[var]
+        for key, var in (("base_url", ENV_LLM_BASE_URL), ("model", ENV_LLM_MODEL))
+        if env.get(var)
+    }
+    if llm_over:
+        llm = raw.get("llm")
+        raw["llm"] = {**(llm if isinstance(llm, dict) else {}), **llm_over}
+    return raw
+
+
+def _model_at(path: tuple[int | str, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = Config
+    for part in path:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            continue  # list indexes and union branches do not change the model we look at
+        ann = model.model_fields[part].annotation
+        model = _first_model(ann)
+    return model
+
+
+def _first_model(ann: Any) -> type[BaseModel] | None:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in getattr(ann, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _explain(source: str, exc: ValidationError) -> str:
+    lines = [f"{source}: invalid configuration ({exc.error_count()} problem(s)):"]
+    for err in exc.errors():
+        loc = tuple(
+            p for p in err["loc"] if not (isinstance(p, str) and p[:1].isupper())
+        )  # drop pydantic's union-branch labels such as 'MeshtasticConfig'
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            parent = _model_at(loc[:-1])
+            valid = sorted(parent.model_fields) if parent else []
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            lines.append(
+                f"  {key}: unknown key. Fix: {hint}remove it; valid keys here: {', '.join(valid)}"
+            )
+        elif kind == "missing":
+            lines.append(f"  {key}: required. Fix: add it (see config.example.yaml)")
+        else:
+            got = err.get("input")
+            shown = repr(got) if not isinstance(got, dict) else "a mapping"
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  {key}: {msg} (got {shown}). Fix: change it to a valid value")
+    return "\n".join(lines)

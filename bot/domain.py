@@ -1,0 +1,102 @@
+"""Domain values every part of meshsage speaks. No platform types live here.
+
+Invariants:
+- Every value is a frozen dataclass; transports build them, the responder and memory consume them.
+- A ``ConversationKey`` is (transport, person, space). A DM is its own space (``DM_SPACE``), so
+  nothing said in a DM shares a key with a channel conversation.
+- Text in these values is already decoded ``str``; transports own decoding and platform limits.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+DM_SPACE = "dm"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationKey:
+    transport: str
+    person: str
+    space: str = DM_SPACE
+
+    @property
+    def is_dm(self) -> bool:
+        return self.space == DM_SPACE
+
+    def __str__(self) -> str:
+        return f"{self.transport}:{self.person}@{self.space}"
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """One message addressed to the bot, after the transport dropped echoes and duplicates."""
+
+    transport: str
+    sender: str  # stable platform id: "!1234abcd", a Discord user id, the local user name
+    text: str
+    space: str = DM_SPACE  # DM_SPACE or a channel id/index as a string
+    message_id: str | None = None  # the platform's id for this message
+    reply_to: str | None = None  # platform id of the message this one replies to
+    sender_name: str | None = None  # display name, for rendering only
+    received_at: datetime = field(default_factory=utcnow)
+
+    @property
+    def key(self) -> ConversationKey:
+        return ConversationKey(self.transport, self.sender, self.space)
+
+    @property
+    def is_dm(self) -> bool:
+        return self.space == DM_SPACE
+
+
+class ReplyKind(enum.Enum):
+    ANSWER = "answer"  # the model's answer; stored in memory
+    COMMAND = "command"  # a command's output; not part of the conversation
+    NOTICE = "notice"  # degradation notes: LLM unavailable, rate limited; never stored
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Text for one person, already fitted to the transport's limits (see ``Transport.fit``)."""
+
+    inbound: Inbound
+    text: str
+    kind: ReplyKind = ReplyKind.ANSWER
+    note: str | None = None  # short degradation note the transport may show ("history trimmed")
+    attachments: tuple[Attachment, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    filename: str
+    data: bytes
+    dm_only: bool = True  # exports always go to the person privately
+
+
+class DeliveryStatus(enum.Enum):
+    SENT = "sent"  # handed to the platform, no confirmation expected or received yet
+    DELIVERED = "delivered"  # the platform confirmed delivery (mesh ACK, Discord 200)
+    FAILED = "failed"  # gave up; the person did not receive all of it
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    status: DeliveryStatus
+    message_ids: tuple[str, ...] = ()  # platform ids of the parts that went out
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransportLimits:
+    """What the responder needs to know to size an answer for a transport."""
+
+    context_tokens: int  # budget for the whole prompt
+    max_tokens: int  # completion budget asked from the LLM
+    style_hint: str  # one sentence added to the system prompt ("answer in under 200 bytes")

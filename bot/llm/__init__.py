@@ -1,0 +1,1 @@
+"""The LLM port (one method) and its OpenAI-compatible adapter; offline token counting."""

@@ -1,0 +1,157 @@
+"""Ordered, named schema migrations, recorded in ``schema_migrations``.
+
+Invariants:
+- Migrations only ever append to ``MIGRATIONS``; an applied migration is never edited.
+- Each migration runs in its own transaction together with its bookkeeping row.
+- The FTS5 index is contentless and kept in sync by triggers only; its rowid is
+  ``conversation_id * FTS_STRIDE + message_id`` so that a query scoped to one conversation is a
+  rowid *range* that FTS5 seeks to, instead of matching every person's messages and filtering.
+- The indexed ``meta`` column (author and date) is derived from the row by the same SQL
+  expression on insert and delete, so the contentless 'delete' command always removes exactly
+  what was inserted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiosqlite
+
+FTS_STRIDE = 1 << 32  # message ids stay below this per conversation range
+
+_MONTHS = " ".join(
+    f"WHEN '{i:02d}' THEN '{name}'"
+    for i, name in enumerate(
+        [
+            "January", "February", "March", "April", "May", "June",
+            "July", "August", "September", "October", "November", "December",
+        ],
+        start=1,
+    )
+)  # fmt: skip
+
+
+def _meta_sql(row: str) -> str:
+    ts = f"{row}.created_at, 'unixepoch'"
+    return (
+        f"{row}.author || ' ' || CAST(strftime('%d', {ts}) AS INTEGER) || ' ' || "
+        f"(CASE strftime('%m', {ts}) {_MONTHS} END) || ' ' || strftime('%Y', {ts})"
+    )
+
+
+def _fts_rowid(row: str) -> str:
+    return f"{row}.conversation_id * {FTS_STRIDE} + {row}.id"
+
+
+def _m001_initial() -> str:
+    return f"""
+        CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            space TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            reset_after INTEGER NOT NULL DEFAULT 0,
+            UNIQUE (transport, person, space)
+        );
+        CREATE INDEX conversations_person ON conversations (transport, person);
+
+        CREATE TABLE messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+            author TEXT NOT NULL,
+            text TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            tokens INTEGER NOT NULL CHECK (tokens >= 0),
+            platform_id TEXT,
+            reply_to_platform_id TEXT,
+            parent_id INTEGER REFERENCES messages (id) ON DELETE SET NULL,
+            status TEXT NOT NULL
+        );
+        CREATE INDEX messages_conversation ON messages (conversation_id, id);
+        CREATE INDEX messages_platform ON messages (conversation_id, platform_id)
+            WHERE platform_id IS NOT NULL;
+        CREATE INDEX messages_parent ON messages (parent_id) WHERE parent_id IS NOT NULL;
+        CREATE INDEX messages_created ON messages (created_at);
+
+        CREATE TABLE summaries (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            text TEXT NOT NULL,
+            first_message_id INTEGER NOT NULL,
+            last_message_id INTEGER NOT NULL,
+            tokens INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            CHECK (first_message_id <= last_message_id)
+        );
+        CREATE INDEX summaries_conversation ON summaries (conversation_id, id);
+
+        CREATE TABLE facts (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            text TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX facts_conversation ON facts (conversation_id, id);
+
+        CREATE VIRTUAL TABLE messages_fts USING fts5 (
+            body, meta, content='', tokenize='porter unicode61 remove_diacritics 2'
+        );
+        CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+            INSERT INTO messages_fts (rowid, body, meta)
+            VALUES ({_fts_rowid("new")}, new.text, {_meta_sql("new")});
+        END;
+        CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+            INSERT INTO messages_fts (messages_fts, rowid, body, meta)
+            VALUES ('delete', {_fts_rowid("old")}, old.text, {_meta_sql("old")});
+        END;
+        CREATE TRIGGER messages_fts_update AFTER UPDATE OF text, author, created_at, conversation_id
+        ON messages BEGIN
+            INSERT INTO messages_fts (messages_fts, rowid, body, meta)
+            VALUES ('delete', {_fts_rowid("old")}, old.text, {_meta_sql("old")});
+            INSERT INTO messages_fts (rowid, body, meta)
+            VALUES ({_fts_rowid("new")}, new.text, {_meta_sql("new")});
+        END;
+        """
+
+
+Migration = tuple[str, Callable[[], str]]
+
+MIGRATIONS: list[Migration] = [
+    ("001_initial", _m001_initial),
+]
+
+
+async def migrate(db: aiosqlite.Connection, migrations: list[Migration] | None = None) -> list[str]:
+    """Apply pending migrations in order; return the names applied.
+
+    Each migration's SQL and its bookkeeping row run in one script wrapped in BEGIN/COMMIT
+    (executescript would otherwise commit statement by statement), so a failure leaves the
+    database at the previous version.
+    """
+    migrations = MIGRATIONS if migrations is None else migrations
+    await db.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations "
+        "(name TEXT PRIMARY KEY, applied_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0))"
+    )
+    async with db.execute("SELECT name FROM schema_migrations") as cur:
+        done = {row[0] for row in await cur.fetchall()}
+    applied = []
+    for name, sql in migrations:
+        if name in done:
+            continue
+        if "'" in name:
+            raise ValueError(f"migration name {name!r} must not contain quotes")
+        try:
+            await db.executescript(
+                f"BEGIN IMMEDIATE;\n{sql()}\n;"
+                f"INSERT INTO schema_migrations (name) VALUES ('{name}');\nCOMMIT;"
+            )
+        except BaseException:
+            if db.in_transaction:
+                await db.rollback()
+            raise
+        applied.append(name)
+    return applied

@@ -1,0 +1,508 @@
+"""SQLite memory store: one aiosqlite connection, WAL, foreign keys, ordered migrations.
+
+Invariants:
+- The raw log (``messages``) is the ground truth; summaries and facts are derived from it and
+  record which messages they cover.
+- Every write holds ``self._lock`` and multi-statement writes run in one explicit transaction,
+  so coroutines sharing the connection never interleave inside each other's transactions.
+- ``reset_after`` on a conversation hides everything up to that message id from context:
+  window, summaries (``first_message_id > reset_after``) and retrieval (FTS rowid range).
+  A summary computed before a reset is refused at save time, inside the same transaction.
+- ``forget_person`` deletes every row about a person: conversations cascade to messages,
+  summaries and facts; the FTS delete trigger removes the index entries, and
+  ``secure_delete`` overwrites the freed pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from bot.domain import ConversationKey
+from bot.errors import StorageError
+from bot.memory.schema import FTS_STRIDE, migrate
+
+log = logging.getLogger("bot.memory")
+
+USER = "user"
+ASSISTANT = "assistant"
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    id: int
+    key: ConversationKey
+    reset_after: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    id: int
+    conversation_id: int
+    role: str
+    author: str
+    text: str
+    created_at: float
+    tokens: int
+    platform_id: str | None
+    parent_id: int | None
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    id: int
+    text: str
+    first_message_id: int
+    last_message_id: int
+    tokens: int
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    id: int
+    text: str
+    tokens: int
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetReport:
+    conversations: int
+    messages: int
+    summaries: int
+    facts: int
+
+
+_MSG_COLS = (
+    "id, conversation_id, role, author, text, created_at, tokens, platform_id, parent_id, status"
+)
+
+
+def _msg(row: Sequence[Any]) -> StoredMessage:
+    return StoredMessage(*row)
+
+
+class SqliteStore:
+    """Open with ``await SqliteStore.open(path)``; close with ``await store.close()``."""
+
+    def __init__(self, *, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+        self._lock = asyncio.Lock()
+
+    # --- lifecycle -------------------------------------------------------------------------
+    @classmethod
+    async def open(cls, path: Path) -> SqliteStore:
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot create the state directory {path.parent} ({exc.strerror}). "
+                "Fix: create it and make it writable by this user, or set MESHSAGE_STATE_DIR "
+                "(or state_dir in the config) to a writable directory."
+            ) from None
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            raise StorageError(
+                f"the state directory {path.parent} is not writable. Fix: "
+                f"chown/chmod it for this user, or set MESHSAGE_STATE_DIR to a writable directory."
+            )
+        if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+            raise StorageError(
+                f"the database {path} is read-only for this user. Fix: chown/chmod it "
+                "(the bot must write every message it receives)."
+            )
+        db: aiosqlite.Connection | None = None
+        try:
+            db = await aiosqlite.connect(path, isolation_level=None)
+            await db.execute("PRAGMA busy_timeout = 5000")
+            mode = await (await db.execute("PRAGMA journal_mode = WAL")).fetchone()
+            if mode is None or str(mode[0]).lower() != "wal":
+                log.warning("journal_mode is %s, not WAL", mode)
+            for pragma in (
+                "PRAGMA foreign_keys = ON",
+                "PRAGMA synchronous = NORMAL",
+                "PRAGMA secure_delete = ON",
+                "PRAGMA temp_store = MEMORY",
+            ):
+                await db.execute(pragma)
+            applied = await migrate(db)
+            if applied:
+                log.info("database %s migrated: %s", path, ", ".join(applied))
+            await db.execute("PRAGMA quick_check(1)")
+        except sqlite3.DatabaseError as exc:
+            if db is not None:
+                await db.close()
+            raise StorageError(_explain_db_error(path, exc)) from None
+        return cls(db=db, path=path)
+
+    async def close(self) -> None:
+        async with self._lock:
+            try:
+                await self._db.execute("PRAGMA optimize")
+            except sqlite3.Error:
+                pass  # optimize is advisory; closing must still happen
+            await self._db.close()
+
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[aiosqlite.Connection]:
+        async with self._lock:
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+            else:
+                await self._db.execute("COMMIT")
+
+    async def _all(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        async with self._lock:
+            return list(await self._db.execute_fetchall(sql, tuple(params)))
+
+    async def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        rows = await self._all(sql, params)
+        return rows[0] if rows else None
+
+    # --- conversations ----------------------------------------------------------------------
+    async def conversation(self, key: ConversationKey) -> Conversation:
+        """Get or create the conversation for ``key``."""
+        row = await self._one(
+            "SELECT id, reset_after FROM conversations "
+            "WHERE transport = ? AND person = ? AND space = ?",
+            (key.transport, key.person, key.space),
+        )
+        if row is None:
+            async with self._tx() as db:
+                await db.execute(
+                    "INSERT OR IGNORE INTO conversations (transport, person, space, created_at) "
+                    "VALUES (?, ?, ?, ?)",
+                    (key.transport, key.person, key.space, time.time()),
+                )
+                cur = await db.execute(
+                    "SELECT id, reset_after FROM conversations "
+                    "WHERE transport = ? AND person = ? AND space = ?",
+                    (key.transport, key.person, key.space),
+                )
+                row = await cur.fetchone()
+        assert row is not None
+        return Conversation(id=row[0], key=key, reset_after=row[1])
+
+    async def find_conversation(self, key: ConversationKey) -> Conversation | None:
+        row = await self._one(
+            "SELECT id, reset_after FROM conversations "
+            "WHERE transport = ? AND person = ? AND space = ?",
+            (key.transport, key.person, key.space),
+        )
+        return None if row is None else Conversation(id=row[0], key=key, reset_after=row[1])
+
+    async def conversations_of(self, transport: str, person: str) -> list[Conversation]:
+        rows = await self._all(
+            "SELECT id, space, reset_after FROM conversations "
+            "WHERE transport = ? AND person = ? ORDER BY id",
+            (transport, person),
+        )
+        return [Conversation(r[0], ConversationKey(transport, person, r[1]), r[2]) for r in rows]
+
+    async def reset(self, conversation_id: int) -> int:
+        """Start a fresh conversation: everything so far leaves the context. Returns the mark."""
+        async with self._tx() as db:
+            cur = await db.execute(
+                "SELECT coalesce(max(id), 0) FROM messages WHERE conversation_id = ?",
+                (conversation_id,),
+            )
+            row = await cur.fetchone()
+            mark = int(row[0]) if row else 0
+            await db.execute(
+                "UPDATE conversations SET reset_after = max(reset_after, ?) WHERE id = ?",
+                (mark, conversation_id),
+            )
+        return mark
+
+    async def reset_mark(self, conversation_id: int) -> int:
+        row = await self._one(
+            "SELECT reset_after FROM conversations WHERE id = ?", (conversation_id,)
+        )
+        return int(row[0]) if row else 0
+
+    async def forget_person(self, transport: str, person: str) -> ForgetReport:
+        """Delete every row about ``person`` on ``transport``: all spaces, index rows included."""
+        async with self._tx() as db:
+            cur = await db.execute(
+                "SELECT id FROM conversations WHERE transport = ? AND person = ?",
+                (transport, person),
+            )
+            ids = [r[0] for r in await cur.fetchall()]
+            counts = [0, 0, 0]
+            if ids:
+                marks = ",".join("?" * len(ids))
+                for i, table in enumerate(("messages", "summaries", "facts")):
+                    cur = await db.execute(
+                        f"SELECT count(*) FROM {table} WHERE conversation_id IN ({marks})", ids
+                    )
+                    row = await cur.fetchone()
+                    counts[i] = int(row[0]) if row else 0
+                # Messages go first, explicitly, so the FTS delete trigger sees each row.
+                await db.execute(f"DELETE FROM messages WHERE conversation_id IN ({marks})", ids)
+                await db.execute(f"DELETE FROM conversations WHERE id IN ({marks})", ids)
+        return ForgetReport(len(ids), *counts)
+
+    # --- messages ---------------------------------------------------------------------------
+    async def add_message(
+        self,
+        conversation_id: int,
+        *,
+        role: str,
+        author: str,
+        text: str,
+        tokens: int,
+        status: str,
+        created_at: float | None = None,
+        platform_id: str | None = None,
+        reply_to_platform_id: str | None = None,
+    ) -> int:
+        created = time.time() if created_at is None else created_at
+        async with self._tx() as db:
+            parent_id = None
+            if reply_to_platform_id is not None:
+                cur = await db.execute(
+                    "SELECT id FROM messages WHERE conversation_id = ? AND platform_id = ? "
+                    "ORDER BY id DESC LIMIT 1",
+                    (conversation_id, reply_to_platform_id),
+                )
+                row = await cur.fetchone()
+                parent_id = row[0] if row else None
+            cur = await db.execute(
+                "INSERT INTO messages (conversation_id, role, author, text, created_at, tokens,"
+                " platform_id, reply_to_platform_id, parent_id, status)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conversation_id,
+                    role,
+                    author,
+                    text,
+                    created,
+                    tokens,
+                    platform_id,
+                    reply_to_platform_id,
+                    parent_id,
+                    status,
+                ),
+            )
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    async def add_messages(
+        self, conversation_id: int, rows: Sequence[tuple[str, str, str, int, float]]
+    ) -> None:
+        """Bulk insert (role, author, text, tokens, created_at) in one transaction (import, bench)."""
+        async with self._tx() as db:
+            await db.executemany(
+                "INSERT INTO messages (conversation_id, role, author, text, tokens, created_at,"
+                " status) VALUES (?, ?, ?, ?, ?, ?, 'imported')",
+                [(conversation_id, *r) for r in rows],
+            )
+
+    async def set_status(
+        self, message_id: int, status: str, *, platform_id: str | None = None
+    ) -> None:
+        async with self._tx() as db:
+            await db.execute(
+                "UPDATE messages SET status = ?, platform_id = coalesce(?, platform_id) "
+                "WHERE id = ?",
+                (status, platform_id, message_id),
+            )
+
+    async def recent_messages(
+        self, conversation: Conversation, *, limit: int, before_id: int | None = None
+    ) -> list[StoredMessage]:
+        """Newest first, after the reset mark, at most ``limit``."""
+        rows = await self._all(
+            f"SELECT {_MSG_COLS} FROM messages WHERE conversation_id = ? AND id > ? AND id < ? "
+            "ORDER BY id DESC LIMIT ?",
+            (conversation.id, conversation.reset_after, before_id or FTS_STRIDE, limit),
+        )
+        return [_msg(r) for r in rows]
+
+    async def messages_between(
+        self, conversation_id: int, *, after_id: int, up_to_id: int
+    ) -> list[StoredMessage]:
+        rows = await self._all(
+            f"SELECT {_MSG_COLS} FROM messages WHERE conversation_id = ? AND id > ? AND id <= ? "
+            "ORDER BY id",
+            (conversation_id, after_id, up_to_id),
+        )
+        return [_msg(r) for r in rows]
+
+    async def messages_by_ids(self, ids: Sequence[int]) -> list[StoredMessage]:
+        if not ids:
+            return []
+        marks = ",".join("?" * len(ids))
+        rows = await self._all(
+            f"SELECT {_MSG_COLS} FROM messages WHERE id IN ({marks}) ORDER BY id", ids
+        )
+        return [_msg(r) for r in rows]
+
+    async def all_messages(self, conversation_id: int) -> list[StoredMessage]:
+        return await self.messages_between(conversation_id, after_id=0, up_to_id=FTS_STRIDE)
+
+    async def count_messages(self, conversation_id: int, *, since_reset: bool = False) -> int:
+        row = await self._one(
+            "SELECT count(*) FROM messages m JOIN conversations c ON c.id = m.conversation_id "
+            "WHERE m.conversation_id = ? AND (? = 0 OR m.id > c.reset_after)",
+            (conversation_id, int(since_reset)),
+        )
+        return int(row[0]) if row else 0
+
+    async def count_person_messages(self, transport: str, person: str) -> int:
+        row = await self._one(
+            "SELECT count(*) FROM messages m JOIN conversations c ON c.id = m.conversation_id "
+            "WHERE c.transport = ? AND c.person = ? AND m.role = 'user'",
+            (transport, person),
+        )
+        return int(row[0]) if row else 0
+
+    # --- full-text search -------------------------------------------------------------------
+    async def fts_search(
+        self,
+        conversation_id: int,
+        match: str,
+        *,
+        after_id: int,
+        before_id: int,
+        limit: int,
+        weights: tuple[float, float] = (1.0, 0.5),
+    ) -> list[tuple[int, float]]:
+        """(message id, score) best first; score = -bm25, higher is better.
+
+        The rowid range confines FTS5 to this conversation's slice of every doclist, so the
+        cost does not grow with other people's history.
+        """
+        lo = conversation_id * FTS_STRIDE + after_id
+        hi = conversation_id * FTS_STRIDE + min(before_id, FTS_STRIDE)
+        rows = await self._all(
+            "SELECT rowid, bm25(messages_fts, ?, ?) AS s FROM messages_fts "
+            "WHERE messages_fts MATCH ? AND rowid > ? AND rowid < ? ORDER BY s LIMIT ?",
+            (weights[0], weights[1], match, lo, hi, limit),
+        )
+        return [(int(r[0]) - conversation_id * FTS_STRIDE, -float(r[1])) for r in rows]
+
+    # --- summaries --------------------------------------------------------------------------
+    async def latest_summary(self, conversation: Conversation) -> Summary | None:
+        row = await self._one(
+            "SELECT id, text, first_message_id, last_message_id, tokens, created_at "
+            "FROM summaries WHERE conversation_id = ? AND first_message_id > ? "
+            "ORDER BY id DESC LIMIT 1",
+            (conversation.id, conversation.reset_after),
+        )
+        return None if row is None else Summary(*row)
+
+    async def save_summary(
+        self,
+        conversation_id: int,
+        *,
+        text: str,
+        first_message_id: int,
+        last_message_id: int,
+        tokens: int,
+    ) -> bool:
+        """Store a summary unless a reset happened after ``first_message_id`` was chosen."""
+        async with self._tx() as db:
+            cur = await db.execute(
+                "SELECT reset_after FROM conversations WHERE id = ?", (conversation_id,)
+            )
+            row = await cur.fetchone()
+            if row is None or first_message_id <= row[0]:
+                return False
+            await db.execute(
+                "INSERT INTO summaries (conversation_id, text, first_message_id, "
+                "last_message_id, tokens, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation_id, text, first_message_id, last_message_id, tokens, time.time()),
+            )
+            # Older summaries are superseded; keep the log as the record, not stale digests.
+            await db.execute(
+                "DELETE FROM summaries WHERE conversation_id = ? AND id < last_insert_rowid()",
+                (conversation_id,),
+            )
+            return True
+
+    # --- facts ------------------------------------------------------------------------------
+    async def facts(self, conversation_id: int) -> list[Fact]:
+        rows = await self._all(
+            "SELECT id, text, tokens, created_at FROM facts WHERE conversation_id = ? ORDER BY id",
+            (conversation_id,),
+        )
+        return [Fact(*r) for r in rows]
+
+    async def add_fact(self, conversation_id: int, *, text: str, tokens: int) -> int:
+        async with self._tx() as db:
+            cur = await db.execute(
+                "INSERT INTO facts (conversation_id, text, tokens, created_at) VALUES (?, ?, ?, ?)",
+                (conversation_id, text, tokens, time.time()),
+            )
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    async def remove_fact(self, conversation_id: int, fact_id: int) -> bool:
+        async with self._tx() as db:
+            cur = await db.execute(
+                "DELETE FROM facts WHERE conversation_id = ? AND id = ?",
+                (conversation_id, fact_id),
+            )
+            return cur.rowcount > 0
+
+    # --- operations -------------------------------------------------------------------------
+    async def stats(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for table in ("conversations", "messages", "summaries", "facts"):
+            row = await self._one(f"SELECT count(*) FROM {table}")
+            out[table] = int(row[0]) if row else 0
+        return out
+
+    async def prune_older_than(self, cutoff: float, *, batch: int = 500) -> int:
+        """Retention: delete messages created before ``cutoff`` in small batches (no long lock)."""
+        total = 0
+        while True:
+            async with self._tx() as db:
+                cur = await db.execute(
+                    "DELETE FROM messages WHERE id IN (SELECT id FROM messages "
+                    "WHERE created_at < ? ORDER BY created_at LIMIT ?)",
+                    (cutoff, batch),
+                )
+                n = cur.rowcount
+            total += n
+            if n < batch:
+                return total
+            await asyncio.sleep(0)
+
+
+def _explain_db_error(path: Path, exc: sqlite3.DatabaseError) -> str:
+    text = str(exc)
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return (
+            f"the database {path} is damaged ({text}). Fix: stop the bot, move the file aside "
+            "(keep it for recovery: `sqlite3 FILE .recover`), and start again to create a new one."
+        )
+    if "readonly" in text or "read-only" in text:
+        return (
+            f"the database {path} cannot be written ({text}). Fix: make the file and its "
+            "directory writable for this user."
+        )
+    if "unable to open" in text:
+        return (
+            f"cannot open the database {path} ({text}). Fix: check that the state directory "
+            "exists and is writable, or set MESHSAGE_STATE_DIR."
+        )
+    return f"database error on {path}: {text}. Fix: check the file and its directory."

@@ -1,0 +1,44 @@
+"""The transport port: what the responder and the app need from any platform.
+
+Invariants:
+- A transport turns platform events into ``Inbound`` values after dropping its own echoes,
+  duplicates and messages not addressed to the bot, then awaits ``on_message(inbound)``, which
+  returns once the message is durably stored (the answer comes later through ``send``).
+- ``fit(text)`` is pure and returns exactly what ``send`` will deliver for that text (after
+  chunking and shortening), so the responder stores what the person actually receives.
+- ``send`` never raises for platform trouble; it reports it in the returned ``Delivery``.
+- ``start`` returns once the transport runs in the background; ``stop`` ends it within its own
+  timeout; ``wait_closed`` returns when the transport has ended by itself (console EOF) and
+  otherwise only after ``stop``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+from bot.domain import Delivery, Inbound, Reply, TransportLimits
+
+OnMessage = Callable[[Inbound], Awaitable[None]]
+
+
+class Transport(Protocol):
+    name: str
+    limits: TransportLimits
+
+    def fit(self, text: str) -> str:
+        """What ``send`` would deliver for ``text``: the stored form of an answer."""
+        ...
+
+    def working(self, inbound: Inbound) -> AbstractAsyncContextManager[None]:
+        """Held while the LLM works on ``inbound`` (Discord shows typing; others do nothing)."""
+        ...
+
+    async def start(self, on_message: OnMessage) -> None: ...
+
+    async def send(self, reply: Reply) -> Delivery: ...
+
+    async def stop(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
