@@ -199,7 +199,7 @@ class Responder:
         async with transport.working(inbound):
             ctx = await self._context.build(
                 conv,
-                new_text=inbound.text,
+                new_text=inbound.text[: self._config.max_message_chars],
                 new_message_id=message_id,
                 budget=limits.context_tokens,
                 style_hint=limits.style_hint,
@@ -212,6 +212,7 @@ class Responder:
                 await self._notice(inbound, UNAVAILABLE)
                 return
         text = transport.fit(completion.text)
+        trimmed = ctx.trimmed or len(inbound.text) > self._config.max_message_chars
         reply_id = await self._store.add_message(
             conv.id,
             role=ASSISTANT,
@@ -223,7 +224,7 @@ class Responder:
             answers=message_id,
         )
         delivery = await self._send(
-            Reply(inbound=inbound, text=text, note=TRIMMED_NOTE if ctx.trimmed else None)
+            Reply(inbound=inbound, text=text, note=TRIMMED_NOTE if trimmed else None)
         )
         await self._store.set_status(
             reply_id,

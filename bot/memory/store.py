@@ -122,8 +122,8 @@ class SqliteStore:
             )
         if path.exists() and not os.access(path, os.R_OK | os.W_OK):
             raise StorageError(
-                f"the database {path} is read-only for this user. Fix: chown/chmod it "
-                "(the bot must write every message it receives)."
+                f"the database {path} is read-only for this user. Fix: make the file and its "
+                "directory writable for this user (chown/chmod); the bot stores every message."
             )
         db: aiosqlite.Connection | None = None
         try:
@@ -143,6 +143,8 @@ class SqliteStore:
             if applied:
                 log.info("database %s migrated: %s", path, ", ".join(applied))
             await db.execute("PRAGMA quick_check(1)")
+            await db.execute("BEGIN IMMEDIATE")  # prove we can write before taking messages
+            await db.execute("ROLLBACK")
         except sqlite3.DatabaseError as exc:
             if db is not None:
                 await db.close()

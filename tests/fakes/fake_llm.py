@@ -24,7 +24,8 @@ class FakeLLM:
         self.script: list[Behaviour] = []
         self.reply = "Hello from fake"
         self.reply_fn: Callable[[dict[str, Any]], str] | None = None
-        self.embed_dim = 8
+        self.in_flight = 0
+        self.peak_in_flight = 0
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -36,6 +37,14 @@ class FakeLLM:
         return [r for r in self.requests if "messages" in r]
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
         beh = self.script.pop(0) if self.script else ("stream" if body.get("stream") else "ok")
