@@ -295,7 +295,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             "to it, or run without --config to use the defaults."
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read ({exc}). Fix: check permissions/encoding.") from None
+        raise ConfigError(
+            f"{path}: cannot read ({exc}). Fix: check permissions/encoding."
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -35,7 +35,7 @@ STOPWORDS = frozenset(
     to too under until up very was wasn't we we'd we'll we're we've were weren't what what's
     when when's where where's which while who who's whom why why's with won't would wouldn't
     you you'd you'll you're you've your yours yourself yourselves also just like get got really
-    yes yeah oh ok okay well will s t d ll m re ve tell told said say remember know think""".split()
+    yes yeah oh ok okay well will s t d ll m re ve tell told said say remember know think""".split()  # noqa: SIM905
 )
 
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?", re.UNICODE)

@@ -74,6 +74,7 @@ def _m001_initial() -> str:
             WHERE platform_id IS NOT NULL;
         CREATE INDEX messages_parent ON messages (parent_id) WHERE parent_id IS NOT NULL;
         CREATE INDEX messages_created ON messages (created_at);
+        CREATE INDEX messages_pending ON messages (created_at) WHERE status = 'pending';
 
         CREATE TABLE summaries (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -134,7 +135,8 @@ async def migrate(db: aiosqlite.Connection, migrations: list[Migration] | None =
     migrations = MIGRATIONS if migrations is None else migrations
     await db.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations "
-        "(name TEXT PRIMARY KEY, applied_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0))"
+        "(name TEXT PRIMARY KEY,"
+        " applied_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0))"
     )
     async with db.execute("SELECT name FROM schema_migrations") as cur:
         done = {row[0] for row in await cur.fetchall()}

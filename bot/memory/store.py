@@ -16,6 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sqlite3
@@ -121,8 +122,8 @@ class SqliteStore:
             )
         if path.exists() and not os.access(path, os.R_OK | os.W_OK):
             raise StorageError(
-                f"the database {path} is read-only for this user. Fix: chown/chmod it "
-                "(the bot must write every message it receives)."
+                f"the database {path} is read-only for this user. Fix: make the file and its "
+                "directory writable for this user (chown/chmod); the bot stores every message."
             )
         db: aiosqlite.Connection | None = None
         try:
@@ -142,6 +143,8 @@ class SqliteStore:
             if applied:
                 log.info("database %s migrated: %s", path, ", ".join(applied))
             await db.execute("PRAGMA quick_check(1)")
+            await db.execute("BEGIN IMMEDIATE")  # prove we can write before taking messages
+            await db.execute("ROLLBACK")
         except sqlite3.DatabaseError as exc:
             if db is not None:
                 await db.close()
@@ -150,10 +153,8 @@ class SqliteStore:
 
     async def close(self) -> None:
         async with self._lock:
-            try:
+            with contextlib.suppress(sqlite3.Error):  # advisory; closing must still happen
                 await self._db.execute("PRAGMA optimize")
-            except sqlite3.Error:
-                pass  # optimize is advisory; closing must still happen
             await self._db.close()
 
     @asynccontextmanager
@@ -272,11 +273,14 @@ class SqliteStore:
         created_at: float | None = None,
         platform_id: str | None = None,
         reply_to_platform_id: str | None = None,
+        parent_id: int | None = None,
+        answers: int | None = None,
     ) -> int:
+        """Insert one message. ``answers`` marks that user message answered in the same
+        transaction (one commit per stored reply)."""
         created = time.time() if created_at is None else created_at
         async with self._tx() as db:
-            parent_id = None
-            if reply_to_platform_id is not None:
+            if parent_id is None and reply_to_platform_id is not None:
                 cur = await db.execute(
                     "SELECT id FROM messages WHERE conversation_id = ? AND platform_id = ? "
                     "ORDER BY id DESC LIMIT 1",
@@ -302,12 +306,31 @@ class SqliteStore:
                 ),
             )
             assert cur.lastrowid is not None
+            if answers is not None:
+                await db.execute("UPDATE messages SET status = 'answered' WHERE id = ?", (answers,))
             return cur.lastrowid
+
+    async def pending_messages(
+        self, *, since: float, transports: Sequence[str]
+    ) -> list[tuple[ConversationKey, StoredMessage]]:
+        """User messages stored but never answered (crash, shutdown), oldest first."""
+        if not transports:
+            return []
+        marks = ",".join("?" * len(transports))
+        cols = ", ".join(f"m.{c.strip()}" for c in _MSG_COLS.split(","))
+        rows = await self._all(
+            f"SELECT c.transport, c.person, c.space, {cols} FROM messages m "
+            "JOIN conversations c ON c.id = m.conversation_id "
+            f"WHERE m.status = 'pending' AND m.role = 'user' AND m.created_at >= ? "
+            f"AND c.transport IN ({marks}) AND m.id > c.reset_after ORDER BY m.id",
+            (since, *transports),
+        )
+        return [(ConversationKey(r[0], r[1], r[2]), _msg(r[3:])) for r in rows]
 
     async def add_messages(
         self, conversation_id: int, rows: Sequence[tuple[str, str, str, int, float]]
     ) -> None:
-        """Bulk insert (role, author, text, tokens, created_at) in one transaction (import, bench)."""
+        """Bulk insert (role, author, text, tokens, created_at) in one transaction."""
         async with self._tx() as db:
             await db.executemany(
                 "INSERT INTO messages (conversation_id, role, author, text, tokens, created_at,"

@@ -1,0 +1,198 @@
+"""The one wiring place: builds every part from the config, owns startup and shutdown.
+
+Invariants:
+- Nothing else constructs collaborators; classes receive them as keyword arguments.
+- Adapter modules for Meshtastic and Discord are imported only when their section is enabled.
+- A transport that fails to start is logged and left out; the others keep running. The app
+  ends when it is asked to stop, or when every transport has ended by itself (console EOF).
+- Shutdown order: stop taking turns and finish the ones in flight (replies still go out),
+  stop transports, stop background summaries, close the LLM client, close the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import IO
+
+from bot.commands import Commands
+from bot.config import Config
+from bot.errors import MeshsageError
+from bot.llm.gate import LLMGate
+from bot.llm.openai_compat import OpenAICompatLLM
+from bot.llm.port import LLM
+from bot.llm.tokens import TokenCounter, make_counter
+from bot.memory.context import ContextBuilder
+from bot.memory.retrieval import Retriever
+from bot.memory.store import SqliteStore
+from bot.memory.summary import Summarizer
+from bot.responder import Responder
+from bot.transports.base import Transport
+
+log = logging.getLogger("bot.app")
+
+DRAIN_SECONDS = 30.0
+
+
+@dataclass
+class App:
+    config: Config
+    store: SqliteStore
+    llm: LLM
+    gate: LLMGate
+    counter: TokenCounter
+    context: ContextBuilder
+    summarizer: Summarizer
+    commands: Commands
+    responder: Responder
+    transports: list[Transport] = field(default_factory=list)
+    _close_llm: OpenAICompatLLM | None = None
+
+    async def start(self) -> list[Transport]:
+        """Start transports; return the ones running. Raises when none could start."""
+        running: list[Transport] = []
+        for transport in self.transports:
+            self.responder.attach(transport)
+            try:
+                await transport.start(self.responder.handle)
+            except MeshsageError as exc:
+                log.error("transport %s not started: %s", transport.name, exc)
+                continue
+            running.append(transport)
+            log.info("transport %s started", transport.name)
+        if not running:
+            raise MeshsageError("no transport could start; see the messages above.")
+        self.transports = running
+        await self.responder.recover_pending()
+        return running
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start, serve until ``stop`` is set or every transport ends, then shut down."""
+        try:
+            await self.start()
+            stopper = asyncio.create_task(stop.wait())
+            all_closed = asyncio.create_task(self._all_closed())
+            await asyncio.wait([stopper, all_closed], return_when=asyncio.FIRST_COMPLETED)
+            for task in (stopper, all_closed):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(stopper, all_closed, return_exceptions=True)
+        finally:
+            await self.close()
+
+    async def _all_closed(self) -> None:
+        await asyncio.gather(*(t.wait_closed() for t in self.transports))
+
+    async def close(self) -> None:
+        await self.responder.drain(timeout=DRAIN_SECONDS)
+        for transport in self.transports:
+            try:
+                await transport.stop()
+            except Exception:  # shutdown boundary: keep closing the rest
+                log.exception("stopping %s failed", transport.name)
+        await self.summarizer.stop()
+        if self._close_llm is not None:
+            await self._close_llm.close()
+        await self.store.close()
+        log.info("stopped cleanly")
+
+
+async def build(
+    config: Config,
+    *,
+    env: Mapping[str, str],
+    llm: LLM | None = None,
+    stdin: IO[bytes] | None = None,
+    stdout: IO[str] | None = None,
+    transports: list[Transport] | None = None,
+    only: list[str] | None = None,
+) -> App:
+    """Wire the app. ``llm``/``transports`` let tests substitute their own; ``only`` limits
+    which configured transports are built (``meshsage chat`` uses ["console"])."""
+    store = await SqliteStore.open(config.database_path)
+    try:
+        counter = make_counter()
+        real_llm = None
+        if llm is None:
+            real_llm = OpenAICompatLLM(config=config.llm, env=env)
+            llm = real_llm
+        gate = LLMGate(llm=llm, limit=config.llm.concurrency)
+        retriever = Retriever(store=store, counter=counter, config=config.memory.retrieval)
+        context = ContextBuilder(
+            store=store,
+            retriever=retriever,
+            counter=counter,
+            system_prompt=config.bot.system_prompt,
+            retrieval_share=config.memory.retrieval.share,
+        )
+        summarizer = Summarizer(
+            store=store, llm=gate.background, counter=counter, config=config.memory.summary
+        )
+        commands = Commands(
+            store=store,
+            counter=counter,
+            prefix=config.bot.command_prefix,
+            operators=config.bot.operators,
+            max_facts=config.memory.max_facts,
+            model_name=lambda: gate.model_name,
+        )
+        responder = Responder(
+            store=store,
+            llm=gate.foreground,
+            context=context,
+            summarizer=summarizer,
+            commands=commands,
+            counter=counter,
+            config=config.bot,
+        )
+        app = App(
+            config=config,
+            store=store,
+            llm=llm,
+            gate=gate,
+            counter=counter,
+            context=context,
+            summarizer=summarizer,
+            commands=commands,
+            responder=responder,
+            _close_llm=real_llm,
+        )
+        if transports is None:
+            names = only if only is not None else config.enabled_transports()
+            transports = [
+                _build_transport(name, app, env=env, stdin=stdin, stdout=stdout) for name in names
+            ]
+        app.transports = transports
+        return app
+    except BaseException:
+        await store.close()
+        raise
+
+
+def _build_transport(
+    name: str,
+    app: App,
+    *,
+    env: Mapping[str, str],
+    stdin: IO[bytes] | None,
+    stdout: IO[str] | None,
+) -> Transport:
+    config = app.config
+    if name == "console":
+        from bot.transports.console import ConsoleTransport
+
+        cc = config.console_config()
+        return ConsoleTransport(
+            user=cc.user,
+            context_tokens=cc.context_tokens,
+            max_tokens=cc.max_tokens,
+            wait_idle=app.responder.wait_idle,
+            export_dir=config.database_path.parent / "exports",
+            stdin=stdin,
+            stdout=stdout,
+        )
+    # Meshtastic and Discord adapters plug in here (issues 3 and 4).
+    raise MeshsageError(f"transport '{name}' is not available in this build")

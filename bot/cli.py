@@ -1,0 +1,128 @@
+"""Command line: ``meshsage run | chat | check-config | memory show``.
+
+Invariants:
+- This is the only place that configures logging (stderr) and reads the process environment.
+- Domain errors become one line on stderr and the error's exit code; no tracebacks for
+  problems the operator can fix.
+- SIGINT/SIGTERM set a stop event; the app then finishes in-flight turns and closes cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from bot import __version__
+from bot.app import build
+from bot.config import Config, load_config
+from bot.domain import DM_SPACE, ConversationKey
+from bot.errors import MeshsageError
+
+log = logging.getLogger("bot.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="meshsage", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"meshsage {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the configured transports until SIGINT/SIGTERM")
+    run.add_argument("--config", help="config file (default: $MESHSAGE_CONFIG or defaults)")
+    chat = sub.add_parser("chat", help="chat with the bot in this terminal")
+    chat.add_argument("--config")
+    check = sub.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("file")
+    mem = sub.add_parser("memory", help="inspect memory")
+    mem_sub = mem.add_subparsers(dest="memory_command", required=True)
+    show = mem_sub.add_parser("show", help="print the context assembled for a message")
+    show.add_argument("person", help="person id (e.g. !1234abcd, a Discord user id, alice)")
+    show.add_argument("--message", required=True, help="the new message to assemble for")
+    show.add_argument("--transport", default="console")
+    show.add_argument("--space", default=DM_SPACE)
+    show.add_argument("--config")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "check-config":
+            config = load_config(args.file)
+            print(
+                f"{args.file}: OK (transports: {', '.join(config.enabled_transports())}; "
+                f"database: {config.database_path})"
+            )
+            return 0
+        config = load_config(args.config)
+        _setup_logging("DEBUG" if args.verbose else config.log_level)
+        if args.command == "run":
+            return asyncio.run(_serve(config, only=None))
+        if args.command == "chat":
+            return asyncio.run(_serve(config, only=["console"]))
+        if args.command == "memory":
+            return asyncio.run(_memory_show(config, args))
+    except MeshsageError as exc:
+        print(f"meshsage: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("httpx", "httpx2", "openai", "aiosqlite", "discord", "meshtastic"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+async def _serve(config: Config, *, only: list[str] | None) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    app = await build(config, env=os.environ, only=only)
+    log.info(
+        "meshsage %s: model %s at %s, database %s",
+        __version__,
+        config.llm.model,
+        config.llm.base_url,
+        config.database_path,
+    )
+    await app.run(stop)
+    return 0
+
+
+async def _memory_show(config: Config, args: argparse.Namespace) -> int:
+    app = await build(config, env=os.environ, transports=[])
+    try:
+        key = ConversationKey(args.transport, args.person, args.space)
+        conv = await app.store.find_conversation(key)
+        if conv is None:
+            print(f"no conversation for {key}", file=sys.stderr)
+            return 1
+        section = getattr(config, args.transport, None) or config.console_config()
+        ctx = await app.context.build(
+            conv, new_text=args.message, new_message_id=None, budget=section.context_tokens
+        )
+        print(f"# context for {key}: {ctx.tokens}/{ctx.budget} tokens")
+        for block in ctx.blocks:
+            print(f"\n## {block.name} ({block.tokens} tokens)\n{block.text}")
+        for msg in ctx.messages[1:]:
+            print(f"\n## {msg.role}\n{msg.content}")
+        return 0
+    finally:
+        await app.summarizer.stop()
+        await app.store.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

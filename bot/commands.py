@@ -1,0 +1,243 @@
+"""User and operator commands, answered without the LLM.
+
+Invariants:
+- Every reply fits one 200-byte mesh packet (``fit_bytes``), whatever the transport.
+- Commands act only on the conversation of the person who sent them (``!forget`` on all of that
+  person's spaces on that transport), never on anyone else's.
+- ``!forget`` deletes only after ``!forget yes`` from the same person within 60 s.
+- Operator commands answer only ids listed in ``bot.operators`` ("transport:person"); the local
+  console user is always an operator (they own the machine and the database).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from bot.domain import Attachment, Inbound
+from bot.llm.tokens import TokenCounter
+from bot.memory.export import export_person
+from bot.memory.store import SqliteStore
+from bot.text import fit_bytes
+
+FORGET_CONFIRM_SECONDS = 60.0
+HISTORY_DEFAULT = 3
+HISTORY_MAX = 10
+FACT_MAX_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    text: str
+    attachments: tuple[Attachment, ...] = field(default_factory=tuple)
+
+
+Handler = Callable[[Inbound, str], Awaitable[CommandResult]]
+
+
+class Commands:
+    def __init__(
+        self,
+        *,
+        store: SqliteStore,
+        counter: TokenCounter,
+        prefix: str,
+        operators: tuple[str, ...],
+        max_facts: int,
+        model_name: Callable[[], str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._counter = counter
+        self.prefix = prefix
+        self._operators = set(operators)
+        self._max_facts = max_facts
+        self._model_name = model_name
+        self._clock = clock
+        self._started = clock()
+        self._forget_pending: dict[tuple[str, str], float] = {}
+        self._handlers: dict[str, Handler] = {
+            "help": self._help,
+            "reset": self._reset,
+            "forget": self._forget,
+            "history": self._history,
+            "summary": self._summary,
+            "remember": self._remember,
+            "facts": self._facts,
+            "unremember": self._unremember,
+            "status": self._status,
+            "export": self._export,
+        }
+        self._operator_handlers: dict[str, Handler] = {"stats": self._stats}
+
+    def parse(self, text: str) -> tuple[str, str] | None:
+        """(name, argument) when ``text`` is a command, else None."""
+        if not text.startswith(self.prefix):
+            return None
+        body = text[len(self.prefix) :].strip()
+        name, _, arg = body.partition(" ")
+        name = name.lower()
+        if not name or not name.isalpha():
+            return None  # "!!!" or "!?" is a message, not a command
+        return name, arg.strip()
+
+    def is_operator(self, inbound: Inbound) -> bool:
+        return inbound.transport == "console" or f"{inbound.transport}:{inbound.sender}" in (
+            self._operators
+        )
+
+    async def run(self, inbound: Inbound, name: str, arg: str) -> CommandResult:
+        handler = self._handlers.get(name)
+        if handler is None and self.is_operator(inbound):
+            handler = self._operator_handlers.get(name)
+        if handler is None:
+            return self._say(f"Unknown command {self.prefix}{name}. Send {self.prefix}help.")
+        result = await handler(inbound, arg)
+        return CommandResult(fit_bytes(result.text), result.attachments)
+
+    def _say(self, text: str) -> CommandResult:
+        return CommandResult(fit_bytes(text))
+
+    # --- handlers ---------------------------------------------------------------------------
+    async def _help(self, inbound: Inbound, arg: str) -> CommandResult:
+        p = self.prefix
+        names = ["help", "reset", "forget", "history [n]", "summary", "remember <fact>",
+                 "facts", "unremember <n>", "status", "export"]  # fmt: skip
+        text = "Commands: " + " ".join(p + n for n in names)
+        if self.is_operator(inbound):
+            text += f" | operator: {p}stats"
+        return self._say(text)
+
+    async def _reset(self, inbound: Inbound, arg: str) -> CommandResult:
+        conv = await self._store.conversation(inbound.key)
+        await self._store.reset(conv.id)
+        facts = len(await self._store.facts(conv.id))
+        kept = f"Your {facts} pinned fact(s) stay ({self.prefix}facts)." if facts else ""
+        return self._say(
+            "Fresh start: I won't use anything said before now (messages or summary). " + kept
+        )
+
+    async def _forget(self, inbound: Inbound, arg: str) -> CommandResult:
+        who = (inbound.transport, inbound.sender)
+        now = self._clock()
+        asked = self._forget_pending.get(who)
+        if arg.lower() == "yes":
+            if asked is None or now - asked > FORGET_CONFIRM_SECONDS:
+                self._forget_pending.pop(who, None)
+                return self._say(f"Nothing to confirm. Send {self.prefix}forget first.")
+            self._forget_pending.pop(who, None)
+            report = await self._store.forget_person(inbound.transport, inbound.sender)
+            return self._say(
+                f"Deleted everything I kept about you: {report.messages} messages, "
+                f"{report.summaries} summaries, {report.facts} facts. I no longer remember you."
+            )
+        if arg:
+            return self._say(f"Usage: {self.prefix}forget, then {self.prefix}forget yes")
+        self._forget_pending[who] = now
+        return self._say(
+            "This deletes all I keep about you: messages, summaries, facts. "
+            f"Send {self.prefix}forget yes within 60 s to confirm."
+        )
+
+    async def _history(self, inbound: Inbound, arg: str) -> CommandResult:
+        n = HISTORY_DEFAULT
+        if arg:
+            if not arg.isdigit() or not 1 <= int(arg) <= HISTORY_MAX:
+                return self._say(f"Usage: {self.prefix}history [n], n from 1 to {HISTORY_MAX}")
+            n = int(arg)
+        conv = await self._store.find_conversation(inbound.key)
+        msgs = [] if conv is None else await self._store.recent_messages(conv, limit=n)
+        if not msgs:
+            return self._say("No messages since the last reset.")
+        msgs.reverse()
+        room = max(20, 190 // len(msgs))
+        lines = [
+            f"{'you' if m.role == 'user' else 'me'}: " + fit_bytes(" ".join(m.text.split()), room)
+            for m in msgs
+        ]
+        return self._say("\n".join(lines))
+
+    async def _summary(self, inbound: Inbound, arg: str) -> CommandResult:
+        conv = await self._store.find_conversation(inbound.key)
+        summary = None if conv is None else await self._store.latest_summary(conv)
+        if summary is None:
+            return self._say("No summary yet: our conversation is still short.")
+        return self._say("Summary: " + summary.text)
+
+    async def _remember(self, inbound: Inbound, arg: str) -> CommandResult:
+        fact = " ".join(arg.split())
+        if not fact:
+            return self._say(
+                f"Usage: {self.prefix}remember <fact>, e.g. {self.prefix}remember I am vegetarian"
+            )
+        if len(fact) > FACT_MAX_CHARS:
+            return self._say(
+                f"That fact is too long ({len(fact)} chars); keep it under {FACT_MAX_CHARS}."
+            )
+        conv = await self._store.conversation(inbound.key)
+        facts = await self._store.facts(conv.id)
+        if len(facts) >= self._max_facts:
+            return self._say(
+                f"You have {len(facts)} facts, the most I keep. Remove one with "
+                f"{self.prefix}unremember <n>."
+            )
+        await self._store.add_fact(conv.id, text=fact, tokens=self._counter.count(fact))
+        return self._say(f"Noted as fact {len(facts) + 1}. I'll keep it in mind in this chat.")
+
+    async def _facts(self, inbound: Inbound, arg: str) -> CommandResult:
+        conv = await self._store.find_conversation(inbound.key)
+        facts = [] if conv is None else await self._store.facts(conv.id)
+        if not facts:
+            return self._say(f"No facts yet. Add one with {self.prefix}remember <fact>.")
+        room = max(16, 190 // len(facts))
+        return self._say(
+            " ".join(f"{i}) {fit_bytes(f.text, room)}" for i, f in enumerate(facts, 1))
+        )
+
+    async def _unremember(self, inbound: Inbound, arg: str) -> CommandResult:
+        conv = await self._store.find_conversation(inbound.key)
+        facts = [] if conv is None else await self._store.facts(conv.id)
+        if not arg.isdigit() or not 1 <= int(arg) <= max(len(facts), 1) or conv is None:
+            if not facts:
+                return self._say("No facts to remove.")
+            return self._say(
+                f"Usage: {self.prefix}unremember <n>, n from 1 to {len(facts)} "
+                f"(see {self.prefix}facts)"
+            )
+        fact = facts[int(arg) - 1]
+        await self._store.remove_fact(conv.id, fact.id)
+        return self._say(f"Removed fact {arg}: {fact.text}")
+
+    async def _status(self, inbound: Inbound, arg: str) -> CommandResult:
+        up = int(self._clock() - self._started)
+        count = await self._store.count_person_messages(inbound.transport, inbound.sender)
+        return self._say(
+            f"Model {self._model_name()}, up {_duration(up)}, you sent {count} messages."
+        )
+
+    async def _export(self, inbound: Inbound, arg: str) -> CommandResult:
+        markdown, doc = await export_person(self._store, inbound.transport, inbound.sender)
+        stem = f"meshsage-export-{inbound.transport}"
+        return CommandResult(
+            "Your export (Markdown and JSON) is on its way to you privately.",
+            (
+                Attachment(f"{stem}.md", markdown.encode("utf-8")),
+                Attachment(f"{stem}.json", doc.encode("utf-8")),
+            ),
+        )
+
+    async def _stats(self, inbound: Inbound, arg: str) -> CommandResult:
+        stats = await self._store.stats()
+        return self._say(", ".join(f"{k}: {v}" for k, v in stats.items()))
+
+
+def _duration(seconds: int) -> str:
+    d, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    if d:
+        return f"{d}d{h}h"
+    if h:
+        return f"{h}h{m}m"
+    return f"{m}m{s}s"

@@ -1,0 +1,39 @@
+"""Small pure text helpers shared by the responder and commands.
+
+Invariant: ``fit_bytes`` never cuts inside a UTF-8 sequence and never returns more than
+``limit`` bytes; ``clean_inbound`` keeps every printable character (emoji, RTL, CJK) and
+newlines/tabs, and removes NULs and other control characters.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+ELLIPSIS = "…"
+MESH_COMMAND_BYTES = 200  # every command reply fits one mesh packet
+
+
+def fit_bytes(text: str, limit: int = MESH_COMMAND_BYTES) -> str:
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    room = limit - len(ELLIPSIS.encode("utf-8"))
+    cut = raw[:room].decode("utf-8", "ignore")
+    # Do not leave a combining mark or joiner dangling at the cut.
+    while cut and unicodedata.category(cut[-1]) in ("Mn", "Me", "Cf", "Sk"):
+        cut = cut[:-1]
+    return cut.rstrip() + ELLIPSIS
+
+
+def clean_inbound(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in "\n\t":
+            out.append(ch)
+        elif ch == "\r" or unicodedata.category(ch) == "Cc":
+            continue
+        elif ch in ("\ufffe", "\uffff") or unicodedata.category(ch) == "Cs":
+            continue  # lone surrogates from bad decoding cannot be stored as UTF-8
+        else:
+            out.append(ch)
+    return "".join(out).strip()

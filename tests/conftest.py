@@ -1,0 +1,92 @@
+"""Shared fixtures. Every test gets its own data directory and a clean environment (autouse),
+so no test can touch the user's real database or depend on the developer's shell."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from bot.app import App, build
+from bot.config import Config, load_config
+from bot.domain import DM_SPACE, ConversationKey
+from bot.memory.store import SqliteStore
+from tests.fakes.fake_llm import FakeLLM
+from tests.fakes.fake_transport import FakeTransport
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for var in list(os.environ):
+        if var.startswith(("MESHSAGE_", "OPENAI_", "DISCORD_")):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
+    yield
+
+
+@pytest.fixture
+async def fake_llm() -> AsyncIterator[FakeLLM]:
+    server = FakeLLM()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = await SqliteStore.open(tmp_path / "state" / "meshsage.db")
+    yield s
+    await s.close()
+
+
+def make_config(tmp_path: Path, base_url: str, extra: str = "") -> Config:
+    """A config file on disk pointing at the fake LLM, loaded the way the CLI loads it."""
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        f"state_dir: {tmp_path / 'state'}\n"
+        f"llm:\n  base_url: {base_url}\n  model: fake\n  retries: 0\n"
+        f"  read_timeout: 5\n  connect_timeout: 2\n" + extra,
+        encoding="utf-8",
+    )
+    return load_config(path, env={})
+
+
+class Harness:
+    """A running app wired with a FakeTransport and the fake LLM server."""
+
+    def __init__(self, app: App, transport: FakeTransport, llm: FakeLLM) -> None:
+        self.app = app
+        self.transport = transport
+        self.llm = llm
+
+    async def say(self, text: str, **kw: str) -> None:
+        await self.transport.say(text, **kw)
+        await self.app.responder.wait_idle()
+
+    def transport_key(self, sender: str, space: str = DM_SPACE) -> ConversationKey:
+        return ConversationKey(self.transport.name, sender, space)
+
+    @property
+    def store(self) -> SqliteStore:
+        return self.app.store
+
+
+async def start_harness(
+    tmp_path: Path, llm: FakeLLM, *, extra: str = "", transport: FakeTransport | None = None
+) -> Harness:
+    transport = transport or FakeTransport()
+    config = make_config(tmp_path, llm.base_url, extra)
+    app = await build(config, env={}, transports=[transport])
+    await app.start()
+    return Harness(app, transport, llm)
+
+
+@pytest.fixture
+async def harness(tmp_path: Path, fake_llm: FakeLLM) -> AsyncIterator[Harness]:
+    h = await start_harness(tmp_path, fake_llm)
+    yield h
+    await h.app.close()

@@ -1,0 +1,77 @@
+"""In-process transport for responder tests: inject ``Inbound`` values, collect ``Reply``s.
+
+``byte_limit`` makes ``fit`` behave like a constrained transport (cut at a UTF-8 byte count),
+so tests can check that what is stored is what was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from bot.domain import DM_SPACE, Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
+from bot.text import fit_bytes
+from bot.transports.base import OnMessage
+
+
+class FakeTransport:
+    def __init__(
+        self,
+        *,
+        name: str = "fake",
+        context_tokens: int = 1024,
+        max_tokens: int = 100,
+        byte_limit: int | None = None,
+    ) -> None:
+        self.name = name
+        self.limits = TransportLimits(
+            context_tokens=context_tokens, max_tokens=max_tokens, style_hint="Be brief."
+        )
+        self.byte_limit = byte_limit
+        self.sent: list[Reply] = []
+        self.working_for: list[str] = []
+        self._on_message: OnMessage | None = None
+        self._closed = asyncio.Event()
+        self._sent_event = asyncio.Event()
+        self._n = 0
+
+    def fit(self, text: str) -> str:
+        return text if self.byte_limit is None else fit_bytes(text, self.byte_limit)
+
+    @contextlib.asynccontextmanager
+    async def working(self, inbound: Inbound) -> AsyncIterator[None]:
+        self.working_for.append(inbound.text)
+        yield
+
+    async def start(self, on_message: OnMessage) -> None:
+        self._on_message = on_message
+
+    async def send(self, reply: Reply) -> Delivery:
+        self.sent.append(reply)
+        self._sent_event.set()
+        return Delivery(DeliveryStatus.DELIVERED, message_ids=(f"out-{len(self.sent)}",))
+
+    async def stop(self) -> None:
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def say(self, text: str, *, sender: str = "alice", space: str = DM_SPACE) -> None:
+        """Deliver a message to the bot as a person would."""
+        assert self._on_message is not None, "start() first"
+        self._n += 1
+        await self._on_message(
+            Inbound(
+                transport=self.name,
+                sender=sender,
+                space=space,
+                text=text,
+                message_id=f"in-{self._n}",
+                sender_name=sender,
+            )
+        )
+
+    def texts(self) -> list[str]:
+        return [r.text for r in self.sent]

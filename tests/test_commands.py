@@ -1,0 +1,161 @@
+"""Commands: answered without the LLM, each reply fits one 200-byte mesh packet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.domain import ReplyKind
+from tests.conftest import Harness, start_harness
+from tests.fakes.fake_llm import FakeLLM
+
+
+def _last(h: Harness) -> str:
+    return h.transport.texts()[-1]
+
+
+async def test_every_command_reply_fits_a_mesh_packet_and_skips_the_llm(
+    harness: Harness,
+) -> None:
+    harness.llm.reply = "answer " * 50
+    await harness.say("a first message so there is history")
+    llm_calls = len(harness.llm.chat_requests())
+    for cmd in [
+        "!help", "!status", "!history", "!history 10", "!history 0", "!history x",
+        "!summary", "!remember " + "long fact " * 20, "!remember", "!facts",
+        "!unremember 9", "!unremember", "!unremember 1", "!facts", "!forget now",
+        "!nosuch", "!HELP", "!reset", "!forget", "!export", "!stats",
+    ]:  # fmt: skip
+        await harness.say(cmd)
+        reply = harness.transport.sent[-1]
+        assert reply.kind is ReplyKind.COMMAND, cmd
+        assert 0 < len(reply.text.encode()) <= 200, (cmd, reply.text)
+    assert len(harness.llm.chat_requests()) == llm_calls
+
+
+async def test_unknown_and_bad_arguments_say_how_to_fix(harness: Harness) -> None:
+    await harness.say("!frobnicate")
+    assert _last(harness) == "Unknown command !frobnicate. Send !help."
+    await harness.say("!history lots")
+    assert _last(harness).startswith("Usage: !history [n]")
+    await harness.say("!remember")
+    assert _last(harness).startswith("Usage: !remember <fact>")
+    await harness.say("!unremember 3")
+    assert _last(harness) == "No facts to remove."
+
+
+async def test_remember_facts_unremember(harness: Harness) -> None:
+    await harness.say("!remember I am vegetarian")
+    await harness.say("!remember My radio is a T-Beam")
+    await harness.say("!facts")
+    assert _last(harness) == "1) I am vegetarian 2) My radio is a T-Beam"
+    harness.llm.reply = "ok"
+    await harness.say("what should I eat?")
+    system = harness.llm.chat_requests()[-1]["messages"][0]["content"]
+    assert "I am vegetarian" in system and "T-Beam" in system
+    await harness.say("!unremember 1")
+    assert _last(harness) == "Removed fact 1: I am vegetarian"
+    await harness.say("!facts")
+    assert _last(harness) == "1) My radio is a T-Beam"
+
+
+async def test_reset_forgets_context_but_keeps_facts(harness: Harness) -> None:
+    harness.llm.reply = "noted"
+    await harness.say("!remember I live in Oslo")
+    await harness.say("my secret word is pineapple")
+    await harness.say("!reset")
+    assert "won't use anything said before now" in _last(harness)
+    assert "1 pinned fact(s) stay" in _last(harness)
+    await harness.say("what was my secret word pineapple?")
+    prompt = harness.llm.chat_requests()[-1]["messages"]
+    joined = "\n".join(m["content"] for m in prompt[:-1])
+    assert "my secret word is pineapple" not in joined  # not in window, nor retrieved
+    assert "I live in Oslo" in prompt[0]["content"]
+    await harness.say("!history 10")
+    assert "my secret word is pineapple" not in _last(harness)
+
+
+async def test_forget_needs_confirmation_within_60s(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    now = [1000.0]
+    h = await start_harness(tmp_path, fake_llm)
+    h.app.commands._clock = lambda: now[0]
+    try:
+        await h.say("hello there")
+        await h.say("!forget yes")
+        assert _last(h).startswith("Nothing to confirm")
+        await h.say("!forget")
+        assert "within 60 s" in _last(h)
+        now[0] += 61
+        await h.say("!forget yes")
+        assert _last(h).startswith("Nothing to confirm")
+        assert (await h.store.stats())["messages"] == 2
+        await h.say("!forget")
+        now[0] += 30
+        await h.say("!forget yes")
+        assert _last(h).startswith("Deleted everything I kept about you: 2 messages")
+    finally:
+        await h.app.close()
+
+
+async def test_forget_deletes_every_row_about_the_person_only(harness: Harness) -> None:
+    harness.llm.reply = "sure thing about zebras"
+    await harness.say("zebras are my favourite", sender="alice")
+    await harness.say("!remember I like zebras", sender="alice")
+    await harness.say("zebras in a channel", sender="alice", space="ch0")
+    await harness.say("zebras for bob", sender="bob")
+    conv = await harness.store.conversation(harness.transport_key("alice"))
+    await harness.store.save_summary(
+        conv.id, text="alice likes zebras", first_message_id=1, last_message_id=2, tokens=4
+    )
+    await harness.say("!forget", sender="alice")
+    await harness.say("!forget yes", sender="alice")
+    db = harness.store
+    rows = await db._all(
+        "SELECT count(*) FROM messages m JOIN conversations c ON c.id = m.conversation_id "
+        "WHERE c.person = 'alice'"
+    )
+    assert rows[0][0] == 0
+    for table in ("summaries", "facts"):
+        assert (await db._all(f"SELECT count(*) FROM {table}"))[0][0] == 0
+    assert (await db._all("SELECT count(*) FROM conversations WHERE person='alice'"))[0][0] == 0
+    # Index rows: only bob's two messages still match.
+    hits = await db._all("SELECT rowid FROM messages_fts WHERE messages_fts MATCH 'zebras'")
+    bob = await db._all(
+        "SELECT c.id * 4294967296 + m.id FROM messages m JOIN conversations c "
+        "ON c.id = m.conversation_id WHERE c.person = 'bob'"
+    )
+    assert sorted(r[0] for r in hits) == sorted(r[0] for r in bob)
+
+
+async def test_operator_commands_are_gated(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    h = await start_harness(tmp_path, fake_llm, extra='bot:\n  operators: ["fake:root"]\n')
+    try:
+        await h.say("!stats", sender="mallory")
+        assert _last(h).startswith("Unknown command !stats")
+        await h.say("!stats", sender="root")
+        assert _last(h).startswith("conversations:")
+    finally:
+        await h.app.close()
+
+
+async def test_export_attaches_markdown_and_json(harness: Harness) -> None:
+    harness.llm.reply = "hello alice"
+    await harness.say("hi, export me later")
+    await harness.say("!export")
+    reply = harness.transport.sent[-1]
+    names = sorted(a.filename for a in reply.attachments)
+    assert names == ["meshsage-export-fake.json", "meshsage-export-fake.md"]
+    md = next(a.data.decode() for a in reply.attachments if a.filename.endswith(".md"))
+    assert "hi, export me later" in md and "hello alice" in md
+    assert all(a.dm_only for a in reply.attachments)
+
+
+@pytest.mark.parametrize("text", ["!", "!!!", "! help", "!?"])
+async def test_non_commands_go_to_the_llm(harness: Harness, text: str) -> None:
+    harness.llm.reply = "llm"
+    await harness.say(text)
+    if text == "! help":
+        assert _last(harness).startswith("Commands:")
+    else:
+        assert _last(harness) == "llm"

@@ -1,0 +1,99 @@
+"""The OpenAI-compatible adapter against a fake server over real loopback HTTP."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.config import LLMConfig
+from bot.errors import LLMUnavailable
+from bot.llm.openai_compat import OpenAICompatLLM, strip_thinking
+from bot.llm.port import ChatMessage
+from tests.fakes.fake_llm import FakeLLM
+
+HI = [ChatMessage("user", "hi")]
+
+
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+def _client(url: str, **kw: object) -> OpenAICompatLLM:
+    cfg = LLMConfig.model_validate(
+        {"base_url": url, "model": "m", "retries": 1, "read_timeout": 1, **kw}
+    )
+    return OpenAICompatLLM(config=cfg, env={"OPENAI_API_KEY": "sk-test"}, sleep=_no_sleep)
+
+
+async def test_answer_key_and_max_tokens(fake_llm: FakeLLM) -> None:
+    fake_llm.reply = "hello"
+    llm = _client(fake_llm.base_url)
+    out = await llm.complete(HI, max_tokens=77)
+    assert out.text == "hello" and out.model == "m"
+    req = fake_llm.chat_requests()[0]
+    assert req["max_tokens"] == 77 and req["messages"] == [{"role": "user", "content": "hi"}]
+    await llm.close()
+
+
+async def test_retries_are_bounded_then_unavailable(fake_llm: FakeLLM) -> None:
+    fake_llm.script = [("status", 503, {"error": "loading"})] * 10
+    llm = _client(fake_llm.base_url, retries=2)
+    with pytest.raises(LLMUnavailable) as err:
+        await llm.complete(HI, max_tokens=10)
+    assert len(fake_llm.chat_requests()) == 3
+    assert "HTTP 503" in str(err.value) and "Fix:" in str(err.value)
+    await llm.close()
+
+
+async def test_hanging_server_times_out(fake_llm: FakeLLM) -> None:
+    fake_llm.script = [("sleep", 3), ("sleep", 3)]
+    llm = _client(fake_llm.base_url, retries=0, read_timeout=0.3)
+    with pytest.raises(LLMUnavailable, match="timed out"):
+        await llm.complete(HI, max_tokens=10)
+    await llm.close()
+
+
+async def test_fallback_endpoint_answers_when_primary_fails(fake_llm: FakeLLM) -> None:
+    backup = FakeLLM()
+    await backup.start()
+    backup.reply = "from backup"
+    try:
+        fake_llm.script = [("status", 404, {"error": {"message": "model not found"}})]
+        llm = _client(
+            fake_llm.base_url,
+            fallbacks=[{"base_url": backup.base_url, "model": "small"}],
+        )
+        out = await llm.complete(HI, max_tokens=10)
+        assert out.text == "from backup" and out.model == "small"
+        assert len(fake_llm.chat_requests()) == 1  # 404 is not retried
+        await llm.close()
+    finally:
+        await backup.stop()
+
+
+async def test_refused_connection_is_unavailable() -> None:
+    llm = _client("http://127.0.0.1:9/v1", retries=0)
+    with pytest.raises(LLMUnavailable, match="connection failed"):
+        await llm.complete(HI, max_tokens=10)
+    await llm.close()
+
+
+async def test_empty_answer_is_a_failure(fake_llm: FakeLLM) -> None:
+    fake_llm.script = [("reply", "<think>hmm</think>   "), ("reply", "")]
+    llm = _client(fake_llm.base_url)
+    with pytest.raises(LLMUnavailable, match="empty answer"):
+        await llm.complete(HI, max_tokens=10)
+    await llm.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("<think>plan</think>Answer", "Answer"),
+        ("reasoning without open tag</think>\nAnswer", "Answer"),
+        ("Answer<think>unfinished", "Answer"),
+        ("<THINK>a</THINK>x<think>b</think>y", "xy"),
+        ("no thinking", "no thinking"),
+    ],
+)
+def test_strip_thinking(raw: str, clean: str) -> None:
+    assert strip_thinking(raw) == clean

@@ -1,0 +1,140 @@
+"""SQLite store on real files: migrations, WAL, foreign keys, FTS sync, bad database files."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bot.domain import ConversationKey
+from bot.errors import StorageError
+from bot.memory.schema import MIGRATIONS, migrate
+from bot.memory.store import SqliteStore
+
+KEY = ConversationKey("console", "alice")
+
+
+async def test_blank_database_is_migrated_and_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "dir" / "m.db"
+    store = await SqliteStore.open(path)
+    rows = await store._all("SELECT name FROM schema_migrations ORDER BY name")
+    assert [r[0] for r in rows] == [name for name, _ in MIGRATIONS]
+    assert (await store._all("PRAGMA journal_mode"))[0][0] == "wal"
+    assert (await store._all("PRAGMA foreign_keys"))[0][0] == 1
+    await store.close()
+    again = await SqliteStore.open(path)  # reopening applies nothing twice
+    assert len(await again._all("SELECT name FROM schema_migrations")) == len(MIGRATIONS)
+    await again.close()
+
+
+@pytest.mark.parametrize("applied", range(1, len(MIGRATIONS) + 1))
+async def test_upgrade_from_each_earlier_schema(tmp_path: Path, applied: int) -> None:
+    import aiosqlite
+
+    path = tmp_path / "m.db"
+    db = await aiosqlite.connect(path, isolation_level=None)
+    await migrate(db, MIGRATIONS[:applied])
+    await db.close()
+    store = await SqliteStore.open(path)
+    names = [r[0] for r in await store._all("SELECT name FROM schema_migrations ORDER BY name")]
+    assert names == [n for n, _ in MIGRATIONS]
+    conv = await store.conversation(KEY)
+    await store.add_message(conv.id, role="user", author="a", text="hello", tokens=1, status="x")
+    await store.close()
+
+
+async def test_failed_migration_leaves_previous_version(tmp_path: Path) -> None:
+    import aiosqlite
+
+    db = await aiosqlite.connect(tmp_path / "m.db", isolation_level=None)
+    broken = [*MIGRATIONS, ("999_broken", lambda: "CREATE TABLE t (x); CREATE TABLE t (y);")]
+    with pytest.raises(sqlite3.OperationalError):
+        await migrate(db, broken)
+    tables = [r[0] for r in await db.execute_fetchall("SELECT name FROM sqlite_master")]
+    assert "t" not in tables
+    names = [r[0] for r in await db.execute_fetchall("SELECT name FROM schema_migrations")]
+    assert "999_broken" not in names
+    await db.close()
+
+
+async def test_fts_follows_inserts_and_deletes(store: SqliteStore) -> None:
+    conv = await store.conversation(KEY)
+    mid = await store.add_message(
+        conv.id, role="user", author="alice", text="Running shoes", tokens=2, status="x"
+    )
+    hits = await store.fts_search(conv.id, '"run"', after_id=0, before_id=10**9, limit=5)
+    assert [h[0] for h in hits] == [mid]  # porter stemming: run ~ running
+    await store.forget_person("console", "alice")
+    n = await store._all("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'run'")
+    assert n[0][0] == 0
+
+
+async def test_summary_from_before_a_reset_is_refused(store: SqliteStore) -> None:
+    conv = await store.conversation(KEY)
+    ids = [
+        await store.add_message(conv.id, role="user", author="a", text=f"m{i}", tokens=1,
+                                status="x")
+        for i in range(4)
+    ]  # fmt: skip
+    await store.reset(conv.id)
+    ok = await store.save_summary(
+        conv.id, text="old stuff", first_message_id=ids[0], last_message_id=ids[3], tokens=2
+    )
+    assert ok is False
+    assert await store.latest_summary(await store.conversation(KEY)) is None
+
+
+async def test_corrupted_database_says_how_to_fix(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    path.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(StorageError) as err:
+        await SqliteStore.open(path)
+    assert "damaged" in str(err.value) and "move the file aside" in str(err.value)
+
+
+async def test_read_only_database_says_how_to_fix(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    await (await SqliteStore.open(path)).close()
+    path.chmod(0o444)
+    immutable = False
+    if os.geteuid() == 0:  # root ignores permissions: make the file immutable instead
+        immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+        if not immutable:
+            pytest.skip("running as root without chattr: cannot make a read-only file")
+    try:
+        with pytest.raises(StorageError) as err:
+            await SqliteStore.open(path)
+        assert "read" in str(err.value) and "writable" in str(err.value)
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+async def test_unusable_state_directory_says_how_to_fix(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(StorageError) as err:
+        await SqliteStore.open(blocker / "sub" / "m.db")
+    assert "MESHSAGE_STATE_DIR" in str(err.value)
+
+
+async def test_retention_prunes_old_messages_and_their_index(store: SqliteStore) -> None:
+    conv = await store.conversation(KEY)
+    await store.add_message(
+        conv.id,
+        role="user",
+        author="a",
+        text="ancient kiwi",
+        tokens=1,
+        status="x",
+        created_at=1000.0,
+    )
+    await store.add_message(
+        conv.id, role="user", author="a", text="fresh kiwi", tokens=1, status="x"
+    )
+    assert await store.prune_older_than(2000.0, batch=1) == 1
+    hits = await store.fts_search(conv.id, '"kiwi"', after_id=0, before_id=10**9, limit=5)
+    assert len(hits) == 1
