@@ -37,7 +37,7 @@ import queue
 import random
 import socket
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -230,6 +230,8 @@ class MeshtasticTransport:
         self._jobs: list[_Job] = []
         self._jobs_changed = asyncio.Event()
         self._acks: dict[int, _AckWait] = {}
+        # Routing answers can overtake the worker's return of the packet id: keep recent ones.
+        self._recent_routing: OrderedDict[int, tuple[int | None, str]] = OrderedDict()
         self._last_tx = float("-inf")
         self._last_rx = clock.monotonic()
         self._traffic = asyncio.Event()
@@ -409,15 +411,32 @@ class MeshtasticTransport:
 
     def _routing_in(self, packet: Mapping[str, Any], decoded: Mapping[str, Any]) -> None:
         request = decoded.get("requestId")
-        wait = self._acks.get(request) if isinstance(request, int) else None
-        if wait is None:
+        if not isinstance(request, int):
             return
         routing = decoded.get("routing") or {}
         reason = routing.get("errorReason", "NONE") if isinstance(routing, Mapping) else "NONE"
+        frm = packet.get("from")
+        wait = self._acks.get(request)
+        if wait is None:
+            self._recent_routing[request] = (frm if isinstance(frm, int) else None, str(reason))
+            while len(self._recent_routing) > 64:
+                self._recent_routing.popitem(last=False)
+            return
+        self._apply_routing(wait, frm, str(reason))
+
+    def _register_ack(self, pid: int, dest: int) -> _AckWait:
+        wait = self._acks[pid] = _AckWait(dest=dest, sent_at=self._clock.monotonic())
+        early = self._recent_routing.pop(pid, None)
+        if early is not None:
+            self._apply_routing(wait, *early)
+        return wait
+
+    @staticmethod
+    def _apply_routing(wait: _AckWait, frm: object, reason: str) -> None:
         if reason != "NONE":
             wait.state, wait.reason = "nak", str(reason)
             wait.event.set()
-        elif packet.get("from") == wait.dest or wait.dest == BROADCAST_NUM:
+        elif frm == wait.dest or wait.dest == BROADCAST_NUM:
             wait.state = "ack"
             wait.event.set()
         elif wait.state == "pending":
@@ -695,8 +714,7 @@ class MeshtasticTransport:
                     )
                 ids.append(str(pid))
                 if job.want_ack:
-                    wait = _AckWait(dest=job.dest, sent_at=self._clock.monotonic())
-                    waits[index] = self._acks[pid] = wait
+                    waits[index] = self._register_ack(pid, job.dest)
             if not job.want_ack:
                 return Delivery(DeliveryStatus.SENT, message_ids=tuple(ids))
             for index, wait in waits.items():

@@ -45,10 +45,10 @@ class FakeClock:
                 heapq.heappop(self._heap)  # cancelled sleepers
             if not self._heap:
                 return
-            busy = True
-            while busy:
+            quiet = 0
+            while quiet < 2:  # two quiet looks in a row: nothing is on its way
                 await asyncio.sleep(self._idle)  # real time: let threads and callbacks run
-                busy = any([hook() for hook in self.settle_hooks])
+                quiet = 0 if any([hook() for hook in self.settle_hooks]) else quiet + 1
             while self._heap and self._heap[0][2].done():
                 heapq.heappop(self._heap)
             if not self._heap:

@@ -309,6 +309,7 @@ class FakeTcpRadio(_Radio):
                 conn, _ = srv.accept()
             except OSError:
                 return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no Nagle delays
             with self._lock:
                 self.conn, self._buf, self.frozen = conn, b"", False
                 self.connections += 1
