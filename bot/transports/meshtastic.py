@@ -103,11 +103,19 @@ class _Worker:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any]] | None] = (
             queue.SimpleQueue()
         )
+        self._pending = 0  # jobs queued or running, counted down by the thread itself
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def busy(self) -> bool:
+        return self._pending > 0
+
     async def call(self, fn: Callable[[], T], *, timeout: float) -> T:
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            self._pending += 1
         self._jobs.put((fn, fut))
         return await asyncio.wait_for(fut, timeout)
 
@@ -117,9 +125,9 @@ class _Worker:
             if job is None:
                 return
             fn, fut = job
-            if fut.done():  # the caller gave up (timeout, stop) before we got to it
-                continue
             try:
+                if fut.done():  # the caller gave up (timeout, stop) before we got to it
+                    continue
                 result = fn()
             except SystemExit as exc:  # meshtastic.util.our_exit: must never end the bot
                 _resolve(fut, None, TransportError(f"meshtastic library refused: {exc}"))
@@ -127,9 +135,32 @@ class _Worker:
                 _resolve(fut, None, exc)
             else:
                 _resolve(fut, result, None)
+            finally:
+                with self._lock:
+                    self._pending -= 1
 
     def shutdown(self) -> None:
         self._jobs.put(None)
+
+
+class _Counter:
+    """A thread-safe count of operations under way."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> None:
+        with self._lock:
+            self._n += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._n -= 1
+
+    @property
+    def busy(self) -> bool:
+        return self._n > 0
 
 
 def _resolve(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
@@ -238,6 +269,7 @@ class MeshtasticTransport:
         self._channel_util: float | None = None
         self._dm_channel: dict[int, int] = {}
         self._subscribed = False
+        self._closing = _Counter()
 
     # --- Transport protocol ----------------------------------------------------------------
     def fit(self, text: str) -> str:
@@ -407,7 +439,9 @@ class MeshtasticTransport:
         except AttributeError:
             return None
         name = user.get("longName") if isinstance(user, dict) else None
-        return name if isinstance(name, str) and name else None
+        if not isinstance(name, str) or not name or name == f"Meshtastic {node_id(num)[-4:]}":
+            return None  # the library's placeholder for a node that never sent its NodeInfo
+        return name
 
     def _routing_in(self, packet: Mapping[str, Any], decoded: Mapping[str, Any]) -> None:
         request = decoded.get("requestId")
@@ -554,13 +588,20 @@ class MeshtasticTransport:
                 iface.close()
             except Exception as exc:  # a dead port raises termios/serial errors on close
                 log.debug("closing the old interface: %s", exc)
+            finally:
+                self._closing.release()
             _resolve(done, None, None)
 
+        self._closing.acquire()
         threading.Thread(target=run, name="meshtastic-close", daemon=True).start()
         try:
             await asyncio.wait_for(asyncio.shield(done), CLOSE_TIMEOUT)
         except TimeoutError:
             log.warning("closing the old interface hung; leaving it behind")
+
+    def io_busy(self) -> bool:
+        """A blocking library call is under way (tests' virtual clock waits for it)."""
+        return self._worker.busy or self._closing.busy
 
     async def _watchdog(self) -> None:
         interval = max(1.0, self._cfg.stale_after / 4)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import select
 import socket
 import threading
@@ -52,7 +53,7 @@ class _WallClock:
 
 
 def frame(msg: Any) -> bytes:
-    b = msg.SerializeToString()
+    b = bytes(msg.SerializeToString())
     return bytes([START1, START2, len(b) >> 8, len(b) & 0xFF]) + b
 
 
@@ -139,7 +140,10 @@ class _Radio:
         fr = mesh_pb2.FromRadio()
         fr.config.lora.hop_limit = 3
         self.send(fr)
-        for index, role in ((0, channel_pb2.Channel.Role.PRIMARY), (1, channel_pb2.Channel.Role.SECONDARY)):
+        for index, role in (
+            (0, channel_pb2.Channel.Role.PRIMARY),
+            (1, channel_pb2.Channel.Role.SECONDARY),
+        ):
             fr = mesh_pb2.FromRadio()
             fr.channel.index = index
             fr.channel.role = role
@@ -218,7 +222,7 @@ class _Radio:
         if encrypted:
             p.encrypted = payload  # the node could not decrypt it: no 'decoded'
         else:
-            p.decoded.portnum = port  # type: ignore[assignment]
+            p.decoded.portnum = port
             p.decoded.payload = payload
             if request_id is not None:
                 p.decoded.request_id = request_id
@@ -227,7 +231,7 @@ class _Radio:
             if emoji:
                 p.decoded.emoji = emoji
         self.send(fr)
-        return p.id
+        return int(p.id)
 
     def inject_text(
         self,
@@ -241,12 +245,14 @@ class _Radio:
         **kw: Any,
     ) -> int:
         payload = text if isinstance(text, bytes) else text.encode("utf-8")
-        return self._inject(frm=frm, to=to, port=port, payload=payload, channel=channel, pid=pid, **kw)
+        return self._inject(
+            frm=frm, to=to, port=port, payload=payload, channel=channel, pid=pid, **kw
+        )
 
     def inject_routing(self, request_id: int, error: str = "NONE", *, frm: int = MY_NUM) -> None:
         """Routing ACK (error 'NONE') or NAK (e.g. 'MAX_RETRANSMIT') for ``request_id``."""
         rt = mesh_pb2.Routing()
-        rt.error_reason = mesh_pb2.Routing.Error.Value(error)  # type: ignore[assignment]
+        rt.error_reason = mesh_pb2.Routing.Error.Value(error)
         self._inject(
             frm=frm,
             to=MY_NUM,
@@ -284,7 +290,17 @@ class FakeTcpRadio(_Radio):
     def _listen(self) -> None:
         srv = socket.socket()
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind(("127.0.0.1", self.port))
+        if self.port:
+            srv.bind(("127.0.0.1", self.port))
+        else:
+            # Below the kernel's ephemeral range: while the server is down, a reconnect to an
+            # ephemeral port could otherwise connect the client to itself (TCP self-connect).
+            for _ in range(100):
+                try:
+                    srv.bind(("127.0.0.1", random.randint(20000, 30000)))
+                    break
+                except OSError:
+                    continue
         srv.listen(4)
         self._srv = srv
         self.port = srv.getsockname()[1]
@@ -344,6 +360,8 @@ class FakeTcpRadio(_Radio):
     def stop(self) -> None:
         """The server disappears: no new connections, the current one is dropped."""
         if self._srv is not None:
+            with contextlib.suppress(OSError):  # wakes the blocked accept() on Linux
+                self._srv.shutdown(socket.SHUT_RDWR)
             self._srv.close()
             self._srv = None
         self.drop_connection()

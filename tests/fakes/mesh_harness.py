@@ -13,6 +13,7 @@ import array
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import random
 import select
 import termios
@@ -54,9 +55,7 @@ def library_busy(interfaces: list[Any]) -> bool:
             sock = getattr(iface, "socket", None)
             stream = getattr(iface, "stream", None)
             try:
-                if sock is not None and (
-                    select.select([sock], [], [], 0)[0] or _unsent(sock) > 0
-                ):
+                if sock is not None and (select.select([sock], [], [], 0)[0] or _unsent(sock) > 0):
                     busy = True
                 if stream is not None and stream.in_waiting:
                     busy = True
@@ -103,6 +102,16 @@ class Harness:
         await self.until(lambda: len(self.inbox) >= n, f"{n} inbound message(s)")
         return self.inbox[n - 1]
 
+    @property
+    def tcp(self) -> FakeTcpRadio:
+        assert isinstance(self.radio, FakeTcpRadio)
+        return self.radio
+
+    @property
+    def pty(self) -> FakePtyRadio:
+        assert isinstance(self.radio, FakePtyRadio)
+        return self.radio
+
     async def reply(self, inbound: Inbound, text: str) -> Delivery:
         return await self.transport.send(Reply(inbound=inbound, text=self.transport.fit(text)))
 
@@ -111,7 +120,7 @@ def check_on_air(radio: FakeTcpRadio | FakePtyRadio, spacing: float) -> None:
     texts = radio.sent_texts()
     for _, packet in texts:
         assert len(packet.decoded.payload) <= 200, packet.decoded.payload
-    for (t1, _), (t2, _) in zip(texts, texts[1:], strict=False):
+    for (t1, _), (t2, _) in itertools.pairwise(texts):
         assert t2 - t1 >= spacing, (t1, t2)
 
 
@@ -126,7 +135,7 @@ async def mesh_harness(
     if not start_radio and isinstance(radio, FakeTcpRadio):
         radio.stop()
     settings: dict[str, Any] = {**FAST, **overrides}
-    if serial:
+    if isinstance(radio, FakePtyRadio):
         settings.update(connection="serial", device=radio.path)
     else:
         settings.update(connection="tcp", host="127.0.0.1", port=radio.port)
@@ -141,7 +150,6 @@ async def mesh_harness(
         interfaces.append(iface)
         return iface
 
-    clock.settle_hooks += [radio.settle, lambda: library_busy(interfaces)]
     transport = build_meshtastic(
         config,
         bot_name="meshsage",
@@ -151,6 +159,16 @@ async def mesh_harness(
         rng=random.Random(7),
     )
     assert isinstance(transport, MeshtasticTransport)
+
+    def io_busy() -> bool:
+        waited = False
+        end = time.monotonic() + 10.0
+        while transport.io_busy() and time.monotonic() < end:  # a connect or close under way
+            waited = True
+            time.sleep(0.002)
+        return waited
+
+    clock.settle_hooks += [io_busy, radio.settle, lambda: library_busy(interfaces)]
     harness = Harness(radio, clock, transport, config, interfaces)
 
     async def on_message(inbound: Inbound) -> None:
