@@ -33,7 +33,8 @@ from bot.errors import LLMUnavailable
 from bot.llm.port import LLM
 from bot.llm.tokens import TokenCounter
 from bot.memory.context import ContextBuilder
-from bot.memory.store import ASSISTANT, USER, SqliteStore
+from bot.memory.port import MemoryStore
+from bot.memory.store import ASSISTANT, USER
 from bot.memory.summary import Summarizer
 from bot.text import clean_inbound
 from bot.transports.base import Transport
@@ -56,7 +57,7 @@ class Responder:
     def __init__(
         self,
         *,
-        store: SqliteStore,
+        store: MemoryStore,
         llm: LLM,
         context: ContextBuilder,
         summarizer: Summarizer,

@@ -1,4 +1,5 @@
-"""SQLite store on real files: migrations, WAL, foreign keys, FTS sync, bad database files."""
+"""SQLite-specific store behaviour on real files: migrations, WAL, foreign keys, FTS sync, bad
+database files. Behaviour every store shares is in test_store_contract.py."""
 
 from __future__ import annotations
 
@@ -72,21 +73,6 @@ async def test_fts_follows_inserts_and_deletes(store: SqliteStore) -> None:
     await store.forget_person("console", "alice")
     n = await store._all("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'run'")
     assert n[0][0] == 0
-
-
-async def test_summary_from_before_a_reset_is_refused(store: SqliteStore) -> None:
-    conv = await store.conversation(KEY)
-    ids = [
-        await store.add_message(conv.id, role="user", author="a", text=f"m{i}", tokens=1,
-                                status="x")
-        for i in range(4)
-    ]  # fmt: skip
-    await store.reset(conv.id)
-    ok = await store.save_summary(
-        conv.id, text="old stuff", first_message_id=ids[0], last_message_id=ids[3], tokens=2
-    )
-    assert ok is False
-    assert await store.latest_summary(await store.conversation(KEY)) is None
 
 
 async def test_corrupted_database_says_how_to_fix(tmp_path: Path) -> None:
