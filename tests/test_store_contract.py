@@ -126,9 +126,18 @@ async def test_forget_removes_every_row_of_that_person_only(memory: MemoryStore)
 
 async def test_pending_messages_are_found_for_recovery(memory: MemoryStore) -> None:
     q = await _say(memory, ALICE, "unanswered")
-    await _say(memory, BOB, "other transport? no, same")
+    conv = await memory.conversation(ALICE)
+    await memory.add_message(
+        conv.id,
+        role="assistant",
+        author="bot",
+        text="done",
+        tokens=1,
+        status="sent",
+        answers=await _say(memory, ALICE, "answered"),
+    )
     found = await memory.pending_messages(since=time.time() - 60, transports=["mesh"])
-    assert [m.id for _, m in found][0] == q and found[0][0] == ALICE
+    assert [(key, m.id) for key, m in found] == [(ALICE, q)]
     assert await memory.pending_messages(since=time.time() - 60, transports=["discord"]) == []
 
 
