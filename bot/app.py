@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
@@ -35,6 +36,7 @@ from bot.transports.base import Transport
 log = logging.getLogger("bot.app")
 
 DRAIN_SECONDS = 30.0
+RETENTION_INTERVAL = 6 * 3600.0
 
 
 @dataclass
@@ -50,6 +52,7 @@ class App:
     responder: Responder
     transports: list[Transport] = field(default_factory=list)
     _close_llm: OpenAICompatLLM | None = None
+    _retention: asyncio.Task[None] | None = None
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -66,8 +69,26 @@ class App:
         if not running:
             raise MeshsageError("no transport could start; see the messages above.")
         self.transports = running
+        if self.config.memory.retention_days > 0:
+            self._retention = asyncio.create_task(self._retention_loop(), name="retention")
         await self.responder.recover_pending()
         return running
+
+    async def _retention_loop(self) -> None:
+        """Prune messages older than ``retention_days`` at start, then every few hours."""
+        keep = self.config.memory.retention_days * 86_400
+        while True:
+            try:
+                pruned = await self.store.prune_older_than(time.time() - keep)
+                if pruned:
+                    log.info(
+                        "retention: deleted %d message(s) older than %d days",
+                        pruned,
+                        self.config.memory.retention_days,
+                    )
+            except Exception:  # loop boundary: retention must not stop the bot; next round
+                log.exception("retention failed")
+            await asyncio.sleep(RETENTION_INTERVAL)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Start, serve until ``stop`` is set or every transport ends, then shut down."""
@@ -87,6 +108,10 @@ class App:
         await asyncio.gather(*(t.wait_closed() for t in self.transports))
 
     async def close(self) -> None:
+        if self._retention is not None:
+            self._retention.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention
         await self.responder.drain(timeout=DRAIN_SECONDS)
         for transport in self.transports:
             try:

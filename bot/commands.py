@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from bot.domain import Attachment, Inbound
 from bot.llm.tokens import TokenCounter
 from bot.memory.export import export_person
-from bot.memory.store import SqliteStore
+from bot.memory.port import MemoryStore
 from bot.text import fit_bytes
 
 FORGET_CONFIRM_SECONDS = 60.0
@@ -40,7 +40,7 @@ class Commands:
     def __init__(
         self,
         *,
-        store: SqliteStore,
+        store: MemoryStore,
         counter: TokenCounter,
         prefix: str,
         operators: tuple[str, ...],

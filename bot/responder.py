@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable
@@ -33,7 +34,8 @@ from bot.errors import LLMUnavailable
 from bot.llm.port import LLM
 from bot.llm.tokens import TokenCounter
 from bot.memory.context import ContextBuilder
-from bot.memory.store import ASSISTANT, USER, SqliteStore
+from bot.memory.port import MemoryStore
+from bot.memory.store import ASSISTANT, USER
 from bot.memory.summary import Summarizer
 from bot.text import clean_inbound
 from bot.transports.base import Transport
@@ -43,6 +45,7 @@ log = logging.getLogger("bot.responder")
 UNAVAILABLE = "LLM unavailable, try again later."
 EMPTY = "Your message was empty. Send some text, or {prefix}help for commands."
 TRIMMED_NOTE = "your message was long; I read only its beginning"
+NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
 RECOVER_WITHIN_SECONDS = 15 * 60
 
 
@@ -56,7 +59,7 @@ class Responder:
     def __init__(
         self,
         *,
-        store: SqliteStore,
+        store: MemoryStore,
         llm: LLM,
         context: ContextBuilder,
         summarizer: Summarizer,
@@ -94,21 +97,27 @@ class Responder:
             await self._notice(inbound, EMPTY.format(prefix=self._commands.prefix))
             return
         if self._commands.parse(text) is not None:
-            self._enqueue(_Job(inbound, None))
+            if self._accepting:  # commands are not stored; during shutdown they are dropped
+                self._enqueue(_Job(inbound, None))
             return
-        conv = await self._store.conversation(inbound.key)
         limited = self._over_limit(inbound)
-        message_id = await self._store.add_message(
-            conv.id,
-            role=USER,
-            author=inbound.sender_name or inbound.sender,
-            text=text,
-            tokens=self._counter.count(text),
-            status="limited" if limited else "pending",
-            created_at=inbound.received_at.timestamp(),
-            platform_id=inbound.message_id,
-            reply_to_platform_id=inbound.reply_to,
-        )
+        try:
+            conv = await self._store.conversation(inbound.key)
+            message_id = await self._store.add_message(
+                conv.id,
+                role=USER,
+                author=inbound.sender_name or inbound.sender,
+                text=text,
+                tokens=self._counter.count(text),
+                status="limited" if limited else "pending",
+                created_at=inbound.received_at.timestamp(),
+                platform_id=inbound.message_id,
+                reply_to_platform_id=inbound.reply_to,
+            )
+        except sqlite3.Error as exc:  # disk full, database locked for too long, I/O error
+            log.error("could not store a message from %s: %s", inbound.key, exc)
+            await self._notice(inbound, NOT_STORED)
+            return
         if limited:
             await self._notice_once(inbound, limited)
             return
@@ -133,6 +142,8 @@ class Responder:
         stamps = self._recent.setdefault(who, deque())
         while stamps and now - stamps[0] > rl.per_seconds:
             stamps.popleft()
+        for stale in [k for k, v in self._recent.items() if not v and k != who]:
+            del self._recent[stale]  # keep the table as small as the set of active people
         if len(stamps) >= rl.messages:
             wait = int(rl.per_seconds - (now - stamps[0])) + 1
             return (

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from bot.cli import main
 from pydantic import BaseModel
 
+from bot.cli import main
 from bot.config import Config, load_config
 from bot.errors import ConfigError
 
@@ -73,7 +72,7 @@ def test_bad_files_name_the_problem(tmp_path: Path, text: str, expected: str) ->
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="file not found. Fix"):
+    with pytest.raises(ConfigError, match=r"file not found\. Fix"):
         load_config(tmp_path / "nope.yaml", env={})
 
 

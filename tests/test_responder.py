@@ -190,3 +190,15 @@ async def test_pending_message_is_answered_after_restart(tmp_path: Path, fake_ll
         assert h2.transport.texts() == ["Yes, back now."]
     finally:
         await h2.app.close()
+
+
+async def test_storage_failure_is_reported_to_the_person(harness: Harness) -> None:
+    await harness.store._db.execute("PRAGMA query_only = ON")  # simulate a store refusing writes
+    await harness.say("will this be saved?")
+    assert harness.transport.texts() == [
+        "I could not save your message (storage problem), so I did not answer. Try later."
+    ]
+    assert harness.llm.chat_requests() == []
+    await harness.store._db.execute("PRAGMA query_only = OFF")
+    await harness.say("and now?")
+    assert harness.transport.texts()[-1] == "Hello from fake"

@@ -1,7 +1,9 @@
-"""SQLite store on real files: migrations, WAL, foreign keys, FTS sync, bad database files."""
+"""SQLite-specific store behaviour on real files: migrations, WAL, foreign keys, FTS sync, bad
+database files. Behaviour every store shares is in test_store_contract.py."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import subprocess
@@ -13,6 +15,7 @@ from bot.domain import ConversationKey
 from bot.errors import StorageError
 from bot.memory.schema import MIGRATIONS, migrate
 from bot.memory.store import SqliteStore
+from tests.fakes.fake_llm import FakeLLM
 
 KEY = ConversationKey("console", "alice")
 
@@ -72,21 +75,6 @@ async def test_fts_follows_inserts_and_deletes(store: SqliteStore) -> None:
     assert n[0][0] == 0
 
 
-async def test_summary_from_before_a_reset_is_refused(store: SqliteStore) -> None:
-    conv = await store.conversation(KEY)
-    ids = [
-        await store.add_message(conv.id, role="user", author="a", text=f"m{i}", tokens=1,
-                                status="x")
-        for i in range(4)
-    ]  # fmt: skip
-    await store.reset(conv.id)
-    ok = await store.save_summary(
-        conv.id, text="old stuff", first_message_id=ids[0], last_message_id=ids[3], tokens=2
-    )
-    assert ok is False
-    assert await store.latest_summary(await store.conversation(KEY)) is None
-
-
 async def test_corrupted_database_says_how_to_fix(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
     path.write_bytes(b"this is not sqlite at all" * 100)
@@ -138,3 +126,24 @@ async def test_retention_prunes_old_messages_and_their_index(store: SqliteStore)
     assert await store.prune_older_than(2000.0, batch=1) == 1
     hits = await store.fts_search(conv.id, '"kiwi"', after_id=0, before_id=10**9, limit=5)
     assert len(hits) == 1
+
+
+async def test_app_applies_retention_at_start(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    from tests.conftest import start_harness
+
+    first = await start_harness(tmp_path, fake_llm)
+    conv = await first.store.conversation(first.transport_key("alice"))
+    await first.store.add_message(conv.id, role="user", author="a", text="very old", tokens=1,
+                                  status="answered", created_at=1_000.0)  # fmt: skip
+    await first.say("recent")
+    await first.app.close()
+    second = await start_harness(tmp_path, fake_llm, extra="memory:\n  retention_days: 30\n")
+    try:
+        for _ in range(200):
+            if (await second.store.stats())["messages"] == 2:
+                break
+            await asyncio.sleep(0.01)
+        texts = [m.text for m in await second.store.all_messages(conv.id)]
+        assert texts == ["recent", "Hello from fake"]
+    finally:
+        await second.app.close()

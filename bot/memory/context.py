@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 from bot.llm.port import ChatMessage, Role
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
+from bot.memory.port import MemoryStore
 from bot.memory.retrieval import RetrievedBlock, Retriever
-from bot.memory.store import ASSISTANT, USER, Conversation, SqliteStore, StoredMessage
+from bot.memory.store import ASSISTANT, USER, Conversation, StoredMessage
 
 FACTS_HEADER = "Notes this person asked you to remember:"
 SUMMARY_HEADER = "Summary of the earlier conversation:"
@@ -77,7 +78,7 @@ class ContextBuilder:
     def __init__(
         self,
         *,
-        store: SqliteStore,
+        store: MemoryStore,
         retriever: Retriever,
         counter: TokenCounter,
         system_prompt: str,

@@ -7,17 +7,17 @@ that person privately (``Attachment.dm_only``).
 from __future__ import annotations
 
 import json
-from typing import Any
 from datetime import UTC, datetime
+from typing import Any
 
-from bot.memory.store import SqliteStore
+from bot.memory.port import MemoryStore
 
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
-async def export_person(store: SqliteStore, transport: str, person: str) -> tuple[str, str]:
+async def export_person(store: MemoryStore, transport: str, person: str) -> tuple[str, str]:
     """Return (markdown, json) documents."""
     convs: list[dict[str, Any]] = []
     for conv in await store.conversations_of(transport, person):

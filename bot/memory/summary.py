@@ -23,7 +23,8 @@ from bot.errors import LLMUnavailable
 from bot.llm.gate import BackgroundPreempted
 from bot.llm.port import LLM, ChatMessage
 from bot.llm.tokens import TokenCounter
-from bot.memory.store import Conversation, SqliteStore, StoredMessage
+from bot.memory.port import MemoryStore
+from bot.memory.store import Conversation, StoredMessage
 
 log = logging.getLogger("bot.memory.summary")
 
@@ -40,7 +41,7 @@ class Summarizer:
     def __init__(
         self,
         *,
-        store: SqliteStore,
+        store: MemoryStore,
         llm: LLM,
         counter: TokenCounter,
         config: SummaryConfig,

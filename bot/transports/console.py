@@ -15,9 +15,10 @@ import asyncio
 import contextlib
 import io
 import logging
+import os
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -82,15 +83,12 @@ class ConsoleTransport:
         loop = asyncio.get_running_loop()
         lines = self._lines
 
-        def pump() -> None:  # a daemon thread, so a blocked readline never holds up exit
-            while True:
-                try:
-                    raw = self._stdin.readline()
-                except (OSError, ValueError):
-                    raw = b""
+        def pump() -> None:
+            # A daemon thread reading the raw descriptor: a read blocked at exit holds no
+            # Python lock (a blocked BufferedReader.readline would abort interpreter shutdown).
+            for raw in _raw_lines(self._stdin):
                 loop.call_soon_threadsafe(lines.put_nowait, raw)
-                if not raw:
-                    return
+            loop.call_soon_threadsafe(lines.put_nowait, b"")
 
         self._pump = threading.Thread(target=pump, name="console stdin", daemon=True)
         self._pump.start()
@@ -171,3 +169,27 @@ def _isatty(stream: IO[bytes]) -> bool:
         return stream.isatty()
     except (ValueError, io.UnsupportedOperation):
         return False
+
+
+def _raw_lines(stream: IO[bytes]) -> Iterator[bytes]:
+    """Lines (with their newline) from ``stream``'s file descriptor, or from the stream itself
+    when it has none (tests pass BytesIO)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        yield from iter(stream.readline, b"")
+        return
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            if pending:
+                yield pending
+            return
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            yield line + b"\n"

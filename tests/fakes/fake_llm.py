@@ -26,6 +26,7 @@ class FakeLLM:
         self.reply_fn: Callable[[dict[str, Any]], str] | None = None
         self.in_flight = 0
         self.peak_in_flight = 0
+        self.cancelled = 0
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -41,6 +42,9 @@ class FakeLLM:
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
             return await self._answer(request)
+        except asyncio.CancelledError:
+            self.cancelled += 1  # the client went away (as Ollama sees a dropped request)
+            raise
         finally:
             self.in_flight -= 1
 
@@ -100,7 +104,7 @@ class FakeLLM:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

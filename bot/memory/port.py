@@ -1,0 +1,107 @@
+"""The memory port: what the responder, commands, context and summaries need from a store.
+
+``SqliteStore`` implements it today; a PostgreSQL store for many bots sharing one memory would
+implement the same Protocol and pass the same contract suite (tests/test_store_contract.py).
+
+Invariants every implementation keeps:
+- ``add_message`` is durable when it returns; ``answers=`` marks that message answered in the
+  same transaction.
+- Everything at or below a conversation's ``reset_after`` is invisible to ``recent_messages``,
+  ``latest_summary`` and ``fts_search`` callers (they pass the mark), and ``save_summary``
+  refuses a summary that starts at or before it.
+- ``forget_person`` removes every row about the person, search-index rows included.
+- ``fts_search`` is scoped to one conversation and never reads other people's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from bot.domain import ConversationKey
+from bot.memory.store import Conversation, Fact, ForgetReport, StoredMessage, Summary
+
+
+class MemoryStore(Protocol):
+    async def close(self) -> None: ...
+
+    async def conversation(self, key: ConversationKey) -> Conversation: ...
+
+    async def find_conversation(self, key: ConversationKey) -> Conversation | None: ...
+
+    async def conversations_of(self, transport: str, person: str) -> list[Conversation]: ...
+
+    async def reset(self, conversation_id: int) -> int: ...
+
+    async def forget_person(self, transport: str, person: str) -> ForgetReport: ...
+
+    async def add_message(
+        self,
+        conversation_id: int,
+        *,
+        role: str,
+        author: str,
+        text: str,
+        tokens: int,
+        status: str,
+        created_at: float | None = None,
+        platform_id: str | None = None,
+        reply_to_platform_id: str | None = None,
+        parent_id: int | None = None,
+        answers: int | None = None,
+    ) -> int: ...
+
+    async def pending_messages(
+        self, *, since: float, transports: Sequence[str]
+    ) -> list[tuple[ConversationKey, StoredMessage]]: ...
+
+    async def set_status(
+        self, message_id: int, status: str, *, platform_id: str | None = None
+    ) -> None: ...
+
+    async def recent_messages(
+        self, conversation: Conversation, *, limit: int, before_id: int | None = None
+    ) -> list[StoredMessage]: ...
+
+    async def messages_between(
+        self, conversation_id: int, *, after_id: int, up_to_id: int
+    ) -> list[StoredMessage]: ...
+
+    async def messages_by_ids(self, ids: Sequence[int]) -> list[StoredMessage]: ...
+
+    async def all_messages(self, conversation_id: int) -> list[StoredMessage]: ...
+
+    async def count_person_messages(self, transport: str, person: str) -> int: ...
+
+    async def fts_search(
+        self,
+        conversation_id: int,
+        match: str,
+        *,
+        after_id: int,
+        before_id: int,
+        limit: int,
+        weights: tuple[float, float] = (1.0, 0.5),
+    ) -> list[tuple[int, float]]: ...
+
+    async def latest_summary(self, conversation: Conversation) -> Summary | None: ...
+
+    async def save_summary(
+        self,
+        conversation_id: int,
+        *,
+        text: str,
+        first_message_id: int,
+        last_message_id: int,
+        tokens: int,
+    ) -> bool: ...
+
+    async def facts(self, conversation_id: int) -> list[Fact]: ...
+
+    async def add_fact(self, conversation_id: int, *, text: str, tokens: int) -> int: ...
+
+    async def remove_fact(self, conversation_id: int, fact_id: int) -> bool: ...
+
+    async def stats(self) -> dict[str, int]: ...
+
+    async def prune_older_than(self, cutoff: float, *, batch: int = 500) -> int: ...

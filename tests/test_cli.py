@@ -1,0 +1,130 @@
+"""The real CLI in a subprocess: scripted chat, restart memory, signals, exit codes, privacy."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.fakes.fake_llm import FakeLLM
+
+SECRET = "zanzibar-omelette"
+
+
+def _env(tmp_path: Path, llm: FakeLLM) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHSAGE_")}
+    env.update(
+        MESHSAGE_STATE_DIR=str(tmp_path / "state"),
+        MESHSAGE_LLM_BASE_URL=llm.base_url,
+        MESHSAGE_LLM_MODEL="fake",
+        TIKTOKEN_CACHE_DIR="",
+    )
+    return env
+
+
+async def _meshsage(
+    *args: str, env: dict[str, str], stdin: bytes = b"", timeout: float = 30
+) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", *args,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def _remembers(body: dict[str, Any]) -> str:
+    earlier = " ".join(m["content"] for m in body["messages"][:-1])
+    if "what is my dog" in body["messages"][-1]["content"]:
+        return "Your dog is Rex." if "my dog is called Rex" in earlier else "I don't know."
+    return "Nice!"
+
+
+async def test_scripted_chat_remembers_across_restarts(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.reply_fn = _remembers
+    env = _env(tmp_path, fake_llm)
+    rc, out, _ = await _meshsage("chat", env=env, stdin=b"my dog is called Rex\n!status\n")
+    assert rc == 0
+    assert out.splitlines()[0] == "Nice!"
+    assert out.splitlines()[1].startswith("Model fake, up ")
+    rc, out, _ = await _meshsage("chat", env=env, stdin=b"what is my dog called?\n")
+    assert rc == 0 and out.strip() == "Your dog is Rex."
+
+
+async def test_message_text_never_logged_at_info(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.reply = f"the answer mentions {SECRET} too"
+    rc, out, err = await _meshsage(
+        "chat", env=_env(tmp_path, fake_llm), stdin=f"my secret is {SECRET}\n".encode()
+    )
+    assert rc == 0 and SECRET in out
+    assert "answered console:" in err  # INFO logging is on ...
+    assert SECRET not in err  # ... and carries no message text
+
+
+async def test_invalid_utf8_and_nul_input(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.reply = "got it"
+    rc, out, _ = await _meshsage(
+        "chat", env=_env(tmp_path, fake_llm), stdin=b"caf\xe9 \xff\xfe bytes\x00\n\n"
+    )
+    assert rc == 0 and out.strip() == "got it"
+
+
+async def test_run_stops_cleanly_on_sigterm(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.reply = "pong"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "run",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=_env(tmp_path, fake_llm),
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"ping\n")
+    await proc.stdin.drain()
+    line = await asyncio.wait_for(proc.stdout.readline(), 20)
+    assert line.decode().strip() == "pong"
+    proc.send_signal(signal.SIGTERM)
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0
+    assert "stopped cleanly" in err.decode()
+
+
+async def test_unwritable_state_dir_exit_code(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    env = _env(tmp_path, fake_llm)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    env["MESHSAGE_STATE_DIR"] = str(blocker / "state")
+    rc, _, err = await _meshsage("chat", env=env)
+    assert rc == 3
+    assert "cannot create the state directory" in err and "MESHSAGE_STATE_DIR" in err
+    assert "Traceback" not in err
+
+
+async def test_bad_config_exit_code(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("llm:\n  retries: -3\n")
+    rc, _, err = await _meshsage("run", "--config", str(cfg), env=_env(tmp_path, fake_llm))
+    assert rc == 2 and "llm.retries" in err and "Traceback" not in err
+
+
+async def test_memory_show_prints_blocks(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.reply = "Noted."
+    env = _env(tmp_path, fake_llm)
+    user = "tester"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"console:\n  user: {user}\n  context_tokens: 300\n")
+    script = b"I planted tomatoes in April\n" + b"".join(
+        f"unrelated chat number {i}\n".encode() for i in range(25)
+    )
+    rc, _, _ = await _meshsage("chat", "--config", str(cfg), env=env, stdin=script)
+    assert rc == 0
+    rc, out, _ = await _meshsage(
+        "memory", "show", user, "--message", "when did I plant tomatoes?",
+        "--config", str(cfg), env=env,
+    )  # fmt: skip
+    assert rc == 0
+    assert "## retrieved (" in out and "I planted tomatoes in April" in out
+    assert "## window (" in out

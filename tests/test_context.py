@@ -1,0 +1,140 @@
+"""Context assembly: order, budget, whole turns, reset, retrieval beyond the window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bot.config import RetrievalConfig
+from bot.domain import ConversationKey
+from bot.llm.tokens import MESSAGE_OVERHEAD, make_counter
+from bot.memory.context import ContextBuilder, group_turns
+from bot.memory.retrieval import Retriever
+from bot.memory.store import SqliteStore
+
+COUNTER = make_counter()
+KEY = ConversationKey("console", "alice")
+
+
+def _builder(store: SqliteStore, share: float = 0.4) -> ContextBuilder:
+    return ContextBuilder(
+        store=store,
+        retriever=Retriever(store=store, counter=COUNTER, config=RetrievalConfig()),
+        counter=COUNTER,
+        system_prompt="You are a test bot.",
+        retrieval_share=share,
+    )
+
+
+async def _chat(store: SqliteStore, pairs: list[tuple[str, str]], key: ConversationKey = KEY
+                ) -> int:  # fmt: skip
+    conv = await store.conversation(key)
+    for q, a in pairs:
+        await store.add_message(
+            conv.id, role="user", author="alice", text=q, tokens=COUNTER.count(q), status="answered"
+        )
+        await store.add_message(conv.id, role="assistant", author="bot", text=a,
+                                tokens=COUNTER.count(a), status="delivered")  # fmt: skip
+    return conv.id
+
+
+def _prompt_tokens(messages: list) -> int:  # type: ignore[type-arg]
+    return sum(COUNTER.count(m.content) + MESSAGE_OVERHEAD for m in messages)
+
+
+async def test_order_and_blocks(store: SqliteStore) -> None:
+    await _chat(store, [("My boat is named Osprey", "Nice name")] + [
+        (f"filler question {i} about weather", f"filler answer {i}") for i in range(30)
+    ])  # fmt: skip
+    conv = await store.conversation(KEY)
+    await store.add_fact(conv.id, text="Alice is a sailor", tokens=5)
+    await store.save_summary(conv.id, text="They talked about weather.", first_message_id=1,
+                             last_message_id=4, tokens=6)  # fmt: skip
+    ctx = await _builder(store).build(
+        conv, new_text="what is my boat called?", new_message_id=None, budget=300
+    )
+    names = [b.name for b in ctx.blocks]
+    assert names == ["system", "facts", "summary", "retrieved", "window", "new"]
+    system = ctx.messages[0].content
+    assert system.index("test bot") < system.index("sailor") < system.index("weather.")
+    assert system.index("weather.") < system.index("Osprey")  # retrieved after the summary
+    assert ctx.messages[-1].content == "what is my boat called?"
+    assert [m.role for m in ctx.messages[1:]] == ["user", "assistant"] * (
+        (len(ctx.messages) - 2) // 2
+    ) + ["user"]
+    assert _prompt_tokens(ctx.messages) <= 300
+    assert "Osprey" not in " ".join(m.content for m in ctx.messages[1:])  # not in window
+
+
+async def test_window_keeps_whole_pairs(store: SqliteStore) -> None:
+    await _chat(store, [(f"q{i} " + "word " * 10, f"a{i} " + "word " * 10) for i in range(20)])
+    conv = await store.conversation(KEY)
+    ctx = await _builder(store, share=0.0).build(
+        conv, new_text="next", new_message_id=None, budget=200
+    )
+    for turn in group_turns(ctx.window):
+        assert [m.role for m in turn] == ["user", "assistant"]
+    assert ctx.window and ctx.window[-1].role == "assistant"
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(
+    budget=st.integers(min_value=120, max_value=1200),
+    sizes=st.lists(st.integers(min_value=1, max_value=120), min_size=0, max_size=30),
+    new_len=st.integers(min_value=1, max_value=3000),
+)
+async def test_never_exceeds_the_budget(
+    tmp_path_factory: object, budget: int, sizes: list[int], new_len: int
+) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        store = await SqliteStore.open(Path(d) / "m.db")
+        try:
+            await _chat(store, [("ask " + "tea " * n, "say " + "tea " * n) for n in sizes])
+            conv = await store.conversation(KEY)
+            await store.add_fact(conv.id, text="likes tea", tokens=COUNTER.count("likes tea"))
+            ctx = await _builder(store).build(
+                conv, new_text="tea " * new_len, new_message_id=None, budget=budget
+            )
+            assert _prompt_tokens(ctx.messages) <= budget
+            assert ctx.tokens <= budget
+        finally:
+            await store.close()
+
+
+async def test_reset_hides_everything_before(store: SqliteStore) -> None:
+    cid = await _chat(store, [("the password is swordfish", "ok")])
+    await store.save_summary(cid, text="password swordfish", first_message_id=1,
+                             last_message_id=2, tokens=3)  # fmt: skip
+    await store.reset(cid)
+    await _chat(store, [("hello again", "hi")])
+    conv = await store.conversation(KEY)
+    ctx = await _builder(store).build(
+        conv, new_text="what is the password swordfish?", new_message_id=None, budget=1000
+    )
+    everything = " ".join(m.content for m in ctx.messages[:-1])
+    assert "swordfish" not in everything
+    assert "hello again" in everything
+
+
+async def test_other_people_and_spaces_are_never_used(store: SqliteStore) -> None:
+    await _chat(store, [("my DM secret is kumquat", "ok")], ConversationKey("d", "alice"))
+    await _chat(store, [("bob likes kumquat", "ok")], ConversationKey("d", "bob"))
+    await _chat(store, [("weather talk", "ok")] * 5, ConversationKey("d", "alice", "ch1"))
+    conv = await store.conversation(ConversationKey("d", "alice", "ch1"))
+    ctx = await _builder(store).build(
+        conv, new_text="what about kumquat?", new_message_id=None, budget=2000
+    )
+    assert "kumquat" not in " ".join(m.content for m in ctx.messages[:-1])
+
+
+async def test_huge_message_is_cut_and_flagged(store: SqliteStore) -> None:
+    conv = await store.conversation(KEY)
+    ctx = await _builder(store).build(
+        conv, new_text="word " * 50_000, new_message_id=None, budget=500
+    )
+    assert ctx.trimmed and _prompt_tokens(ctx.messages) <= 500

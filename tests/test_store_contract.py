@@ -1,0 +1,151 @@
+"""Contract suite for the memory port: every MemoryStore implementation must pass it.
+
+Only SQLite exists today; a PostgreSQL store adds itself to ``IMPLEMENTATIONS``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from bot.domain import ConversationKey
+from bot.memory.port import MemoryStore
+from bot.memory.store import SqliteStore
+
+
+async def _sqlite(tmp: Path) -> MemoryStore:
+    return await SqliteStore.open(tmp / "contract.db")
+
+
+IMPLEMENTATIONS: dict[str, Callable[[Path], Awaitable[MemoryStore]]] = {"sqlite": _sqlite}
+ALICE = ConversationKey("mesh", "!0000abcd")
+BOB = ConversationKey("mesh", "!0000beef")
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+async def memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
+    store = await IMPLEMENTATIONS[request.param](tmp_path)
+    yield store
+    await store.close()
+
+
+async def _say(m: MemoryStore, key: ConversationKey, text: str, role: str = "user") -> int:
+    conv = await m.conversation(key)
+    return await m.add_message(conv.id, role=role, author=key.person, text=text, tokens=2,
+                               status="pending")  # fmt: skip
+
+
+async def test_conversation_is_get_or_create(memory: MemoryStore) -> None:
+    a = await memory.conversation(ALICE)
+    assert (await memory.conversation(ALICE)).id == a.id
+    assert await memory.find_conversation(BOB) is None
+    dm, ch = (
+        await memory.conversation(ALICE),
+        await memory.conversation(ConversationKey(ALICE.transport, ALICE.person, "ch1")),
+    )
+    assert dm.id != ch.id
+    assert [c.key.space for c in await memory.conversations_of("mesh", ALICE.person)] == [
+        "dm", "ch1"
+    ]  # fmt: skip
+
+
+async def test_recent_messages_newest_first_and_after_reset(memory: MemoryStore) -> None:
+    ids = [await _say(memory, ALICE, f"m{i}") for i in range(5)]
+    conv = await memory.conversation(ALICE)
+    assert [m.id for m in await memory.recent_messages(conv, limit=3)] == ids[:1:-1]
+    assert [m.id for m in await memory.recent_messages(conv, limit=9, before_id=ids[2])] == [
+        ids[1], ids[0]
+    ]  # fmt: skip
+    await memory.reset(conv.id)
+    later = await _say(memory, ALICE, "after")
+    conv = await memory.conversation(ALICE)
+    assert [m.id for m in await memory.recent_messages(conv, limit=9)] == [later]
+
+
+async def test_answers_marks_the_question_in_the_same_write(memory: MemoryStore) -> None:
+    q = await _say(memory, ALICE, "question")
+    conv = await memory.conversation(ALICE)
+    await memory.add_message(conv.id, role="assistant", author="bot", text="answer", tokens=1,
+                             status="sending", parent_id=q, answers=q)  # fmt: skip
+    msgs = await memory.all_messages(conv.id)
+    assert [(m.role, m.status) for m in msgs] == [("user", "answered"), ("assistant", "sending")]
+    assert msgs[1].parent_id == q
+
+
+async def test_reply_to_platform_id_resolves_the_parent(memory: MemoryStore) -> None:
+    conv = await memory.conversation(ALICE)
+    first = await memory.add_message(conv.id, role="assistant", author="bot", text="x",
+                                     tokens=1, status="sent", platform_id="p-1")  # fmt: skip
+    child = await memory.add_message(conv.id, role="user", author="a", text="y", tokens=1,
+                                     status="pending", reply_to_platform_id="p-1")  # fmt: skip
+    assert (await memory.messages_by_ids([child]))[0].parent_id == first
+
+
+async def test_search_is_scoped_to_one_conversation(memory: MemoryStore) -> None:
+    mine = await _say(memory, ALICE, "my antenna is a yagi")
+    await _say(memory, BOB, "bob also has a yagi antenna")
+    conv = await memory.conversation(ALICE)
+    hits = await memory.fts_search(conv.id, '"yagi" OR "antenna"', after_id=0,
+                                   before_id=10**9, limit=10)  # fmt: skip
+    assert [h[0] for h in hits] == [mine]
+
+
+async def test_summary_refused_when_it_starts_before_the_reset(memory: MemoryStore) -> None:
+    ids = [await _say(memory, ALICE, f"m{i}") for i in range(3)]
+    conv = await memory.conversation(ALICE)
+    assert await memory.save_summary(conv.id, text="s", first_message_id=ids[0],
+                                     last_message_id=ids[1], tokens=1)  # fmt: skip
+    await memory.reset(conv.id)
+    assert not await memory.save_summary(conv.id, text="s2", first_message_id=ids[0],
+                                         last_message_id=ids[2], tokens=1)  # fmt: skip
+    assert await memory.latest_summary(await memory.conversation(ALICE)) is None
+
+
+async def test_forget_removes_every_row_of_that_person_only(memory: MemoryStore) -> None:
+    await _say(memory, ALICE, "alice kumquat")
+    await _say(memory, ConversationKey("mesh", ALICE.person, "ch0"), "channel kumquat")
+    conv = await memory.conversation(ALICE)
+    await memory.add_fact(conv.id, text="f", tokens=1)
+    await memory.save_summary(conv.id, text="s", first_message_id=1, last_message_id=1,
+                              tokens=1)  # fmt: skip
+    bob = await _say(memory, BOB, "bob kumquat")
+    report = await memory.forget_person("mesh", ALICE.person)
+    assert (report.conversations, report.messages, report.summaries, report.facts) == (2, 2, 1, 1)
+    assert await memory.conversations_of("mesh", ALICE.person) == []
+    assert await memory.stats() == {"conversations": 1, "messages": 1, "summaries": 0,
+                                    "facts": 0}  # fmt: skip
+    old = await memory.fts_search(conv.id, '"kumquat"', after_id=0, before_id=10**9, limit=5)
+    assert old == []
+    bob_conv = await memory.conversation(BOB)
+    assert [h[0] for h in await memory.fts_search(
+        bob_conv.id, '"kumquat"', after_id=0, before_id=10**9, limit=5)] == [bob]  # fmt: skip
+
+
+async def test_pending_messages_are_found_for_recovery(memory: MemoryStore) -> None:
+    q = await _say(memory, ALICE, "unanswered")
+    conv = await memory.conversation(ALICE)
+    await memory.add_message(
+        conv.id,
+        role="assistant",
+        author="bot",
+        text="done",
+        tokens=1,
+        status="sent",
+        answers=await _say(memory, ALICE, "answered"),
+    )
+    found = await memory.pending_messages(since=time.time() - 60, transports=["mesh"])
+    assert [(key, m.id) for key, m in found] == [(ALICE, q)]
+    assert await memory.pending_messages(since=time.time() - 60, transports=["discord"]) == []
+
+
+async def test_facts_crud(memory: MemoryStore) -> None:
+    conv = await memory.conversation(ALICE)
+    a = await memory.add_fact(conv.id, text="one", tokens=1)
+    await memory.add_fact(conv.id, text="two", tokens=1)
+    assert [f.text for f in await memory.facts(conv.id)] == ["one", "two"]
+    assert await memory.remove_fact(conv.id, a)
+    assert not await memory.remove_fact(conv.id, a)
+    assert [f.text for f in await memory.facts(conv.id)] == ["two"]

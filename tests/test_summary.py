@@ -1,0 +1,136 @@
+"""Rolling summaries: incremental, in the background, never delaying a reply."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from bot.config import SummaryConfig
+from bot.domain import ConversationKey
+from bot.llm.gate import BackgroundPreempted, LLMGate
+from bot.llm.openai_compat import OpenAICompatLLM
+from bot.llm.port import ChatMessage
+from bot.llm.tokens import make_counter
+from bot.memory.store import SqliteStore
+from bot.memory.summary import Summarizer
+from tests.conftest import start_harness
+from tests.fakes.fake_llm import FakeLLM
+from tests.fakes.fake_transport import FakeTransport
+
+KEY = ConversationKey("console", "alice")
+
+
+def _llm(fake: FakeLLM) -> OpenAICompatLLM:
+    from bot.config import LLMConfig
+
+    cfg = LLMConfig.model_validate({"base_url": fake.base_url, "model": "m", "retries": 0})
+    return OpenAICompatLLM(config=cfg, env={})
+
+
+async def _log(store: SqliteStore, n: int) -> list[int]:
+    conv = await store.conversation(KEY)
+    return [
+        await store.add_message(conv.id, role="user" if i % 2 == 0 else "assistant",
+                                author="alice" if i % 2 == 0 else "bot", text=f"message {i}",
+                                tokens=3, status="x")
+        for i in range(n)
+    ]  # fmt: skip
+
+
+async def test_incremental_fold_records_coverage(store: SqliteStore, fake_llm: FakeLLM) -> None:
+    ids = await _log(store, 20)
+    llm = _llm(fake_llm)
+    summ = Summarizer(store=store, llm=llm, counter=make_counter(),
+                      config=SummaryConfig(min_evicted=6))  # fmt: skip
+    conv = await store.conversation(KEY)
+    fake_llm.reply = "S1"
+    assert await summ.refresh(conv, window_start_id=ids[8])
+    first = await store.latest_summary(conv)
+    assert first is not None and (first.first_message_id, first.last_message_id) == (ids[0], ids[7])
+    fake_llm.reply = "S2"
+    assert not await summ.refresh(conv, window_start_id=ids[10])  # only 2 new: not enough
+    assert await summ.refresh(conv, window_start_id=ids[16])
+    second = await store.latest_summary(conv)
+    assert second is not None and second.text == "S2"
+    assert (second.first_message_id, second.last_message_id) == (ids[0], ids[15])
+    prompt = fake_llm.chat_requests()[-1]["messages"][1]["content"]
+    assert "Existing summary: S1" in prompt and "message 8" in prompt and "message 7" not in prompt
+    await llm.close()
+
+
+async def test_failure_keeps_last_good_summary_and_retries_later(
+    store: SqliteStore, fake_llm: FakeLLM
+) -> None:
+    ids = await _log(store, 20)
+    now = [0.0]
+    llm = _llm(fake_llm)
+    summ = Summarizer(store=store, llm=llm, counter=make_counter(),
+                      config=SummaryConfig(min_evicted=6, retry_seconds=60),
+                      clock=lambda: now[0])  # fmt: skip
+    conv = await store.conversation(KEY)
+    fake_llm.reply = "good"
+    await summ.refresh(conv, window_start_id=ids[8])
+    fake_llm.script = [("status", 500, {"error": "x"})]
+    assert summ.maybe_schedule(conv, window_start_id=ids[18])
+    while summ.running:
+        await asyncio.sleep(0.01)
+    assert (await store.latest_summary(conv)).text == "good"  # type: ignore[union-attr]
+    assert not summ.maybe_schedule(conv, window_start_id=ids[18])  # backing off
+    now[0] = 61
+    fake_llm.reply = "better"
+    assert summ.maybe_schedule(conv, window_start_id=ids[18])
+    while summ.running:
+        await asyncio.sleep(0.01)
+    assert (await store.latest_summary(conv)).text == "better"  # type: ignore[union-attr]
+    await summ.stop()
+    await llm.close()
+
+
+async def test_background_call_yields_to_a_reply(fake_llm: FakeLLM) -> None:
+    llm = _llm(fake_llm)
+    gate = LLMGate(llm=llm, limit=1)
+    fake_llm.script = [("sleep", 5), "ok"]  # the summary would hold the only slot for 5 s
+    fake_llm.reply = "reply"
+    bg = asyncio.create_task(gate.background.complete([ChatMessage("user", "s")], max_tokens=5))
+    while fake_llm.in_flight == 0:
+        await asyncio.sleep(0.01)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    out = await gate.foreground.complete([ChatMessage("user", "q")], max_tokens=5)
+    waited = loop.time() - started
+    assert out.text == "reply"
+    assert waited < 4  # it did not sit behind the 5 s summary (a generous, non-flaky bound)
+    try:
+        await bg
+        raise AssertionError("background call should have been preempted")
+    except BackgroundPreempted:
+        pass
+    for _ in range(100):
+        if fake_llm.cancelled:
+            break
+        await asyncio.sleep(0.01)
+    assert fake_llm.cancelled == 1  # the summary's HTTP request was dropped, not left running
+    await llm.close()
+
+
+async def test_summary_runs_after_turns_leave_the_window(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    extra = "memory:\n  summary: {min_evicted: 4}\n"
+    h = await start_harness(
+        tmp_path, fake_llm, extra=extra, transport=FakeTransport(context_tokens=300)
+    )
+    try:
+        fake_llm.reply_fn = lambda body: (
+            "SUMMARY" if "running summary" in body["messages"][0]["content"] else "answer " * 20
+        )
+        for i in range(12):
+            await h.say(f"question number {i} " + "padding " * 15)
+            await asyncio.sleep(0)
+        while h.app.summarizer.running:
+            await asyncio.sleep(0.01)
+        conv = await h.store.conversation(h.transport_key("alice"))
+        summary = await h.store.latest_summary(conv)
+        assert summary is not None and summary.text == "SUMMARY"
+        await h.say("and now?")
+        assert "SUMMARY" in fake_llm.chat_requests()[-1]["messages"][0]["content"]
+    finally:
+        await h.app.close()
