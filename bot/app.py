@@ -219,5 +219,13 @@ def _build_transport(
             stdin=stdin,
             stdout=stdout,
         )
-    # Meshtastic and Discord adapters plug in here (issues 3 and 4).
+    if name == "meshtastic" and config.meshtastic is not None:
+        from bot.transports.meshtastic import build_meshtastic
+
+        return build_meshtastic(
+            config.meshtastic,
+            bot_name=config.bot.name,
+            command_prefix=config.bot.command_prefix,
+        )
+    # The Discord adapter plugs in here (issue 4).
     raise MeshsageError(f"transport '{name}' is not available in this build")
