@@ -47,7 +47,7 @@ async def _run_once(config: Path, env: dict[str, str], radio: FakeTcpRadio, text
     assert text not in err.decode()  # no message text in the INFO log
     packet = radio.sent_texts()[-1][1]
     assert (packet.to, packet.want_ack) == (ALICE, True)
-    return packet.decoded.payload.decode("utf-8")
+    return bytes(packet.decoded.payload).decode("utf-8")
 
 
 async def test_run_answers_a_dm_and_remembers_after_restart(
