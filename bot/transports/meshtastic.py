@@ -73,6 +73,7 @@ TOPIC_LOST = "meshtastic.connection.lost"
 INBOUND_LIMIT = 64  # messages waiting for on_message; beyond that the radio is flooding us
 EARLY_LIMIT = 64  # packets that arrive while an interface is still being built
 CLOSE_TIMEOUT = 10.0
+INBOUND_DRAIN_SECONDS = 5.0
 
 
 class RadioInterface(Protocol):
@@ -317,6 +318,8 @@ class MeshtasticTransport:
             return
         self._stopping = True
         self._unsubscribe()
+        with contextlib.suppress(TimeoutError):  # messages already received get stored
+            await asyncio.wait_for(self._inbound.join(), INBOUND_DRAIN_SECONDS)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -484,6 +487,8 @@ class MeshtasticTransport:
                 await self._on_message(inbound)
             except Exception:  # loop boundary: one bad message must not stop the radio
                 log.exception("storing a message from %s failed", inbound.sender)
+            finally:
+                self._inbound.task_done()
 
     # --- the link ------------------------------------------------------------------------------
     def _link_down(self, reason: str) -> None:
