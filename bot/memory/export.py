@@ -7,8 +7,8 @@ that person privately (``Attachment.dm_only``).
 from __future__ import annotations
 
 import json
-from typing import Any
 from datetime import UTC, datetime
+from typing import Any
 
 from bot.memory.store import SqliteStore
 
