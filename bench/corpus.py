@@ -51,7 +51,7 @@ they get one when an out up think no from yes as some time more been had any now
 could then good well because really should here want need also much going still very day
 where he she her his them their who which thing things make see got over only by way why
 does after back first than too even right today last next something maybe sure new long
-little same try again around before never always other into""".split()
+little same try again around before never always other into""".split()  # noqa: SIM905
 
 CHAT_WORDS = """radio antenna battery node mesh channel message signal range weather rain
 garden dinner meeting trip train car bike road hill river lake forest camp tent fire water
@@ -66,10 +66,10 @@ chicken fish apple orange potato tomato cheese milk sugar salt recipe price mone
 shop market store order delivery package box letter card gift plan idea question answer
 problem reason story news paper article class lesson test exam grade teacher student homework
 language english spanish french german word name number address ticket flight hotel airport
-bus station bridge boat beach island""".split()
+bus station bridge boat beach island""".split()  # noqa: SIM905
 
-_ONSETS = "b br c ch cl d dr f fl g gr h j k l m n p pl pr r s sh sl st t th tr v w".split()
-_VOWELS = "a e i o u ai ea ee oo ou".split()
+_ONSETS = "b br c ch cl d dr f fl g gr h j k l m n p pl pr r s sh sl st t th tr v w".split()  # noqa: SIM905
+_VOWELS = "a e i o u ai ea ee oo ou".split()  # noqa: SIM905
 _CODAS = ["", "", "n", "r", "st", "nd", "ll", "ck", "t", "m", "sh", "ng"]
 _SUFFIXES = ["", "", "", "s", "ing", "ed", "er", "ly", "tion"]
 
