@@ -28,6 +28,7 @@ import itertools
 import math
 import random
 import sqlite3
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -219,7 +220,7 @@ def generate_database(
                 _insert(db, batch)
                 batch.clear()
                 if not quiet:
-                    print(f"  {next_id - 1:,} messages", end="\r", flush=True)
+                    print(f"  {next_id - 1:,} messages", end="\r", file=sys.stderr, flush=True)
         _insert(db, batch)
         n_summaries, n_facts = _derived(db, gen, counter, ids, random.Random(seed + 3))
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -227,7 +228,7 @@ def generate_database(
         db.close()
     asyncio.run(_optimize(path))  # what every bot shutdown runs (PRAGMA optimize)
     if not quiet:
-        print()
+        print(file=sys.stderr)
     return GenStats(
         messages=next_id - 1,
         conversations=conversations,
