@@ -58,5 +58,5 @@ def admit(seen: Seen, *, config: DiscordConfig) -> str | None:
 
 def retry_delay(attempt: int, *, initial: float, cap: float, rand: float) -> float:
     """Seconds to wait before login attempt ``attempt + 1``; ``rand`` is uniform in [0, 1)."""
-    base = min(cap, initial * 2 ** min(attempt, 30))
+    base = min(cap, initial * 2.0 ** min(attempt, 30))
     return base / 2 + base / 2 * rand
