@@ -219,5 +219,10 @@ def _build_transport(
             stdin=stdin,
             stdout=stdout,
         )
-    # Meshtastic and Discord adapters plug in here (issues 3 and 4).
+    if name == "discord":
+        from bot.config import DiscordConfig
+        from bot.transports.discord import build_discord
+
+        return build_discord(config.discord or DiscordConfig(), env=env)
+    # The Meshtastic adapter plugs in here (issue 3).
     raise MeshsageError(f"transport '{name}' is not available in this build")
