@@ -119,6 +119,14 @@ async def test_dm_answered_as_reply_with_typing(fake: FakeDiscord, echo: Echo) -
     assert await echo.wait_delivered(1) == [DeliveryStatus.DELIVERED]
 
 
+async def test_typing_failure_does_not_fail_the_answer(fake: FakeDiscord, echo: Echo) -> None:
+    fake.typing_status = 403
+    await fake.say(fake.dm_message("hello"))
+    [sent] = await fake.wait_sent(1)
+    assert fake.typing and sent.content == "echo hello"
+    assert await echo.wait_delivered(1) == [DeliveryStatus.DELIVERED]
+
+
 async def test_mention_in_allowed_channel_answered_as_reply(fake: FakeDiscord, echo: Echo) -> None:
     msg = await fake.say(fake.guild_message("what is LoRa?", mention_bot=True))
     [sent] = await fake.wait_sent(1)

@@ -87,6 +87,7 @@ class FakeDiscord:
         self.port = port
         self.close_code: int | None = None  # close the gateway with this code after IDENTIFY
         self.forbidden_channels: set[int] = set()  # POSTs there answer 403
+        self.typing_status = 204  # e.g. 500: the typing indicator fails
         self.sent: list[Sent] = []
         self.typing: list[int] = []
         self.dm_opened: list[int] = []
@@ -329,6 +330,8 @@ class FakeDiscord:
 
     async def _typing(self, request: web.Request) -> web.Response:
         self.typing.append(int(request.match_info["cid"]))
+        if self.typing_status != 204:
+            return _json({"code": 0, "message": "typing failed"}, self.typing_status)
         return web.Response(status=204)
 
     async def _post_message(self, request: web.Request) -> web.Response:
