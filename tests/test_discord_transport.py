@@ -182,6 +182,33 @@ async def test_reply_to_bot_message_continues_without_mention(
     assert echo.inbox[1].reply_to == str(bot_msg.id)
 
 
+async def test_reply_to_a_later_part_continues_the_whole_answer(
+    fake: FakeDiscord, echo: Echo
+) -> None:
+    """The responder stores an answer under its first message id; a reply to part 2 of it
+    must name that id as its parent."""
+    echo.answer = lambda i: Reply(inbound=i, text=("A long sentence here. " * 60) * 2)
+    await fake.say(fake.dm_message("tell me a lot"))
+    first, second = await fake.wait_sent(2)
+    await fake.say(fake.dm_message("about part two", reply_to=second))
+    await fake.wait_sent(4)
+    assert echo.inbox[1].reply_to == str(first.id)
+
+
+async def test_message_text_never_logged_at_info(
+    fake: FakeDiscord, echo: Echo, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    await fake.say(fake.dm_message("my secret is zanzibar-omelette"))
+    await fake.wait_sent(1)
+    await echo.wait_delivered(1)
+    assert caplog.records
+    leaks = [
+        r for r in caplog.records if r.levelno >= logging.INFO and "zanzibar" in r.getMessage()
+    ]
+    assert leaks == []
+
+
 async def test_same_message_twice_answered_once(fake: FakeDiscord, echo: Echo) -> None:
     msg = fake.dm_message("once")
     await fake.say(msg)

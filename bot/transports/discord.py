@@ -179,7 +179,8 @@ class DiscordTransport:
         self._closed = asyncio.Event()
         # inbound message id -> the discord Message, so a reply can reference and type in it
         self._recent: OrderedDict[str, discord.Message] = OrderedDict()
-        self._own: OrderedDict[int, None] = OrderedDict()  # ids of messages the bot sent
+        # id of each message the bot sent -> id of the first message of the same answer
+        self._own: OrderedDict[int, int] = OrderedDict()
 
     # --- port -------------------------------------------------------------------------------
     def fit(self, text: str) -> str:
@@ -231,7 +232,7 @@ class DiscordTransport:
                 for i, part in enumerate(parts):
                     msg = await _post(channel, part, reference if i == 0 else None)
                     sent.append(str(msg.id))
-                    self._remember_own(msg.id)
+                    self._remember_own(msg.id, head=int(sent[0]))
             if reply.attachments:
                 sent += await self._send_attachments(client, reply)
         except SEND_ERRORS as exc:
@@ -384,7 +385,7 @@ class DiscordTransport:
             text=text,
             space=DM_SPACE if guild is None else channel_space(guild.id, channel.id),
             message_id=str(message.id),
-            reply_to=str(ref.message_id) if ref is not None and ref.message_id else None,
+            reply_to=self._thread_parent(ref),
             sender_name=author.display_name,
             received_at=message.created_at,
         )
@@ -394,8 +395,15 @@ class DiscordTransport:
         while len(self._recent) > self._config.remembered_messages:
             self._recent.popitem(last=False)
 
-    def _remember_own(self, message_id: int) -> None:
-        self._own[message_id] = None
+    def _thread_parent(self, ref: discord.MessageReference | None) -> str | None:
+        """The id a reply continues. A reply to any part of a multi-part answer points at the
+        answer's first message, the id under which the answer is stored."""
+        if ref is None or ref.message_id is None:
+            return None
+        return str(self._own.get(ref.message_id, ref.message_id))
+
+    def _remember_own(self, message_id: int, *, head: int | None = None) -> None:
+        self._own[message_id] = message_id if head is None else head
         while len(self._own) > self._config.remembered_messages:
             self._own.popitem(last=False)
 

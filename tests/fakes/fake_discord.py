@@ -192,9 +192,19 @@ class FakeDiscord:
             data["referenced_message"] = self._as_message(reply_to)
         return data
 
-    def dm_message(self, content: str, *, author: Json | None = None) -> Json:
+    def dm_message(
+        self, content: str, *, author: Json | None = None, reply_to: Sent | None = None
+    ) -> Json:
         author = author or user(ALICE, "alice")
-        return self._message(content, author, self.dm_channel_id(int(author["id"])))
+        data = self._message(content, author, self.dm_channel_id(int(author["id"])))
+        if reply_to is not None:
+            data["type"] = 19
+            data["message_reference"] = {
+                "message_id": str(reply_to.id),
+                "channel_id": str(reply_to.channel_id),
+            }
+            data["referenced_message"] = self._as_message(reply_to)
+        return data
 
     def _message(self, content: str, author: Json, channel_id: int) -> Json:
         return {
