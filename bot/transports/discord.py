@@ -112,6 +112,10 @@ Sleep = Callable[[float], Awaitable[None]]
 
 
 def default_client(intents: discord.Intents) -> discord.Client:
+    # meshsage uses no voice: silence discord.py's one-time "PyNaCl/davey not installed"
+    # warnings, which would only send operators looking for a problem they do not have.
+    discord.VoiceClient.warn_nacl = False
+    discord.VoiceClient.warn_dave = False
     return discord.Client(intents=intents, allowed_mentions=NO_MENTIONS)
 
 
