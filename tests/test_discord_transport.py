@@ -300,6 +300,17 @@ async def test_answer_after_restart_rebuilds_the_reply_target(fake: FakeDiscord)
         await transport.stop()
 
 
+async def test_send_never_raises_on_foreign_ids(fake: FakeDiscord, echo: Echo) -> None:
+    assert echo.transport is not None
+    for inbound in (
+        Inbound(transport="discord", sender="alice", text="q"),  # a DM to a non-Discord id
+        Inbound(transport="discord", sender="1", text="q", space="channel-7"),
+    ):
+        delivery = await echo.transport.send(Reply(inbound=inbound, text="hi"))
+        assert delivery.status is DeliveryStatus.FAILED and delivery.detail
+    assert fake.sent == []
+
+
 # --- startup failures ---------------------------------------------------------------------
 def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]

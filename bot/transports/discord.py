@@ -83,6 +83,8 @@ SEND_ERRORS: tuple[type[BaseException], ...] = (
     aiohttp.ClientError,
     asyncio.TimeoutError,
 )
+# ValueError: an inbound whose ids are not Discord's (send never raises).
+DELIVERY_ERRORS: tuple[type[BaseException], ...] = (*SEND_ERRORS, ValueError)
 
 PORTAL = "https://discord.com/developers/applications"
 MISSING_TOKEN = (
@@ -205,16 +207,17 @@ class DiscordTransport:
             yield
             return
         typing = message.channel.typing()
+        entered = True
         try:
             await typing.__aenter__()
         except SEND_ERRORS as exc:  # no typing indicator is no reason to fail the answer
             log.debug("typing indicator failed in %s: %s", inbound.space, _describe(exc))
-            yield
-            return
+            entered = False
         try:
             yield
         finally:
-            await typing.__aexit__(None, None, None)
+            if entered:
+                await typing.__aexit__(None, None, None)
 
     async def send(self, reply: Reply) -> Delivery:
         client = self._client
@@ -239,7 +242,7 @@ class DiscordTransport:
                     self._remember_own(msg.id, head=int(sent[0]))
             if reply.attachments:
                 sent += await self._send_attachments(client, reply)
-        except SEND_ERRORS as exc:
+        except DELIVERY_ERRORS as exc:
             log.warning(
                 "delivery to %s failed after %d message(s): %s",
                 reply.inbound.key,
