@@ -37,6 +37,7 @@ log = logging.getLogger("bot.app")
 
 DRAIN_SECONDS = 30.0
 RETENTION_INTERVAL = 6 * 3600.0
+MAINTENANCE_INTERVAL = 10.0
 
 
 @dataclass
@@ -52,7 +53,7 @@ class App:
     responder: Responder
     transports: list[Transport] = field(default_factory=list)
     _close_llm: OpenAICompatLLM | None = None
-    _retention: asyncio.Task[None] | None = None
+    _maintenance: asyncio.Task[None] | None = None
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -69,26 +70,28 @@ class App:
         if not running:
             raise MeshsageError("no transport could start; see the messages above.")
         self.transports = running
-        if self.config.memory.retention_days > 0:
-            self._retention = asyncio.create_task(self._retention_loop(), name="retention")
+        self._maintenance = asyncio.create_task(self._maintenance_loop(), name="maintenance")
         await self.responder.recover_pending()
         return running
 
-    async def _retention_loop(self) -> None:
-        """Prune messages older than ``retention_days`` at start, then every few hours."""
-        keep = self.config.memory.retention_days * 86_400
+    async def _maintenance_loop(self) -> None:
+        """Database upkeep off the reply path: WAL checkpoints and small FTS merges while no
+        turn is running, and retention every few hours."""
+        next_retention = 0.0
         while True:
             try:
-                pruned = await self.store.prune_older_than(time.time() - keep)
-                if pruned:
-                    log.info(
-                        "retention: deleted %d message(s) older than %d days",
-                        pruned,
-                        self.config.memory.retention_days,
-                    )
-            except Exception:  # loop boundary: retention must not stop the bot; next round
-                log.exception("retention failed")
-            await asyncio.sleep(RETENTION_INTERVAL)
+                if self.config.memory.retention_days > 0 and time.monotonic() >= next_retention:
+                    next_retention = time.monotonic() + RETENTION_INTERVAL
+                    keep = self.config.memory.retention_days * 86_400
+                    pruned = await self.store.prune_older_than(time.time() - keep)
+                    if pruned:
+                        log.info("retention: deleted %d message(s) older than %d days", pruned,
+                                 self.config.memory.retention_days)  # fmt: skip
+                if self.responder.idle:
+                    await self.store.tidy()
+            except Exception:  # loop boundary: upkeep must never stop the bot; try next round
+                log.exception("database maintenance failed")
+            await asyncio.sleep(MAINTENANCE_INTERVAL)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Start, serve until ``stop`` is set or every transport ends, then shut down."""
@@ -108,10 +111,10 @@ class App:
         await asyncio.gather(*(t.wait_closed() for t in self.transports))
 
     async def close(self) -> None:
-        if self._retention is not None:
-            self._retention.cancel()
+        if self._maintenance is not None:
+            self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._retention
+                await self._maintenance
         await self.responder.drain(timeout=DRAIN_SECONDS)
         for transport in self.transports:
             try:
@@ -219,10 +222,16 @@ def _build_transport(
             stdin=stdin,
             stdout=stdout,
         )
-    if name == "discord":
-        from bot.config import DiscordConfig
+    if name == "meshtastic" and config.meshtastic is not None:
+        from bot.transports.meshtastic import build_meshtastic
+
+        return build_meshtastic(
+            config.meshtastic,
+            bot_name=config.bot.name,
+            command_prefix=config.bot.command_prefix,
+        )
+    if name == "discord" and config.discord is not None:
         from bot.transports.discord import build_discord
 
-        return build_discord(config.discord or DiscordConfig(), env=env)
-    # The Meshtastic adapter plugs in here (issue 3).
+        return build_discord(config.discord, env=env)
     raise MeshsageError(f"transport '{name}' is not available in this build")

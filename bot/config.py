@@ -15,12 +15,20 @@ from __future__ import annotations
 import difflib
 import getpass
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from bot.errors import ConfigError
 
@@ -127,13 +135,83 @@ class ConsoleConfig(TransportBase):
 
 # --- meshtastic: section (transport adapter in bot/transports/meshtastic.py) -----------------
 class MeshtasticConfig(TransportBase):
+    """Every key is documented in config.example.yaml; times are seconds."""
+
     context_tokens: int = Field(1536, ge=256, le=1_000_000)
     max_tokens: int = Field(120, ge=16, le=4000)
+    # link
     connection: Literal["serial", "tcp", "ble"] = "serial"
-    device: str | None = None
-    host: str | None = None
+    device: str | None = None  # serial: /dev/serial/by-id/... (required for serial)
+    host: str | None = None  # tcp: WiFi node or meshtasticd (required for tcp)
     port: int = Field(4403, ge=1, le=65535)
-    address: str | None = None
+    address: str | None = None  # ble: MAC address or device name (required for ble)
+    connect_timeout: float = Field(60.0, ge=1, le=600)
+    call_timeout: float = Field(60.0, ge=0.1, le=600)  # one library call; longer means reconnect
+    reconnect_initial: float = Field(5.0, gt=0, le=3600)
+    reconnect_max: float = Field(300.0, gt=0, le=86_400)
+    stale_after: float = Field(900.0, ge=0, le=86_400)  # quiet this long -> probe; 0 disables
+    probe_timeout: float = Field(30.0, gt=0, le=600)
+    # receiving
+    channels: tuple[int, ...] = ()  # channel indexes where triggers are answered; () = DMs only
+    trigger: str | None = Field(None, min_length=1, max_length=40)  # default "@<bot.name>"
+    prefix_trigger: bool = True  # a channel message starting with the command prefix triggers
+    ignore_nodes: tuple[str, ...] = ()  # other bots and relays never answered ("!1234abcd")
+    ignore_mqtt: bool = True
+    dedup_seconds: float = Field(120.0, ge=0, le=86_400)
+    channel_cooldown: float = Field(60.0, ge=0, le=86_400)  # per person, extra triggers ignored
+    # sending
+    reply_in_channel: bool = True  # False: answer channel triggers by DM
+    spacing_seconds: float = Field(3.0, ge=2.1, le=120)  # between any two packets on air
+    max_parts: int = Field(3, ge=1, le=9)
+    chunk_bytes: int = Field(200, ge=60, le=200)
+    hop_limit: int | None = Field(None, ge=0, le=7)  # None: the node's own setting
+    cooldown: float = Field(15.0, ge=0, le=3600)  # per person, between consecutive replies
+    want_ack: bool = True  # DMs only; broadcasts get no end-to-end ACK
+    ack_timeout: float = Field(45.0, gt=0, le=600)
+    ack_retries: int = Field(2, ge=0, le=10)
+    ack_backoff: float = Field(10.0, ge=0, le=600)  # before the first re-send; doubles
+    busy_threshold: float = Field(25.0, ge=0, le=100)  # channel utilization %, defer above
+    busy_max_wait: float = Field(120.0, ge=0, le=3600)  # then send anyway
+    busy_poll: float = Field(10.0, gt=0, le=600)
+    outbox_limit: int = Field(20, ge=1, le=1000)  # replies waiting; more are refused
+    queue_wait: float = Field(600.0, gt=0, le=86_400)  # how long a reply waits for the radio
+
+    @field_validator("channels")
+    @classmethod
+    def _channels(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        for ch in v:
+            if not 0 <= ch <= 7:
+                raise ValueError(f"channel index {ch} must be 0-7 (0 is the primary channel)")
+        return tuple(sorted(set(v)))
+
+    @field_validator("ignore_nodes")
+    @classmethod
+    def _nodes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for node in v:
+            text = node.strip().lower()
+            if not re.fullmatch(r"!?[0-9a-f]{8}", text):
+                raise ValueError(f"{node!r} must be a node id like '!1234abcd'")
+            out.append("!" + text.lstrip("!"))
+        return tuple(out)
+
+    @model_validator(mode="after")
+    def _backoff(self) -> MeshtasticConfig:
+        if self.reconnect_initial > self.reconnect_max:
+            raise ValueError("reconnect_initial must not exceed reconnect_max")
+        return self
+
+    def link_problem(self) -> str | None:
+        """What is missing to open the radio link (checked when the transport is built)."""
+        needed = {"serial": "device", "tcp": "host", "ble": "address"}[self.connection]
+        if getattr(self, needed):
+            return None
+        example = {
+            "device": "device: /dev/serial/by-id/usb-...",
+            "host": "host: 192.168.1.50",
+            "address": "address: AA:BB:CC:DD:EE:FF",
+        }[needed]
+        return f"meshtastic: connection: {self.connection} needs '{needed}'. Fix: add {example}"
 
 
 # --- discord: section (transport adapter in bot/transports/discord.py) ------------------------

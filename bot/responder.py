@@ -284,6 +284,10 @@ class Responder:
             log.info("answering %d message(s) stored before the last shutdown", len(jobs))
         return len(jobs)
 
+    @property
+    def idle(self) -> bool:
+        return self._idle.is_set()
+
     async def wait_idle(self) -> None:
         await self._idle.wait()
 

@@ -147,3 +147,17 @@ async def test_app_applies_retention_at_start(tmp_path: Path, fake_llm: FakeLLM)
         assert texts == ["recent", "Hello from fake"]
     finally:
         await second.app.close()
+
+
+async def test_tidy_checkpoints_the_wal(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    store = await SqliteStore.open(path)
+    conv = await store.conversation(KEY)
+    for i in range(300):
+        await store.add_message(conv.id, role="user", author="a", text=f"filler text {i}" * 20,
+                                tokens=1, status="x")  # fmt: skip
+    main_before = path.stat().st_size
+    assert path.with_name("m.db-wal").stat().st_size > 100_000  # no autocheckpoint: all in WAL
+    await store.tidy()
+    assert path.stat().st_size > main_before + 100_000  # the pages reached the main file
+    await store.close()

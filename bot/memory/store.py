@@ -35,6 +35,9 @@ from bot.memory.schema import FTS_STRIDE, migrate
 
 log = logging.getLogger("bot.memory")
 
+WAL_FORCE_BYTES = 64 * 1024 * 1024
+FTS_MERGE_PAGES = 64  # a bounded slice of merge work per idle tick
+
 USER = "user"
 ASSISTANT = "assistant"
 
@@ -137,6 +140,9 @@ class SqliteStore:
                 "PRAGMA synchronous = NORMAL",
                 "PRAGMA secure_delete = ON",
                 "PRAGMA temp_store = MEMORY",
+                # Checkpoints happen in tidy(), between turns, instead of inside a reply's
+                # commit; tidy() forces one if the WAL still grows past WAL_FORCE_BYTES.
+                "PRAGMA wal_autocheckpoint = 0",
             ):
                 await db.execute(pragma)
             applied = await migrate(db)
@@ -487,6 +493,19 @@ class SqliteStore:
             return cur.rowcount > 0
 
     # --- operations -------------------------------------------------------------------------
+    async def tidy(self) -> None:
+        """Upkeep for idle moments: checkpoint the WAL, do a little FTS5 merge work."""
+        async with self._lock:
+            await self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            await self._db.execute(
+                "INSERT INTO messages_fts (messages_fts, rank) VALUES ('merge', ?)",
+                (FTS_MERGE_PAGES,),
+            )
+            wal = self.path.with_name(self.path.name + "-wal")
+            with contextlib.suppress(OSError):
+                if wal.stat().st_size > WAL_FORCE_BYTES:
+                    await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     async def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for table in ("conversations", "messages", "summaries", "facts"):

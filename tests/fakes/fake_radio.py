@@ -1,0 +1,436 @@
+"""A fake Meshtastic node that speaks the real stream protocol, for hardware-free tests.
+
+Adapted from the verified prototype in shared/reference. The *unmodified* library classes run
+against it: ``TCPInterface("127.0.0.1", portNumber=radio.port)`` (``FakeTcpRadio``) and
+``SerialInterface(devPath=radio.path)`` over a pty (``FakePtyRadio``).
+
+What it does:
+- frames are 0x94 0xC3 + 16-bit big-endian length + ToRadio/FromRadio protobuf;
+- answers ``want_config_id`` with my_info, node infos (itself and ``KNOWN``), lora config
+  (hop_limit 3), a PRIMARY channel and a secondary one, then ``config_complete_id``;
+- acks every MeshPacket with a QueueStatus; answers an admin metadata request (the probe);
+- ``routing`` decides the end-to-end answer for a DM sent with want_ack: ACK from the
+  destination by default, or a NAK (``"MAX_RETRANSMIT"``), or nothing (``None``);
+- records every ToRadio with the time of ``clock`` when it was read (``log``), so tests measure
+  packet spacing on the same virtual clock the transport uses;
+- ``settle()`` waits until everything the library wrote has been read and handled; the fake
+  clock calls it before it moves time.
+Failure modes: ``freeze`` (the current link goes silent), TCP ``drop_connection``/``stop``/
+``restart`` (server disappears and returns), pty ``unplug``/``replug``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import select
+import socket
+import threading
+import time
+import tty
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from meshtastic.protobuf import admin_pb2, channel_pb2, mesh_pb2, portnums_pb2, telemetry_pb2
+
+START1, START2 = 0x94, 0xC3
+MY_NUM = 0x1234ABCD
+BROADCAST = 0xFFFFFFFF
+ALICE = 0xA11CE001  # in the node DB (has a name)
+BOB = 0xB0B00002  # in the node DB
+STRANGER = 0x5EC12E7  # not in the node DB: fromId is None
+KNOWN = {ALICE: ("Alice", "ALC"), BOB: ("Bob", "BOB")}
+
+
+class _Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+
+class _WallClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+def frame(msg: Any) -> bytes:
+    b = bytes(msg.SerializeToString())
+    return bytes([START1, START2, len(b) >> 8, len(b) & 0xFF]) + b
+
+
+def ack_from_destination(packet: mesh_pb2.MeshPacket, attempt: int) -> str | None:
+    return "NONE" if packet.want_ack else None
+
+
+class _Radio:
+    def __init__(self, *, clock: _Clock | None = None) -> None:
+        self.clock: _Clock = clock or _WallClock()
+        self.log: list[tuple[float, mesh_pb2.ToRadio]] = []
+        self.routing: Callable[[mesh_pb2.MeshPacket, int], str | None] = ack_from_destination
+        self.answer_probes = True
+        self.frozen = False
+        self.channel_utilization: float | None = None
+        self._attempts: dict[bytes, int] = {}
+        self._buf = b""
+        self._lock = threading.RLock()  # held while reading+handling input (see settle)
+        self._pid = 0x10000
+
+    # --- transport hooks -------------------------------------------------------------------
+    def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _readable(self) -> bool:
+        raise NotImplementedError
+
+    def send(self, fr: mesh_pb2.FromRadio) -> None:
+        with contextlib.suppress(OSError):
+            self._write(frame(fr))
+
+    def settle(self) -> bool:
+        """Block (briefly) until all input is read and handled. True if it had to wait."""
+        waited = False
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            with self._lock:
+                if not self._readable():
+                    return waited
+            waited = True
+            time.sleep(0.001)
+        return waited
+
+    def _feed(self, data: bytes) -> None:
+        self._buf += data
+        while True:
+            i = self._buf.find(bytes([START1, START2]))
+            if i < 0 or len(self._buf) < i + 4:
+                return
+            n = (self._buf[i + 2] << 8) | self._buf[i + 3]
+            if len(self._buf) < i + 4 + n:
+                return
+            tr = mesh_pb2.ToRadio()
+            tr.ParseFromString(self._buf[i + 4 : i + 4 + n])
+            self._buf = self._buf[i + 4 + n :]
+            self.log.append((self.clock.monotonic(), tr))
+            if not self.frozen:
+                self._on_toradio(tr)
+
+    def _on_toradio(self, tr: mesh_pb2.ToRadio) -> None:
+        if tr.HasField("want_config_id"):
+            self._send_config(tr.want_config_id)
+        elif tr.HasField("packet"):
+            fr = mesh_pb2.FromRadio()
+            fr.queueStatus.free = 15
+            fr.queueStatus.maxlen = 16
+            fr.queueStatus.mesh_packet_id = tr.packet.id
+            self.send(fr)
+            self._respond(tr.packet)
+
+    def _send_config(self, config_id: int) -> None:
+        fr = mesh_pb2.FromRadio()
+        fr.my_info.my_node_num = MY_NUM
+        self.send(fr)
+        for num, (long, short) in [(MY_NUM, ("Bot", "BOT")), *KNOWN.items()]:
+            fr = mesh_pb2.FromRadio()
+            fr.node_info.num = num
+            fr.node_info.user.id = f"!{num:08x}"
+            fr.node_info.user.long_name = long
+            fr.node_info.user.short_name = short
+            if num == MY_NUM and self.channel_utilization is not None:
+                fr.node_info.device_metrics.channel_utilization = self.channel_utilization
+            self.send(fr)
+        fr = mesh_pb2.FromRadio()
+        fr.config.lora.hop_limit = 3
+        self.send(fr)
+        for index, role in (
+            (0, channel_pb2.Channel.Role.PRIMARY),
+            (1, channel_pb2.Channel.Role.SECONDARY),
+        ):
+            fr = mesh_pb2.FromRadio()
+            fr.channel.index = index
+            fr.channel.role = role
+            self.send(fr)
+        fr = mesh_pb2.FromRadio()
+        fr.config_complete_id = config_id
+        self.send(fr)
+
+    def _respond(self, packet: mesh_pb2.MeshPacket) -> None:
+        port = packet.decoded.portnum
+        if port == portnums_pb2.PortNum.ADMIN_APP and self.answer_probes:
+            req = admin_pb2.AdminMessage()
+            req.ParseFromString(packet.decoded.payload)
+            if req.HasField("get_device_metadata_request"):
+                resp = admin_pb2.AdminMessage()
+                resp.get_device_metadata_response.firmware_version = "2.7.11.fake"
+                self._inject(
+                    frm=MY_NUM,
+                    to=MY_NUM,
+                    port=portnums_pb2.PortNum.ADMIN_APP,
+                    payload=resp.SerializeToString(),
+                    request_id=packet.id,
+                )
+        elif port == portnums_pb2.PortNum.TEXT_MESSAGE_APP and packet.to != BROADCAST:
+            key = packet.decoded.payload
+            attempt = self._attempts.get(key, 0)
+            self._attempts[key] = attempt + 1
+            answer = self.routing(packet, attempt)
+            if answer is not None:
+                self.inject_routing(packet.id, answer, frm=packet.to)
+
+    # --- what the library sent ---------------------------------------------------------------
+    def sent_packets(self) -> list[mesh_pb2.MeshPacket]:
+        return [m.packet for _, m in self.log if m.HasField("packet")]
+
+    def sent_texts(self) -> list[tuple[float, mesh_pb2.MeshPacket]]:
+        """(time read, packet) for every text packet the library wrote."""
+        return [
+            (t, m.packet)
+            for t, m in self.log
+            if m.HasField("packet")
+            and m.packet.decoded.portnum == portnums_pb2.PortNum.TEXT_MESSAGE_APP
+        ]
+
+    def texts(self) -> list[str]:
+        return [p.decoded.payload.decode("utf-8") for _, p in self.sent_texts()]
+
+    # --- what the mesh sends us --------------------------------------------------------------
+    def next_id(self) -> int:
+        self._pid += 1
+        return self._pid
+
+    def _inject(
+        self,
+        *,
+        frm: int,
+        to: int,
+        port: int,
+        payload: bytes,
+        channel: int = 0,
+        pid: int | None = None,
+        request_id: int | None = None,
+        reply_id: int | None = None,
+        emoji: int = 0,
+        via_mqtt: bool = False,
+        encrypted: bool = False,
+    ) -> int:
+        fr = mesh_pb2.FromRadio()
+        p = fr.packet
+        setattr(p, "from", frm)  # 'from' is a Python keyword
+        p.to, p.channel, p.id = to, channel, pid if pid is not None else self.next_id()
+        p.rx_snr, p.rx_rssi, p.hop_limit, p.hop_start = 6.5, -80, 2, 3
+        p.rx_time = int(time.time())
+        if via_mqtt:
+            p.via_mqtt = True
+        if encrypted:
+            p.encrypted = payload  # the node could not decrypt it: no 'decoded'
+        else:
+            p.decoded.portnum = port
+            p.decoded.payload = payload
+            if request_id is not None:
+                p.decoded.request_id = request_id
+            if reply_id is not None:
+                p.decoded.reply_id = reply_id
+            if emoji:
+                p.decoded.emoji = emoji
+        self.send(fr)
+        return int(p.id)
+
+    def inject_text(
+        self,
+        text: str | bytes,
+        *,
+        frm: int = ALICE,
+        to: int = MY_NUM,
+        channel: int = 0,
+        pid: int | None = None,
+        port: int = portnums_pb2.PortNum.TEXT_MESSAGE_APP,
+        **kw: Any,
+    ) -> int:
+        payload = text if isinstance(text, bytes) else text.encode("utf-8")
+        return self._inject(
+            frm=frm, to=to, port=port, payload=payload, channel=channel, pid=pid, **kw
+        )
+
+    def inject_routing(self, request_id: int, error: str = "NONE", *, frm: int = MY_NUM) -> None:
+        """Routing ACK (error 'NONE') or NAK (e.g. 'MAX_RETRANSMIT') for ``request_id``."""
+        rt = mesh_pb2.Routing()
+        rt.error_reason = mesh_pb2.Routing.Error.Value(error)
+        self._inject(
+            frm=frm,
+            to=MY_NUM,
+            port=portnums_pb2.PortNum.ROUTING_APP,
+            payload=rt.SerializeToString(),
+            request_id=request_id,
+        )
+
+    def inject_channel_utilization(self, percent: float) -> None:
+        tm = telemetry_pb2.Telemetry()
+        tm.device_metrics.channel_utilization = percent
+        self._inject(
+            frm=MY_NUM,
+            to=BROADCAST,
+            port=portnums_pb2.PortNum.TELEMETRY_APP,
+            payload=tm.SerializeToString(),
+        )
+
+    def freeze(self) -> None:
+        """The link stays up but the node answers nothing (a wedged firmware or half-open TCP)."""
+        self.frozen = True
+
+
+class FakeTcpRadio(_Radio):
+    """A WiFi node / meshtasticd on 127.0.0.1. One client at a time, like the firmware."""
+
+    def __init__(self, *, clock: _Clock | None = None) -> None:
+        super().__init__(clock=clock)
+        self.conn: socket.socket | None = None
+        self.connections = 0
+        self._srv: socket.socket | None = None
+        self.port = 0
+        self._listen()
+
+    def _listen(self) -> None:
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.port:
+            srv.bind(("127.0.0.1", self.port))
+        else:
+            # Below the kernel's ephemeral range: while the server is down, a reconnect to an
+            # ephemeral port could otherwise connect the client to itself (TCP self-connect).
+            for _ in range(100):
+                try:
+                    srv.bind(("127.0.0.1", random.randint(20000, 30000)))
+                    break
+                except OSError:
+                    continue
+        srv.listen(4)
+        self._srv = srv
+        self.port = srv.getsockname()[1]
+        threading.Thread(target=self._serve, args=(srv,), daemon=True, name="fake-radio").start()
+
+    def _write(self, data: bytes) -> None:
+        if self.conn is not None:
+            self.conn.sendall(data)
+
+    def _readable(self) -> bool:
+        conn = self.conn
+        if conn is None:
+            return False
+        try:
+            return bool(select.select([conn], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
+
+    def _serve(self, srv: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no Nagle delays
+            with self._lock:
+                self.conn, self._buf, self.frozen = conn, b"", False
+                self.connections += 1
+            while True:
+                try:
+                    ready = select.select([conn], [], [], 0.05)[0]
+                except (OSError, ValueError):
+                    break
+                if not ready:
+                    continue
+                with self._lock:
+                    try:
+                        d = conn.recv(4096)
+                    except OSError:
+                        d = b""
+                    if not d:
+                        self.conn = None
+                        break
+                    self._feed(d)
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def drop_connection(self) -> None:
+        """Close the client's socket (the library then tries one silent reconnect)."""
+        conn = self.conn
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def stop(self) -> None:
+        """The server disappears: no new connections, the current one is dropped."""
+        if self._srv is not None:
+            with contextlib.suppress(OSError):  # wakes the blocked accept() on Linux
+                self._srv.shutdown(socket.SHUT_RDWR)
+            self._srv.close()
+            self._srv = None
+        self.drop_connection()
+
+    def restart(self) -> None:
+        """The server comes back on the same port."""
+        self._listen()
+
+
+class FakePtyRadio(_Radio):
+    """A USB serial node, as a pty. ``unplug``/``replug`` mimic pulling the cable."""
+
+    def __init__(self, *, clock: _Clock | None = None) -> None:
+        super().__init__(clock=clock)
+        self.path = ""
+        self.master = -1
+        self._slave = -1
+        self._plug()
+
+    def _plug(self) -> None:
+        self.master, self._slave = os.openpty()
+        tty.setraw(self._slave)
+        self.path = os.ttyname(self._slave)
+        self._buf, self.frozen = b"", False
+        self._stop = threading.Event()
+        threading.Thread(
+            target=self._run, args=(self.master, self._stop), daemon=True, name="fake-pty"
+        ).start()
+
+    def _write(self, data: bytes) -> None:
+        if self.master >= 0:
+            os.write(self.master, data)
+
+    def _readable(self) -> bool:
+        if self.master < 0:
+            return False
+        try:
+            return bool(select.select([self.master], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
+
+    def _run(self, master: int, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                ready = select.select([master], [], [], 0.05)[0]
+            except (OSError, ValueError):
+                return
+            if not ready:
+                continue
+            with self._lock:
+                try:
+                    d = os.read(master, 4096)
+                except OSError:
+                    return
+                if not d:
+                    return
+                self._feed(d)
+
+    def unplug(self) -> None:
+        """The SerialInterface reader sees EOF/an error and publishes connection.lost."""
+        self._stop.set()
+        time.sleep(0.1)  # let the pump thread leave select before its fd closes
+        with self._lock:
+            master, slave = self.master, self._slave
+            self.master = self._slave = -1
+        for fd in (master, slave):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def replug(self) -> None:
+        """Plugged back in; like a real re-enumeration it may come back under a new path."""
+        self._plug()

@@ -1,0 +1,189 @@
+"""Runs the real Meshtastic transport against the fake radio on a virtual clock.
+
+``mesh_harness`` wires: FakeClock -> FakeTcpRadio/FakePtyRadio (stamps packets on that clock)
+-> the unmodified TCPInterface/SerialInterface (built by an injected factory) -> the transport.
+On exit it stops everything and checks the on-air invariants for *every* test that used it:
+each text packet is at most 200 UTF-8 bytes, and consecutive text packets are at least
+``spacing_seconds`` apart on the radio's clock.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import fcntl
+import itertools
+import random
+import select
+import termios
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshtastic import publishingThread
+from meshtastic.serial_interface import SerialInterface
+from meshtastic.tcp_interface import TCPInterface
+
+from bot.config import MeshtasticConfig
+from bot.domain import Delivery, Inbound, Reply
+from bot.transports.meshtastic import MeshtasticTransport, build_meshtastic
+from tests.fakes.fake_clock import FakeClock
+from tests.fakes.fake_radio import FakePtyRadio, FakeTcpRadio
+
+FAST = {  # small values so failure paths finish quickly in virtual time
+    "reconnect_initial": 5.0,
+    "reconnect_max": 300.0,
+    "connect_timeout": 10.0,
+    "call_timeout": 5.0,
+    "stale_after": 0.0,
+    "ack_timeout": 45.0,
+    "ack_backoff": 10.0,
+    "cooldown": 0.0,
+    "channel_cooldown": 0.0,
+}
+
+
+def library_busy(interfaces: list[Any]) -> bool:
+    """Wait until the library has read and published what the radio wrote. True if it waited."""
+    waited = False
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:
+        busy = not publishingThread.queue.empty()
+        for iface in interfaces[-1:]:
+            sock = getattr(iface, "socket", None)
+            stream = getattr(iface, "stream", None)
+            try:
+                if sock is not None and (select.select([sock], [], [], 0)[0] or _unsent(sock) > 0):
+                    busy = True
+                if stream is not None and stream.in_waiting:
+                    busy = True
+            except (OSError, ValueError, TypeError):
+                pass
+        if not busy:
+            return waited
+        waited = True
+        time.sleep(0.001)
+    return waited
+
+
+def _unsent(sock: Any) -> int:
+    """Bytes the library wrote that the kernel has not delivered yet (Nagle can hold them)."""
+    buf = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, buf)
+    return buf[0]
+
+
+@dataclass
+class Harness:
+    radio: FakeTcpRadio | FakePtyRadio
+    clock: FakeClock
+    transport: MeshtasticTransport
+    config: MeshtasticConfig
+    interfaces: list[Any]
+    inbox: list[Inbound] = field(default_factory=list)
+
+    async def until(self, cond: Callable[[], bool], what: str = "condition") -> None:
+        """Poll (a hang guard, not a timing assertion) until ``cond`` holds."""
+        for _ in range(1000):
+            if cond():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"gave up waiting for {what}")
+
+    async def connected(self, count: int = 1) -> None:
+        await self.until(
+            lambda: self.transport._up.is_set() and self.transport._generation >= count,
+            f"link generation {count}",
+        )
+
+    async def message(self, n: int = 1) -> Inbound:
+        await self.until(lambda: len(self.inbox) >= n, f"{n} inbound message(s)")
+        return self.inbox[n - 1]
+
+    @property
+    def tcp(self) -> FakeTcpRadio:
+        assert isinstance(self.radio, FakeTcpRadio)
+        return self.radio
+
+    @property
+    def pty(self) -> FakePtyRadio:
+        assert isinstance(self.radio, FakePtyRadio)
+        return self.radio
+
+    async def reply(self, inbound: Inbound, text: str) -> Delivery:
+        return await self.transport.send(Reply(inbound=inbound, text=self.transport.fit(text)))
+
+
+def check_on_air(radio: FakeTcpRadio | FakePtyRadio, spacing: float) -> None:
+    texts = radio.sent_texts()
+    for _, packet in texts:
+        assert len(packet.decoded.payload) <= 200, packet.decoded.payload
+    for (t1, _), (t2, _) in itertools.pairwise(texts):
+        assert t2 - t1 >= spacing, (t1, t2)
+
+
+@contextlib.asynccontextmanager
+async def mesh_harness(
+    *, serial: bool = False, start_radio: bool = True, **overrides: Any
+) -> AsyncIterator[Harness]:
+    clock = FakeClock()
+    radio: FakeTcpRadio | FakePtyRadio = (
+        FakePtyRadio(clock=clock) if serial else FakeTcpRadio(clock=clock)
+    )
+    if not start_radio and isinstance(radio, FakeTcpRadio):
+        radio.stop()
+    settings: dict[str, Any] = {**FAST, **overrides}
+    if isinstance(radio, FakePtyRadio):
+        settings.update(connection="serial", device=radio.path)
+    else:
+        settings.update(connection="tcp", host="127.0.0.1", port=radio.port)
+    config = MeshtasticConfig.model_validate(settings)
+    interfaces: list[Any] = []
+
+    def factory() -> Any:
+        if isinstance(radio, FakePtyRadio):
+            iface: Any = SerialInterface(devPath=radio.path, timeout=5)
+        else:
+            iface = TCPInterface("127.0.0.1", portNumber=radio.port, timeout=5)
+        interfaces.append(iface)
+        return iface
+
+    transport = build_meshtastic(
+        config,
+        bot_name="meshsage",
+        command_prefix="!",
+        interface_factory=factory,
+        clock=clock,
+        rng=random.Random(7),
+    )
+    assert isinstance(transport, MeshtasticTransport)
+
+    def io_busy() -> bool:
+        waited = False
+        end = time.monotonic() + 10.0
+        while transport.io_busy() and time.monotonic() < end:  # a connect or close under way
+            waited = True
+            time.sleep(0.002)
+        return waited
+
+    clock.settle_hooks += [io_busy, radio.settle, lambda: library_busy(interfaces)]
+    harness = Harness(radio, clock, transport, config, interfaces)
+
+    async def on_message(inbound: Inbound) -> None:
+        harness.inbox.append(inbound)
+
+    await transport.start(on_message)
+    try:
+        if start_radio:
+            await harness.connected()
+        yield harness
+    finally:
+        await transport.stop()
+        await clock.close()
+        if isinstance(radio, FakeTcpRadio):
+            radio.stop()
+        else:
+            radio.unplug()
+        check_on_air(radio, config.spacing_seconds)
