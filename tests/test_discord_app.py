@@ -19,6 +19,7 @@ import pytest
 from bot.app import App, build
 from bot.config import load_config
 from bot.domain import DM_SPACE, ConversationKey
+from bot.errors import MeshsageError
 from bot.memory.store import SqliteStore
 from bot.transports.discord import build_discord
 from tests.conftest import make_config
@@ -196,3 +197,13 @@ async def test_meshsage_run_serves_console_and_discord_on_one_database(
             assert texts == [text, "Hello from fake"]
     finally:
         await store.close()
+
+
+async def test_discord_section_without_discord_py_says_how_to_install(
+    tmp_path: Path, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "discord", None)  # as if discord.py were not installed
+    monkeypatch.delitem(sys.modules, "bot.transports.discord", raising=False)
+    config = make_config(tmp_path, fake_llm.base_url, "discord:\n")
+    with pytest.raises(MeshsageError, match=r"pip install 'meshsage\[discord\]'"):
+        await build(config, env={})
