@@ -230,5 +230,15 @@ def _build_transport(
             bot_name=config.bot.name,
             command_prefix=config.bot.command_prefix,
         )
-    # The Discord adapter plugs in here (issue 4).
+    if name == "discord" and config.discord is not None:
+        try:
+            from bot.transports.discord import build_discord
+        except ImportError as exc:
+            if exc.name != "discord":
+                raise
+            raise MeshsageError(
+                "the discord: section needs discord.py, which is not installed. Fix: "
+                "pip install 'meshsage[discord]' (or remove the discord: section)."
+            ) from None
+        return build_discord(config.discord, env=env)
     raise MeshsageError(f"transport '{name}' is not available in this build")

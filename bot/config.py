@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -215,10 +215,26 @@ class MeshtasticConfig(TransportBase):
 
 
 # --- discord: section (transport adapter in bot/transports/discord.py) ------------------------
+Snowflake = Annotated[int, Field(gt=0, lt=2**64)]  # a Discord id (user, channel, role)
+
+
 class DiscordConfig(TransportBase):
     context_tokens: int = Field(4096, ge=256, le=1_000_000)
     max_tokens: int = Field(800, ge=16, le=100_000)
-    token_env: str = "DISCORD_TOKEN"
+    token_env: str = Field("DISCORD_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    dms: bool = True  # answer direct messages
+    channels: tuple[Snowflake, ...] = ()  # guild channels (or thread parents) where @mentions work
+    reply_trigger: bool = True  # a reply to one of the bot's messages counts as addressing it
+    allowed_users: tuple[Snowflake, ...] = ()  # when set, only these users (DMs and guilds)
+    blocked_users: tuple[Snowflake, ...] = ()
+    allowed_roles: tuple[Snowflake, ...] = ()  # when set, guild authors need one of these roles
+    blocked_roles: tuple[Snowflake, ...] = ()
+    message_content_intent: bool = True  # privileged; without it, replies without a ping are empty
+    max_parts: int = Field(4, ge=1, le=10)  # messages per answer; longer answers are cut
+    login_timeout: float = Field(30.0, gt=0, le=600)
+    retry_initial: float = Field(2.0, gt=0, le=300)  # first wait after a failed login (network)
+    retry_max: float = Field(300.0, gt=0, le=3600)  # longest wait between login attempts
+    remembered_messages: int = Field(1000, ge=10, le=100_000)  # inbound messages we can reply to
 
 
 class Config(_Strict):

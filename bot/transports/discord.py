@@ -1,0 +1,516 @@
+"""Discord transport on discord.py 2.x: DMs and @mentions in allowed channels in, replies out.
+The only module that imports discord; text fitting and admission rules are pure and live in
+``discord_text`` and ``discord_policy``.
+
+Invariants:
+- Inbound: who is answered is decided by ``discord_policy.admit`` (bots and webhooks never; DMs
+  when enabled; in guilds only listed channels, and only when the bot is @mentioned or a reply
+  to one of its messages). The mention is stripped. sender = the author's id; space =
+  ``DM_SPACE`` for DMs, else ``guild:<guild id>:ch:<channel id>`` (one conversation per person
+  per channel, so nothing said in a DM reaches a channel reply). Each message id is handed on
+  at most once.
+- Outbound: ``fit(text)`` is ``discord_text.fit_text`` (at most ``max_parts`` messages of at
+  most 2,000 characters); ``send`` delivers exactly ``split_message(fit(text))``: the first
+  part as a reply to the triggering message (no author ping), the rest as follow-ups, with
+  ``Reply.note`` as one small subtext line (``-# ...``) that is not part of the stored answer.
+  Nothing the bot sends can ping anyone (``AllowedMentions.none()``): an LLM answer saying
+  "@everyone" stays text. Attachments marked ``dm_only`` (``!export``) go to the person by DM.
+- ``send`` never raises; trouble is reported in the ``Delivery``. ``working`` shows the typing
+  indicator and never fails the turn.
+- Startup: ``start`` never raises. A missing token, a rejected token (LoginFailure) or the
+  message-content intent not enabled (close 4014, PrivilegedIntentsRequired) end this transport
+  with one ERROR line saying what to do; ``wait_closed`` then returns and other transports keep
+  running. Network trouble at login is retried forever with exponential backoff and jitter
+  (discord.py does not retry login); after login discord.py reconnects by itself.
+- Message text is never logged above DEBUG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import random
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+
+import aiohttp
+import discord
+
+from bot.config import DiscordConfig
+from bot.domain import (
+    DM_SPACE,
+    Attachment,
+    Delivery,
+    DeliveryStatus,
+    Inbound,
+    Reply,
+    TransportLimits,
+)
+from bot.transports.base import OnMessage
+from bot.transports.discord_policy import Seen, admit, retry_delay
+from bot.transports.discord_text import (
+    DISCORD_MAX_CHARS,
+    fit_text,
+    split_message,
+    strip_mentions,
+    units,
+)
+
+log = logging.getLogger("bot.transport.discord")
+
+NAME = "discord"
+STYLE_HINT = (
+    "You are answering on Discord: be concise, use Discord Markdown, and put code in fenced "
+    "code blocks."
+)
+NOTE_MAX_CHARS = 200
+FILES_PER_MESSAGE = 10  # Discord's limit per message
+STOP_TIMEOUT = 10.0
+NO_MENTIONS = discord.AllowedMentions.none()
+# Trouble reaching Discord, as opposed to Discord refusing us: worth another login attempt.
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    discord.DiscordServerError,
+)
+SEND_ERRORS: tuple[type[BaseException], ...] = (
+    discord.HTTPException,
+    discord.ClientException,
+    OSError,
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+)
+# ValueError: an inbound whose ids are not Discord's (send never raises).
+DELIVERY_ERRORS: tuple[type[BaseException], ...] = (*SEND_ERRORS, ValueError)
+
+PORTAL = "https://discord.com/developers/applications"
+MISSING_TOKEN = (
+    "discord transport not started: the environment variable {env} is empty or not set. "
+    "Fix: copy the bot token from " + PORTAL + " (your application -> Bot -> Reset Token) into "
+    "{env}, or set 'discord: enabled: false'. Other transports keep running."
+)
+BAD_TOKEN = (
+    "discord transport stopped: Discord rejected the token in {env} (401 Unauthorized). "
+    "Fix: reset the token at " + PORTAL + " (your application -> Bot -> Reset Token), put the "
+    "new one in {env} and restart. Other transports keep running."
+)
+DM_CLOSED = (
+    "I could not send you a DM. Allow direct messages from server members (Privacy Settings) "
+    "and try again."
+)
+NO_INTENT = (
+    "discord transport stopped: the Message Content intent is not enabled for this bot "
+    "(gateway close 4014). Fix: at " + PORTAL + " open your application -> Bot -> Privileged "
+    "Gateway Intents, switch on MESSAGE CONTENT INTENT, save and restart; or set "
+    "'discord: message_content_intent: false' (then replies to the bot must @mention it). "
+    "Other transports keep running."
+)
+
+ClientFactory = Callable[[discord.Intents], discord.Client]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+def default_client(intents: discord.Intents) -> discord.Client:
+    # meshsage uses no voice: silence discord.py's one-time "PyNaCl/davey not installed"
+    # warnings, which would only send operators looking for a problem they do not have.
+    discord.VoiceClient.warn_nacl = False
+    discord.VoiceClient.warn_dave = False
+    return discord.Client(intents=intents, allowed_mentions=NO_MENTIONS)
+
+
+def intents_for(config: DiscordConfig) -> discord.Intents:
+    """Default intents (guilds, messages, DMs) plus message content when configured. Members
+    and presences stay off: a guild message carries its author's roles without them."""
+    intents = discord.Intents.default()
+    intents.message_content = config.message_content_intent
+    return intents
+
+
+def channel_space(guild_id: int, channel_id: int) -> str:
+    return f"guild:{guild_id}:ch:{channel_id}"
+
+
+def space_channel_id(space: str) -> int | None:
+    """The channel id in a ``channel_space`` string; None for DMs and anything else."""
+    parts = space.split(":")
+    if len(parts) == 4 and parts[0] == "guild" and parts[2] == "ch" and parts[3].isdigit():
+        return int(parts[3])
+    return None
+
+
+def note_line(note: str | None) -> str | None:
+    """A degradation note as one line of Discord subtext (small grey text)."""
+    if not note or not note.strip():
+        return None
+    text = " ".join(note.split())
+    if len(text) > NOTE_MAX_CHARS:
+        text = text[: NOTE_MAX_CHARS - 1] + "…"
+    return f"-# {text}"
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, discord.HTTPException):
+        return f"HTTP {exc.status} (code {exc.code}): {exc.text or exc.__class__.__name__}"
+    return f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__
+
+
+class DiscordTransport:
+    name = NAME
+
+    def __init__(
+        self,
+        *,
+        config: DiscordConfig,
+        token: str | None,
+        client_factory: ClientFactory = default_client,
+        sleep: Sleep = asyncio.sleep,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.limits = TransportLimits(
+            context_tokens=config.context_tokens,
+            max_tokens=config.max_tokens,
+            style_hint=STYLE_HINT,
+        )
+        self._config = config
+        self._token = token
+        self._client_factory = client_factory
+        self._sleep = sleep
+        self._rand = rand
+        self._client: discord.Client | None = None
+        self._on_message: OnMessage | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = asyncio.Event()
+        # inbound message id -> the discord Message, so a reply can reference and type in it
+        self._recent: OrderedDict[str, discord.Message] = OrderedDict()
+        # id of each message the bot sent -> id of the first message of the same answer
+        self._own: OrderedDict[int, int] = OrderedDict()
+
+    # --- port -------------------------------------------------------------------------------
+    def fit(self, text: str) -> str:
+        return fit_text(text, limit=DISCORD_MAX_CHARS, max_parts=self._config.max_parts)
+
+    async def start(self, on_message: OnMessage) -> None:
+        if not self._token:
+            log.error(MISSING_TOKEN.format(env=self._config.token_env))
+            self._closed.set()
+            return
+        self._on_message = on_message
+        self._task = asyncio.create_task(self._run(self._token), name="discord")
+
+    @contextlib.asynccontextmanager
+    async def working(self, inbound: Inbound) -> AsyncIterator[None]:
+        message = self._recent.get(inbound.message_id or "")
+        if message is None or self._client is None or self._client.is_closed():
+            yield
+            return
+        typing = message.channel.typing()
+        entered = True
+        try:
+            await typing.__aenter__()
+        except SEND_ERRORS as exc:  # no typing indicator is no reason to fail the answer
+            log.debug("typing indicator failed in %s: %s", inbound.space, _describe(exc))
+            entered = False
+        try:
+            yield
+        finally:
+            if entered:
+                await typing.__aexit__(None, None, None)
+
+    async def send(self, reply: Reply) -> Delivery:
+        client = self._client
+        if client is None or client.is_closed():
+            return Delivery(DeliveryStatus.FAILED, detail="discord is not connected")
+        parts = split_message(self.fit(reply.text))
+        note = note_line(reply.note)
+        if note is not None:
+            if parts and units(parts[-1] + "\n" + note) <= DISCORD_MAX_CHARS:
+                parts[-1] += "\n" + note
+            else:
+                parts.append(note)
+        if not parts and not reply.attachments:
+            return Delivery(DeliveryStatus.FAILED, detail="nothing to send (empty reply)")
+        sent: list[str] = []
+        try:
+            if parts:
+                channel, reference = await self._reply_target(client, reply.inbound)
+                for i, part in enumerate(parts):
+                    msg = await _post(channel, part, reference if i == 0 else None)
+                    sent.append(str(msg.id))
+                    self._remember_own(msg.id, head=int(sent[0]))
+            if reply.attachments:
+                sent += await self._send_attachments(client, reply)
+        except DELIVERY_ERRORS as exc:
+            log.warning(
+                "delivery to %s failed after %d message(s): %s",
+                reply.inbound.key,
+                len(sent),
+                _describe(exc),
+            )
+            return Delivery(DeliveryStatus.FAILED, tuple(sent), detail=_describe(exc))
+        return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
+
+    async def stop(self) -> None:
+        client, task = self._client, self._task
+        if client is not None:
+            with contextlib.suppress(*SEND_ERRORS):
+                await asyncio.wait_for(client.close(), timeout=STOP_TIMEOUT)
+        if task is not None and not task.done():
+            task.cancel()  # a login attempt or backoff sleep in progress
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    # --- connection -------------------------------------------------------------------------
+    async def _run(self, token: str) -> None:
+        env = self._config.token_env
+        try:
+            client = await self._login(token)
+            await client.connect(reconnect=True)
+        except discord.LoginFailure:
+            log.error(BAD_TOKEN.format(env=env))
+        except discord.PrivilegedIntentsRequired:
+            log.error(NO_INTENT)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # task boundary: whatever ends Discord must not end the other transports
+            log.exception("discord transport stopped unexpectedly; other transports keep running")
+        finally:
+            if self._client is not None:
+                with contextlib.suppress(Exception):
+                    await self._client.close()
+            self._closed.set()
+
+    async def _login(self, token: str) -> discord.Client:
+        """Log in, retrying network trouble with backoff; each attempt gets a fresh client (a
+        failed login leaves discord.py's HTTP session closed)."""
+        attempt = 0
+        while True:
+            client = self._client_factory(intents_for(self._config))
+            self._register(client)
+            self._client = client
+            try:
+                await asyncio.wait_for(client.login(token), timeout=self._config.login_timeout)
+                return client
+            except NETWORK_ERRORS as exc:
+                await client.close()
+                delay = retry_delay(
+                    attempt,
+                    initial=self._config.retry_initial,
+                    cap=self._config.retry_max,
+                    rand=self._rand(),
+                )
+                log.warning(
+                    "cannot reach Discord to log in (%s); retrying in %.0f s",
+                    _describe(exc),
+                    delay,
+                )
+                await self._sleep(delay)
+                attempt += 1
+
+    def _register(self, client: discord.Client) -> None:
+        async def on_ready() -> None:
+            me = client.user
+            log.info(
+                "connected to Discord as %s (id %s); DMs %s; %d channel(s) allowed",
+                me,
+                me.id if me else "?",
+                "on" if self._config.dms else "off",
+                len(self._config.channels),
+            )
+
+        async def on_message(message: discord.Message) -> None:
+            await self._handle(client, message)
+
+        client.event(on_ready)
+        client.event(on_message)
+
+    # --- inbound ----------------------------------------------------------------------------
+    async def _handle(self, client: discord.Client, message: discord.Message) -> None:
+        try:
+            inbound = self._inbound(client, message)
+            if inbound is None or self._on_message is None:
+                return
+            self._remember(str(message.id), message)
+            await self._on_message(inbound)
+        except Exception:  # event boundary: one bad message must not stop the next
+            log.exception("handling Discord message %s failed", message.id)
+
+    def _inbound(self, client: discord.Client, message: discord.Message) -> Inbound | None:
+        me = client.user
+        if me is None:
+            return None
+        author = message.author
+        guild = message.guild
+        channel = message.channel
+        bot_roles = [
+            role.id
+            for role in message.role_mentions
+            if role.tags is not None and role.tags.bot_id == me.id
+        ]
+        ref = message.reference
+        resolved = ref.resolved if ref is not None else None
+        replies_to_bot = ref is not None and (
+            (isinstance(resolved, discord.Message) and resolved.author.id == me.id)
+            or (ref.message_id is not None and ref.message_id in self._own)
+        )
+        seen = Seen(
+            author_id=author.id,
+            author_is_bot=(
+                author.bot
+                or author.id == me.id
+                or message.webhook_id is not None
+                or message.type not in (discord.MessageType.default, discord.MessageType.reply)
+            ),
+            is_dm=guild is None,
+            channel_id=channel.id,
+            parent_id=channel.parent_id if isinstance(channel, discord.Thread) else None,
+            role_ids=frozenset(r.id for r in getattr(author, "roles", ())),
+            mentions_bot=any(u.id == me.id for u in message.mentions) or bool(bot_roles),
+            replies_to_bot=replies_to_bot,
+        )
+        reason = admit(seen, config=self._config)
+        if reason is not None:
+            log.debug("ignoring Discord message %s: %s", message.id, reason)
+            return None
+        if str(message.id) in self._recent:
+            log.debug("ignoring Discord message %s: already handled", message.id)
+            return None
+        text = strip_mentions(message.content, user_ids=[me.id], role_ids=bot_roles)
+        if not text and guild is not None and not seen.mentions_bot:
+            # A reply without a ping arrives empty when the message content intent is off.
+            log.debug("ignoring Discord message %s: no content", message.id)
+            return None
+        return Inbound(
+            transport=NAME,
+            sender=str(author.id),
+            text=text,
+            space=DM_SPACE if guild is None else channel_space(guild.id, channel.id),
+            message_id=str(message.id),
+            reply_to=self._thread_parent(ref),
+            sender_name=author.display_name,
+            received_at=message.created_at,
+        )
+
+    def _remember(self, message_id: str, message: discord.Message) -> None:
+        self._recent[message_id] = message
+        while len(self._recent) > self._config.remembered_messages:
+            self._recent.popitem(last=False)
+
+    def _thread_parent(self, ref: discord.MessageReference | None) -> str | None:
+        """The id a reply continues. A reply to any part of a multi-part answer points at the
+        answer's first message, the id under which the answer is stored."""
+        if ref is None or ref.message_id is None:
+            return None
+        return str(self._own.get(ref.message_id, ref.message_id))
+
+    def _remember_own(self, message_id: int, *, head: int | None = None) -> None:
+        self._own[message_id] = message_id if head is None else head
+        while len(self._own) > self._config.remembered_messages:
+            self._own.popitem(last=False)
+
+    # --- outbound ---------------------------------------------------------------------------
+    async def _reply_target(
+        self, client: discord.Client, inbound: Inbound
+    ) -> tuple[discord.abc.Messageable, discord.MessageReference | None]:
+        """Where to answer ``inbound`` and the reference that makes it a reply. A message we
+        no longer remember (answered after a restart) is rebuilt from the inbound's ids."""
+        message = self._recent.get(inbound.message_id or "")
+        if message is not None:
+            return message.channel, message.to_reference(fail_if_not_exists=False)
+        channel: discord.abc.Messageable
+        if inbound.is_dm:
+            dm = await client.create_dm(discord.Object(id=int(inbound.sender)))
+            channel, channel_id = dm, dm.id
+        else:
+            found_id = space_channel_id(inbound.space)
+            if found_id is None:
+                raise discord.ClientException(f"not a Discord channel space: {inbound.space!r}")
+            channel_id = found_id
+            found = client.get_channel(channel_id)
+            channel = (
+                found
+                if isinstance(found, discord.abc.Messageable)
+                else client.get_partial_messageable(channel_id)
+            )
+        reference = None
+        if inbound.message_id and inbound.message_id.isdigit():
+            reference = discord.MessageReference(
+                message_id=int(inbound.message_id),
+                channel_id=channel_id,
+                fail_if_not_exists=False,
+            )
+        return channel, reference
+
+    async def _send_attachments(self, client: discord.Client, reply: Reply) -> list[str]:
+        """Private attachments go to the person's DMs; others follow the reply."""
+        inbound = reply.inbound
+        private = [a for a in reply.attachments if a.dm_only or inbound.is_dm]
+        public = [a for a in reply.attachments if not (a.dm_only or inbound.is_dm)]
+        sent: list[str] = []
+        if private:
+            message = self._recent.get(inbound.message_id or "")
+            user: discord.abc.Snowflake = (
+                message.author if message is not None else discord.Object(id=int(inbound.sender))
+            )
+            try:
+                dm = await client.create_dm(user)
+                sent += await self._send_files(dm, private)
+            except discord.Forbidden:
+                if not inbound.is_dm:
+                    channel, reference = await self._reply_target(client, inbound)
+                    await _post(channel, DM_CLOSED, reference)
+                raise
+        if public:
+            channel, _ = await self._reply_target(client, inbound)
+            sent += await self._send_files(channel, public)
+        return sent
+
+    async def _send_files(
+        self, channel: discord.abc.Messageable, attachments: list[Attachment]
+    ) -> list[str]:
+        sent: list[str] = []
+        for start in range(0, len(attachments), FILES_PER_MESSAGE):
+            batch = attachments[start : start + FILES_PER_MESSAGE]
+            files = [discord.File(io.BytesIO(a.data), filename=a.filename) for a in batch]
+            msg = await channel.send(files=files, allowed_mentions=NO_MENTIONS)
+            sent.append(str(msg.id))
+            self._remember_own(msg.id)
+        return sent
+
+
+async def _post(
+    channel: discord.abc.Messageable,
+    content: str,
+    reference: discord.MessageReference | None,
+) -> discord.Message:
+    """One text message, as a reply when ``reference`` is given; it can ping nobody."""
+    if reference is None:
+        return await channel.send(content, allowed_mentions=NO_MENTIONS)
+    return await channel.send(
+        content, reference=reference, mention_author=False, allowed_mentions=NO_MENTIONS
+    )
+
+
+def build_discord(
+    config: DiscordConfig,
+    *,
+    env: Mapping[str, str],
+    client_factory: ClientFactory | None = None,
+    sleep: Sleep | None = None,
+    rand: Callable[[], float] | None = None,
+) -> DiscordTransport:
+    """The Discord transport with its token read from ``env[config.token_env]``."""
+    token = (env.get(config.token_env) or "").strip() or None
+    return DiscordTransport(
+        config=config,
+        token=token,
+        client_factory=client_factory or default_client,
+        sleep=sleep or asyncio.sleep,
+        rand=rand or random.random,
+    )

@@ -1,0 +1,386 @@
+"""A loopback Discord for the unmodified discord.py: the REST API under /api/v10 and a gateway
+websocket at /gateway, on 127.0.0.1.
+
+What it speaks: login (GET /users/@me, 401 on a wrong token), application info, the gateway
+handshake (HELLO, heartbeats, IDENTIFY -> READY with one guild, or a configured close code such
+as 4014), MESSAGE_CREATE dispatches built by ``guild_message``/``dm_message``, and the calls a
+bot makes to answer: POST messages (JSON or multipart with files), typing, opening a DM.
+Every call is recorded so tests assert on what Discord would have received (payloads include
+``message_reference`` and ``allowed_mentions``). ``patch`` points discord.py at this server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import discord
+import discord.gateway
+import discord.http
+import pytest
+import yarl
+from aiohttp import WSMsgType, web
+
+TOKEN = "fake-bot-token"
+BOT_ID = 900_000_000_000_000_001
+APP_ID = 900_000_000_000_000_002
+GUILD_ID = 910_000_000_000_000_001
+CHANNEL_ID = 920_000_000_000_000_001  # allowed in tests
+OTHER_CHANNEL_ID = 920_000_000_000_000_002  # not allowed
+ALICE = 930_000_000_000_000_001
+BOB = 930_000_000_000_000_002
+OTHER_BOT = 930_000_000_000_000_003
+
+Json = dict[str, Any]
+
+
+def user(uid: int, name: str, *, bot: bool = False) -> Json:
+    return {
+        "id": str(uid),
+        "username": name,
+        "global_name": name.title(),
+        "discriminator": "0",
+        "avatar": None,
+        "bot": bot,
+    }
+
+
+BOT_USER = user(BOT_ID, "meshsage", bot=True)
+
+
+def _json(data: Json, status: int = 200) -> web.Response:
+    # discord.py parses a body as JSON only when Content-Type is exactly application/json.
+    body = json.dumps(data).encode()
+    return web.Response(body=body, status=status, headers={"Content-Type": "application/json"})
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+@dataclass
+class Sent:
+    """One message the bot posted."""
+
+    channel_id: int
+    payload: Json
+    files: list[tuple[str, bytes]] = field(default_factory=list)
+    id: int = 0
+
+    @property
+    def content(self) -> str:
+        return str(self.payload.get("content") or "")
+
+    @property
+    def reference_id(self) -> int | None:
+        ref = self.payload.get("message_reference")
+        return int(ref["message_id"]) if ref else None
+
+
+class FakeDiscord:
+    def __init__(self, *, token: str = TOKEN, port: int = 0) -> None:
+        self.token = token
+        self.port = port
+        self.close_code: int | None = None  # close the gateway with this code after IDENTIFY
+        self.forbidden_channels: set[int] = set()  # POSTs there answer 403
+        self.typing_status = 204  # e.g. 500: the typing indicator fails
+        self.sent: list[Sent] = []
+        self.typing: list[int] = []
+        self.dm_opened: list[int] = []
+        self.logins = 0
+        self.identify: Json | None = None
+        self.ready = asyncio.Event()
+        self._ws: web.WebSocketResponse | None = None
+        self._seq = 0
+        self._next_id = int(discord.utils.time_snowflake(datetime.now(UTC)))
+        self._runner: web.AppRunner | None = None
+        self.sent_event = asyncio.Event()
+
+    # --- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/gateway", self._gateway)
+        app.router.add_get("/api/v10/users/@me", self._me)
+        app.router.add_get("/api/v10/oauth2/applications/@me", self._app_info)
+        app.router.add_post("/api/v10/users/@me/channels", self._open_dm)
+        app.router.add_post("/api/v10/channels/{cid}/messages", self._post_message)
+        app.router.add_post("/api/v10/channels/{cid}/typing", self._typing)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        if self.port == 0:
+            server = site._server
+            assert server is not None
+            self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+
+    async def stop(self) -> None:
+        if self._ws is not None:
+            await self._ws.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def patch(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Point discord.py's REST base and default gateway at this server."""
+        monkeypatch.setattr(discord.http.Route, "BASE", f"http://127.0.0.1:{self.port}/api/v10")
+        monkeypatch.setattr(
+            discord.gateway.DiscordWebSocket,
+            "DEFAULT_GATEWAY",
+            yarl.URL(f"ws://127.0.0.1:{self.port}/gateway"),
+        )
+
+    def snowflake(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def dm_channel_id(self, user_id: int) -> int:
+        return user_id + 1_000  # one stable DM channel per user
+
+    # --- what tests do ----------------------------------------------------------------------
+    async def dispatch(self, event: str, data: Json) -> None:
+        assert self._ws is not None, "no gateway session; await server.ready.wait() first"
+        self._seq += 1
+        await self._ws.send_json({"op": 0, "t": event, "s": self._seq, "d": data})
+
+    async def say(self, data: Json) -> Json:
+        await self.dispatch("MESSAGE_CREATE", data)
+        return data
+
+    async def wait_sent(self, count: int, timeout: float = 5.0) -> list[Sent]:
+        """Until the bot has posted ``count`` messages in total."""
+
+        async def enough() -> None:
+            while len(self.sent) < count:
+                self.sent_event.clear()
+                await self.sent_event.wait()
+
+        await asyncio.wait_for(enough(), timeout)
+        return self.sent
+
+    def guild_message(
+        self,
+        content: str,
+        *,
+        author: Json | None = None,
+        channel_id: int = CHANNEL_ID,
+        mention_bot: bool = False,
+        roles: tuple[int, ...] = (),
+        reply_to: Sent | None = None,
+    ) -> Json:
+        data = self._message(content, author or user(ALICE, "alice"), channel_id)
+        data["guild_id"] = str(GUILD_ID)
+        data["member"] = {
+            "roles": [str(r) for r in roles],
+            "joined_at": _now(),
+            "deaf": False,
+            "flags": 0,
+        }
+        if mention_bot:
+            data["mentions"] = [BOT_USER]
+            data["content"] = f"<@{BOT_ID}> {content}"
+        if reply_to is not None:
+            data["type"] = 19
+            data["message_reference"] = {
+                "message_id": str(reply_to.id),
+                "channel_id": str(reply_to.channel_id),
+                "guild_id": str(GUILD_ID),
+            }
+            data["referenced_message"] = self._as_message(reply_to)
+        return data
+
+    def dm_message(
+        self, content: str, *, author: Json | None = None, reply_to: Sent | None = None
+    ) -> Json:
+        author = author or user(ALICE, "alice")
+        data = self._message(content, author, self.dm_channel_id(int(author["id"])))
+        if reply_to is not None:
+            data["type"] = 19
+            data["message_reference"] = {
+                "message_id": str(reply_to.id),
+                "channel_id": str(reply_to.channel_id),
+            }
+            data["referenced_message"] = self._as_message(reply_to)
+        return data
+
+    def _message(self, content: str, author: Json, channel_id: int) -> Json:
+        return {
+            "id": str(self.snowflake()),
+            "channel_id": str(channel_id),
+            "type": 0,
+            "content": content,
+            "author": author,
+            "timestamp": _now(),
+            "edited_timestamp": None,
+            "tts": False,
+            "mention_everyone": False,
+            "mentions": [],
+            "mention_roles": [],
+            "attachments": [],
+            "embeds": [],
+            "pinned": False,
+        }
+
+    def _as_message(self, sent: Sent) -> Json:
+        data = self._message(sent.content, BOT_USER, sent.channel_id)
+        data["id"] = str(sent.id)
+        return data
+
+    # --- gateway ----------------------------------------------------------------------------
+    async def _gateway(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_json({"op": 10, "d": {"heartbeat_interval": 45_000}})
+        async for msg in ws:
+            if msg.type != WSMsgType.TEXT:
+                continue
+            frame = json.loads(msg.data)
+            if frame["op"] == 1:
+                await ws.send_json({"op": 11})
+            elif frame["op"] == 2:
+                self.identify = frame["d"]
+                if self.close_code is not None:
+                    await ws.close(code=self.close_code, message=b"closed by the fake")
+                    break
+                self._ws = ws
+                self._seq += 1
+                await ws.send_json({"op": 0, "t": "READY", "s": self._seq, "d": self._ready()})
+                self.ready.set()
+        return ws
+
+    def _ready(self) -> Json:
+        return {
+            "v": 10,
+            "user": BOT_USER,
+            "session_id": "fake-session",
+            "resume_gateway_url": f"ws://127.0.0.1:{self.port}/gateway",
+            "application": {"id": str(APP_ID), "flags": 0},
+            "private_channels": [],
+            "guilds": [self._guild()],
+        }
+
+    def _guild(self) -> Json:
+        def text_channel(cid: int, name: str, position: int) -> Json:
+            return {
+                "id": str(cid),
+                "type": 0,
+                "name": name,
+                "position": position,
+                "permission_overwrites": [],
+                "guild_id": str(GUILD_ID),
+            }
+
+        return {
+            "id": str(GUILD_ID),
+            "name": "Test Guild",
+            "owner_id": str(ALICE),
+            "member_count": 3,
+            "unavailable": False,
+            "roles": [
+                {
+                    "id": str(GUILD_ID),
+                    "name": "@everyone",
+                    "permissions": "0",
+                    "position": 0,
+                    "color": 0,
+                    "hoist": False,
+                    "managed": False,
+                    "mentionable": False,
+                }
+            ],
+            "channels": [
+                text_channel(CHANNEL_ID, "meshsage", 0),
+                text_channel(OTHER_CHANNEL_ID, "general", 1),
+            ],
+            "members": [
+                {"user": BOT_USER, "roles": [], "joined_at": _now(), "deaf": False, "flags": 0}
+            ],
+        }
+
+    # --- REST -------------------------------------------------------------------------------
+    def _authorized(self, request: web.Request) -> bool:
+        return request.headers.get("Authorization") == f"Bot {self.token}"
+
+    @staticmethod
+    def _error(status: int, code: int, message: str) -> web.Response:
+        return _json({"code": code, "message": message}, status=status)
+
+    async def _me(self, request: web.Request) -> web.Response:
+        self.logins += 1
+        if not self._authorized(request):
+            return self._error(401, 0, "401: Unauthorized")
+        return _json(BOT_USER)
+
+    async def _app_info(self, request: web.Request) -> web.Response:
+        return _json(
+            {
+                "id": str(APP_ID),
+                "name": "meshsage",
+                "icon": None,
+                "description": "",
+                "rpc_origins": [],
+                "bot_public": True,
+                "bot_require_code_grant": False,
+                "owner": user(ALICE, "alice"),
+                "verify_key": "0" * 64,
+                "flags": 0,
+            }
+        )
+
+    async def _open_dm(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        uid = int(body["recipient_id"])
+        self.dm_opened.append(uid)
+        return _json(
+            {"id": str(self.dm_channel_id(uid)), "type": 1, "recipients": [user(uid, "someone")]}
+        )
+
+    async def _typing(self, request: web.Request) -> web.Response:
+        self.typing.append(int(request.match_info["cid"]))
+        if self.typing_status != 204:
+            return _json({"code": 0, "message": "typing failed"}, self.typing_status)
+        return web.Response(status=204)
+
+    async def _post_message(self, request: web.Request) -> web.Response:
+        cid = int(request.match_info["cid"])
+        if cid in self.forbidden_channels:
+            return self._error(403, 50007, "Cannot send messages to this user")
+        files: list[tuple[str, bytes]] = []
+        if request.content_type.startswith("multipart/"):
+            form = await request.post()
+            payload = json.loads(str(form["payload_json"]))
+            for key, value in form.items():
+                if isinstance(value, web.FileField):
+                    files.append((value.filename, value.file.read()))
+                    del key
+        else:
+            payload = await request.json()
+        if len(str(payload.get("content") or "")) > 2000:
+            return self._error(400, 50035, "Invalid Form Body: content too long")
+        sent = Sent(channel_id=cid, payload=payload, files=files, id=self.snowflake())
+        self.sent.append(sent)
+        self.sent_event.set()
+        data = self._message(str(payload.get("content") or ""), BOT_USER, cid)
+        data["id"] = str(sent.id)
+        data["attachments"] = [
+            {
+                "id": str(self.snowflake()),
+                "filename": name,
+                "size": len(blob),
+                "url": f"http://127.0.0.1/{name}",
+                "proxy_url": f"http://127.0.0.1/{name}",
+            }
+            for name, blob in files
+        ]
+        return _json(data)
+
+
+def free_port() -> int:
+    """A port nothing listens on (yet): connecting to it is refused, like Discord offline."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

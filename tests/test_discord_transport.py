@@ -1,0 +1,402 @@
+"""The Discord adapter driving the unmodified discord.py against a loopback Discord
+(tests/fakes/fake_discord.py): gateway events in, REST calls out, no network.
+
+Messages that must be ignored are followed by one that must be answered; events are handled
+in order, so once the second is answered the first has been decided (no sleeps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from bot.config import DiscordConfig
+from bot.domain import DM_SPACE, Attachment, DeliveryStatus, Inbound, Reply, ReplyKind
+from bot.transports.discord import DiscordTransport, build_discord
+from bot.transports.discord_text import _fence_toggle, split_message
+from tests.fakes.fake_discord import (
+    ALICE,
+    BOB,
+    BOT_ID,
+    CHANNEL_ID,
+    GUILD_ID,
+    OTHER_BOT,
+    OTHER_CHANNEL_ID,
+    TOKEN,
+    FakeDiscord,
+    Json,
+    free_port,
+    user,
+)
+
+CONFIG = DiscordConfig(channels=(CHANNEL_ID,))
+SPACE = f"guild:{GUILD_ID}:ch:{CHANNEL_ID}"
+
+
+class Echo:
+    """A stand-in responder: records each inbound and answers it through the transport."""
+
+    def __init__(self) -> None:
+        self.inbox: list[Inbound] = []
+        self.transport: DiscordTransport | None = None
+        self.answer: Callable[[Inbound], Reply] = lambda i: Reply(inbound=i, text=f"echo {i.text}")
+        self.deliveries: list[DeliveryStatus] = []
+        self._delivered = asyncio.Event()
+
+    async def wait_delivered(self, count: int) -> list[DeliveryStatus]:
+        """Until ``count`` sends have returned (the fake records a post before it answers)."""
+
+        async def enough() -> None:
+            while len(self.deliveries) < count:
+                self._delivered.clear()
+                await self._delivered.wait()
+
+        await asyncio.wait_for(enough(), 5)
+        return self.deliveries
+
+    async def __call__(self, inbound: Inbound) -> None:
+        assert self.transport is not None
+        self.inbox.append(inbound)
+        async with self.transport.working(inbound):
+            reply = self.answer(inbound)
+        fitted = Reply(
+            inbound=inbound,
+            text=self.transport.fit(reply.text),
+            kind=reply.kind,
+            note=reply.note,
+            attachments=reply.attachments,
+        )
+        self.deliveries.append((await self.transport.send(fitted)).status)
+        self._delivered.set()
+
+
+@pytest.fixture
+async def fake(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
+    server = FakeDiscord()
+    await server.start()
+    server.patch(monkeypatch)
+    yield server
+    await server.stop()
+
+
+async def connect(
+    fake: FakeDiscord, echo: Echo, config: DiscordConfig = CONFIG
+) -> DiscordTransport:
+    transport = build_discord(config, env={"DISCORD_TOKEN": TOKEN})
+    echo.transport = transport
+    await transport.start(echo)
+    await asyncio.wait_for(fake.ready.wait(), 5)
+    return transport
+
+
+@pytest.fixture
+async def echo(fake: FakeDiscord) -> AsyncIterator[Echo]:
+    e = Echo()
+    transport = await connect(fake, e)
+    yield e
+    await transport.stop()
+    await asyncio.wait_for(transport.wait_closed(), 5)
+
+
+async def test_dm_answered_as_reply_with_typing(fake: FakeDiscord, echo: Echo) -> None:
+    msg = await fake.say(fake.dm_message("hello there"))
+    [sent] = await fake.wait_sent(1)
+
+    [inbound] = echo.inbox
+    assert inbound.transport == "discord"
+    assert inbound.sender == str(ALICE)
+    assert inbound.space == DM_SPACE
+    assert inbound.text == "hello there"
+    assert inbound.message_id == msg["id"]
+    assert inbound.sender_name == "Alice"
+    assert sent.channel_id == fake.dm_channel_id(ALICE)
+    assert sent.content == "echo hello there"
+    assert sent.reference_id == int(msg["id"])
+    assert fake.typing == [fake.dm_channel_id(ALICE)]
+    assert await echo.wait_delivered(1) == [DeliveryStatus.DELIVERED]
+
+
+async def test_typing_failure_does_not_fail_the_answer(fake: FakeDiscord, echo: Echo) -> None:
+    fake.typing_status = 403
+    await fake.say(fake.dm_message("hello"))
+    [sent] = await fake.wait_sent(1)
+    assert fake.typing and sent.content == "echo hello"
+    assert await echo.wait_delivered(1) == [DeliveryStatus.DELIVERED]
+
+
+async def test_mention_in_allowed_channel_answered_as_reply(fake: FakeDiscord, echo: Echo) -> None:
+    msg = await fake.say(fake.guild_message("what is LoRa?", mention_bot=True))
+    [sent] = await fake.wait_sent(1)
+
+    [inbound] = echo.inbox
+    assert inbound.text == "what is LoRa?"  # the mention is stripped
+    assert inbound.space == SPACE
+    assert inbound.sender == str(ALICE)
+    assert sent.channel_id == CHANNEL_ID
+    ref = sent.payload["message_reference"]
+    assert int(ref["message_id"]) == int(msg["id"])
+    assert ref["fail_if_not_exists"] is False
+    # No pings from the bot, ever: not the author, not @everyone in an answer.
+    assert sent.payload["allowed_mentions"] == {"parse": [], "replied_user": False}
+
+
+def dm_with(bot_flag: bool) -> Callable[[FakeDiscord], Json]:
+    return lambda f: f.dm_message("hi", author=user(OTHER_BOT, "otherbot", bot=bot_flag))
+
+
+IGNORED: dict[str, Callable[[FakeDiscord], Json]] = {
+    "guild message without mention": lambda f: f.guild_message("hello all"),
+    "mention in a channel not allowed": lambda f: f.guild_message(
+        "hi", mention_bot=True, channel_id=OTHER_CHANNEL_ID
+    ),
+    "another bot mentioning us": lambda f: f.guild_message(
+        "hi", mention_bot=True, author=user(OTHER_BOT, "otherbot", bot=True)
+    ),
+    "another bot's DM": dm_with(True),
+    "our own message": lambda f: f.guild_message(
+        "hi", mention_bot=True, author=user(BOT_ID, "meshsage", bot=True)
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(IGNORED))
+async def test_ignored(fake: FakeDiscord, echo: Echo, case: str) -> None:
+    await fake.say(IGNORED[case](fake))
+    await fake.say(fake.guild_message("sentinel", mention_bot=True, author=user(BOB, "bob")))
+    [sent] = await fake.wait_sent(1)
+    assert [i.text for i in echo.inbox] == ["sentinel"]
+    assert sent.content == "echo sentinel"
+
+
+async def test_reply_to_bot_message_continues_without_mention(
+    fake: FakeDiscord, echo: Echo
+) -> None:
+    await fake.say(fake.guild_message("first", mention_bot=True))
+    [bot_msg] = await fake.wait_sent(1)
+    await fake.say(fake.guild_message("and then?", reply_to=bot_msg))
+    await fake.wait_sent(2)
+    assert [i.text for i in echo.inbox] == ["first", "and then?"]
+    assert echo.inbox[1].reply_to == str(bot_msg.id)
+
+
+async def test_reply_to_a_later_part_continues_the_whole_answer(
+    fake: FakeDiscord, echo: Echo
+) -> None:
+    """The responder stores an answer under its first message id; a reply to part 2 of it
+    must name that id as its parent."""
+    echo.answer = lambda i: Reply(inbound=i, text=("A long sentence here. " * 60) * 2)
+    await fake.say(fake.dm_message("tell me a lot"))
+    first, second = await fake.wait_sent(2)
+    await fake.say(fake.dm_message("about part two", reply_to=second))
+    await fake.wait_sent(4)
+    assert echo.inbox[1].reply_to == str(first.id)
+
+
+async def test_message_text_never_logged_at_info(
+    fake: FakeDiscord, echo: Echo, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    await fake.say(fake.dm_message("my secret is zanzibar-omelette"))
+    await fake.wait_sent(1)
+    await echo.wait_delivered(1)
+    assert caplog.records
+    leaks = [
+        r for r in caplog.records if r.levelno >= logging.INFO and "zanzibar" in r.getMessage()
+    ]
+    assert leaks == []
+
+
+async def test_same_message_twice_answered_once(fake: FakeDiscord, echo: Echo) -> None:
+    msg = fake.dm_message("once")
+    await fake.say(msg)
+    await fake.say(msg)  # a gateway replay after a resume
+    await fake.say(fake.dm_message("sentinel"))
+    await fake.wait_sent(2)
+    assert [i.text for i in echo.inbox] == ["once", "sentinel"]
+
+
+def long_code_answer() -> str:
+    intro = "Here is the script you asked for. It reads the radio and logs packets. " * 12
+    code = "\n".join(f"    packet_{i} = radio.receive(timeout={i})  # slot {i}" for i in range(80))
+    return f"{intro}\n\n```python\n{code}\n```\n\n" + "Run it with python3. " * 40
+
+
+async def test_five_thousand_char_answer_split_through_the_adapter(
+    fake: FakeDiscord, echo: Echo
+) -> None:
+    answer = long_code_answer()
+    assert 5000 <= len(answer) <= 7000
+    echo.answer = lambda i: Reply(inbound=i, text=answer, note="history trimmed")
+    msg = await fake.say(fake.guild_message("script please", mention_bot=True))
+    await fake.say(fake.guild_message("sentinel", mention_bot=True, author=user(BOB, "bob")))
+    sent = await fake.wait_sent(5)
+    parts = [s for s in sent if s.content != "echo sentinel" and s.payload.get("content")]
+    # In order, the first a reply to the question, the rest plain follow-ups in the channel.
+    contents = [s.content for s in parts[:4]]
+    expected = split_message(echo.transport.fit(answer)) if echo.transport else []
+    assert len(expected) == 4
+    assert contents[:3] == expected[:3]
+    assert contents[3] == expected[3] + "\n-# history trimmed"
+    assert all(len(c) <= 2000 for c in contents)
+    assert parts[0].reference_id == int(msg["id"])
+    assert all(p.reference_id is None for p in parts[1:4])
+    for c in contents:
+        fences = [line for line in c.split("\n") if _fence_toggle(line) is not None]
+        assert len(fences) % 2 == 0
+    assert contents[1].startswith("```python\n")
+
+
+async def test_export_attachments_go_to_the_person_by_dm(fake: FakeDiscord, echo: Echo) -> None:
+    files = (Attachment("export.md", b"# you\n"), Attachment("export.json", b"{}"))
+    echo.answer = lambda i: Reply(
+        inbound=i, text="Your export is on its way privately.", kind=ReplyKind.COMMAND,
+        attachments=files,
+    )  # fmt: skip
+    await fake.say(fake.guild_message("!export", mention_bot=True))
+    reply, dm = await fake.wait_sent(2)
+    assert reply.channel_id == CHANNEL_ID and not reply.files
+    assert dm.channel_id == fake.dm_channel_id(ALICE)
+    assert dm.files == [("export.md", b"# you\n"), ("export.json", b"{}")]
+    assert fake.dm_opened == [ALICE]
+    assert await echo.wait_delivered(1) == [DeliveryStatus.DELIVERED]
+
+
+async def test_closed_dms_reported_in_channel_and_delivery_failed(
+    fake: FakeDiscord, echo: Echo
+) -> None:
+    fake.forbidden_channels.add(fake.dm_channel_id(ALICE))
+    echo.answer = lambda i: Reply(
+        inbound=i, text="On its way.", kind=ReplyKind.COMMAND,
+        attachments=(Attachment("export.md", b"x"),),
+    )  # fmt: skip
+    await fake.say(fake.guild_message("!export", mention_bot=True))
+    reply, notice = await fake.wait_sent(2)
+    assert (reply.channel_id, reply.content) == (CHANNEL_ID, "On its way.")
+    assert notice.channel_id == CHANNEL_ID
+    assert "could not send you a DM" in notice.content
+    assert await echo.wait_delivered(1) == [DeliveryStatus.FAILED]
+
+
+async def test_answer_after_restart_rebuilds_the_reply_target(fake: FakeDiscord) -> None:
+    """A message stored before a restart is answered by a transport that never saw it."""
+    echo = Echo()
+    transport = await connect(fake, echo)
+    try:
+        guild = Inbound(
+            transport="discord", sender=str(ALICE), text="q", space=SPACE, message_id="1234"
+        )
+        dm = Inbound(transport="discord", sender=str(BOB), text="q", message_id="5678")
+        assert (await transport.send(Reply(inbound=guild, text="late"))).status.value == "delivered"
+        assert (await transport.send(Reply(inbound=dm, text="late too"))).status.value == (
+            "delivered"
+        )
+        first, second = fake.sent
+        assert (first.channel_id, first.reference_id) == (CHANNEL_ID, 1234)
+        assert (second.channel_id, second.reference_id) == (fake.dm_channel_id(BOB), 5678)
+    finally:
+        await transport.stop()
+
+
+async def test_send_never_raises_on_foreign_ids(fake: FakeDiscord, echo: Echo) -> None:
+    assert echo.transport is not None
+    for inbound in (
+        Inbound(transport="discord", sender="alice", text="q"),  # a DM to a non-Discord id
+        Inbound(transport="discord", sender="1", text="q", space="channel-7"),
+    ):
+        delivery = await echo.transport.send(Reply(inbound=inbound, text="hi"))
+        assert delivery.status is DeliveryStatus.FAILED and delivery.detail
+    assert fake.sent == []
+
+
+# --- startup failures ---------------------------------------------------------------------
+def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_missing_token_one_clear_error(caplog: pytest.LogCaptureFixture) -> None:
+    transport = build_discord(DiscordConfig(token_env="MY_BOT_TOKEN"), env={})
+    await transport.start(Echo())
+    await asyncio.wait_for(transport.wait_closed(), 1)
+    [message] = errors(caplog)
+    assert "MY_BOT_TOKEN" in message and "Fix:" in message
+    delivery = await transport.send(Reply(inbound=Inbound("discord", "1", "x"), text="y"))
+    assert delivery.status is DeliveryStatus.FAILED
+
+
+async def test_bad_token_one_clear_error(
+    fake: FakeDiscord, caplog: pytest.LogCaptureFixture
+) -> None:
+    transport = build_discord(CONFIG, env={"DISCORD_TOKEN": "wrong"})
+    await transport.start(Echo())
+    await asyncio.wait_for(transport.wait_closed(), 5)
+    [message] = errors(caplog)
+    assert "rejected the token in DISCORD_TOKEN" in message and "Reset Token" in message
+    assert fake.logins == 1  # a rejected token is not retried
+
+
+async def test_message_content_intent_missing_one_clear_error(
+    fake: FakeDiscord, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.close_code = 4014
+    transport = build_discord(CONFIG, env={"DISCORD_TOKEN": TOKEN})
+    await transport.start(Echo())
+    await asyncio.wait_for(transport.wait_closed(), 5)
+    [message] = errors(caplog)
+    assert "MESSAGE CONTENT INTENT" in message
+    assert fake.identify is not None
+    assert fake.identify["intents"] & (1 << 15)  # we did ask for message content
+
+
+async def test_intent_not_requested_when_disabled(fake: FakeDiscord) -> None:
+    echo = Echo()
+    transport = await connect(fake, echo, DiscordConfig(message_content_intent=False))
+    await transport.stop()
+    assert fake.identify is not None
+    assert not fake.identify["intents"] & (1 << 15)
+
+
+async def test_network_outage_at_startup_retried_with_backoff(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Discord unreachable (connection refused) for two attempts, then up."""
+    server = FakeDiscord(port=free_port())
+    server.patch(monkeypatch)
+    delays: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        if len(delays) == 2:
+            await server.start()  # the network comes back
+
+    transport = build_discord(
+        DiscordConfig(retry_initial=2, retry_max=60),
+        env={"DISCORD_TOKEN": TOKEN},
+        sleep=sleep,
+        rand=lambda: 0.0,
+    )
+    try:
+        await transport.start(Echo())
+        await asyncio.wait_for(server.ready.wait(), 5)
+        assert delays == [1.0, 2.0]
+        warnings = [
+            r
+            for r in caplog.records
+            if r.levelno == logging.WARNING and r.name == "bot.transport.discord"
+        ]
+        assert len(warnings) == 2 and "retrying in" in warnings[0].getMessage()
+        assert not errors(caplog)
+    finally:
+        await transport.stop()
+        await server.stop()
+
+
+async def test_stop_during_backoff_ends_promptly(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = FakeDiscord(port=free_port())  # never started: Discord stays unreachable
+    server.patch(monkeypatch)
+    transport = build_discord(DiscordConfig(retry_initial=300), env={"DISCORD_TOKEN": TOKEN})
+    await transport.start(Echo())
+    await transport.stop()
+    await asyncio.wait_for(transport.wait_closed(), 5)
