@@ -66,7 +66,7 @@ class App:
                 log.error("transport %s not started: %s", transport.name, exc)
                 continue
             running.append(transport)
-            log.info("transport %s started", transport.name)
+            log.info("transport %s launched (it logs its own connection state)", transport.name)
         if not running:
             raise MeshsageError("no transport could start; see the messages above.")
         self.transports = running
