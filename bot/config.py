@@ -105,8 +105,12 @@ class BotConfig(_Strict):
 class RetrievalConfig(_Strict):
     enabled: bool = True
     share: float = Field(0.4, ge=0, le=0.9)  # most of the free budget retrieval may take
-    min_score: float = Field(0.0, ge=0)  # BM25 threshold below which nothing is retrieved
-    max_turns: int = Field(8, ge=0, le=100)
+    # A turn must score this share (0-1) of the query's IDF mass to be retrieved at all.
+    min_score: float = Field(0.15, ge=0, le=1)
+    max_turns: int = Field(40, ge=0, le=200)
+    k1: float = Field(1.2, ge=0, le=5)  # BM25 term-frequency saturation
+    b: float = Field(0.4, ge=0, le=1)  # BM25 length normalisation (low: chat turns are short)
+    neighbour: float = Field(0.6, ge=0, le=1)  # share of the better adjacent turn's score
 
 
 class SummaryConfig(_Strict):

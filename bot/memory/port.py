@@ -7,10 +7,11 @@ Invariants every implementation keeps:
 - ``add_message`` is durable when it returns; ``answers=`` marks that message answered in the
   same transaction.
 - Everything at or below a conversation's ``reset_after`` is invisible to ``recent_messages``,
-  ``latest_summary`` and ``fts_search`` callers (they pass the mark), and ``save_summary``
-  refuses a summary that starts at or before it.
+  ``latest_summary``, ``search_terms`` and ``outline`` callers (they pass the mark), and
+  ``save_summary`` refuses a summary that starts at or before it.
 - ``forget_person`` removes every row about the person, search-index rows included.
-- ``fts_search`` is scoped to one conversation and never reads other people's rows.
+- ``search_terms`` and ``outline`` are scoped to one conversation and never read other
+  people's rows.
 """
 
 from __future__ import annotations
@@ -73,16 +74,19 @@ class MemoryStore(Protocol):
 
     async def count_person_messages(self, transport: str, person: str) -> int: ...
 
-    async def fts_search(
+    async def search_terms(
         self,
         conversation_id: int,
-        match: str,
+        terms: Sequence[str],
         *,
         after_id: int,
         before_id: int,
-        limit: int,
-        weights: tuple[float, float] = (1.0, 0.5),
-    ) -> list[tuple[int, float]]: ...
+        limit_per_term: int = 5000,
+    ) -> list[list[int]]: ...
+
+    async def outline(
+        self, conversation_id: int, *, after_id: int, before_id: int
+    ) -> list[tuple[int, str, int]]: ...
 
     async def latest_summary(self, conversation: Conversation) -> Summary | None: ...
 

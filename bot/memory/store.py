@@ -404,29 +404,52 @@ class SqliteStore:
         return int(row[0]) if row else 0
 
     # --- full-text search -------------------------------------------------------------------
-    async def fts_search(
+    async def search_terms(
         self,
         conversation_id: int,
-        match: str,
+        terms: Sequence[str],
         *,
         after_id: int,
         before_id: int,
-        limit: int,
-        weights: tuple[float, float] = (1.0, 0.5),
-    ) -> list[tuple[int, float]]:
-        """(message id, score) best first; score = -bm25, higher is better.
+        limit_per_term: int = 5000,
+    ) -> list[list[int]]:
+        """For each term, the ids of this conversation's messages in (after_id, before_id) whose
+        text or meta (author, date) contains it, as FTS5 tokenizes and stems it.
 
-        The rowid range confines FTS5 to this conversation's slice of every doclist, so the
-        cost does not grow with other people's history.
+        One round trip; each term is its own quoted phrase, so FTS5 syntax in a term is plain
+        text. The rowid range confines FTS5 to this conversation's slice of every doclist, and
+        no ``bm25()`` is asked for (it would walk each term's doclist across every person's
+        messages to count document frequencies): ranking happens in ``bot.memory.retrieval``
+        with this conversation's own statistics.
         """
+        if not terms:
+            return []
         lo = conversation_id * FTS_STRIDE + after_id
         hi = conversation_id * FTS_STRIDE + min(before_id, FTS_STRIDE)
-        rows = await self._all(
-            "SELECT rowid, bm25(messages_fts, ?, ?) AS s FROM messages_fts "
-            "WHERE messages_fts MATCH ? AND rowid > ? AND rowid < ? ORDER BY s LIMIT ?",
-            (weights[0], weights[1], match, lo, hi, limit),
+        part = (
+            "SELECT * FROM (SELECT {i}, rowid FROM messages_fts "
+            "WHERE messages_fts MATCH ? AND rowid > ? AND rowid < ? LIMIT ?)"
         )
-        return [(int(r[0]) - conversation_id * FTS_STRIDE, -float(r[1])) for r in rows]
+        sql = " UNION ALL ".join(part.format(i=i) for i in range(len(terms)))
+        params: list[Any] = []
+        for term in terms:
+            params += ['"' + term.replace('"', '""') + '"', lo, hi, limit_per_term]
+        out: list[list[int]] = [[] for _ in terms]
+        for i, rowid in await self._all(sql, params):
+            out[int(i)].append(int(rowid) - conversation_id * FTS_STRIDE)
+        return out
+
+    async def outline(
+        self, conversation_id: int, *, after_id: int, before_id: int
+    ) -> list[tuple[int, str, int]]:
+        """(id, role, tokens) of this conversation's messages in (after_id, before_id), in
+        order: the shape retrieval ranks over (lengths, neighbours, question/answer pairs)."""
+        rows = await self._all(
+            "SELECT id, role, tokens FROM messages WHERE conversation_id = ? AND id > ? "
+            "AND id < ? ORDER BY id",
+            (conversation_id, after_id, min(before_id, FTS_STRIDE)),
+        )
+        return [(int(r[0]), str(r[1]), int(r[2])) for r in rows]
 
     # --- summaries --------------------------------------------------------------------------
     async def latest_summary(self, conversation: Conversation) -> Summary | None:
