@@ -235,24 +235,28 @@ def codeword_llm(body: dict[str, Any]) -> str:
     return f"The codeword is {CODEWORD}." if last.endswith(CODEWORD_QUESTION) else "ok"
 
 
-async def codeword_then_fillers(rig: Rig) -> Sent:
-    """The bot names a codeword in the channel, then many unrelated turns follow."""
-    rig.llm.reply_fn = codeword_llm
-    mention = rig.discord.guild_message
-    codeword = await rig.exchange(mention(CODEWORD_QUESTION, mention_bot=True))
-    assert CODEWORD in codeword.content
-    for i in range(FILLERS):
-        await rig.exchange(mention(f"filler note {i} about garden hoses", mention_bot=True))
-    return codeword
+@contextlib.asynccontextmanager
+async def codeword_then_fillers(
+    tmp_path: Path, llm: FakeLLM, fake_discord: FakeDiscord
+) -> AsyncIterator[tuple[Rig, Sent]]:
+    """The bot names a codeword in the channel, then many unrelated turns push it out of a
+    small (300-token) window."""
+    llm.reply_fn = codeword_llm
+    mention = fake_discord.guild_message
+    keys = "  context_tokens: 300\n"
+    async with running(tmp_path, llm, fake_discord, discord_keys=keys, sections=SMALL) as rig:
+        codeword = await rig.exchange(mention(CODEWORD_QUESTION, mention_bot=True))
+        assert CODEWORD in codeword.content
+        for i in range(FILLERS):
+            await rig.exchange(mention(f"filler note {i} about garden hoses", mention_bot=True))
+        yield rig, codeword
 
 
 async def test_thread_parent_out_of_the_window_is_stored_but_not_found_by_words(
     tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
 ) -> None:
     """The setting of the test below: only a thread preference can bring the codeword back."""
-    keys = "  context_tokens: 300\n"
-    async with running(tmp_path, fake_llm, fake_discord, discord_keys=keys, sections=SMALL) as rig:
-        codeword = await codeword_then_fillers(rig)
+    async with codeword_then_fillers(tmp_path, fake_llm, fake_discord) as (rig, codeword):
         await rig.exchange(fake_discord.guild_message("explain please", mention_bot=True))
         assert CODEWORD not in rig.prompt()  # out of the window; retrieval finds no words
         await rig.exchange(fake_discord.guild_message("explain that", reply_to=codeword))
@@ -269,9 +273,7 @@ async def test_thread_parent_out_of_the_window_is_stored_but_not_found_by_words(
 async def test_reply_brings_the_thread_it_answers_into_the_prompt(
     tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
 ) -> None:
-    keys = "  context_tokens: 300\n"
-    async with running(tmp_path, fake_llm, fake_discord, discord_keys=keys, sections=SMALL) as rig:
-        codeword = await codeword_then_fillers(rig)
+    async with codeword_then_fillers(tmp_path, fake_llm, fake_discord) as (rig, codeword):
         await rig.exchange(fake_discord.guild_message("explain that", reply_to=codeword))
         assert CODEWORD in rig.prompt()
         assert CODEWORD_QUESTION in rig.prompt()
