@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,6 +16,9 @@ from bot.domain import DM_SPACE, ConversationKey
 from bot.memory.store import SqliteStore
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
+
+if TYPE_CHECKING:
+    from tests.fakes.fake_discord import FakeDiscord
 
 
 @pytest.fixture(autouse=True)
@@ -90,3 +94,15 @@ async def harness(tmp_path: Path, fake_llm: FakeLLM) -> AsyncIterator[Harness]:
     h = await start_harness(tmp_path, fake_llm)
     yield h
     await h.app.close()
+
+
+@pytest.fixture
+async def fake_discord(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
+    """The loopback Discord, running, with discord.py pointed at it (Discord tests only)."""
+    from tests.fakes.fake_discord import FakeDiscord  # imports discord: only when asked for
+
+    server = FakeDiscord()
+    await server.start()
+    server.patch(monkeypatch)
+    yield server
+    await server.stop()
