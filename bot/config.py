@@ -105,8 +105,8 @@ class BotConfig(_Strict):
 class RetrievalConfig(_Strict):
     enabled: bool = True
     share: float = Field(0.4, ge=0, le=0.9)  # most of the free budget retrieval may take
-    # A turn must score this share (0-1) of the query's IDF mass to be retrieved at all.
-    min_score: float = Field(0.15, ge=0, le=1)
+    # Share (0-1) of the query's IDF mass a turn or its neighbours must match to be retrieved.
+    min_score: float = Field(0.2, ge=0, le=1)
     max_turns: int = Field(40, ge=0, le=200)
     k1: float = Field(1.2, ge=0, le=5)  # BM25 term-frequency saturation
     b: float = Field(0.4, ge=0, le=1)  # BM25 length normalisation (low: chat turns are short)

@@ -265,11 +265,6 @@ async def test_thread_parent_out_of_the_window_is_stored_but_not_found_by_words(
         assert stored[-2].text == "explain that" and stored[-2].parent_id == answer.id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 4: retrieval does not yet prefer the thread being answered; the parent is "
-    "stored (messages.parent_id) but bot/memory/context.py never reads it",
-)
 async def test_reply_brings_the_thread_it_answers_into_the_prompt(
     tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
 ) -> None:

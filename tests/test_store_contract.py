@@ -84,6 +84,18 @@ async def test_reply_to_platform_id_resolves_the_parent(memory: MemoryStore) -> 
     assert (await memory.messages_by_ids([child]))[0].parent_id == first
 
 
+async def test_ancestors_walk_the_reply_chain_nearest_first(memory: MemoryStore) -> None:
+    conv = await memory.conversation(ALICE)
+    q = await _say(memory, ALICE, "question")
+    a = await memory.add_message(conv.id, role="assistant", author="bot", text="answer", tokens=1,
+                                 status="sent", parent_id=q, platform_id="p-9")  # fmt: skip
+    r = await memory.add_message(conv.id, role="user", author="a", text="follow-up", tokens=1,
+                                 status="pending", reply_to_platform_id="p-9")  # fmt: skip
+    assert [m.id for m in await memory.ancestors(r, limit=5)] == [a, q]
+    assert [m.id for m in await memory.ancestors(r, limit=1)] == [a]
+    assert await memory.ancestors(q, limit=5) == []
+
+
 async def test_search_is_scoped_to_one_conversation(memory: MemoryStore) -> None:
     mine = await _say(memory, ALICE, "my antenna is a yagi")
     await _say(memory, BOB, "bob also has a yagi antenna")

@@ -12,9 +12,9 @@ How a turn is ranked (lexical; every step measured in bench/recall, see README "
 3. A turn borrows part of its better neighbour's score (and half that from two turns away):
    an answer rarely repeats the words of the question it answers, and the turns around a
    strong match are usually about the same thing.
-4. A turn must score at least ``min_score`` times the query's IDF mass (words this person
-   never used included); a question about nothing this person said gets an empty block, and
-   its budget goes to the recent window.
+4. A turn (or one it borrows from) must match at least ``min_score`` of the query's IDF mass,
+   words this person never used included; a question about nothing this person said gets an
+   empty block, and its budget goes to the recent window.
 
 Invariants:
 - Search is scoped to one conversation and to messages after its reset mark and before the
@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from bot.config import RetrievalConfig
 from bot.llm.tokens import TokenCounter
 from bot.memory.port import MemoryStore
-from bot.memory.store import Conversation, StoredMessage
+from bot.memory.store import USER, Conversation, StoredMessage
 
 STOPWORDS = frozenset(
     """a about above after again against all am an and any are aren't as at be because been
@@ -115,8 +115,9 @@ def bm25_rank(
 
     A turn's score is its own BM25 score (binary tf: chat turns rarely repeat a word) plus
     ``neighbour`` times the better of its two adjacent turns' scores plus half that share of
-    the better of the turns two away. Turns scoring below ``min_share`` of the query's IDF mass
-    (including words this person never used) are dropped. Ties go to the newer turn.
+    the better of the turns two away. A turn is dropped unless it, or a turn it borrows from,
+    matches at least ``min_share`` of the query's IDF mass (words this person never used
+    included). Ties go to the newer turn.
     """
     n = len(outline)
     if n == 0 or not postings:
@@ -144,15 +145,17 @@ def bm25_rank(
         for d, share in lend:
             side = max(own[i - d] if i >= d else 0.0, own[i + d] if i + d < n else 0.0)
             score += share * side
-        if score > 0 and score >= floor:
+        covered = max(raw[max(0, i - NEIGHBOUR_REACH) : i + NEIGHBOUR_REACH + 1])
+        if score > 0 and covered >= floor:
             ranked.append(Ranked(outline[i][0], score))
     ranked.sort(key=lambda r: (-r.score, -r.id))
     return ranked
 
 
 def partners(outline: Sequence[tuple[int, str, int]], chosen: Sequence[int]) -> list[int]:
-    """For each chosen turn (in rank order), the turn it pairs with: the next message when it
-    is a question to the other party, else the message it answers. Unchosen ones only."""
+    """For each chosen turn (in rank order), the turn it pairs with, if not chosen already:
+    a person's message pairs with the answer that follows it, an answer with the message
+    before it (what it answered)."""
     position = {mid: i for i, (mid, _r, _t) in enumerate(outline)}
     taken = set(chosen)
     out: list[int] = []
@@ -161,13 +164,10 @@ def partners(outline: Sequence[tuple[int, str, int]], chosen: Sequence[int]) -> 
         if i is None:
             continue
         role = outline[i][1]
-        nxt = i + 1 if i + 1 < len(outline) and outline[i + 1][1] != role else None
-        prev = i - 1 if i > 0 and outline[i - 1][1] != role else None
-        for j in (nxt, prev):
-            if j is not None and outline[j][0] not in taken:
-                taken.add(outline[j][0])
-                out.append(outline[j][0])
-                break
+        j = i + 1 if role == USER else i - 1
+        if 0 <= j < len(outline) and outline[j][1] != role and outline[j][0] not in taken:
+            taken.add(outline[j][0])
+            out.append(outline[j][0])
     return out
 
 
@@ -207,19 +207,29 @@ class Retriever:
         *,
         budget_tokens: int,
         before_id: int,
+        thread: Sequence[StoredMessage] = (),
     ) -> RetrievedBlock:
-        """Best older turns for ``query`` that fit ``budget_tokens`` (rendered, newline-joined)."""
+        """Best older turns for ``query`` that fit ``budget_tokens`` (rendered, newline-joined).
+
+        ``thread`` is the reply chain the new message answers (nearest first, already older
+        than the window): it goes in first, and its words join the query, so a reply such as
+        "explain that" brings back what it replies to and what that was about.
+        """
         cfg = self._config
         if not cfg.enabled or budget_tokens <= 0 or cfg.max_turns == 0:
             return RetrievedBlock()
+        packer = _Packer(self._counter, budget_tokens)
+        for msg in thread[: cfg.max_turns]:
+            packer.add(msg)
+        if thread:
+            query = " ".join([query, *(m.text for m in thread[:2])])
         ranked, outline = await self.rank(conversation, query, before_id=before_id)
         if not ranked:
-            return RetrievedBlock()
+            return packer.block()
         # Enough candidates to fill any budget we are given, without reading every hit's text.
         pool = [r.id for r in ranked[: cfg.max_turns * 3]]
         pool += partners(outline, pool[: cfg.max_turns])
         by_id = {m.id: m for m in await self._store.messages_by_ids(pool)}
-        packer = _Packer(self._counter, budget_tokens)
         for mid in pool[: cfg.max_turns * 3]:
             if len(packer.chosen) >= cfg.max_turns:
                 break
@@ -243,6 +253,8 @@ class _Packer:
         self.used = 0
 
     def add(self, message: StoredMessage) -> bool:
+        if any(m.id == message.id for m in self.chosen):
+            return False
         day = day_label(message.created_at)
         cost = self._counter.count(render_turn(message)) + 1
         if day not in self._days:

@@ -384,6 +384,20 @@ class SqliteStore:
         )
         return [_msg(r) for r in rows]
 
+    async def ancestors(self, message_id: int, *, limit: int) -> list[StoredMessage]:
+        """The reply chain above ``message_id`` (its parent, the parent's parent, ...), nearest
+        first, at most ``limit``; parents are only ever set within one conversation."""
+        rows = await self._all(
+            "WITH RECURSIVE chain(id, depth) AS ("
+            " SELECT parent_id, 1 FROM messages WHERE id = ? AND parent_id IS NOT NULL"
+            " UNION ALL SELECT m.parent_id, c.depth + 1 FROM messages m JOIN chain c"
+            " ON m.id = c.id WHERE m.parent_id IS NOT NULL AND c.depth < ?)"
+            f" SELECT {', '.join('m.' + c.strip() for c in _MSG_COLS.split(','))}"
+            " FROM chain c JOIN messages m ON m.id = c.id ORDER BY c.depth",
+            (message_id, limit),
+        )
+        return [_msg(r) for r in rows]
+
     async def all_messages(self, conversation_id: int) -> list[StoredMessage]:
         return await self.messages_between(conversation_id, after_id=0, up_to_id=FTS_STRIDE)
 
