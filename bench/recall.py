@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import math
+import random
 import re
 import sqlite3
 import statistics
@@ -51,6 +52,7 @@ from bot.memory.store import ASSISTANT, USER, Conversation, SqliteStore, StoredM
 BUDGETS = (256, 512, 1024, 2048)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 METHODS = ("window", "bm25-stdlib", "fts5-bm25", "ours")
+DAY = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -326,6 +328,100 @@ async def _select(
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
+# --- latency at scale -------------------------------------------------------------------------
+OTHER_CONVERSATIONS = 1000
+INSERT_BATCH = 50_000
+
+
+def _build_scale_db(
+    path: Path, dialogues: Sequence[Dialogue], *, turns: int, others: int, seed: int = 1
+) -> None:
+    """One person with ``turns`` LoCoMo turns (the five conversations repeated, a day apart
+    per pass) and ``others`` messages from 1,000 other people, sampled from the same turns
+    (the same words: the worst case for shared doclists), interleaved in time as a real log."""
+    rng = random.Random(seed)
+    source = [t for d in dialogues for t in d.turns]
+    span = source[-1].created_at - source[0].created_at + DAY
+    mine = []
+    for k in range(turns):
+        t = source[k % len(source)]
+        mine.append((t.speaker, t.text, t.created_at + (k // len(source)) * span))
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = OFF")
+    db.execute("BEGIN")
+    for i in range(OTHER_CONVERSATIONS + 1):
+        db.execute(
+            "INSERT INTO conversations (transport, person, space, created_at) VALUES (?,?,?,?)",
+            ("bench", "me" if i == 0 else f"other-{i}", "dm", 0.0),
+        )
+    db.execute("COMMIT")
+    total = turns + others
+    every = max(total // max(turns, 1), 1)
+    batch: list[tuple[object, ...]] = []
+    k = 0
+    for n in range(total):
+        if (n % every == 0 and k < turns) or n - k >= others:
+            speaker, text, created = mine[k]
+            batch.append((1, USER if k % 2 == 0 else ASSISTANT, speaker, text, created))
+            k += 1
+        else:
+            t = rng.choice(source)
+            cid = 2 + rng.randrange(OTHER_CONVERSATIONS)
+            batch.append((cid, rng.choice((USER, ASSISTANT)), t.speaker, t.text, t.created_at))
+        if len(batch) >= INSERT_BATCH or n == total - 1:
+            db.execute("BEGIN")
+            db.executemany(
+                "INSERT INTO messages (conversation_id, role, author, text, created_at, tokens,"
+                " status) VALUES (?, ?, ?, ?, ?, ?, 'imported')",
+                [(*row[:4], row[4], CHARS4.count(str(row[3]))) for row in batch],
+            )
+            db.execute("COMMIT")
+            batch = []
+    db.execute("INSERT INTO messages_fts (messages_fts) VALUES ('optimize')")
+    db.close()
+
+
+async def latency(
+    path: Path, *, turns: int, others: Sequence[int], budget: int, config: RetrievalConfig
+) -> list[str]:
+    dialogues = load(path)
+    questions = [q.text for d in dialogues for q in d.questions]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="meshsage-recall-scale-") as tmp:
+        for count in others:
+            db_path = Path(tmp) / f"scale-{count}.db"
+            store = await SqliteStore.open(db_path)  # the real migrations create the schema
+            await store.close()
+            t0 = time.perf_counter()
+            _build_scale_db(db_path, dialogues, turns=turns, others=count)
+            build_s = time.perf_counter() - t0
+            store = await SqliteStore.open(db_path)
+            try:
+                conv = await store.conversation(ConversationKey("bench", "me", "dm"))
+                retriever = Retriever(store=store, counter=CHARS4, config=config)
+                for q in questions[:20]:  # warm the page cache, as a running bot has it
+                    await retriever.retrieve(conv, q, budget_tokens=budget, before_id=1 << 62)
+                ms = []
+                for q in questions:
+                    t1 = time.perf_counter()
+                    await retriever.retrieve(conv, q, budget_tokens=budget, before_id=1 << 62)
+                    ms.append((time.perf_counter() - t1) * 1000)
+            finally:
+                await store.close()
+            ms.sort()
+            rows.append(
+                f"| {turns:,} | {count:,} | {statistics.median(ms):.2f} | "
+                f"{ms[int(0.99 * len(ms))]:.2f} | {ms[-1]:.2f} | {build_s:.0f} s |"
+            )
+            print(rows[-1], file=sys.stderr)
+    head = [
+        "| this person's turns | other people's messages | p50 ms | p99 ms | max ms | db build |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    return head + rows
+
+
 # --- report -----------------------------------------------------------------------------------
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
@@ -379,11 +475,26 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
         metavar="KEY=JSON",
         help="override a memory.retrieval key for 'ours', e.g. neighbour=0.5",
     )
+    p.add_argument("--latency", action="store_true",
+                   help="time retrieval on a long history among other people's messages")  # fmt: skip
+    p.add_argument("--turns", type=int, default=6000, help="--latency: this person's turns")
+    p.add_argument("--others", type=int, nargs="+", default=[0, 1_000_000],
+                   help="--latency: other people's messages, one run each")  # fmt: skip
     args = p.parse_args(argv)
     if not args.data.is_file():
         print(f"{args.data}: no such file (pass the path to locomo-dev.json)", file=sys.stderr)
         return 2
     config = _overrides(args.set)
+    if args.latency:
+        lines = asyncio.run(
+            latency(args.data, turns=args.turns, others=args.others, budget=512, config=config)
+        )
+        out(
+            f"Command: `python -m bench.recall {' '.join(sys.argv[1:] if argv is None else argv)}`"
+            f" (retrieve() at 512 tokens for each of the 997 questions, after 20 warm-up)\n"
+        )
+        out("\n".join(lines))
+        return 0
     tallies, info = asyncio.run(
         run(args.data, budgets=args.budgets, methods=args.methods, config=config)
     )

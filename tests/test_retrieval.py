@@ -15,6 +15,7 @@ from bot.config import RetrievalConfig
 from bot.domain import ConversationKey
 from bot.llm.tokens import make_counter
 from bot.memory.retrieval import (
+    Outline,
     Retriever,
     bm25_rank,
     partners,
@@ -206,19 +207,21 @@ async def test_block_is_chronological_dated_and_within_budget(store: SqliteStore
 
 # --- ranking (pure) -------------------------------------------------------------------------
 def test_neighbour_borrowing_lifts_the_answer_next_to_a_match() -> None:
-    outline = [(i, USER if i % 2 else ASSISTANT, 10) for i in range(1, 21)]
+    outline = Outline([(i, USER if i % 2 else ASSISTANT, 10) for i in range(1, 21)])
     postings = [[5], [5, 12]]  # turn 5 matches both words, turn 12 one
     ranked = bm25_rank(outline, postings, k1=1.2, b=0.4, neighbour=0.6, min_share=0.0)
     order = [r.id for r in ranked]
     assert order[0] == 5
     assert order.index(4) < order.index(3) and order.index(6) < order.index(7)
     assert {4, 6} < set(order[:5])  # the neighbours of the best match outrank weaker far turns
+    top = bm25_rank(outline, postings, k1=1.2, b=0.4, neighbour=0.6, min_share=0.0, limit=3)
+    assert top == ranked[:3]
     flat = bm25_rank(outline, postings, k1=1.2, b=0.4, neighbour=0.0, min_share=0.0)
     assert [r.id for r in flat] == [5, 12]
 
 
 def test_threshold_is_a_share_of_the_query_idf_mass() -> None:
-    outline = [(i, USER, 10) for i in range(1, 101)]
+    outline = Outline([(i, USER, 10) for i in range(1, 101)])
     common = list(range(1, 60))
     rare_missing: list[int] = []  # a query word this person never used
     ranked = bm25_rank(outline, [common, rare_missing], k1=1.2, b=0.4, neighbour=0.0,
@@ -229,7 +232,7 @@ def test_threshold_is_a_share_of_the_query_idf_mass() -> None:
 
 
 def test_idf_and_length_normalisation() -> None:
-    outline = [(1, USER, 5), (2, USER, 50), (3, USER, 5), (4, USER, 5)]
+    outline = Outline([(1, USER, 5), (2, USER, 50), (3, USER, 5), (4, USER, 5)])
     ranked = bm25_rank(outline, [[1, 2], [3, 4, 1, 2]], k1=1.2, b=0.75, neighbour=0.0,
                        min_share=0.0)  # fmt: skip
     scores = {r.id: r.score for r in ranked}
@@ -241,12 +244,15 @@ def test_idf_and_length_normalisation() -> None:
 
 
 def test_partners_pair_questions_with_answers() -> None:
-    outline = [(1, USER, 1), (2, ASSISTANT, 1), (3, USER, 1), (4, USER, 1), (5, ASSISTANT, 1)]
+    outline = Outline(
+        [(1, USER, 1), (2, ASSISTANT, 1), (3, USER, 1), (4, USER, 1), (5, ASSISTANT, 1)]
+    )
     assert partners(outline, [1]) == [2]  # a question -> its answer
     assert partners(outline, [5]) == [4]  # an answer -> its question
     assert partners(outline, [1, 2]) == []  # already together
     assert partners(outline, [3]) == []  # no answer follows it
     assert partners(outline, [2, 4]) == [1, 5]
+    assert partners(outline, [2, 4], span=(1, 4)) == []  # never outside the searched range
 
 
 async def test_partner_fills_leftover_budget_after_ranked_hits(store: SqliteStore) -> None:
@@ -271,3 +277,17 @@ async def test_partner_fills_leftover_budget_after_ranked_hits(store: SqliteStor
         before_id=ids[-1] + 1,
     )  # fmt: skip
     assert [m.id for m in tight.turns] == ids[:1]  # never at the expense of the ranked hit
+
+
+async def test_outline_cache_follows_new_and_deleted_messages(store: SqliteStore) -> None:
+    await _conversation(store, BOB, [(USER, "bob's kayak")])
+    ids = await _conversation(store, ALICE, [(USER, "my kayak is red"), (ASSISTANT, "nice")])
+    conv = await store.conversation(ALICE)
+    retriever = _retriever(store)
+    assert (await retriever.outline(conv.id)).ids == ids
+    more = await _conversation(store, ALICE, [(USER, "the kayak leaks")], start=START + DAY)
+    assert (await retriever.outline(conv.id)).ids == ids + more  # grown, not rebuilt
+    await store.prune_older_than(START + 1.0)  # retention deletes the first message
+    assert (await retriever.outline(conv.id)).ids == ids[1:] + more
+    block = await retriever.retrieve(conv, "kayak", budget_tokens=500, before_id=10**9)
+    assert [m.id for m in block.turns] == [ids[1], *more]

@@ -28,8 +28,11 @@ Invariants:
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -57,6 +60,7 @@ STOPWORDS = frozenset(
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?", re.UNICODE)
 MAX_QUERY_TERMS = 24
 NEIGHBOUR_REACH = 2  # turns on each side a turn borrows from (halving with distance)
+OUTLINE_CACHE = 256  # conversations whose outline stays in memory (about 40 bytes a message)
 
 
 def query_terms(text: str) -> list[str]:
@@ -101,104 +105,195 @@ class Ranked:
     score: float
 
 
+class Outline:
+    """The shape of one conversation's log, in order: ids, roles and token counts (with prefix
+    sums), which ranking needs for every turn but never the text. Grown as messages arrive."""
+
+    def __init__(self, rows: Sequence[tuple[int, str, int]] = ()) -> None:
+        self.ids: list[int] = []
+        self.roles: list[str] = []
+        self.tokens: list[int] = []
+        self.prefix: list[int] = [0]
+        self.position: dict[int, int] = {}
+        self.extend(rows)
+
+    def extend(self, rows: Sequence[tuple[int, str, int]]) -> None:
+        for mid, role, tokens in rows:
+            if self.ids and mid <= self.ids[-1]:
+                raise ValueError("outline rows must arrive in id order")
+            self.position[mid] = len(self.ids)
+            self.ids.append(mid)
+            self.roles.append(role)
+            self.tokens.append(tokens)
+            self.prefix.append(self.prefix[-1] + tokens)
+
+    @property
+    def last_id(self) -> int:
+        return self.ids[-1] if self.ids else 0
+
+    def span(self, *, after_id: int, before_id: int) -> tuple[int, int]:
+        """Index range [lo, hi) of the messages with after_id < id < before_id."""
+        return bisect.bisect_right(self.ids, after_id), bisect.bisect_left(self.ids, before_id)
+
+
 def bm25_rank(
-    outline: Sequence[tuple[int, str, int]],
+    outline: Outline,
     postings: Sequence[Sequence[int]],
     *,
+    span: tuple[int, int] | None = None,
     k1: float,
     b: float,
     neighbour: float,
     min_share: float,
+    limit: int | None = None,
 ) -> list[Ranked]:
-    """Rank the turns of ``outline`` ((id, role, tokens), in order) for a query whose terms
-    matched the ids in ``postings`` (one list per query term). Pure and deterministic.
+    """Rank the turns of ``outline`` within ``span`` (index range; all by default) for a query
+    whose terms matched the ids in ``postings`` (one list per query term). Pure, deterministic,
+    and proportional to the number of matches, not to the length of the conversation.
 
     A turn's score is its own BM25 score (binary tf: chat turns rarely repeat a word) plus
     ``neighbour`` times the better of its two adjacent turns' scores plus half that share of
     the better of the turns two away. A turn is dropped unless it, or a turn it borrows from,
     matches at least ``min_share`` of the query's IDF mass (words this person never used
-    included). Ties go to the newer turn.
+    included). Ties go to the newer turn. ``limit`` keeps only the best ones.
     """
-    n = len(outline)
-    if n == 0 or not postings:
+    lo, hi = span if span is not None else (0, len(outline.ids))
+    n = hi - lo
+    if n <= 0 or not postings:
         return []
-    position = {mid: i for i, (mid, _role, _tokens) in enumerate(outline)}
-    avgdl = max(sum(t for _i, _r, t in outline) / n, 1.0)
-    raw = [0.0] * n
-    possible = 0.0
+    avgdl = max((outline.prefix[hi] - outline.prefix[lo]) / n, 1.0)
+    terms: list[tuple[float, list[int]]] = []  # (idf, positions in the span)
     for ids in postings:
-        hits = [position[m] for m in ids if m in position]
+        hits = [i for i in (outline.position.get(m) for m in ids) if i is not None and lo <= i < hi]
         df = len(hits)
-        idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-        possible += idf
-        for i in hits:
-            raw[i] += idf
-    own = [
-        raw[i] * (k1 + 1.0) / (1.0 + k1 * (1.0 - b + b * outline[i][2] / avgdl)) if raw[i] else 0.0
-        for i in range(n)
-    ]
-    lend = [(d, neighbour / 2 ** (d - 1)) for d in range(1, NEIGHBOUR_REACH + 1)]
+        terms.append((math.log(1.0 + (n - df + 0.5) / (df + 0.5)), hits))
+    possible = sum(idf for idf, _hits in terms)
     floor = min_share * possible
+    # The commonest words, together, weigh less than the floor: a turn matching only them can
+    # never qualify, so only turns with some other word are worth scoring (most of the work
+    # for long histories, where "caroline" or "today" match thousands of turns).
+    terms.sort(key=lambda t: t[0])
+    common = 0
+    total = 0.0
+    while common < len(terms) and total + terms[common][0] < floor:
+        total += terms[common][0]
+        common += 1
+    seeds = {i for _idf, hits in terms[common:] for i in hits}
+    qualified = [i for i, r in _raw(terms, seeds).items() if r >= floor and r > 0]
+    reach = range(-NEIGHBOUR_REACH, NEIGHBOUR_REACH + 1)
+    candidates = {i + d for i in qualified for d in reach if lo <= i + d < hi}
+    region = {i + d for i in candidates for d in reach}
+    tokens = outline.tokens
+    own = {
+        i: r * (k1 + 1.0) / (1.0 + k1 * (1.0 - b + b * tokens[i] / avgdl))
+        for i, r in _raw(terms, region).items()
+    }
+    lend = [(d, neighbour / 2 ** (d - 1)) for d in range(1, NEIGHBOUR_REACH + 1)]
     ranked: list[Ranked] = []
-    for i in range(n):
-        score = own[i]
+    for i in candidates:  # each is within reach of a turn matching at least the floor
+        score = own.get(i, 0.0)
         for d, share in lend:
-            side = max(own[i - d] if i >= d else 0.0, own[i + d] if i + d < n else 0.0)
-            score += share * side
-        covered = max(raw[max(0, i - NEIGHBOUR_REACH) : i + NEIGHBOUR_REACH + 1])
-        if score > 0 and covered >= floor:
-            ranked.append(Ranked(outline[i][0], score))
-    ranked.sort(key=lambda r: (-r.score, -r.id))
-    return ranked
+            score += share * max(own.get(i - d, 0.0), own.get(i + d, 0.0))
+        if score > 0:
+            ranked.append(Ranked(outline.ids[i], score))
+    if limit is not None and limit < len(ranked):
+        return heapq.nsmallest(limit, ranked, key=_rank_key)
+    return sorted(ranked, key=_rank_key)
 
 
-def partners(outline: Sequence[tuple[int, str, int]], chosen: Sequence[int]) -> list[int]:
-    """For each chosen turn (in rank order), the turn it pairs with, if not chosen already:
-    a person's message pairs with the answer that follows it, an answer with the message
-    before it (what it answered)."""
-    position = {mid: i for i, (mid, _r, _t) in enumerate(outline)}
+def _rank_key(r: Ranked) -> tuple[float, int]:
+    return (-r.score, -r.id)
+
+
+def _raw(terms: Sequence[tuple[float, list[int]]], where: set[int]) -> dict[int, float]:
+    """Summed IDF of the query words each position in ``where`` contains."""
+    raw: dict[int, float] = {}
+    for idf, hits in terms:
+        for i in hits:
+            if i in where:
+                raw[i] = raw.get(i, 0.0) + idf
+    return raw
+
+
+def partners(
+    outline: Outline, chosen: Sequence[int], *, span: tuple[int, int] | None = None
+) -> list[int]:
+    """For each chosen turn (in rank order), the turn it pairs with, if not chosen already and
+    inside ``span`` (index range; all by default): a person's message pairs with the answer
+    that follows it, an answer with the message before it (what it answered)."""
+    lo, hi = span if span is not None else (0, len(outline.ids))
     taken = set(chosen)
     out: list[int] = []
     for mid in chosen:
-        i = position.get(mid)
+        i = outline.position.get(mid)
         if i is None:
             continue
-        role = outline[i][1]
+        role = outline.roles[i]
         j = i + 1 if role == USER else i - 1
-        if 0 <= j < len(outline) and outline[j][1] != role and outline[j][0] not in taken:
-            taken.add(outline[j][0])
-            out.append(outline[j][0])
+        if lo <= j < hi and outline.roles[j] != role:
+            other = outline.ids[j]
+            if other not in taken:
+                taken.add(other)
+                out.append(other)
     return out
 
 
 class Retriever:
+    """Ranks and packs older turns. Keeps a bounded, in-process cache of each recently active
+    conversation's ``Outline``, grown incrementally and rebuilt when its row count says
+    messages were deleted (``!forget``, retention) — by this process or any other."""
+
     def __init__(
         self, *, store: MemoryStore, counter: TokenCounter, config: RetrievalConfig
     ) -> None:
         self._store = store
         self._counter = counter
         self._config = config
+        self._outlines: OrderedDict[int, Outline] = OrderedDict()
+
+    async def outline(self, conversation_id: int) -> Outline:
+        """This conversation's whole outline, current as of now."""
+        cached = self._outlines.pop(conversation_id, None) or Outline()
+        rows = await self._store.outline(
+            conversation_id, after_id=cached.last_id, before_id=1 << 62
+        )
+        cached.extend(rows)
+        if len(cached.ids) != await self._store.count_messages(conversation_id):
+            cached = Outline(
+                await self._store.outline(conversation_id, after_id=0, before_id=1 << 62)
+            )
+        self._outlines[conversation_id] = cached
+        while len(self._outlines) > OUTLINE_CACHE:
+            self._outlines.popitem(last=False)
+        return cached
 
     async def rank(
         self, conversation: Conversation, query: str, *, before_id: int
-    ) -> tuple[list[Ranked], list[tuple[int, str, int]]]:
-        """Ranked candidate turns for ``query`` (best first) and the outline they came from."""
+    ) -> tuple[list[Ranked], Outline, tuple[int, int]]:
+        """Ranked candidate turns for ``query`` (best first), the outline they came from and
+        the index span searched (after the reset mark, before ``before_id``)."""
         terms = query_terms(query)
         if not terms:
-            return [], []
+            return [], Outline(), (0, 0)
         postings = await self._store.search_terms(
             conversation.id, terms, after_id=conversation.reset_after, before_id=before_id
         )
         if not any(postings):
-            return [], []
-        outline = await self._store.outline(
-            conversation.id, after_id=conversation.reset_after, before_id=before_id
-        )
+            return [], Outline(), (0, 0)
+        outline = await self.outline(conversation.id)
+        span = outline.span(after_id=conversation.reset_after, before_id=before_id)
         cfg = self._config
         ranked = bm25_rank(
-            outline, postings, k1=cfg.k1, b=cfg.b, neighbour=cfg.neighbour, min_share=cfg.min_score
+            outline,
+            postings,
+            span=span,
+            k1=cfg.k1,
+            b=cfg.b,
+            neighbour=cfg.neighbour,
+            min_share=cfg.min_score,
+            limit=cfg.max_turns * 3,
         )
-        return ranked, outline
+        return ranked, outline, span
 
     async def retrieve(
         self,
@@ -223,20 +318,20 @@ class Retriever:
             packer.add(msg)
         if thread:
             query = " ".join([query, *(m.text for m in thread[:2])])
-        ranked, outline = await self.rank(conversation, query, before_id=before_id)
+        ranked, outline, span = await self.rank(conversation, query, before_id=before_id)
         if not ranked:
             return packer.block()
         # Enough candidates to fill any budget we are given, without reading every hit's text.
-        pool = [r.id for r in ranked[: cfg.max_turns * 3]]
-        pool += partners(outline, pool[: cfg.max_turns])
+        pool = [r.id for r in ranked]
+        pool += partners(outline, pool[: cfg.max_turns], span=span)
         by_id = {m.id: m for m in await self._store.messages_by_ids(pool)}
-        for mid in pool[: cfg.max_turns * 3]:
+        for mid in [r.id for r in ranked]:
             if len(packer.chosen) >= cfg.max_turns:
                 break
             if mid in by_id:
                 packer.add(by_id[mid])
         if len(packer.chosen) < cfg.max_turns:
-            for mid in partners(outline, [m.id for m in packer.chosen]):
+            for mid in partners(outline, [m.id for m in packer.chosen], span=span):
                 if mid in by_id and len(packer.chosen) < cfg.max_turns:
                     packer.add(by_id[mid])
         return packer.block()
