@@ -475,8 +475,11 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
         metavar="KEY=JSON",
         help="override a memory.retrieval key for 'ours', e.g. neighbour=0.5",
     )
-    p.add_argument("--latency", action="store_true",
-                   help="time retrieval on a long history among other people's messages")  # fmt: skip
+    p.add_argument(
+        "--latency",
+        action="store_true",
+        help="time retrieval on a long history among other people's messages",
+    )
     p.add_argument("--turns", type=int, default=6000, help="--latency: this person's turns")
     p.add_argument("--others", type=int, nargs="+", default=[0, 1_000_000],
                    help="--latency: other people's messages, one run each")  # fmt: skip
