@@ -108,7 +108,9 @@ async def _bench(dim: int, args: argparse.Namespace, tmp: Path) -> list[str]:
         t_after = time.perf_counter() - t
 
         with sqlite3.connect(path) as other:  # another process writes something
-            other.execute("UPDATE conversations SET created_at = created_at + 1 WHERE id = ?", (cid,))
+            other.execute(
+                "UPDATE conversations SET created_at = created_at + 1 WHERE id = ?", (cid,)
+            )
         t = time.perf_counter()
         await store.vector_search(cid, query(), model=model, after_id=0, before_id=hi_id + 1,
                                   limit=40)  # fmt: skip
