@@ -387,3 +387,15 @@ async def test_reindex_says_how_to_fix_disabled_or_unreachable(
     lines = [line for line in err.splitlines() if line.startswith("meshsage:")]
     assert len(lines) == 1 and "connection failed" in lines[0] and "Fix:" in lines[0]
     assert "Traceback" not in err
+
+
+async def test_disabled_by_default_builds_nothing_and_asks_nothing(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    h = await start_harness(tmp_path, fake_llm)
+    try:
+        await h.say("hello")
+        assert h.app.indexer is None and h.app._close_embedder is None
+    finally:
+        await h.app.close()
+    assert fake_llm.embed_requests == []
