@@ -9,8 +9,12 @@ Invariants:
   window, summaries (``first_message_id > reset_after``) and retrieval (FTS rowid range).
   A summary computed before a reset is refused at save time, inside the same transaction.
 - ``forget_person`` deletes every row about a person: conversations cascade to messages,
-  summaries and facts; the FTS delete trigger removes the index entries, and
-  ``secure_delete`` overwrites the freed pages.
+  summaries and facts, messages cascade to their vectors; the FTS delete trigger removes the
+  index entries, and ``secure_delete`` overwrites the freed pages.
+- Vector search reads one conversation's vectors of one model, through an in-process matrix
+  cache (``bot.memory.vectors``) that is changed only while ``self._lock`` is held: extended by
+  ``add_vectors``, dropped by ``forget_person`` and retention, and cleared whenever another
+  connection has written to the database (``PRAGMA data_version``).
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import numpy as np
 
 from bot.domain import ConversationKey
 from bot.errors import StorageError
 from bot.memory.schema import FTS_STRIDE, migrate
+from bot.memory.vectors import VectorCache, VectorMatrix, pack, unit
 
 log = logging.getLogger("bot.memory")
 
@@ -105,6 +111,8 @@ class SqliteStore:
         self._db = db
         self.path = path
         self._lock = asyncio.Lock()
+        self._vectors = VectorCache()
+        self._data_version: int | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -159,6 +167,7 @@ class SqliteStore:
 
     async def close(self) -> None:
         async with self._lock:
+            self._vectors.clear()
             with contextlib.suppress(sqlite3.Error):  # advisory; closing must still happen
                 await self._db.execute("PRAGMA optimize")
             await self._db.close()
@@ -261,9 +270,11 @@ class SqliteStore:
                     )
                     row = await cur.fetchone()
                     counts[i] = int(row[0]) if row else 0
-                # Messages go first, explicitly, so the FTS delete trigger sees each row.
+                # Messages go first, explicitly, so the FTS delete trigger sees each row
+                # (and the vectors cascade with them).
                 await db.execute(f"DELETE FROM messages WHERE conversation_id IN ({marks})", ids)
                 await db.execute(f"DELETE FROM conversations WHERE id IN ({marks})", ids)
+                self._vectors.drop(ids)
         return ForgetReport(len(ids), *counts)
 
     # --- messages ---------------------------------------------------------------------------
@@ -465,6 +476,97 @@ class SqliteStore:
         )
         return [(int(r[0]), str(r[1]), int(r[2])) for r in rows]
 
+    # --- vectors (memory.embeddings) --------------------------------------------------------
+    async def add_vectors(self, rows: Sequence[tuple[int, int, str, Sequence[float]]]) -> int:
+        """Store (message_id, conversation_id, model, vector) rows in one transaction, replacing
+        a message's vector of any model; returns how many were stored. A message that is gone
+        (forgotten or pruned meanwhile) or not in that conversation is skipped."""
+        if not rows:
+            return 0
+        packed = [(model, len(vec), pack(vec), mid, cid) for mid, cid, model, vec in rows]
+        async with self._tx() as db:
+            cur = await db.executemany(
+                "INSERT OR REPLACE INTO message_vectors "
+                "(message_id, conversation_id, model, dim, vector) "
+                "SELECT id, conversation_id, ?, ?, ? FROM messages "
+                "WHERE id = ? AND conversation_id = ?",
+                packed,
+            )
+            stored = cur.rowcount
+            by_conv: dict[int, list[tuple[int, str, Sequence[float]]]] = {}
+            for mid, cid, model, vec in rows:
+                by_conv.setdefault(cid, []).append((mid, model, vec))
+            for cid, items in by_conv.items():
+                items.sort(key=lambda item: item[0])
+                models = {model for _, model, _ in items}
+                dims = {len(vec) for _, _, vec in items}
+                if stored != len(rows) or len(models) != 1 or len(dims) != 1:
+                    self._vectors.drop([cid])  # unusual; the next search reloads
+                    continue
+                self._vectors.added(
+                    cid,
+                    model=items[0][1],
+                    ids=[mid for mid, _, _ in items],
+                    vectors=np.asarray([vec for _, _, vec in items], dtype=np.float32),
+                )
+        return stored
+
+    async def messages_missing_vectors(
+        self, model: str, *, limit: int, conversation_id: int | None = None, after_id: int = 0
+    ) -> list[StoredMessage]:
+        """Messages after their conversation's reset mark with no vector from ``model``,
+        oldest first, ids above ``after_id`` (a cursor for paging through a backfill)."""
+        scope = "AND m.conversation_id = ? " if conversation_id is not None else ""
+        params: list[Any] = [after_id]
+        if conversation_id is not None:
+            params.append(conversation_id)
+        cols = ", ".join(f"m.{c.strip()}" for c in _MSG_COLS.split(","))
+        rows = await self._all(
+            f"SELECT {cols} FROM messages m JOIN conversations c ON c.id = m.conversation_id "
+            f"WHERE m.id > ? {scope}AND m.id > c.reset_after AND NOT EXISTS "
+            "(SELECT 1 FROM message_vectors v WHERE v.message_id = m.id AND v.model = ?) "
+            "ORDER BY m.id LIMIT ?",
+            (*params, model, limit),
+        )
+        return [_msg(r) for r in rows]
+
+    async def vector_search(
+        self,
+        conversation_id: int,
+        query: Sequence[float],
+        *,
+        model: str,
+        after_id: int,
+        before_id: int,
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        """(message id, cosine similarity) best first, among this conversation's messages with
+        after_id < id < before_id that have a vector from ``model``. Never reads another
+        conversation's vectors; the conversation's matrix is cached between calls."""
+        q = unit(np.asarray(query, dtype=np.float32))
+        if limit <= 0 or q.ndim != 1 or not q.any():
+            return []
+        async with self._lock:
+            cur = await self._db.execute("PRAGMA data_version")
+            row = await cur.fetchone()
+            version = int(row[0]) if row else None
+            if version != self._data_version:  # another connection wrote: trust nothing cached
+                self._vectors.clear()
+                self._data_version = version
+            matrix = self._vectors.get(conversation_id, model)
+            if matrix is None:
+                rows = await self._db.execute_fetchall(
+                    "SELECT message_id, dim, vector FROM message_vectors "
+                    "WHERE conversation_id = ? AND model = ? ORDER BY message_id",
+                    (conversation_id, model),
+                )
+                # ~10-20 ms of copying for 6,000 x 768: off the event loop (numpy drops the GIL)
+                matrix = await asyncio.to_thread(VectorMatrix.from_rows, model, rows)
+                if matrix is None:
+                    return []
+                self._vectors.put(conversation_id, matrix)
+        return matrix.search(q, after_id=after_id, before_id=before_id, limit=limit)
+
     # --- summaries --------------------------------------------------------------------------
     async def latest_summary(self, conversation: Conversation) -> Summary | None:
         row = await self._one(
@@ -561,6 +663,8 @@ class SqliteStore:
                     (cutoff, batch),
                 )
                 n = cur.rowcount
+                if n:
+                    self._vectors.clear()  # pruned messages took their vectors with them
             total += n
             if n < batch:
                 return total
