@@ -273,8 +273,8 @@ async def test_forget_leaves_no_row_about_the_person_in_any_table(
         after = {t: await _count(h.store, t) for t in tables}
         assert after == before
         alice = await h.store.conversation(h.transport_key("alice"))
-        assert await h.store.fts_search(alice.id, '"kumquat"', after_id=0, before_id=10**9,
-                                        limit=5) == []  # fmt: skip
+        assert await h.store.search_terms(alice.id, ["kumquat"], after_id=0,
+                                          before_id=10**9) == [[]]  # fmt: skip
     finally:
         await h.app.close()
 
