@@ -2,9 +2,10 @@
 
 ``mesh_harness`` wires: FakeClock -> FakeTcpRadio/FakePtyRadio (stamps packets on that clock)
 -> the unmodified TCPInterface/SerialInterface (built by an injected factory) -> the transport.
-On exit it stops everything and checks the on-air invariants for *every* test that used it:
-each text packet is at most 200 UTF-8 bytes, and consecutive text packets are at least
-``spacing_seconds`` apart on the radio's clock.
+On exit it stops everything and checks the on-air invariants (``fake_radio.check_on_air``):
+each text packet is at most 200 UTF-8 bytes, and consecutive text packets are at least the
+configured ``spacing_seconds`` apart on the radio's clock, across reconnects. (The suite-wide
+guard in ``tests/conftest.py`` checks every other fake radio too.)
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import array
 import asyncio
 import contextlib
 import fcntl
-import itertools
 import random
 import select
 import termios
@@ -30,7 +30,7 @@ from bot.config import MeshtasticConfig
 from bot.domain import Delivery, Inbound, Reply
 from bot.transports.meshtastic import MeshtasticTransport, build_meshtastic
 from tests.fakes.fake_clock import FakeClock
-from tests.fakes.fake_radio import FakePtyRadio, FakeTcpRadio
+from tests.fakes.fake_radio import FakePtyRadio, FakeTcpRadio, check_on_air
 
 FAST = {  # small values so failure paths finish quickly in virtual time
     "reconnect_initial": 5.0,
@@ -116,14 +116,6 @@ class Harness:
         return await self.transport.send(Reply(inbound=inbound, text=self.transport.fit(text)))
 
 
-def check_on_air(radio: FakeTcpRadio | FakePtyRadio, spacing: float) -> None:
-    texts = radio.sent_texts()
-    for _, packet in texts:
-        assert len(packet.decoded.payload) <= 200, packet.decoded.payload
-    for (t1, _), (t2, _) in itertools.pairwise(texts):
-        assert t2 - t1 >= spacing, (t1, t2)
-
-
 @contextlib.asynccontextmanager
 async def mesh_harness(
     *, serial: bool = False, start_radio: bool = True, **overrides: Any
@@ -140,6 +132,7 @@ async def mesh_harness(
     else:
         settings.update(connection="tcp", host="127.0.0.1", port=radio.port)
     config = MeshtasticConfig.model_validate(settings)
+    radio.min_spacing = config.spacing_seconds
     interfaces: list[Any] = []
 
     def factory() -> Any:
@@ -186,4 +179,4 @@ async def mesh_harness(
             radio.stop()
         else:
             radio.unplug()
-        check_on_air(radio, config.spacing_seconds)
+        check_on_air(radio, spacing=config.spacing_seconds)  # across reconnects too
