@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from typing import Any
+
+import pytest
 
 from bot.domain import DM_SPACE, DeliveryStatus, Reply
 from tests.fakes.fake_radio import ALICE, BOB, BROADCAST, MY_NUM, STRANGER
@@ -185,8 +188,7 @@ async def test_tcp_server_disappears_then_returns_and_queued_parts_go_out() -> N
     async with mesh_harness() as h:
         h.radio.inject_text("question")
         inbound = await h.message()
-        h.tcp.stop()  # the node reboots: connection gone, reconnects refused
-        await h.until(lambda: not h.transport._up.is_set(), "link down")
+        await h.server_gone()  # the node reboots: connection gone, reconnects refused
         task = asyncio.ensure_future(h.reply(inbound, "An answer. " * 30))
         await h.clock.sleep(30)  # a few failed reconnects (virtual time)
         assert not task.done() and h.radio.sent_texts() == []
@@ -204,8 +206,7 @@ async def test_queued_reply_waits_a_bounded_time() -> None:
     async with mesh_harness(queue_wait=60.0) as h:
         h.radio.inject_text("question")
         inbound = await h.message()
-        h.tcp.stop()
-        await h.until(lambda: not h.transport._up.is_set(), "link down")
+        await h.server_gone()
         delivery = await h.reply(inbound, "Lost answer.")
         assert delivery.status is DeliveryStatus.FAILED
         assert delivery.detail and "no radio link" in delivery.detail
@@ -226,10 +227,22 @@ async def test_serial_unplug_then_replug_reconnects() -> None:
         assert (await h.reply(second, "welcome back")).status is DeliveryStatus.DELIVERED
 
 
-async def test_startup_without_radio_keeps_retrying() -> None:
-    async with mesh_harness(start_radio=False) as h:
-        await h.clock.sleep(60)
+async def test_startup_without_radio_keeps_retrying_with_backoff(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="bot.transport.meshtastic")
+    async with mesh_harness(start_radio=False, reconnect_initial=5, reconnect_max=300) as h:
+        await h.clock.sleep(1800)  # half an hour without a radio (virtual time)
         assert not h.transport._up.is_set()
+        gaps = [b - a for a, b in itertools.pairwise(h.attempts)]
+        bases = [5, 10, 20, 40, 80, 160, 300, 300, 300, 300]
+        assert len(gaps) >= len(bases)  # still trying long after reaching the cap
+        for gap, base in zip(gaps, bases, strict=False):
+            assert 0.8 * base <= gap <= min(300, 1.2 * base), (gaps, base)
+        assert len({round(g, 6) for g in gaps[6:]}) > 1  # jitter: no lock-step with other bots
+        retries = [r for r in caplog.records if "radio not reachable" in r.getMessage()]
+        assert len(retries) == len(h.attempts)  # every failed attempt logged, with its wait
+        assert all("retrying in" in r.getMessage() for r in retries)
         h.tcp.restart()
         await h.connected()
         h.radio.inject_text("finally")
@@ -280,8 +293,7 @@ async def test_send_refuses_when_not_running_or_full() -> None:
     async with mesh_harness(outbox_limit=1) as h:
         h.radio.inject_text("q")
         inbound = await h.message()
-        h.tcp.stop()
-        await h.until(lambda: not h.transport._up.is_set(), "link down")
+        await h.server_gone()
         waiting = asyncio.ensure_future(h.reply(inbound, "first"))
         await h.until(lambda: len(h.transport._jobs) == 1, "queued reply")
         full = await h.reply(inbound, "second")

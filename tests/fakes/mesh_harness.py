@@ -82,6 +82,7 @@ class Harness:
     transport: MeshtasticTransport
     config: MeshtasticConfig
     interfaces: list[Any]
+    attempts: list[float]  # clock time of every connect attempt (the interface factory's calls)
     inbox: list[Inbound] = field(default_factory=list)
 
     async def until(self, cond: Callable[[], bool], what: str = "condition") -> None:
@@ -97,6 +98,11 @@ class Harness:
             lambda: self.transport._up.is_set() and self.transport._generation >= count,
             f"link generation {count}",
         )
+
+    async def server_gone(self) -> None:
+        """The TCP node disappears (reboot, WiFi outage); returns once the transport noticed."""
+        self.tcp.stop()
+        await self.until(lambda: not self.transport._up.is_set(), "link down")
 
     async def message(self, n: int = 1) -> Inbound:
         await self.until(lambda: len(self.inbox) >= n, f"{n} inbound message(s)")
@@ -134,8 +140,10 @@ async def mesh_harness(
     config = MeshtasticConfig.model_validate(settings)
     radio.min_spacing = config.spacing_seconds
     interfaces: list[Any] = []
+    attempts: list[float] = []
 
     def factory() -> Any:
+        attempts.append(clock.monotonic())
         if isinstance(radio, FakePtyRadio):
             iface: Any = SerialInterface(devPath=radio.path, timeout=5)
         else:
@@ -162,7 +170,7 @@ async def mesh_harness(
         return waited
 
     clock.settle_hooks += [io_busy, radio.settle, lambda: library_busy(interfaces)]
-    harness = Harness(radio, clock, transport, config, interfaces)
+    harness = Harness(radio, clock, transport, config, interfaces, attempts)
 
     async def on_message(inbound: Inbound) -> None:
         harness.inbox.append(inbound)
