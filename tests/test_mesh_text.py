@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import regex
 from hypothesis import given, settings
@@ -153,12 +155,22 @@ def assert_fits(text: str, max_parts: int) -> None:
     on_air = render_parts(parts)
     assert len(parts) <= max_parts
     assert all(0 < utf8_len(p) <= CHUNK for p in on_air)
+    for p in on_air:
+        p.encode("utf-8").decode("utf-8")  # each packet alone is valid UTF-8
     assert reassemble(parts) == fitted
     assert fit(fitted, chunk_bytes=CHUNK, max_parts=max_parts) == fitted
-    if len(parts) > 1:
-        assert [p.split(" ", 1)[0] for p in on_air] == [
-            f"({i}/{len(parts)})" for i in range(1, len(parts) + 1)
-        ]
+    # What the radio sends, numbering removed, is the stored text (separators aside) ...
+    n = len(parts)
+    bodies = [p.removeprefix(f"({i}/{n}) ") if n > 1 else p for i, p in enumerate(on_air, 1)]
+    assert bodies == [p.body for p in parts]
+    # ... and the stored text is the reply itself, or a prefix of it with the marker.
+    whole = normalize(text)
+    if fitted != whole:
+        assert fitted.endswith(MARKER.strip())
+        assert whole.startswith(fitted.removesuffix(MARKER).removesuffix(MARKER.strip()))
+        assert len(split_parts(whole, chunk_bytes=CHUNK, max_parts=max_parts)) > max_parts
+    if n > 1:
+        assert [p.split(" ", 1)[0] for p in on_air] == [f"({i}/{n})" for i in range(1, n + 1)]
     # Every cut is a grapheme-cluster boundary according to an independent implementation.
     bounds = {0}
     pos = 0
@@ -173,6 +185,18 @@ def assert_fits(text: str, max_parts: int) -> None:
         assert pos in bounds
 
 
+def exactly(n: int, pieces: list[str]) -> str:
+    """``pieces`` repeated up to ``n`` UTF-8 bytes, padded with ASCII to exactly ``n``."""
+    out: list[str] = []
+    used = 0
+    for piece in itertools.cycle(pieces):
+        if used + utf8_len(piece) > n:
+            break
+        out.append(piece)
+        used += utf8_len(piece)
+    return "".join(out) + "a" * (n - used)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.one_of(texts, dense, clustered).filter(lambda t: 1 <= utf8_len(t) <= 2000),
@@ -180,6 +204,32 @@ def assert_fits(text: str, max_parts: int) -> None:
 )
 def test_property_every_part_fits_and_reassembles(text: str, max_parts: int) -> None:
     assert_fits(text, max_parts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 2000),
+    st.lists(st.sampled_from(ALPHABET), min_size=1, max_size=40),
+    st.integers(1, 5),
+)
+def test_property_any_byte_length_up_to_2000(n: int, pieces: list[str], max_parts: int) -> None:
+    text = exactly(n, pieces)  # lengths drawn uniformly, not only what short lists reach
+    assert utf8_len(text) == n
+    assert_fits(text, max_parts)
+
+
+MIXED = ["Héllo", " ", "日本語", "。", "👨‍👩‍👧", " ", "naïve", ". ", "🇫🇷", "e\u0301"]
+MIXED += ["👍🏽", "한국", "❤️", " ", "word", "! ", "🏳️‍🌈", "ß", "\n", "中文", "1️⃣", "? "]
+
+
+def test_every_byte_length_from_1_to_2000() -> None:
+    """Exhaustive: emoji, ZWJ sequences, flags, CJK and accents at every length, each length
+    starting at a different point of the mix so that cuts land everywhere."""
+    for n in range(1, 2001):
+        shift = n % len(MIXED)
+        text = exactly(n, MIXED[shift:] + MIXED[:shift])
+        assert utf8_len(text) == n
+        assert_fits(text, 3)
 
 
 @settings(max_examples=200, deadline=None)
