@@ -124,8 +124,10 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def mesh_harness(
-    *, serial: bool = False, start_radio: bool = True, **overrides: Any
+    *, serial: bool = False, start_radio: bool = True, start: bool = True, **overrides: Any
 ) -> AsyncIterator[Harness]:
+    """``start=False``: the transport is built but not started (a test hands it to the app,
+    whose responder then receives the messages instead of ``Harness.inbox``)."""
     clock = FakeClock()
     radio: FakeTcpRadio | FakePtyRadio = (
         FakePtyRadio(clock=clock) if serial else FakeTcpRadio(clock=clock)
@@ -175,10 +177,11 @@ async def mesh_harness(
     async def on_message(inbound: Inbound) -> None:
         harness.inbox.append(inbound)
 
-    await transport.start(on_message)
     try:
-        if start_radio:
-            await harness.connected()
+        if start:
+            await transport.start(on_message)
+            if start_radio:
+                await harness.connected()
         yield harness
     finally:
         await transport.stop()
