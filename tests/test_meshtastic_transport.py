@@ -202,6 +202,23 @@ async def test_tcp_server_disappears_then_returns_and_queued_parts_go_out() -> N
         assert h.tcp.connections == 2
 
 
+async def test_send_that_hangs_is_abandoned_and_the_link_rebuilt() -> None:
+    # call_timeout guards a real blocked thread, so it is real time (kept short here).
+    async with mesh_harness(call_timeout=0.5) as h:
+        h.radio.inject_text("question")
+        inbound = await h.message()
+        h.radio.report_tx_queue(0)  # the node's TX queue is full: the library's send blocks
+        old = h.interfaces[-1]
+        await h.until(lambda: old.queueStatus is not None, "the library saw the queue status")
+        task = asyncio.ensure_future(h.reply(inbound, "An answer. " * 30))
+        # The hung write is abandoned, the link rebuilt, the parts sent (30 s: a hang guard).
+        delivery = await asyncio.wait_for(task, 30)
+        assert delivery.status is DeliveryStatus.DELIVERED
+        assert h.tcp.connections == 2
+        assert not old._rxThread.is_alive()  # the old interface really closed (no wedged close)
+        assert [p.decoded.payload[:5] for _, p in h.radio.sent_texts()] == [b"(1/2)", b"(2/2)"]
+
+
 async def test_queued_reply_waits_a_bounded_time() -> None:
     async with mesh_harness(queue_wait=60.0) as h:
         h.radio.inject_text("question")

@@ -590,6 +590,7 @@ class MeshtasticTransport:
 
         def run() -> None:
             try:
+                _release_tx_queue(iface)
                 iface.close()
             except Exception as exc:  # a dead port raises termios/serial errors on close
                 log.debug("closing the old interface: %s", exc)
@@ -874,6 +875,23 @@ def _reply_id(reply: Reply) -> int | None:
         return int(mid) if mid else None
     except ValueError:
         return None
+
+
+def _release_tx_queue(iface: RadioInterface) -> None:
+    """Let a library interface we are closing stop waiting for TX-queue space.
+
+    After the node reports a full queue (``QueueStatus.free == 0``) the library sleeps in a loop
+    with no bound, both in ``sendData`` and in ``close()`` (which sends a disconnect through the
+    same queue), so a wedged send would also wedge the close: the port stays open (serial is
+    opened exclusively, so no new link could ever open it) and the thread never ends. Emptying
+    ``queue`` first (nothing left there is written: an abandoned part is re-sent, paced, on the
+    next link) and then forgetting the queue status lets both calls return.
+    """
+    pending = getattr(iface, "queue", None)
+    if isinstance(pending, dict):
+        pending.clear()
+    if hasattr(iface, "queueStatus"):
+        iface.queueStatus = None
 
 
 def _channel_utilization(iface: RadioInterface, my_num: int) -> float | None:

@@ -8,7 +8,8 @@ What it does:
 - frames are 0x94 0xC3 + 16-bit big-endian length + ToRadio/FromRadio protobuf;
 - answers ``want_config_id`` with my_info, node infos (itself and ``KNOWN``), lora config
   (hop_limit 3), a PRIMARY channel and a secondary one, then ``config_complete_id``;
-- acks every MeshPacket with a QueueStatus; answers an admin metadata request (the probe);
+- acks every MeshPacket with a QueueStatus; ``report_tx_queue(0)`` announces a full TX queue
+  (the library then blocks its next send forever); answers an admin metadata request (the probe);
 - ``routing`` decides the end-to-end answer for a DM sent with want_ack: ACK from the
   destination by default, or a NAK (``"MAX_RETRANSMIT"``), or nothing (``None``);
 - records every ToRadio with the time of ``clock`` when it was read (``log``), so tests measure
@@ -314,6 +315,13 @@ class _Radio:
             port=portnums_pb2.PortNum.TELEMETRY_APP,
             payload=tm.SerializeToString(),
         )
+
+    def report_tx_queue(self, free: int) -> None:
+        """An unsolicited QueueStatus (as the firmware sends when its TX queue changes)."""
+        fr = mesh_pb2.FromRadio()
+        fr.queueStatus.free = free
+        fr.queueStatus.maxlen = 16
+        self.send(fr)
 
     def freeze(self) -> None:
         """The link stays up but the node answers nothing (a wedged firmware or half-open TCP)."""

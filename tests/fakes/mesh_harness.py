@@ -163,10 +163,15 @@ async def mesh_harness(
     )
     assert isinstance(transport, MeshtasticTransport)
 
+    wedged: list[str] = []
+
     def io_busy() -> bool:
         waited = False
         end = time.monotonic() + 10.0
-        while transport.io_busy() and time.monotonic() < end:  # a connect or close under way
+        while transport.io_busy() and not wedged:  # a connect, send or close under way
+            if time.monotonic() > end:  # never returns: fail the test (below), stop waiting
+                wedged.append("a blocking library call (connect/send/close) never returned")
+                break
             waited = True
             time.sleep(0.002)
         return waited
@@ -191,3 +196,4 @@ async def mesh_harness(
         else:
             radio.unplug()
         check_on_air(radio, spacing=config.spacing_seconds)  # across reconnects too
+        assert not wedged, wedged[0]
