@@ -220,3 +220,31 @@ def test_example_documents_every_meshtastic_key_in_its_own_section() -> None:
     assert set(section) - fields == set()  # no stale key in the example
     assert sorted(fields - set(section) - commented) == []  # no undocumented key
     MeshtasticConfig.model_validate(section)  # the documented values are valid together
+
+
+def test_ble_factory_passes_address_and_closes_a_half_built_interface(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No BLE hardware or BlueZ here: the library class is stubbed (nothing real can run)."""
+    from meshtastic.ble_interface import BLEInterface
+    from meshtastic.mesh_interface import MeshInterface
+
+    calls: list[tuple[str, Any]] = []
+
+    def init(self: Any, address: str, timeout: int = 300) -> None:
+        calls.append(("init", (address, timeout)))
+        if address == "AA:BB:CC:DD:EE:00":
+            raise MeshInterface.MeshInterfaceError("Timed out waiting for connection completion")
+
+    monkeypatch.setattr(BLEInterface, "__init__", init)
+    monkeypatch.setattr(BLEInterface, "close", lambda self: calls.append(("close", self)))
+    cfg = MeshtasticConfig.model_validate(
+        {"connection": "ble", "address": "AA:BB:CC:DD:EE:FF", "connect_timeout": 42}
+    )
+    iface = default_interface_factory(cfg)()
+    assert isinstance(iface, BLEInterface) and calls == [("init", ("AA:BB:CC:DD:EE:FF", 42))]
+    calls.clear()
+    broken = cfg.model_copy(update={"address": "AA:BB:CC:DD:EE:00"})
+    with pytest.raises(MeshInterface.MeshInterfaceError):
+        default_interface_factory(broken)()
+    assert [c[0] for c in calls] == ["init", "close"]  # BlueZ is not left connected

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
 from typing import Any
 
 import pytest
 
 from bot.domain import DM_SPACE, DeliveryStatus, Reply
+from bot.transports import meshtastic as meshtastic_transport
 from tests.fakes.fake_radio import ALICE, BOB, BROADCAST, MY_NUM, STRANGER
 from tests.fakes.mesh_harness import mesh_harness
 
@@ -264,6 +266,32 @@ async def test_startup_without_radio_keeps_retrying_with_backoff(
         await h.connected()
         h.radio.inject_text("finally")
         assert (await h.message()).text == "finally"
+
+
+async def test_connect_finishing_after_its_timeout_is_closed_not_leaked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(meshtastic_transport, "CONNECT_MARGIN", 0.0)
+    release = threading.Event()
+
+    def slow_first_connect(attempt: int) -> None:
+        if attempt == 0:
+            release.wait(10)  # the first handshake is slow
+
+    # connect_timeout guards a real blocked thread, so it is real time (1 s here).
+    async with mesh_harness(
+        start_radio=False, connect_timeout=1.0, after_connect=slow_first_connect
+    ) as h:
+        h.tcp.restart()
+        # The second attempt waits for the node, whose one API slot the first link still holds.
+        await h.until(lambda: len(h.attempts) >= 2, "a second attempt after the timeout")
+        release.set()  # the first attempt completes, too late to be used: it must be closed
+        await h.connected()
+        late, used = h.interfaces
+        assert h.transport._iface is used and h.tcp.connections == 2
+        assert not late._rxThread.is_alive()
+        h.radio.inject_text("hello")
+        assert (await h.message()).text == "hello"
 
 
 async def test_stale_link_is_probed_and_rebuilt() -> None:

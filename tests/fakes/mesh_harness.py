@@ -124,10 +124,17 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def mesh_harness(
-    *, serial: bool = False, start_radio: bool = True, start: bool = True, **overrides: Any
+    *,
+    serial: bool = False,
+    start_radio: bool = True,
+    start: bool = True,
+    after_connect: Callable[[int], None] | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[Harness]:
     """``start=False``: the transport is built but not started (a test hands it to the app,
-    whose responder then receives the messages instead of ``Harness.inbox``)."""
+    whose responder then receives the messages instead of ``Harness.inbox``).
+    ``after_connect(n)`` runs on the worker thread once connect attempt ``n`` (from 0) has built
+    its interface, before the transport gets it (a slow handshake)."""
     clock = FakeClock()
     radio: FakeTcpRadio | FakePtyRadio = (
         FakePtyRadio(clock=clock) if serial else FakeTcpRadio(clock=clock)
@@ -151,6 +158,8 @@ async def mesh_harness(
         else:
             iface = TCPInterface("127.0.0.1", portNumber=radio.port, timeout=5)
         interfaces.append(iface)
+        if after_connect is not None:
+            after_connect(len(attempts) - 1)
         return iface
 
     transport = build_meshtastic(
