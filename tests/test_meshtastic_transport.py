@@ -89,7 +89,10 @@ async def test_duplicates_never_reach_the_responder_twice() -> None:
         assert [m.message_id for m in h.inbox] == ["501", "504", "505"]
 
 
-async def test_packets_that_are_not_for_us_are_ignored_without_crashing() -> None:
+async def test_packets_that_are_not_for_us_are_ignored_without_crashing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="bot.transport.meshtastic")
     async with mesh_harness(channels=[0], ignore_nodes=[f"!{BOB:08x}"]) as h:
         r = h.radio
         r.inject_text("echo of myself", frm=MY_NUM)
@@ -109,6 +112,25 @@ async def test_packets_that_are_not_for_us_are_ignored_without_crashing() -> Non
         await h.message(2)
         await asyncio.sleep(0.05)
         assert [m.text for m in h.inbox] == ["caf\ufffd ok?", "sentinel"]
+    ignored = [r for r in caplog.records if r.getMessage().startswith("ignored a packet")]
+    reasons = [r.getMessage().split(": ", 1)[1] for r in ignored if r.levelno == logging.INFO]
+    assert reasons == [  # one INFO line per ignored text packet, with the reason, in order
+        "our own packet",
+        "relayed from MQTT",
+        "tapback reaction",
+        "ignored node",
+        "numbered bot output (loop guard)",
+        "addressed to another node",
+        "could not decrypt (no shared channel key or PKI key)",
+        "invalid UTF-8",
+        "empty text",
+        "empty text",
+        "trigger without a question",
+    ]
+    assert any("not text (POSITION_APP)" in r.getMessage() for r in ignored)  # DEBUG only
+    info = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.INFO)
+    for text in ("echo of myself", "from mqtt", "another bot", "numbered output", "someone else"):
+        assert text not in info  # never message text above DEBUG
 
 
 async def test_long_reply_is_numbered_and_spaced_on_the_radio_clock() -> None:
