@@ -14,6 +14,7 @@ from bot.app import App, build
 from bot.config import Config, load_config
 from bot.domain import DM_SPACE, ConversationKey
 from bot.memory.store import SqliteStore
+from tests.fakes import fake_radio
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
 
@@ -30,6 +31,15 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
     yield
+
+
+@pytest.fixture(autouse=True)
+def _on_air_rules() -> Iterator[None]:
+    """Suite-wide: every text any fake radio received in this test is <= 200 bytes and spaced
+    (``fake_radio.check_on_air``), whatever the test itself checked."""
+    mark = fake_radio.radios_built()
+    yield
+    fake_radio.check_radios_since(mark)
 
 
 @pytest.fixture
