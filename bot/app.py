@@ -176,7 +176,15 @@ async def build(
                 # catch-up batches wait while a turn runs (bound late: the responder is below)
                 idle=lambda: responder.idle,
             )
-        retriever = Retriever(store=store, counter=counter, config=config.memory.retrieval)
+        retriever = Retriever(
+            store=store,
+            counter=counter,
+            config=config.memory.retrieval,
+            embedder=embedder,
+            embedding_weight=config.memory.embeddings.weight,
+            min_similarity=config.memory.embeddings.min_similarity,
+            query_timeout=config.memory.embeddings.query_timeout,
+        )
         context = ContextBuilder(
             store=store,
             retriever=retriever,

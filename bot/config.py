@@ -132,6 +132,10 @@ class EmbeddingsConfig(_Strict):
     read_timeout: float = Field(10.0, gt=0, le=600)
     batch: int = Field(32, ge=1, le=1024)  # messages per request when indexing
     weight: float = Field(0.5, ge=0, le=1)  # share of the vector score in the hybrid ranking
+    # The longest a reply waits for the new message's vector before ranking by words alone.
+    query_timeout: float = Field(1.0, gt=0, le=60)
+    # Cosine similarity at which a turn is retrieved without sharing a word with the message.
+    min_similarity: float = Field(0.3, ge=-1, le=1)
 
     @field_validator("base_url")
     @classmethod

@@ -52,7 +52,8 @@ def retry_delay(
 
 def document_text(message: StoredMessage) -> str:
     """What is embedded for a message (the retrieval query is embedded as the person wrote it)."""
-    return message.text[:MAX_EMBED_CHARS].strip() or "(empty message)"
+    text = message.text[:MAX_EMBED_CHARS].strip() or "(empty message)"
+    return f"{message.author}: {text}"  # who said it: questions often name the person
 
 
 class Indexer:

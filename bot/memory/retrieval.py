@@ -15,6 +15,10 @@ How a turn is ranked (lexical; every step measured in bench/recall, see README "
 4. A turn (or one it borrows from) must match at least ``min_score`` of the query's IDF mass,
    words this person never used included; a question about nothing this person said gets an
    empty block, and its budget goes to the recent window.
+5. With embeddings (``memory.embeddings``), the score is a weighted sum of the lexical score
+   (as a share of the query's IDF mass) and the cosine similarity, each borrowed from
+   neighbours the same way; a turn similar enough (``min_similarity``) qualifies on its own.
+   If the embedding server is down, words alone rank (one warning per outage).
 
 Invariants:
 - Search is scoped to one conversation and to messages after its reset mark and before the
@@ -28,19 +32,25 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import heapq
+import logging
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from bot.config import RetrievalConfig
+from bot.errors import EmbeddingUnavailable
 from bot.llm.tokens import TokenCounter
+from bot.memory.embeddings import Embedder
 from bot.memory.port import MemoryStore
 from bot.memory.store import USER, Conversation, StoredMessage
+
+log = logging.getLogger("bot.memory.retrieval")
 
 STOPWORDS = frozenset(
     """a about above after again against all am an and any are aren't as at be because been
@@ -60,6 +70,8 @@ STOPWORDS = frozenset(
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?", re.UNICODE)
 MAX_QUERY_TERMS = 24
 NEIGHBOUR_REACH = 2  # turns on each side a turn borrows from (halving with distance)
+VECTOR_POOL = 200  # best vector matches considered per query
+MAX_QUERY_CHARS = 2000  # of the new message, embedded for vector search
 OUTLINE_CACHE = 256  # conversations whose outline stays in memory (about 40 bytes a message)
 
 
@@ -146,6 +158,9 @@ def bm25_rank(
     neighbour: float,
     min_share: float,
     limit: int | None = None,
+    similarity: Mapping[int, float] | None = None,
+    weight: float = 0.0,
+    min_similarity: float = 1.0,
 ) -> list[Ranked]:
     """Rank the turns of ``outline`` within ``span`` (index range; all by default) for a query
     whose terms matched the ids in ``postings`` (one list per query term). Pure, deterministic,
@@ -156,10 +171,16 @@ def bm25_rank(
     the better of the turns two away. A turn is dropped unless it, or a turn it borrows from,
     matches at least ``min_share`` of the query's IDF mass (words this person never used
     included). Ties go to the newer turn. ``limit`` keeps only the best ones.
+
+    Hybrid (``similarity``: message id -> cosine similarity to the query, for the best vector
+    matches): the score is ``(1 - weight)`` times the lexical score above, as a share of the
+    query's IDF mass, plus ``weight`` times the same neighbourhood sum over similarities (with
+    half the neighbour shares); a turn whose similarity reaches ``min_similarity`` qualifies
+    like one that passes the lexical floor.
     """
     lo, hi = span if span is not None else (0, len(outline.ids))
     n = hi - lo
-    if n <= 0 or not postings:
+    if n <= 0 or not (postings or similarity):
         return []
     avgdl = max((outline.prefix[hi] - outline.prefix[lo]) / n, 1.0)
     terms: list[tuple[float, list[int]]] = []  # (idf, positions in the span)
@@ -168,7 +189,7 @@ def bm25_rank(
         df = len(hits)
         terms.append((math.log(1.0 + (n - df + 0.5) / (df + 0.5)), hits))
     possible = sum(idf for idf, _hits in terms)
-    floor = min_share * possible
+    floor = min_share * possible if possible > 0 else math.inf
     # The commonest words, together, weigh less than the floor: a turn matching only them can
     # never qualify, so only turns with some other word are worth scoring (most of the work
     # for long histories, where "caroline" or "today" match thousands of turns).
@@ -180,20 +201,31 @@ def bm25_rank(
         common += 1
     seeds = {i for _idf, hits in terms[common:] for i in hits}
     qualified = [i for i, r in _raw(terms, seeds).items() if r >= floor and r > 0]
+    near: dict[int, float] = {}  # position -> similarity, for the vector matches in the span
+    if similarity and weight > 0:
+        for mid, sim in similarity.items():
+            i = outline.position.get(mid)
+            if i is not None and lo <= i < hi and sim > 0:
+                near[i] = sim
+                if sim >= min_similarity:
+                    qualified.append(i)
     reach = range(-NEIGHBOUR_REACH, NEIGHBOUR_REACH + 1)
     candidates = {i + d for i in qualified for d in reach if lo <= i + d < hi}
     region = {i + d for i in candidates for d in reach}
     tokens = outline.tokens
+    lexical = (1.0 - weight) / possible if possible > 0 else 0.0
     own = {
-        i: r * (k1 + 1.0) / (1.0 + k1 * (1.0 - b + b * tokens[i] / avgdl))
+        i: lexical * r * (k1 + 1.0) / (1.0 + k1 * (1.0 - b + b * tokens[i] / avgdl))
         for i, r in _raw(terms, region).items()
     }
+    vec = {i: weight * sim for i, sim in near.items()}
     lend = [(d, neighbour / 2 ** (d - 1)) for d in range(1, NEIGHBOUR_REACH + 1)]
     ranked: list[Ranked] = []
-    for i in candidates:  # each is within reach of a turn matching at least the floor
-        score = own.get(i, 0.0)
+    for i in candidates:  # each is within reach of a turn that qualified
+        score = own.get(i, 0.0) + vec.get(i, 0.0)
         for d, share in lend:
             score += share * max(own.get(i - d, 0.0), own.get(i + d, 0.0))
+            score += share / 2 * max(vec.get(i - d, 0.0), vec.get(i + d, 0.0))
         if score > 0:
             ranked.append(Ranked(outline.ids[i], score))
     if limit is not None and limit < len(ranked):
@@ -244,12 +276,56 @@ class Retriever:
     messages were deleted (``!forget``, retention) — by this process or any other."""
 
     def __init__(
-        self, *, store: MemoryStore, counter: TokenCounter, config: RetrievalConfig
+        self,
+        *,
+        store: MemoryStore,
+        counter: TokenCounter,
+        config: RetrievalConfig,
+        embedder: Embedder | None = None,
+        embedding_weight: float = 0.5,
+        min_similarity: float = 0.3,
+        query_timeout: float = 1.0,
     ) -> None:
         self._store = store
         self._counter = counter
         self._config = config
+        self._embedder = embedder
+        self._weight = embedding_weight if embedder is not None else 0.0
+        self._min_similarity = min_similarity
+        self._query_timeout = query_timeout
+        self._embedder_down = False
         self._outlines: OrderedDict[int, Outline] = OrderedDict()
+
+    async def _similar(
+        self, conversation: Conversation, query: str, *, before_id: int
+    ) -> dict[int, float]:
+        """Cosine similarity of the best vector matches, or nothing when embeddings are off or
+        the embedding server is down (then words alone rank, and the indexer catches up)."""
+        if self._embedder is None or self._weight <= 0 or not query.strip():
+            return {}
+        try:
+            async with asyncio.timeout(self._query_timeout):
+                [vector] = await self._embedder.embed([query[:MAX_QUERY_CHARS]])
+        except TimeoutError:
+            log.info("the query embedding took over %.1f s; ranking by words", self._query_timeout)
+            return {}
+        except EmbeddingUnavailable as exc:
+            if not self._embedder_down:
+                log.warning("retrieval uses words only until embeddings are back: %s", exc)
+            self._embedder_down = True
+            return {}
+        if self._embedder_down:
+            log.info("retrieval uses embeddings again")
+        self._embedder_down = False
+        hits = await self._store.vector_search(
+            conversation.id,
+            vector,
+            model=self._embedder.model,
+            after_id=conversation.reset_after,
+            before_id=before_id,
+            limit=VECTOR_POOL,
+        )
+        return dict(hits)
 
     async def outline(self, conversation_id: int) -> Outline:
         """This conversation's whole outline, current as of now."""
@@ -273,12 +349,13 @@ class Retriever:
         """Ranked candidate turns for ``query`` (best first), the outline they came from and
         the index span searched (after the reset mark, before ``before_id``)."""
         terms = query_terms(query)
-        if not terms:
-            return [], Outline(), (0, 0)
-        postings = await self._store.search_terms(
-            conversation.id, terms, after_id=conversation.reset_after, before_id=before_id
-        )
-        if not any(postings):
+        postings: list[list[int]] = []
+        if terms:
+            postings = await self._store.search_terms(
+                conversation.id, terms, after_id=conversation.reset_after, before_id=before_id
+            )
+        similarity = await self._similar(conversation, query, before_id=before_id)
+        if not any(postings) and not similarity:
             return [], Outline(), (0, 0)
         outline = await self.outline(conversation.id)
         span = outline.span(after_id=conversation.reset_after, before_id=before_id)
@@ -292,6 +369,9 @@ class Retriever:
             neighbour=cfg.neighbour,
             min_share=cfg.min_score,
             limit=cfg.max_turns * 3,
+            similarity=similarity,
+            weight=self._weight,
+            min_similarity=self._min_similarity,
         )
         return ranked, outline, span
 

@@ -51,6 +51,7 @@ class FakeLLM:
         self.cancelled = 0
         self.embed_requests: list[dict[str, Any]] = []
         self.embed_script: list[Behaviour] = []
+        self.embeds_answered = 0
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -127,6 +128,7 @@ class FakeLLM:
             return web.json_response(beh[2], status=beh[1])
         if isinstance(beh, tuple) and beh[0] == "sleep":
             await asyncio.sleep(beh[1])
+        self.embeds_answered += 1
         texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
         data = []
         for i, text in enumerate(texts):
