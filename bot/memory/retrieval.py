@@ -70,7 +70,7 @@ STOPWORDS = frozenset(
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?", re.UNICODE)
 MAX_QUERY_TERMS = 24
 NEIGHBOUR_REACH = 2  # turns on each side a turn borrows from (halving with distance)
-VECTOR_POOL = 200  # best vector matches considered per query
+VECTOR_POOL = 2000  # vector matches considered per query (weak ones still lend to neighbours)
 MAX_QUERY_CHARS = 2000  # of the new message, embedded for vector search
 OUTLINE_CACHE = 256  # conversations whose outline stays in memory (about 40 bytes a message)
 
