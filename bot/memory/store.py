@@ -8,6 +8,8 @@ Invariants:
 - ``reset_after`` on a conversation hides everything up to that message id from context:
   window, summaries (``first_message_id > reset_after``) and retrieval (FTS rowid range).
   A summary computed before a reset is refused at save time, inside the same transaction.
+- ``open`` refuses a damaged file (header or pages, via ``quick_check``), a read-only file or
+  an unwritable state directory with a ``StorageError`` that says how to fix it.
 - ``forget_person`` deletes every row about a person: conversations cascade to messages,
   summaries and facts; the FTS delete trigger removes the index entries, and
   ``secure_delete`` overwrites the freed pages.
@@ -148,7 +150,12 @@ class SqliteStore:
             applied = await migrate(db)
             if applied:
                 log.info("database %s migrated: %s", path, ", ".join(applied))
-            await db.execute("PRAGMA quick_check(1)")
+            # quick_check reports damage as a row, not an exception: a file with a good header
+            # but broken pages would otherwise open and fail on the first message.
+            check = await (await db.execute("PRAGMA quick_check(1)")).fetchone()
+            if check is None or check[0] != "ok":
+                problem = " ".join(str(check[0]).split()) if check else "no result"
+                raise sqlite3.DatabaseError(f"database disk image is malformed: {problem}")
             await db.execute("BEGIN IMMEDIATE")  # prove we can write before taking messages
             await db.execute("ROLLBACK")
         except sqlite3.DatabaseError as exc:
