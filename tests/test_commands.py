@@ -188,3 +188,23 @@ async def test_non_commands_go_to_the_llm(harness: Harness, text: str) -> None:
         assert _last(harness).startswith("Commands:")
     else:
         assert _last(harness) == "llm"
+
+
+async def test_forget_leaves_none_of_the_words_in_the_database_files(harness: Harness) -> None:
+    secret = "xylophonequartz"
+    harness.llm.reply = "noted"
+    await harness.say(f"my password is {secret}", sender="alice")
+    bob = await harness.store.conversation(harness.transport_key("bob"))
+    for i in range(300):  # later index segments, so alice's stays unmerged
+        text = f"bob talks about weather {i}"
+        await harness.store.add_message(bob.id, role="user", author="bob", text=text, tokens=5,
+                                        status="x")  # fmt: skip
+    await harness.say("!forget", sender="alice")
+    await harness.say("!forget yes", sender="alice")
+    assert _last(harness).startswith("Deleted everything I kept about you: 2 messages")
+    path = harness.store.path
+    files = [f for f in path.parent.iterdir() if f.name.startswith(path.name)]
+    raw = b"".join(f.read_bytes() for f in files)
+    # Porter stems the word in the index; neither the text nor the stem may stay behind.
+    assert secret.encode() not in raw and secret[:-2].encode() not in raw
+    assert (await harness.store.stats())["messages"] == 300  # bob keeps everything

@@ -11,8 +11,9 @@ Invariants:
 - ``open`` refuses a damaged file (header or pages, via ``quick_check``), a read-only file or
   an unwritable state directory with a ``StorageError`` that says how to fix it.
 - ``forget_person`` deletes every row about a person: conversations cascade to messages,
-  summaries and facts; the FTS delete trigger removes the index entries, and
-  ``secure_delete`` overwrites the freed pages.
+  summaries and facts; the FTS delete trigger removes the index entries, the index is then
+  rewritten so no segment keeps their words, the WAL is checkpointed, and ``secure_delete``
+  overwrites the freed pages: none of their text stays in the database files.
 """
 
 from __future__ import annotations
@@ -271,7 +272,19 @@ class SqliteStore:
                 # Messages go first, explicitly, so the FTS delete trigger sees each row.
                 await db.execute(f"DELETE FROM messages WHERE conversation_id IN ({marks})", ids)
                 await db.execute(f"DELETE FROM conversations WHERE id IN ({marks})", ids)
+        if ids:
+            await self._erase_deleted()
         return ForgetReport(len(ids), *counts)
+
+    async def _erase_deleted(self) -> None:
+        """Make deletions physical, not just invisible. FTS5 records a delete as a marker and
+        keeps the words in older index segments until they are merged, and WAL frames keep
+        old page images until a checkpoint; ``secure_delete`` only zeroes freed pages. So
+        rewrite the index (seconds on a million messages; ``!forget`` is rare) and checkpoint.
+        """
+        async with self._lock:
+            await self._db.execute("INSERT INTO messages_fts (messages_fts) VALUES ('optimize')")
+            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     # --- messages ---------------------------------------------------------------------------
     async def add_message(
