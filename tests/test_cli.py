@@ -87,16 +87,23 @@ async def test_invalid_utf8_and_nul_input(tmp_path: Path, fake_llm: FakeLLM) -> 
     ]
 
 
-async def test_run_stops_cleanly_on_sigterm(tmp_path: Path, fake_llm: FakeLLM) -> None:
-    fake_llm.reply = "pong"
+async def _run_with_input(line: bytes, *, env: dict[str, str]) -> asyncio.subprocess.Process:
+    """``meshsage run`` in a subprocess, with ``line`` written to its stdin (left open)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli", "run",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=_env(tmp_path, fake_llm),
+        stderr=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(b"ping\n")
+    assert proc.stdin is not None
+    proc.stdin.write(line)
     await proc.stdin.drain()
+    return proc
+
+
+async def test_run_stops_cleanly_on_sigterm(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.reply = "pong"
+    proc = await _run_with_input(b"ping\n", env=_env(tmp_path, fake_llm))
+    assert proc.stdout is not None
     line = await asyncio.wait_for(proc.stdout.readline(), 20)
     assert line.decode().strip() == "pong"
     proc.send_signal(signal.SIGTERM)
@@ -108,14 +115,7 @@ async def test_run_stops_cleanly_on_sigterm(tmp_path: Path, fake_llm: FakeLLM) -
 async def test_sigterm_finishes_the_turn_in_flight(tmp_path: Path, fake_llm: FakeLLM) -> None:
     fake_llm.script = [("sleep", 1.0)]  # the answer is still being generated at SIGTERM
     fake_llm.reply = "late but complete"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "run",
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=_env(tmp_path, fake_llm),
-    )  # fmt: skip
-    assert proc.stdin is not None
-    proc.stdin.write(b"a slow question\n")
-    await proc.stdin.drain()
+    proc = await _run_with_input(b"a slow question\n", env=_env(tmp_path, fake_llm))
     for _ in range(2000):  # up to 20 s for the process to start and ask the LLM
         if fake_llm.in_flight or proc.returncode is not None:
             break
