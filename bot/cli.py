@@ -1,4 +1,4 @@
-"""Command line: ``meshsage run | chat | check-config | memory show``.
+"""Command line: ``meshsage run | chat | check-config | memory show | memory reindex``.
 
 Invariants:
 - This is the only place that configures logging (stderr) and reads the process environment.
@@ -15,13 +15,14 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 from bot import __version__
 from bot.app import build
 from bot.config import Config, load_config
 from bot.domain import DM_SPACE, ConversationKey
-from bot.errors import MeshsageError
+from bot.errors import ConfigError, MeshsageError
 
 log = logging.getLogger("bot.cli")
 
@@ -45,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--transport", default="console")
     show.add_argument("--space", default=DM_SPACE)
     show.add_argument("--config")
+    reindex = mem_sub.add_parser(
+        "reindex", help="embed every message that has no vector yet (memory.embeddings)"
+    )
+    reindex.add_argument("--config")
     return p
 
 
@@ -64,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_serve(config, only=None))
         if args.command == "chat":
             return asyncio.run(_serve(config, only=["console"]))
+        if args.command == "memory" and args.memory_command == "reindex":
+            return asyncio.run(_memory_reindex(config, args))
         if args.command == "memory":
             return asyncio.run(_memory_show(config, args))
     except MeshsageError as exc:
@@ -120,8 +127,38 @@ async def _memory_show(config: Config, args: argparse.Namespace) -> int:
             print(f"\n## {msg.role}\n{msg.content}")
         return 0
     finally:
-        await app.summarizer.stop()
-        await app.store.close()
+        await app.close()  # also closes the LLM and embedding clients
+
+
+async def _memory_reindex(config: Config, args: argparse.Namespace) -> int:
+    if not config.memory.embeddings.enabled:
+        raise ConfigError(
+            f"memory.embeddings is disabled in {args.config or 'the configuration'}. Fix: set "
+            "memory.embeddings.enabled: true (and pull the model, e.g. "
+            f"`ollama pull {config.memory.embeddings.model}`), then run this again."
+        )
+    app = await build(config, env=os.environ, transports=[])
+    try:
+        indexer = app.indexer
+        assert indexer is not None
+        started = time.monotonic()
+        last = started
+
+        def progress(done: int) -> None:
+            nonlocal last
+            if time.monotonic() - last >= 1.0:
+                last = time.monotonic()
+                print(f"reindex: {done} message(s) embedded so far", file=sys.stderr)
+
+        done = await indexer.backfill(progress=progress)
+        print(
+            f"reindex: {done} message(s) embedded with {indexer.model} "
+            f"in {time.monotonic() - started:.1f} s; every message now has a vector",
+            file=sys.stderr,
+        )
+        return 0
+    finally:
+        await app.close()
 
 
 if __name__ == "__main__":

@@ -105,8 +105,12 @@ class BotConfig(_Strict):
 class RetrievalConfig(_Strict):
     enabled: bool = True
     share: float = Field(0.4, ge=0, le=0.9)  # most of the free budget retrieval may take
-    min_score: float = Field(0.0, ge=0)  # BM25 threshold below which nothing is retrieved
-    max_turns: int = Field(8, ge=0, le=100)
+    # Share (0-1) of the query's IDF mass a turn or its neighbours must match to be retrieved.
+    min_score: float = Field(0.2, ge=0, le=1)
+    max_turns: int = Field(40, ge=0, le=200)
+    k1: float = Field(1.2, ge=0, le=5)  # BM25 term-frequency saturation
+    b: float = Field(0.4, ge=0, le=1)  # BM25 length normalisation (low: chat turns are short)
+    neighbour: float = Field(0.6, ge=0, le=1)  # share of the better adjacent turn's score
 
 
 class SummaryConfig(_Strict):
@@ -116,9 +120,54 @@ class SummaryConfig(_Strict):
     retry_seconds: float = Field(300.0, ge=1, le=86_400)
 
 
+class EmbeddingsConfig(_Strict):
+    """Optional vector search next to FTS5; off by default (a Pi does fine on words alone)."""
+
+    enabled: bool = False
+    model: str = "nomic-embed-text"
+    base_url: str | None = None  # None: the same server as llm.base_url
+    api_key_env: str | None = None  # None: the same variable as llm.api_key_env
+    # Short: the new message is embedded on the reply path, and retrieval falls back to words.
+    connect_timeout: float = Field(2.0, gt=0, le=60)
+    read_timeout: float = Field(10.0, gt=0, le=600)
+    batch: int = Field(32, ge=1, le=1024)  # messages per request when indexing
+    weight: float = Field(0.5, ge=0, le=1)  # share of the vector score in the hybrid ranking
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https:// (e.g. http://localhost:11434/v1)")
+        return v.rstrip("/")
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name an embedding model the server has (e.g. nomic-embed-text)")
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError("must be the name of an environment variable, e.g. OPENAI_API_KEY")
+        return v
+
+    def endpoint(self, llm: Endpoint) -> tuple[str, str | None]:
+        """(base_url, api_key_env) with the LLM's values where this section leaves them out."""
+        return (
+            self.base_url or llm.base_url,
+            self.api_key_env if self.api_key_env is not None else llm.api_key_env,
+        )
+
+
 class MemoryConfig(_Strict):
     retrieval: RetrievalConfig = RetrievalConfig()
     summary: SummaryConfig = SummaryConfig()
+    embeddings: EmbeddingsConfig = EmbeddingsConfig()
     max_facts: int = Field(20, ge=1, le=500)
     retention_days: int = Field(0, ge=0, le=36_500)  # 0 keeps everything
 

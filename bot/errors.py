@@ -29,3 +29,12 @@ class LLMUnavailable(MeshsageError):
 
 class TransportError(MeshsageError):
     exit_code = 5
+
+
+class EmbeddingUnavailable(MeshsageError):
+    """The embedding server failed (timeout, refused, 5xx, missing model, malformed vectors).
+
+    Never fatal to a turn: retrieval falls back to words and the indexer catches up later.
+    """
+
+    exit_code = 6

@@ -34,6 +34,7 @@ from bot.errors import LLMUnavailable
 from bot.llm.port import LLM
 from bot.llm.tokens import TokenCounter
 from bot.memory.context import ContextBuilder
+from bot.memory.indexer import Indexer
 from bot.memory.port import MemoryStore
 from bot.memory.store import ASSISTANT, USER
 from bot.memory.summary import Summarizer
@@ -66,12 +67,14 @@ class Responder:
         commands: Commands,
         counter: TokenCounter,
         config: BotConfig,
+        indexer: Indexer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._llm = llm
         self._context = context
         self._summarizer = summarizer
+        self._indexer = indexer
         self._commands = commands
         self._counter = counter
         self._config = config
@@ -251,6 +254,8 @@ class Responder:
             delivery.status.value,
         )
         self._summarizer.maybe_schedule(conv, window_start_id=ctx.window_start_id)
+        if self._indexer is not None:  # embeds this turn's messages in the background
+            self._indexer.schedule(conv.id)
 
     async def _send(self, reply: Reply) -> Delivery:
         transport = self._transports[reply.inbound.transport]

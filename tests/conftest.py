@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -13,8 +14,12 @@ from bot.app import App, build
 from bot.config import Config, load_config
 from bot.domain import DM_SPACE, ConversationKey
 from bot.memory.store import SqliteStore
+from tests.fakes import fake_radio
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
+
+if TYPE_CHECKING:
+    from tests.fakes.fake_discord import FakeDiscord
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +31,15 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
     yield
+
+
+@pytest.fixture(autouse=True)
+def _on_air_rules() -> Iterator[None]:
+    """Suite-wide: every text any fake radio received in this test is <= 200 bytes and spaced
+    (``fake_radio.check_on_air``), whatever the test itself checked."""
+    mark = fake_radio.radios_built()
+    yield
+    fake_radio.check_radios_since(mark)
 
 
 @pytest.fixture
@@ -90,3 +104,15 @@ async def harness(tmp_path: Path, fake_llm: FakeLLM) -> AsyncIterator[Harness]:
     h = await start_harness(tmp_path, fake_llm)
     yield h
     await h.app.close()
+
+
+@pytest.fixture
+async def fake_discord(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
+    """The loopback Discord, running, with discord.py pointed at it (Discord tests only)."""
+    from tests.fakes.fake_discord import FakeDiscord  # imports discord: only when asked for
+
+    server = FakeDiscord()
+    await server.start()
+    server.patch(monkeypatch)
+    yield server
+    await server.stop()

@@ -4,6 +4,7 @@ over HTTP, and discord.py talking to the loopback Discord (tests/fakes/fake_disc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
@@ -11,19 +12,31 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.app import App, build
-from bot.config import load_config
+from bot.config import MeshtasticConfig, load_config
 from bot.domain import DM_SPACE, ConversationKey
 from bot.errors import MeshsageError
-from bot.memory.store import SqliteStore
-from bot.transports.discord import build_discord
+from bot.memory.store import SqliteStore, StoredMessage
+from bot.responder import TRIMMED_NOTE, UNAVAILABLE
+from bot.transports.discord import STYLE_HINT, build_discord
 from tests.conftest import make_config
-from tests.fakes.fake_discord import ALICE, CHANNEL_ID, GUILD_ID, TOKEN, FakeDiscord
+from tests.fakes.fake_discord import (
+    ALICE,
+    BOB,
+    CHANNEL_ID,
+    GUILD_ID,
+    TOKEN,
+    FakeDiscord,
+    Json,
+    Sent,
+    user,
+)
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
 
@@ -31,122 +44,275 @@ SITE = Path(__file__).parent / "fakes" / "discord_site"
 CHANNEL_SPACE = f"guild:{GUILD_ID}:ch:{CHANNEL_ID}"
 
 
-@pytest.fixture
-async def fake(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
-    server = FakeDiscord()
-    await server.start()
-    server.patch(monkeypatch)
-    yield server
-    await server.stop()
+@dataclass
+class Rig:
+    """The running app with Discord (and any extra transports) attached."""
+
+    app: App
+    discord: FakeDiscord
+    llm: FakeLLM
+
+    async def exchange(self, data: Json) -> Sent:
+        """Send one Discord message, wait until its turn is done, return the bot's first post."""
+        before = len(self.discord.sent)
+        await self.discord.say(data)
+        sent = await self.discord.wait_sent(before + 1)
+        await self.app.responder.wait_idle()
+        return sent[before]
+
+    def prompt(self) -> str:
+        """Everything the LLM was shown in the last chat request."""
+        return "\n".join(m["content"] for m in self.llm.chat_requests()[-1]["messages"])
+
+    async def stored(self, space: str, person: int = ALICE) -> list[StoredMessage]:
+        conv = await self.app.store.find_conversation(
+            ConversationKey("discord", str(person), space)
+        )
+        assert conv is not None, space
+        return await self.app.store.all_messages(conv.id)
 
 
-async def start_app(tmp_path: Path, llm: FakeLLM, fake: FakeDiscord, *others: FakeTransport) -> App:
-    config = make_config(tmp_path, llm.base_url, f"discord:\n  channels: [{CHANNEL_ID}]\n")
+@contextlib.asynccontextmanager
+async def running(
+    tmp_path: Path,
+    llm: FakeLLM,
+    fake_discord: FakeDiscord,
+    *others: FakeTransport,
+    discord_keys: str = "",
+    sections: str = "",
+) -> AsyncIterator[Rig]:
+    """``discord_keys``: more lines under ``discord:``; ``sections``: more top-level YAML."""
+    config = make_config(
+        tmp_path, llm.base_url, f"discord:\n  channels: [{CHANNEL_ID}]\n{discord_keys}{sections}"
+    )
     assert config.discord is not None
     discord_transport = build_discord(config.discord, env={"DISCORD_TOKEN": TOKEN})
     app = await build(config, env={}, transports=[discord_transport, *others])
     await app.start()
-    await asyncio.wait_for(fake.ready.wait(), 5)
-    return app
-
-
-async def exchange(app: App, fake: FakeDiscord, data: dict[str, Any]) -> str:
-    """Send one Discord message, wait for the bot's post, return its text."""
-    before = len(fake.sent)
-    await fake.say(data)
-    sent = await fake.wait_sent(before + 1)
-    await app.responder.wait_idle()
-    return sent[before].content
-
-
-def prompt_of_last_call(llm: FakeLLM) -> str:
-    return "\n".join(m["content"] for m in llm.chat_requests()[-1]["messages"])
+    try:
+        await asyncio.wait_for(fake_discord.ready.wait(), 5)
+        yield Rig(app, fake_discord, llm)
+    finally:
+        await app.close()
 
 
 async def test_dm_content_never_reaches_a_channel_reply(
-    tmp_path: Path, fake_llm: FakeLLM, fake: FakeDiscord
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
 ) -> None:
-    app = await start_app(tmp_path, fake_llm, fake)
-    try:
-        await exchange(app, fake, fake.dm_message("my locker code is PINEAPPLE42"))
-        answer = await exchange(
-            app, fake, fake.guild_message("what is my locker code?", mention_bot=True)
+    async with running(tmp_path, fake_llm, fake_discord) as rig:
+        await rig.exchange(fake_discord.dm_message("my locker code is PINEAPPLE42"))
+        answer = await rig.exchange(
+            fake_discord.guild_message("what is my locker code?", mention_bot=True)
         )
-        assert answer == "Hello from fake"
-        assert "PINEAPPLE42" not in prompt_of_last_call(fake_llm)
+        assert answer.content == "Hello from fake"
+        assert "PINEAPPLE42" not in rig.prompt()
         # The same question in the DM does use the DM's memory: the check above can fail.
-        await exchange(app, fake, fake.dm_message("what is my locker code?"))
-        assert "PINEAPPLE42" in prompt_of_last_call(fake_llm)
-        channel = await app.store.find_conversation(
-            ConversationKey("discord", str(ALICE), CHANNEL_SPACE)
-        )
-        assert channel is not None
-        texts = [m.text for m in await app.store.all_messages(channel.id)]
+        await rig.exchange(fake_discord.dm_message("what is my locker code?"))
+        assert "PINEAPPLE42" in rig.prompt()
+        texts = [m.text for m in await rig.stored(CHANNEL_SPACE)]
         assert texts == ["what is my locker code?", "Hello from fake"]
-    finally:
-        await app.close()
+
+
+async def test_discord_budget_and_style_reach_the_llm(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    async with running(tmp_path, fake_llm, fake_discord) as rig:
+        await rig.exchange(fake_discord.dm_message("hello"))
+        [request] = fake_llm.chat_requests()
+        assert request["max_tokens"] == 800 > MeshtasticConfig().max_tokens
+        assert STYLE_HINT in request["messages"][0]["content"]
 
 
 async def test_reset_on_discord_leaves_mesh_conversation(
-    tmp_path: Path, fake_llm: FakeLLM, fake: FakeDiscord
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
 ) -> None:
     mesh = FakeTransport(name="meshtastic")
-    app = await start_app(tmp_path, fake_llm, fake, mesh)
     person = str(ALICE)  # the same id on both transports: only the transport tells them apart
-    try:
+    async with running(tmp_path, fake_llm, fake_discord, mesh) as rig:
         await mesh.say("my radio is a T-Beam", sender=person)
-        await app.responder.wait_idle()
-        await exchange(app, fake, fake.dm_message("my bike is red"))
-        reset = await exchange(app, fake, fake.dm_message("!reset"))
-        assert reset.startswith("Fresh start")
+        await rig.app.responder.wait_idle()
+        await rig.exchange(fake_discord.dm_message("my bike is red"))
+        reset = await rig.exchange(fake_discord.dm_message("!reset"))
+        assert reset.content.startswith("Fresh start")
 
-        await exchange(app, fake, fake.dm_message("what colour is my bike?"))
-        assert "my bike is red" not in prompt_of_last_call(fake_llm)
+        await rig.exchange(fake_discord.dm_message("what colour is my bike?"))
+        assert "my bike is red" not in rig.prompt()
         await mesh.say("which radio do I have?", sender=person)
-        await app.responder.wait_idle()
-        assert "my radio is a T-Beam" in prompt_of_last_call(fake_llm)
-    finally:
-        await app.close()
+        await rig.app.responder.wait_idle()
+        assert "my radio is a T-Beam" in rig.prompt()
 
 
-async def test_export_sends_the_conversation_by_dm(
-    tmp_path: Path, fake_llm: FakeLLM, fake: FakeDiscord
+async def test_export_sends_the_persons_conversations_by_dm(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
 ) -> None:
-    app = await start_app(tmp_path, fake_llm, fake)
-    try:
-        await exchange(app, fake, fake.dm_message("my cat is called Miso"))
-        await fake.say(fake.guild_message("!export", mention_bot=True))
-        _, notice, files = await fake.wait_sent(3)
-        await app.responder.wait_idle()
-        assert notice.channel_id == CHANNEL_ID and "privately" in notice.content
-        assert files.channel_id == fake.dm_channel_id(ALICE)
+    async with running(tmp_path, fake_llm, fake_discord) as rig:
+        await rig.exchange(fake_discord.dm_message("my cat is called Miso"))
+        await rig.exchange(fake_discord.guild_message("the channel needs a bot", mention_bot=True))
+        bob = user(BOB, "bob")
+        await rig.exchange(
+            fake_discord.guild_message("bob's secret is TURNIP", mention_bot=True, author=bob)
+        )
+        ask = fake_discord.guild_message("!export", mention_bot=True)
+        before = len(fake_discord.sent)
+        await fake_discord.say(ask)
+        notice, files = (await fake_discord.wait_sent(before + 2))[before:]
+        await rig.app.responder.wait_idle()
+
+        # In the channel: a short reply saying where the export went, nothing of its content.
+        assert notice.channel_id == CHANNEL_ID and notice.reference_id == int(ask["id"])
+        assert "privately" in notice.content and not notice.files
+        assert "Miso" not in notice.content
+        # By DM to the person who asked: Markdown and JSON of their own conversations only.
+        assert files.channel_id == fake_discord.dm_channel_id(ALICE)
         named = dict(files.files)
+        assert sorted(named) == ["meshsage-export-discord.json", "meshsage-export-discord.md"]
         markdown = named["meshsage-export-discord.md"].decode()
-        assert "my cat is called Miso" in markdown
+        assert markdown.startswith(f"# meshsage export for {ALICE} (discord)")
+        assert "## Space: dm" in markdown and f"## Space: {CHANNEL_SPACE}" in markdown
+        assert "my cat is called Miso" in markdown and "the channel needs a bot" in markdown
+        assert "TURNIP" not in markdown
         doc = json.loads(named["meshsage-export-discord.json"])
         assert (doc["transport"], doc["person"]) == ("discord", str(ALICE))
-        [dm] = [c for c in doc["conversations"] if c["space"] == DM_SPACE]
-        texts = [m["text"] for m in dm["messages"]]
-        assert texts == ["my cat is called Miso", "Hello from fake"]
-    finally:
-        await app.close()
+        spaces = {c["space"]: [m["text"] for m in c["messages"]] for c in doc["conversations"]}
+        assert spaces == {
+            DM_SPACE: ["my cat is called Miso", "Hello from fake"],
+            CHANNEL_SPACE: ["the channel needs a bot", "Hello from fake"],
+        }
 
 
-async def test_missing_token_leaves_console_running(
-    tmp_path: Path, fake_llm: FakeLLM, caplog: pytest.LogCaptureFixture
+async def test_llm_unavailable_is_said_briefly_as_a_reply(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
 ) -> None:
+    fake_llm.script = [("status", 503, {"error": {"message": "model is loading"}})]
+    async with running(tmp_path, fake_llm, fake_discord) as rig:
+        question = fake_discord.dm_message("are you there?")
+        notice = await rig.exchange(question)
+        assert notice.content == UNAVAILABLE
+        assert notice.reference_id == int(question["id"])
+        [stored] = await rig.stored(DM_SPACE)  # the notice is not something the model said
+        assert (stored.text, stored.status) == ("are you there?", "failed")
+
+
+async def test_trimmed_message_noted_in_one_small_line(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    sections = "bot:\n  max_message_chars: 100\n"
+    async with running(tmp_path, fake_llm, fake_discord, sections=sections) as rig:
+        answer = await rig.exchange(fake_discord.dm_message("long message. " * 30))
+        assert answer.content == f"Hello from fake\n-# {TRIMMED_NOTE}"
+        stored = await rig.stored(DM_SPACE)
+        assert [m.text for m in stored][1:] == ["Hello from fake"]  # the note is not the answer
+
+
+async def test_reply_to_any_part_of_an_answer_stores_the_answer_as_parent(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    fake_llm.reply = "A long sentence here. " * 120  # two Discord messages
+    async with running(tmp_path, fake_llm, fake_discord) as rig:
+        await rig.exchange(fake_discord.guild_message("tell me a lot", mention_bot=True))
+        first, second = fake_discord.sent
+        fake_llm.reply = "short"
+        await rig.exchange(fake_discord.guild_message("part two?", reply_to=second))
+        await rig.exchange(fake_discord.guild_message("part one?", reply_to=first))
+        question, answer, reply2, _, reply1, _ = await rig.stored(CHANNEL_SPACE)
+        assert (answer.role, answer.platform_id) == ("assistant", str(first.id))
+        assert answer.parent_id == question.id
+        assert (reply2.text, reply2.parent_id) == ("part two?", answer.id)
+        assert (reply1.text, reply1.parent_id) == ("part one?", answer.id)
+
+
+# --- the thread being answered ------------------------------------------------------------
+CODEWORD_QUESTION = "pick a codeword"
+CODEWORD = "MARMALADE"
+FILLERS = 14
+# A small budget so the codeword's turn leaves the recent window; no summaries (a summary could
+# carry the codeword back in); no rate limit for the fillers.
+SMALL = "bot:\n  rate_limit:\n    messages: 1000\nmemory:\n  summary:\n    enabled: false\n"
+
+
+def codeword_llm(body: dict[str, Any]) -> str:
+    last = body["messages"][-1]["content"]
+    return f"The codeword is {CODEWORD}." if last.endswith(CODEWORD_QUESTION) else "ok"
+
+
+@contextlib.asynccontextmanager
+async def codeword_then_fillers(
+    tmp_path: Path, llm: FakeLLM, fake_discord: FakeDiscord
+) -> AsyncIterator[tuple[Rig, Sent]]:
+    """The bot names a codeword in the channel, then many unrelated turns push it out of a
+    small (300-token) window."""
+    llm.reply_fn = codeword_llm
+    mention = fake_discord.guild_message
+    keys = "  context_tokens: 300\n"
+    async with running(tmp_path, llm, fake_discord, discord_keys=keys, sections=SMALL) as rig:
+        codeword = await rig.exchange(mention(CODEWORD_QUESTION, mention_bot=True))
+        assert CODEWORD in codeword.content
+        for i in range(FILLERS):
+            await rig.exchange(mention(f"filler note {i} about garden hoses", mention_bot=True))
+        yield rig, codeword
+
+
+async def test_thread_parent_out_of_the_window_is_stored_but_not_found_by_words(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    """The setting of the test below: only a thread preference can bring the codeword back."""
+    async with codeword_then_fillers(tmp_path, fake_llm, fake_discord) as (rig, codeword):
+        await rig.exchange(fake_discord.guild_message("explain please", mention_bot=True))
+        assert CODEWORD not in rig.prompt()  # out of the window; retrieval finds no words
+        await rig.exchange(fake_discord.guild_message("explain that", reply_to=codeword))
+        stored = await rig.stored(CHANNEL_SPACE)
+        [answer] = [m for m in stored if CODEWORD in m.text]
+        assert stored[-2].text == "explain that" and stored[-2].parent_id == answer.id
+
+
+async def test_reply_brings_the_thread_it_answers_into_the_prompt(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    async with codeword_then_fillers(tmp_path, fake_llm, fake_discord) as (rig, codeword):
+        await rig.exchange(fake_discord.guild_message("explain that", reply_to=codeword))
+        assert CODEWORD in rig.prompt()
+        assert CODEWORD_QUESTION in rig.prompt()
+
+
+# --- startup failures and the whole program -----------------------------------------------
+STARTUP_FAILURES = {
+    "missing token": ({}, None, "the environment variable DISCORD_TOKEN is empty or not set"),
+    "bad token": ({"DISCORD_TOKEN": "wrong"}, None, "Discord rejected the token"),
+    "intent not enabled": ({"DISCORD_TOKEN": TOKEN}, 4014, "MESSAGE CONTENT INTENT"),
+}
+
+
+@pytest.mark.parametrize("case", list(STARTUP_FAILURES))
+async def test_discord_failing_at_startup_leaves_the_console_running(
+    tmp_path: Path,
+    fake_llm: FakeLLM,
+    fake_discord: FakeDiscord,
+    caplog: pytest.LogCaptureFixture,
+    case: str,
+) -> None:
+    env, close_code, needle = STARTUP_FAILURES[case]
+    fake_discord.close_code = close_code
     fake_llm.reply = "console answer"
     config = make_config(tmp_path, fake_llm.base_url, "console:\n  user: alice\ndiscord:\n")
+    read_fd, write_fd = os.pipe()
     out = io.StringIO()
-    app = await build(config, env={}, stdin=io.BytesIO(b"hello\n"), stdout=out)
-    await asyncio.wait_for(app.run(asyncio.Event()), 20)  # ends at the console's EOF
+    with os.fdopen(read_fd, "rb") as stdin:
+        app = await build(config, env=env, stdin=stdin, stdout=out)
+        [discord_transport] = [t for t in app.transports if t.name == "discord"]
+        run = asyncio.create_task(app.run(asyncio.Event()))
+        try:
+            await asyncio.wait_for(discord_transport.wait_closed(), 10)
+            os.write(write_fd, b"hello\n")  # the console is asked only after Discord gave up
+        finally:
+            os.close(write_fd)
+            await asyncio.wait_for(run, 20)  # ends at the console's EOF
     assert "console answer" in out.getvalue()
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(errors) == 1 and "DISCORD_TOKEN" in errors[0]
+    assert len(errors) == 1 and needle in errors[0] and "Other transports keep running" in errors[0]
 
 
 async def test_meshsage_run_serves_console_and_discord_on_one_database(
-    tmp_path: Path, fake_llm: FakeLLM, fake: FakeDiscord
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
 ) -> None:
     cfg = tmp_path / "config.yaml"
     cfg.write_text(
@@ -159,7 +325,7 @@ async def test_meshsage_run_serves_console_and_discord_on_one_database(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MESHSAGE_", "DISCORD_"))}
     env.update(
         DISCORD_TOKEN=TOKEN,
-        FAKE_DISCORD_PORT=str(fake.port),
+        FAKE_DISCORD_PORT=str(fake_discord.port),
         PYTHONPATH=os.pathsep.join([str(SITE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         TIKTOKEN_CACHE_DIR="",
     )
@@ -174,9 +340,9 @@ async def test_meshsage_run_serves_console_and_discord_on_one_database(
         await proc.stdin.drain()
         line = await asyncio.wait_for(proc.stdout.readline(), 20)
         assert line.decode().strip() == "Hello from fake"
-        await asyncio.wait_for(fake.ready.wait(), 20)
-        await fake.say(fake.dm_message("hello from Discord"))
-        [sent] = await fake.wait_sent(1, timeout=20)
+        await asyncio.wait_for(fake_discord.ready.wait(), 20)
+        await fake_discord.say(fake_discord.dm_message("hello from Discord"))
+        [sent] = await fake_discord.wait_sent(1, timeout=20)
         assert sent.content == "Hello from fake"
     finally:
         proc.send_signal(signal.SIGTERM)

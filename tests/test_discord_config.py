@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bot.config import Config, load_config
+from bot.config import Config, DiscordConfig, load_config
 from bot.errors import ConfigError
 
 EXAMPLE = Path(__file__).parent.parent / "config.example.yaml"
@@ -19,6 +19,7 @@ def test_documented_section_validates_with_defaults() -> None:
     section = text[text.index("# discord:") :]
     lines = [re.sub(r"^# ?", "", line) for line in section.splitlines()]
     raw = yaml.safe_load("\n".join(x for x in lines if not x.lstrip().startswith("#")))
+    assert sorted(raw["discord"]) == sorted(DiscordConfig.model_fields), "every key documented"
     config = Config.model_validate(raw)
     assert config.discord is not None
     assert config.discord == Config.model_validate({"discord": {}}).discord
@@ -47,3 +48,17 @@ def test_bad_keys_rejected_with_the_file_and_key(tmp_path: Path, body: str, need
     with pytest.raises(ConfigError) as err:
         load_config(path, env={})
     assert str(path) in str(err.value) and needle in str(err.value)
+
+
+def test_readme_invite_link_asks_for_exactly_the_needed_permissions() -> None:
+    import discord
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    [asked] = re.findall(r"scope=bot&permissions=(\d+)", readme)
+    needed = discord.Permissions(
+        view_channel=True,
+        send_messages=True,
+        send_messages_in_threads=True,
+        read_message_history=True,  # replies reference the message they answer
+    )
+    assert discord.Permissions(int(asked)) == needed

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from bot.config import DiscordConfig
+from bot.config import DiscordConfig, MeshtasticConfig
 from bot.domain import DM_SPACE, Attachment, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.transports.discord import DiscordTransport, build_discord
 from bot.transports.discord_text import _fence_toggle, split_message
@@ -25,9 +25,14 @@ from tests.fakes.fake_discord import (
     GUILD_ID,
     OTHER_BOT,
     OTHER_CHANNEL_ID,
+    OTHER_THREAD_ID,
+    ROLE_MEMBER,
+    ROLE_MUTED,
+    THREAD_ID,
     TOKEN,
     FakeDiscord,
     Json,
+    Sent,
     free_port,
     user,
 )
@@ -73,37 +78,28 @@ class Echo:
         self._delivered.set()
 
 
-@pytest.fixture
-async def fake(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
-    server = FakeDiscord()
-    await server.start()
-    server.patch(monkeypatch)
-    yield server
-    await server.stop()
-
-
 async def connect(
-    fake: FakeDiscord, echo: Echo, config: DiscordConfig = CONFIG
+    fake_discord: FakeDiscord, echo: Echo, config: DiscordConfig = CONFIG
 ) -> DiscordTransport:
     transport = build_discord(config, env={"DISCORD_TOKEN": TOKEN})
     echo.transport = transport
     await transport.start(echo)
-    await asyncio.wait_for(fake.ready.wait(), 5)
+    await asyncio.wait_for(fake_discord.ready.wait(), 5)
     return transport
 
 
 @pytest.fixture
-async def echo(fake: FakeDiscord) -> AsyncIterator[Echo]:
+async def echo(fake_discord: FakeDiscord) -> AsyncIterator[Echo]:
     e = Echo()
-    transport = await connect(fake, e)
+    transport = await connect(fake_discord, e)
     yield e
     await transport.stop()
     await asyncio.wait_for(transport.wait_closed(), 5)
 
 
-async def test_dm_answered_as_reply_with_typing(fake: FakeDiscord, echo: Echo) -> None:
-    msg = await fake.say(fake.dm_message("hello there"))
-    [sent] = await fake.wait_sent(1)
+async def test_dm_answered_as_reply_with_typing(fake_discord: FakeDiscord, echo: Echo) -> None:
+    msg = await fake_discord.say(fake_discord.dm_message("hello there"))
+    [sent] = await fake_discord.wait_sent(1)
 
     [inbound] = echo.inbox
     assert inbound.transport == "discord"
@@ -112,24 +108,28 @@ async def test_dm_answered_as_reply_with_typing(fake: FakeDiscord, echo: Echo) -
     assert inbound.text == "hello there"
     assert inbound.message_id == msg["id"]
     assert inbound.sender_name == "Alice"
-    assert sent.channel_id == fake.dm_channel_id(ALICE)
+    assert sent.channel_id == fake_discord.dm_channel_id(ALICE)
     assert sent.content == "echo hello there"
     assert sent.reference_id == int(msg["id"])
-    assert fake.typing == [fake.dm_channel_id(ALICE)]
+    assert fake_discord.typing == [fake_discord.dm_channel_id(ALICE)]
     assert await echo.wait_delivered(1) == [DeliveryStatus.DELIVERED]
 
 
-async def test_typing_failure_does_not_fail_the_answer(fake: FakeDiscord, echo: Echo) -> None:
-    fake.typing_status = 403
-    await fake.say(fake.dm_message("hello"))
-    [sent] = await fake.wait_sent(1)
-    assert fake.typing and sent.content == "echo hello"
+async def test_typing_failure_does_not_fail_the_answer(
+    fake_discord: FakeDiscord, echo: Echo
+) -> None:
+    fake_discord.typing_status = 403
+    await fake_discord.say(fake_discord.dm_message("hello"))
+    [sent] = await fake_discord.wait_sent(1)
+    assert fake_discord.typing and sent.content == "echo hello"
     assert await echo.wait_delivered(1) == [DeliveryStatus.DELIVERED]
 
 
-async def test_mention_in_allowed_channel_answered_as_reply(fake: FakeDiscord, echo: Echo) -> None:
-    msg = await fake.say(fake.guild_message("what is LoRa?", mention_bot=True))
-    [sent] = await fake.wait_sent(1)
+async def test_mention_in_allowed_channel_answered_as_reply(
+    fake_discord: FakeDiscord, echo: Echo
+) -> None:
+    msg = await fake_discord.say(fake_discord.guild_message("what is LoRa?", mention_bot=True))
+    [sent] = await fake_discord.wait_sent(1)
 
     [inbound] = echo.inbox
     assert inbound.text == "what is LoRa?"  # the mention is stripped
@@ -147,6 +147,20 @@ def dm_with(bot_flag: bool) -> Callable[[FakeDiscord], Json]:
     return lambda f: f.dm_message("hi", author=user(OTHER_BOT, "otherbot", bot=bot_flag))
 
 
+def from_webhook(f: FakeDiscord) -> Json:
+    data = f.guild_message("hi", mention_bot=True, author=user(OTHER_BOT, "hook"))
+    data["webhook_id"] = str(OTHER_BOT)
+    return data
+
+
+def empty_reply_to_bot(f: FakeDiscord) -> Json:
+    """Without the message content intent a reply that does not ping us arrives empty."""
+    earlier = Sent(
+        channel_id=CHANNEL_ID, payload={"content": "an earlier answer"}, id=f.snowflake()
+    )
+    return f.guild_message("", reply_to=earlier)
+
+
 IGNORED: dict[str, Callable[[FakeDiscord], Json]] = {
     "guild message without mention": lambda f: f.guild_message("hello all"),
     "mention in a channel not allowed": lambda f: f.guild_message(
@@ -159,48 +173,109 @@ IGNORED: dict[str, Callable[[FakeDiscord], Json]] = {
     "our own message": lambda f: f.guild_message(
         "hi", mention_bot=True, author=user(BOT_ID, "meshsage", bot=True)
     ),
+    "a webhook mentioning us": from_webhook,
+    "mention in a thread of a channel not allowed": lambda f: f.guild_message(
+        "hi", mention_bot=True, channel_id=OTHER_THREAD_ID
+    ),
+    "reply to the bot without content": empty_reply_to_bot,
 }
 
 
 @pytest.mark.parametrize("case", list(IGNORED))
-async def test_ignored(fake: FakeDiscord, echo: Echo, case: str) -> None:
-    await fake.say(IGNORED[case](fake))
-    await fake.say(fake.guild_message("sentinel", mention_bot=True, author=user(BOB, "bob")))
-    [sent] = await fake.wait_sent(1)
+async def test_ignored(fake_discord: FakeDiscord, echo: Echo, case: str) -> None:
+    await fake_discord.say(IGNORED[case](fake_discord))
+    await fake_discord.say(
+        fake_discord.guild_message("sentinel", mention_bot=True, author=user(BOB, "bob"))
+    )
+    [sent] = await fake_discord.wait_sent(1)
     assert [i.text for i in echo.inbox] == ["sentinel"]
     assert sent.content == "echo sentinel"
 
 
-async def test_reply_to_bot_message_continues_without_mention(
-    fake: FakeDiscord, echo: Echo
+async def test_thread_in_an_allowed_channel_is_a_space_of_its_own(
+    fake_discord: FakeDiscord, echo: Echo
 ) -> None:
-    await fake.say(fake.guild_message("first", mention_bot=True))
-    [bot_msg] = await fake.wait_sent(1)
-    await fake.say(fake.guild_message("and then?", reply_to=bot_msg))
-    await fake.wait_sent(2)
+    await fake_discord.say(
+        fake_discord.guild_message("in the thread", mention_bot=True, channel_id=THREAD_ID)
+    )
+    [sent] = await fake_discord.wait_sent(1)
+    [inbound] = echo.inbox
+    assert inbound.space == f"guild:{GUILD_ID}:ch:{THREAD_ID}" != SPACE
+    assert (sent.channel_id, sent.content) == (THREAD_ID, "echo in the thread")
+
+
+RESTRICTED = DiscordConfig(
+    channels=(CHANNEL_ID,),
+    dms=False,
+    blocked_users=(BOB,),
+    allowed_roles=(ROLE_MEMBER,),
+    blocked_roles=(ROLE_MUTED,),
+)
+
+
+async def test_user_and_role_lists_read_from_discord_messages(fake_discord: FakeDiscord) -> None:
+    """The roles come from the member data discord.py attaches to each guild message."""
+    echo = Echo()
+    transport = await connect(fake_discord, echo, RESTRICTED)
+    try:
+        for data in (
+            fake_discord.dm_message("a DM (DMs are off)"),
+            fake_discord.guild_message("no role", mention_bot=True),
+            fake_discord.guild_message(
+                "muted member", mention_bot=True, roles=(ROLE_MEMBER, ROLE_MUTED)
+            ),
+            fake_discord.guild_message(
+                "blocked user", mention_bot=True, roles=(ROLE_MEMBER,), author=user(BOB, "bob")
+            ),
+            fake_discord.guild_message("member", mention_bot=True, roles=(ROLE_MEMBER,)),
+        ):
+            await fake_discord.say(data)
+        [sent] = await fake_discord.wait_sent(1)
+        assert [i.text for i in echo.inbox] == ["member"]
+        assert sent.content == "echo member"
+    finally:
+        await transport.stop()
+
+
+def test_discord_gets_a_bigger_budget_than_the_mesh() -> None:
+    mesh = MeshtasticConfig()
+    limits = build_discord(DiscordConfig(), env={}).limits
+    assert (limits.context_tokens, limits.max_tokens) == (4096, 800)
+    assert limits.context_tokens > mesh.context_tokens and limits.max_tokens > mesh.max_tokens
+    custom = build_discord(DiscordConfig(context_tokens=16000, max_tokens=2000), env={}).limits
+    assert (custom.context_tokens, custom.max_tokens) == (16000, 2000)
+
+
+async def test_reply_to_bot_message_continues_without_mention(
+    fake_discord: FakeDiscord, echo: Echo
+) -> None:
+    await fake_discord.say(fake_discord.guild_message("first", mention_bot=True))
+    [bot_msg] = await fake_discord.wait_sent(1)
+    await fake_discord.say(fake_discord.guild_message("and then?", reply_to=bot_msg))
+    await fake_discord.wait_sent(2)
     assert [i.text for i in echo.inbox] == ["first", "and then?"]
     assert echo.inbox[1].reply_to == str(bot_msg.id)
 
 
 async def test_reply_to_a_later_part_continues_the_whole_answer(
-    fake: FakeDiscord, echo: Echo
+    fake_discord: FakeDiscord, echo: Echo
 ) -> None:
     """The responder stores an answer under its first message id; a reply to part 2 of it
     must name that id as its parent."""
     echo.answer = lambda i: Reply(inbound=i, text=("A long sentence here. " * 60) * 2)
-    await fake.say(fake.dm_message("tell me a lot"))
-    first, second = await fake.wait_sent(2)
-    await fake.say(fake.dm_message("about part two", reply_to=second))
-    await fake.wait_sent(4)
+    await fake_discord.say(fake_discord.dm_message("tell me a lot"))
+    first, second = await fake_discord.wait_sent(2)
+    await fake_discord.say(fake_discord.dm_message("about part two", reply_to=second))
+    await fake_discord.wait_sent(4)
     assert echo.inbox[1].reply_to == str(first.id)
 
 
 async def test_message_text_never_logged_at_info(
-    fake: FakeDiscord, echo: Echo, caplog: pytest.LogCaptureFixture
+    fake_discord: FakeDiscord, echo: Echo, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    await fake.say(fake.dm_message("my secret is zanzibar-omelette"))
-    await fake.wait_sent(1)
+    await fake_discord.say(fake_discord.dm_message("my secret is zanzibar-omelette"))
+    await fake_discord.wait_sent(1)
     await echo.wait_delivered(1)
     assert caplog.records
     leaks = [
@@ -209,12 +284,12 @@ async def test_message_text_never_logged_at_info(
     assert leaks == []
 
 
-async def test_same_message_twice_answered_once(fake: FakeDiscord, echo: Echo) -> None:
-    msg = fake.dm_message("once")
-    await fake.say(msg)
-    await fake.say(msg)  # a gateway replay after a resume
-    await fake.say(fake.dm_message("sentinel"))
-    await fake.wait_sent(2)
+async def test_same_message_twice_answered_once(fake_discord: FakeDiscord, echo: Echo) -> None:
+    msg = fake_discord.dm_message("once")
+    await fake_discord.say(msg)
+    await fake_discord.say(msg)  # a gateway replay after a resume
+    await fake_discord.say(fake_discord.dm_message("sentinel"))
+    await fake_discord.wait_sent(2)
     assert [i.text for i in echo.inbox] == ["once", "sentinel"]
 
 
@@ -225,14 +300,16 @@ def long_code_answer() -> str:
 
 
 async def test_five_thousand_char_answer_split_through_the_adapter(
-    fake: FakeDiscord, echo: Echo
+    fake_discord: FakeDiscord, echo: Echo
 ) -> None:
     answer = long_code_answer()
     assert 5000 <= len(answer) <= 7000
     echo.answer = lambda i: Reply(inbound=i, text=answer, note="history trimmed")
-    msg = await fake.say(fake.guild_message("script please", mention_bot=True))
-    await fake.say(fake.guild_message("sentinel", mention_bot=True, author=user(BOB, "bob")))
-    sent = await fake.wait_sent(5)
+    msg = await fake_discord.say(fake_discord.guild_message("script please", mention_bot=True))
+    await fake_discord.say(
+        fake_discord.guild_message("sentinel", mention_bot=True, author=user(BOB, "bob"))
+    )
+    sent = await fake_discord.wait_sent(5)
     parts = [s for s in sent if s.content != "echo sentinel" and s.payload.get("content")]
     # In order, the first a reply to the question, the rest plain follow-ups in the channel.
     contents = [s.content for s in parts[:4]]
@@ -249,41 +326,43 @@ async def test_five_thousand_char_answer_split_through_the_adapter(
     assert contents[1].startswith("```python\n")
 
 
-async def test_export_attachments_go_to_the_person_by_dm(fake: FakeDiscord, echo: Echo) -> None:
+async def test_export_attachments_go_to_the_person_by_dm(
+    fake_discord: FakeDiscord, echo: Echo
+) -> None:
     files = (Attachment("export.md", b"# you\n"), Attachment("export.json", b"{}"))
     echo.answer = lambda i: Reply(
         inbound=i, text="Your export is on its way privately.", kind=ReplyKind.COMMAND,
         attachments=files,
     )  # fmt: skip
-    await fake.say(fake.guild_message("!export", mention_bot=True))
-    reply, dm = await fake.wait_sent(2)
+    await fake_discord.say(fake_discord.guild_message("!export", mention_bot=True))
+    reply, dm = await fake_discord.wait_sent(2)
     assert reply.channel_id == CHANNEL_ID and not reply.files
-    assert dm.channel_id == fake.dm_channel_id(ALICE)
+    assert dm.channel_id == fake_discord.dm_channel_id(ALICE)
     assert dm.files == [("export.md", b"# you\n"), ("export.json", b"{}")]
-    assert fake.dm_opened == [ALICE]
+    assert fake_discord.dm_opened == [ALICE]
     assert await echo.wait_delivered(1) == [DeliveryStatus.DELIVERED]
 
 
 async def test_closed_dms_reported_in_channel_and_delivery_failed(
-    fake: FakeDiscord, echo: Echo
+    fake_discord: FakeDiscord, echo: Echo
 ) -> None:
-    fake.forbidden_channels.add(fake.dm_channel_id(ALICE))
+    fake_discord.forbidden_channels.add(fake_discord.dm_channel_id(ALICE))
     echo.answer = lambda i: Reply(
         inbound=i, text="On its way.", kind=ReplyKind.COMMAND,
         attachments=(Attachment("export.md", b"x"),),
     )  # fmt: skip
-    await fake.say(fake.guild_message("!export", mention_bot=True))
-    reply, notice = await fake.wait_sent(2)
+    await fake_discord.say(fake_discord.guild_message("!export", mention_bot=True))
+    reply, notice = await fake_discord.wait_sent(2)
     assert (reply.channel_id, reply.content) == (CHANNEL_ID, "On its way.")
     assert notice.channel_id == CHANNEL_ID
     assert "could not send you a DM" in notice.content
     assert await echo.wait_delivered(1) == [DeliveryStatus.FAILED]
 
 
-async def test_answer_after_restart_rebuilds_the_reply_target(fake: FakeDiscord) -> None:
+async def test_answer_after_restart_rebuilds_the_reply_target(fake_discord: FakeDiscord) -> None:
     """A message stored before a restart is answered by a transport that never saw it."""
     echo = Echo()
-    transport = await connect(fake, echo)
+    transport = await connect(fake_discord, echo)
     try:
         guild = Inbound(
             transport="discord", sender=str(ALICE), text="q", space=SPACE, message_id="1234"
@@ -293,14 +372,14 @@ async def test_answer_after_restart_rebuilds_the_reply_target(fake: FakeDiscord)
         assert (await transport.send(Reply(inbound=dm, text="late too"))).status.value == (
             "delivered"
         )
-        first, second = fake.sent
+        first, second = fake_discord.sent
         assert (first.channel_id, first.reference_id) == (CHANNEL_ID, 1234)
-        assert (second.channel_id, second.reference_id) == (fake.dm_channel_id(BOB), 5678)
+        assert (second.channel_id, second.reference_id) == (fake_discord.dm_channel_id(BOB), 5678)
     finally:
         await transport.stop()
 
 
-async def test_send_never_raises_on_foreign_ids(fake: FakeDiscord, echo: Echo) -> None:
+async def test_send_never_raises_on_foreign_ids(fake_discord: FakeDiscord, echo: Echo) -> None:
     assert echo.transport is not None
     for inbound in (
         Inbound(transport="discord", sender="alice", text="q"),  # a DM to a non-Discord id
@@ -308,7 +387,7 @@ async def test_send_never_raises_on_foreign_ids(fake: FakeDiscord, echo: Echo) -
     ):
         delivery = await echo.transport.send(Reply(inbound=inbound, text="hi"))
         assert delivery.status is DeliveryStatus.FAILED and delivery.detail
-    assert fake.sent == []
+    assert fake_discord.sent == []
 
 
 # --- startup failures ---------------------------------------------------------------------
@@ -327,35 +406,35 @@ async def test_missing_token_one_clear_error(caplog: pytest.LogCaptureFixture) -
 
 
 async def test_bad_token_one_clear_error(
-    fake: FakeDiscord, caplog: pytest.LogCaptureFixture
+    fake_discord: FakeDiscord, caplog: pytest.LogCaptureFixture
 ) -> None:
     transport = build_discord(CONFIG, env={"DISCORD_TOKEN": "wrong"})
     await transport.start(Echo())
     await asyncio.wait_for(transport.wait_closed(), 5)
     [message] = errors(caplog)
     assert "rejected the token in DISCORD_TOKEN" in message and "Reset Token" in message
-    assert fake.logins == 1  # a rejected token is not retried
+    assert fake_discord.logins == 1  # a rejected token is not retried
 
 
 async def test_message_content_intent_missing_one_clear_error(
-    fake: FakeDiscord, caplog: pytest.LogCaptureFixture
+    fake_discord: FakeDiscord, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fake.close_code = 4014
+    fake_discord.close_code = 4014
     transport = build_discord(CONFIG, env={"DISCORD_TOKEN": TOKEN})
     await transport.start(Echo())
     await asyncio.wait_for(transport.wait_closed(), 5)
     [message] = errors(caplog)
     assert "MESSAGE CONTENT INTENT" in message
-    assert fake.identify is not None
-    assert fake.identify["intents"] & (1 << 15)  # we did ask for message content
+    assert fake_discord.identify is not None
+    assert fake_discord.identify["intents"] & (1 << 15)  # we did ask for message content
 
 
-async def test_intent_not_requested_when_disabled(fake: FakeDiscord) -> None:
+async def test_intent_not_requested_when_disabled(fake_discord: FakeDiscord) -> None:
     echo = Echo()
-    transport = await connect(fake, echo, DiscordConfig(message_content_intent=False))
+    transport = await connect(fake_discord, echo, DiscordConfig(message_content_intent=False))
     await transport.stop()
-    assert fake.identify is not None
-    assert not fake.identify["intents"] & (1 << 15)
+    assert fake_discord.identify is not None
+    assert not fake_discord.identify["intents"] & (1 << 15)
 
 
 async def test_network_outage_at_startup_retried_with_backoff(

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from bot.config import MeshtasticConfig
 from bot.domain import DM_SPACE
@@ -192,3 +195,56 @@ async def test_worker_turns_sys_exit_into_an_error_and_survives() -> None:
     with pytest.raises(TimeoutError):
         await worker.call(lambda: time.sleep(0.3), timeout=0.01)
     worker.shutdown()
+
+
+def _example_meshtastic_block() -> str:
+    """The commented-out ``meshtastic:`` section of config.example.yaml, uncommented."""
+    example = (Path(__file__).parent.parent / "config.example.yaml").read_text(encoding="utf-8")
+    lines = example.splitlines()
+    start = lines.index("# meshtastic:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        block.append(line[2:] if line.startswith("# ") else line[1:])
+    return "\n".join(block)
+
+
+def test_example_documents_every_meshtastic_key_in_its_own_section() -> None:
+    section = yaml.safe_load(_example_meshtastic_block())["meshtastic"]
+    fields = set(MeshtasticConfig.model_fields)
+    commented = {  # optional keys shown commented out inside the section ("#   # trigger: ...")
+        m.group(1)
+        for m in re.finditer(r"^  # ([a-z_]+): \S", _example_meshtastic_block(), re.MULTILINE)
+    }
+    assert set(section) - fields == set()  # no stale key in the example
+    assert sorted(fields - set(section) - commented) == []  # no undocumented key
+    MeshtasticConfig.model_validate(section)  # the documented values are valid together
+
+
+def test_ble_factory_passes_address_and_closes_a_half_built_interface(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No BLE hardware or BlueZ here: the library class is stubbed (nothing real can run)."""
+    from meshtastic.ble_interface import BLEInterface
+    from meshtastic.mesh_interface import MeshInterface
+
+    calls: list[tuple[str, Any]] = []
+
+    def init(self: Any, address: str, timeout: int = 300) -> None:
+        calls.append(("init", (address, timeout)))
+        if address == "AA:BB:CC:DD:EE:00":
+            raise MeshInterface.MeshInterfaceError("Timed out waiting for connection completion")
+
+    monkeypatch.setattr(BLEInterface, "__init__", init)
+    monkeypatch.setattr(BLEInterface, "close", lambda self: calls.append(("close", self)))
+    cfg = MeshtasticConfig.model_validate(
+        {"connection": "ble", "address": "AA:BB:CC:DD:EE:FF", "connect_timeout": 42}
+    )
+    iface = default_interface_factory(cfg)()
+    assert isinstance(iface, BLEInterface) and calls == [("init", ("AA:BB:CC:DD:EE:FF", 42))]
+    calls.clear()
+    broken = cfg.model_copy(update={"address": "AA:BB:CC:DD:EE:00"})
+    with pytest.raises(MeshInterface.MeshInterfaceError):
+        default_interface_factory(broken)()
+    assert [c[0] for c in calls] == ["init", "close"]  # BlueZ is not left connected

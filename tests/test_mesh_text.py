@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import regex
 from hypothesis import given, settings
@@ -93,6 +95,14 @@ def test_never_splits_a_zwj_family_or_flag() -> None:
         assert utf8_len(part.body.removesuffix(MARKER)) % 8 == 0
 
 
+@pytest.mark.parametrize("size", [2_500, 25_000])
+def test_unfitted_text_of_ten_or_more_parts_still_fits_each_packet(size: int) -> None:
+    parts = split_parts("x" * size, chunk_bytes=CHUNK, max_parts=3)  # not shortened by fit
+    on_air = render_parts(parts)
+    assert len(on_air) >= 10 and all(utf8_len(p) <= CHUNK for p in on_air)
+    assert reassemble(parts) == "x" * size
+
+
 def test_single_giant_cluster_is_still_cut_to_fit() -> None:
     text = "a" + "\u0301" * 300  # one cluster of 601 bytes
     assert all(utf8_len(p) <= CHUNK for p in sent(text))
@@ -153,24 +163,55 @@ def assert_fits(text: str, max_parts: int) -> None:
     on_air = render_parts(parts)
     assert len(parts) <= max_parts
     assert all(0 < utf8_len(p) <= CHUNK for p in on_air)
+    for p in on_air:
+        p.encode("utf-8").decode("utf-8")  # each packet alone is valid UTF-8
     assert reassemble(parts) == fitted
     assert fit(fitted, chunk_bytes=CHUNK, max_parts=max_parts) == fitted
-    if len(parts) > 1:
-        assert [p.split(" ", 1)[0] for p in on_air] == [
-            f"({i}/{len(parts)})" for i in range(1, len(parts) + 1)
-        ]
-    # Every cut is a grapheme-cluster boundary according to an independent implementation.
-    bounds = {0}
+    # What the radio sends, numbering removed, is the stored text (separators aside) ...
+    n = len(parts)
+    bodies = [p.removeprefix(f"({i}/{n}) ") if n > 1 else p for i, p in enumerate(on_air, 1)]
+    assert bodies == [p.body for p in parts]
+    # ... and the stored text is the reply itself, or a prefix of it with the marker.
+    whole = normalize(text)
+    if fitted != whole:
+        assert fitted.endswith(MARKER.strip())
+        assert whole.startswith(fitted.removesuffix(MARKER).removesuffix(MARKER.strip()))
+        assert len(split_parts(whole, chunk_bytes=CHUNK, max_parts=max_parts)) > max_parts
+    if n > 1:
+        assert [p.split(" ", 1)[0] for p in on_air] == [f"({i}/{n})" for i in range(1, n + 1)]
+    # Every cut is a grapheme-cluster boundary according to an independent implementation,
+    # except inside a single cluster too long for any packet (the documented last resort).
+    spans: list[tuple[int, int]] = []
     pos = 0
     for cluster in regex.findall(r"\X", fitted):
+        spans.append((pos, pos + len(cluster)))
         pos += len(cluster)
-        bounds.add(pos)
+    bounds = {0} | {end for _, end in spans}
+
+    def allowed(cut: int) -> bool:
+        if cut in bounds:
+            return True
+        start, end = next((a, b) for a, b in spans if a < cut < b)
+        return utf8_len(fitted[start:end]) > CHUNK - len("(9/9) ")
+
     pos = 0
     for part in parts[:-1]:
         pos += len(part.body)
-        assert pos in bounds, (fitted, pos)
+        assert allowed(pos), (fitted, pos)
         pos += len(part.sep)
-        assert pos in bounds
+        assert allowed(pos), (fitted, pos)
+
+
+def exactly(n: int, pieces: list[str]) -> str:
+    """``pieces`` repeated up to ``n`` UTF-8 bytes, padded with ASCII to exactly ``n``."""
+    out: list[str] = []
+    used = 0
+    for piece in itertools.cycle(pieces):
+        if used + utf8_len(piece) > n:
+            break
+        out.append(piece)
+        used += utf8_len(piece)
+    return "".join(out) + "a" * (n - used)
 
 
 @settings(max_examples=300, deadline=None)
@@ -180,6 +221,32 @@ def assert_fits(text: str, max_parts: int) -> None:
 )
 def test_property_every_part_fits_and_reassembles(text: str, max_parts: int) -> None:
     assert_fits(text, max_parts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 2000),
+    st.lists(st.sampled_from(ALPHABET), min_size=1, max_size=40),
+    st.integers(1, 5),
+)
+def test_property_any_byte_length_up_to_2000(n: int, pieces: list[str], max_parts: int) -> None:
+    text = exactly(n, pieces)  # lengths drawn uniformly, not only what short lists reach
+    assert utf8_len(text) == n
+    assert_fits(text, max_parts)
+
+
+MIXED = ["Héllo", " ", "日本語", "。", "👨‍👩‍👧", " ", "naïve", ". ", "🇫🇷", "e\u0301"]
+MIXED += ["👍🏽", "한국", "❤️", " ", "word", "! ", "🏳️‍🌈", "ß", "\n", "中文", "1️⃣", "? "]
+
+
+def test_every_byte_length_from_1_to_2000() -> None:
+    """Exhaustive: emoji, ZWJ sequences, flags, CJK and accents at every length, each length
+    starting at a different point of the mix so that cuts land everywhere."""
+    for n in range(1, 2001):
+        shift = n % len(MIXED)
+        text = exactly(n, MIXED[shift:] + MIXED[:shift])
+        assert utf8_len(text) == n
+        assert_fits(text, 3)
 
 
 @settings(max_examples=200, deadline=None)

@@ -45,6 +45,7 @@ async def _run_once(config: Path, env: dict[str, str], radio: FakeTcpRadio, text
     assert proc.returncode == 0, err.decode()[-2000:]
     assert "stopped cleanly" in err.decode()
     assert text not in err.decode()  # no message text in the INFO log
+    assert len(radio.texts()) == before + 1  # one answer, no "thinking..." or notices
     packet = radio.sent_texts()[-1][1]
     assert (packet.to, packet.want_ack) == (ALICE, True)
     return bytes(packet.decoded.payload).decode("utf-8")

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import threading
 from typing import Any
 
+import pytest
+
 from bot.domain import DM_SPACE, DeliveryStatus, Reply
+from bot.transports import meshtastic as meshtastic_transport
 from tests.fakes.fake_radio import ALICE, BOB, BROADCAST, MY_NUM, STRANGER
 from tests.fakes.mesh_harness import mesh_harness
 
@@ -84,7 +89,10 @@ async def test_duplicates_never_reach_the_responder_twice() -> None:
         assert [m.message_id for m in h.inbox] == ["501", "504", "505"]
 
 
-async def test_packets_that_are_not_for_us_are_ignored_without_crashing() -> None:
+async def test_packets_that_are_not_for_us_are_ignored_without_crashing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="bot.transport.meshtastic")
     async with mesh_harness(channels=[0], ignore_nodes=[f"!{BOB:08x}"]) as h:
         r = h.radio
         r.inject_text("echo of myself", frm=MY_NUM)
@@ -104,6 +112,25 @@ async def test_packets_that_are_not_for_us_are_ignored_without_crashing() -> Non
         await h.message(2)
         await asyncio.sleep(0.05)
         assert [m.text for m in h.inbox] == ["caf\ufffd ok?", "sentinel"]
+    ignored = [r for r in caplog.records if r.getMessage().startswith("ignored a packet")]
+    reasons = [r.getMessage().split(": ", 1)[1] for r in ignored if r.levelno == logging.INFO]
+    assert reasons == [  # one INFO line per ignored text packet, with the reason, in order
+        "our own packet",
+        "relayed from MQTT",
+        "tapback reaction",
+        "ignored node",
+        "numbered bot output (loop guard)",
+        "addressed to another node",
+        "could not decrypt (no shared channel key or PKI key)",
+        "invalid UTF-8",
+        "empty text",
+        "empty text",
+        "trigger without a question",
+    ]
+    assert any("not text (POSITION_APP)" in r.getMessage() for r in ignored)  # DEBUG only
+    info = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.INFO)
+    for text in ("echo of myself", "from mqtt", "another bot", "numbered output", "someone else"):
+        assert text not in info  # never message text above DEBUG
 
 
 async def test_long_reply_is_numbered_and_spaced_on_the_radio_clock() -> None:
@@ -185,8 +212,7 @@ async def test_tcp_server_disappears_then_returns_and_queued_parts_go_out() -> N
     async with mesh_harness() as h:
         h.radio.inject_text("question")
         inbound = await h.message()
-        h.tcp.stop()  # the node reboots: connection gone, reconnects refused
-        await h.until(lambda: not h.transport._up.is_set(), "link down")
+        await h.server_gone()  # the node reboots: connection gone, reconnects refused
         task = asyncio.ensure_future(h.reply(inbound, "An answer. " * 30))
         await h.clock.sleep(30)  # a few failed reconnects (virtual time)
         assert not task.done() and h.radio.sent_texts() == []
@@ -200,12 +226,28 @@ async def test_tcp_server_disappears_then_returns_and_queued_parts_go_out() -> N
         assert h.tcp.connections == 2
 
 
+async def test_send_that_hangs_is_abandoned_and_the_link_rebuilt() -> None:
+    # call_timeout guards a real blocked thread, so it is real time (kept short here).
+    async with mesh_harness(call_timeout=0.5) as h:
+        h.radio.inject_text("question")
+        inbound = await h.message()
+        h.radio.report_tx_queue(0)  # the node's TX queue is full: the library's send blocks
+        old = h.interfaces[-1]
+        await h.until(lambda: old.queueStatus is not None, "the library saw the queue status")
+        task = asyncio.ensure_future(h.reply(inbound, "An answer. " * 30))
+        # The hung write is abandoned, the link rebuilt, the parts sent (30 s: a hang guard).
+        delivery = await asyncio.wait_for(task, 30)
+        assert delivery.status is DeliveryStatus.DELIVERED
+        assert h.tcp.connections == 2
+        assert not old._rxThread.is_alive()  # the old interface really closed (no wedged close)
+        assert [p.decoded.payload[:5] for _, p in h.radio.sent_texts()] == [b"(1/2)", b"(2/2)"]
+
+
 async def test_queued_reply_waits_a_bounded_time() -> None:
     async with mesh_harness(queue_wait=60.0) as h:
         h.radio.inject_text("question")
         inbound = await h.message()
-        h.tcp.stop()
-        await h.until(lambda: not h.transport._up.is_set(), "link down")
+        await h.server_gone()
         delivery = await h.reply(inbound, "Lost answer.")
         assert delivery.status is DeliveryStatus.FAILED
         assert delivery.detail and "no radio link" in delivery.detail
@@ -226,14 +268,52 @@ async def test_serial_unplug_then_replug_reconnects() -> None:
         assert (await h.reply(second, "welcome back")).status is DeliveryStatus.DELIVERED
 
 
-async def test_startup_without_radio_keeps_retrying() -> None:
-    async with mesh_harness(start_radio=False) as h:
-        await h.clock.sleep(60)
+async def test_startup_without_radio_keeps_retrying_with_backoff(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="bot.transport.meshtastic")
+    async with mesh_harness(start_radio=False, reconnect_initial=5, reconnect_max=300) as h:
+        await h.clock.sleep(1800)  # half an hour without a radio (virtual time)
         assert not h.transport._up.is_set()
+        gaps = [b - a for a, b in itertools.pairwise(h.attempts)]
+        bases = [5, 10, 20, 40, 80, 160, 300, 300, 300, 300]
+        assert len(gaps) >= len(bases)  # still trying long after reaching the cap
+        for gap, base in zip(gaps, bases, strict=False):
+            assert 0.8 * base <= gap <= min(300, 1.2 * base), (gaps, base)
+        assert len({round(g, 6) for g in gaps[6:]}) > 1  # jitter: no lock-step with other bots
+        retries = [r for r in caplog.records if "radio not reachable" in r.getMessage()]
+        assert len(retries) == len(h.attempts)  # every failed attempt logged, with its wait
+        assert all("retrying in" in r.getMessage() for r in retries)
         h.tcp.restart()
         await h.connected()
         h.radio.inject_text("finally")
         assert (await h.message()).text == "finally"
+
+
+async def test_connect_finishing_after_its_timeout_is_closed_not_leaked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(meshtastic_transport, "CONNECT_MARGIN", 0.0)
+    release = threading.Event()
+
+    def slow_first_connect(attempt: int) -> None:
+        if attempt == 0:
+            release.wait(10)  # the first handshake is slow
+
+    # connect_timeout guards a real blocked thread, so it is real time (1 s here).
+    async with mesh_harness(
+        start_radio=False, connect_timeout=1.0, after_connect=slow_first_connect
+    ) as h:
+        h.tcp.restart()
+        # The second attempt waits for the node, whose one API slot the first link still holds.
+        await h.until(lambda: len(h.attempts) >= 2, "a second attempt after the timeout")
+        release.set()  # the first attempt completes, too late to be used: it must be closed
+        await h.connected()
+        late, used = h.interfaces
+        assert h.transport._iface is used and h.tcp.connections == 2
+        assert not late._rxThread.is_alive()
+        h.radio.inject_text("hello")
+        assert (await h.message()).text == "hello"
 
 
 async def test_stale_link_is_probed_and_rebuilt() -> None:
@@ -280,8 +360,7 @@ async def test_send_refuses_when_not_running_or_full() -> None:
     async with mesh_harness(outbox_limit=1) as h:
         h.radio.inject_text("q")
         inbound = await h.message()
-        h.tcp.stop()
-        await h.until(lambda: not h.transport._up.is_set(), "link down")
+        await h.server_gone()
         waiting = asyncio.ensure_future(h.reply(inbound, "first"))
         await h.until(lambda: len(h.transport._jobs) == 1, "queued reply")
         full = await h.reply(inbound, "second")

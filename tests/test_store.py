@@ -87,8 +87,8 @@ async def test_fts_follows_inserts_and_deletes(store: SqliteStore) -> None:
     mid = await store.add_message(
         conv.id, role="user", author="alice", text="Running shoes", tokens=2, status="x"
     )
-    hits = await store.fts_search(conv.id, '"run"', after_id=0, before_id=10**9, limit=5)
-    assert [h[0] for h in hits] == [mid]  # porter stemming: run ~ running
+    hits = await store.search_terms(conv.id, ["run"], after_id=0, before_id=10**9)
+    assert hits == [[mid]]  # porter stemming: run ~ running
     await store.forget_person("console", "alice")
     n = await store._all("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'run'")
     assert n[0][0] == 0
@@ -143,8 +143,8 @@ async def test_retention_prunes_old_messages_and_their_index(store: SqliteStore)
         conv.id, role="user", author="a", text="fresh kiwi", tokens=1, status="x"
     )
     assert await store.prune_older_than(2000.0, batch=1) == 1
-    hits = await store.fts_search(conv.id, '"kiwi"', after_id=0, before_id=10**9, limit=5)
-    assert len(hits) == 1
+    hits = await store.search_terms(conv.id, ["kiwi"], after_id=0, before_id=10**9)
+    assert len(hits[0]) == 1
 
 
 async def test_app_applies_retention_at_start(tmp_path: Path, fake_llm: FakeLLM) -> None:

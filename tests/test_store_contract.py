@@ -84,13 +84,25 @@ async def test_reply_to_platform_id_resolves_the_parent(memory: MemoryStore) -> 
     assert (await memory.messages_by_ids([child]))[0].parent_id == first
 
 
+async def test_ancestors_walk_the_reply_chain_nearest_first(memory: MemoryStore) -> None:
+    conv = await memory.conversation(ALICE)
+    q = await _say(memory, ALICE, "question")
+    a = await memory.add_message(conv.id, role="assistant", author="bot", text="answer", tokens=1,
+                                 status="sent", parent_id=q, platform_id="p-9")  # fmt: skip
+    r = await memory.add_message(conv.id, role="user", author="a", text="follow-up", tokens=1,
+                                 status="pending", reply_to_platform_id="p-9")  # fmt: skip
+    assert [m.id for m in await memory.ancestors(r, limit=5)] == [a, q]
+    assert [m.id for m in await memory.ancestors(r, limit=1)] == [a]
+    assert await memory.ancestors(q, limit=5) == []
+
+
 async def test_search_is_scoped_to_one_conversation(memory: MemoryStore) -> None:
     mine = await _say(memory, ALICE, "my antenna is a yagi")
     await _say(memory, BOB, "bob also has a yagi antenna")
     conv = await memory.conversation(ALICE)
-    hits = await memory.fts_search(conv.id, '"yagi" OR "antenna"', after_id=0,
-                                   before_id=10**9, limit=10)  # fmt: skip
-    assert [h[0] for h in hits] == [mine]
+    hits = await memory.search_terms(conv.id, ["yagi", "antenna"], after_id=0, before_id=10**9)
+    assert hits == [[mine], [mine]]
+    assert [m[0] for m in await memory.outline(conv.id, after_id=0, before_id=10**9)] == [mine]
 
 
 async def test_summary_refused_when_it_starts_before_the_reset(memory: MemoryStore) -> None:
@@ -117,11 +129,11 @@ async def test_forget_removes_every_row_of_that_person_only(memory: MemoryStore)
     assert await memory.conversations_of("mesh", ALICE.person) == []
     assert await memory.stats() == {"conversations": 1, "messages": 1, "summaries": 0,
                                     "facts": 0}  # fmt: skip
-    old = await memory.fts_search(conv.id, '"kumquat"', after_id=0, before_id=10**9, limit=5)
-    assert old == []
+    old = await memory.search_terms(conv.id, ["kumquat"], after_id=0, before_id=10**9)
+    assert old == [[]]
     bob_conv = await memory.conversation(BOB)
-    assert [h[0] for h in await memory.fts_search(
-        bob_conv.id, '"kumquat"', after_id=0, before_id=10**9, limit=5)] == [bob]  # fmt: skip
+    assert await memory.search_terms(bob_conv.id, ["kumquat"], after_id=0,
+                                     before_id=10**9) == [[bob]]  # fmt: skip
 
 
 async def test_pending_messages_are_found_for_recovery(memory: MemoryStore) -> None:

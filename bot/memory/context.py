@@ -12,6 +12,8 @@ Invariants:
 - Nothing before the conversation's reset mark is used (store queries are bounded by it).
 - Retrieval only looks at turns older than the window, so nothing appears twice; when it finds
   nothing good, its share of the budget goes to a longer window.
+- A reply to an older message (Discord reply, ``parent_id``) brings its reply chain (up to
+  ``THREAD_HOPS``, after the reset mark, older than the window) into the retrieved block first.
 - Only the new message may be cut (a 100 KB paste); the stored copy stays whole, and
   ``trimmed`` tells the responder to say so.
 """
@@ -35,6 +37,7 @@ WINDOW_FETCH_MAX = 400
 MIN_NEW_MESSAGE_TOKENS = 16
 FACTS_MAX_SHARE = 0.25
 SUMMARY_MAX_SHARE = 0.25
+THREAD_HOPS = 4  # how far up a reply chain the context follows (answer, question, ...)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +160,16 @@ class ContextBuilder:
         retrieve_budget = free - used - self._header_tokens[RETRIEVED_HEADER]
         if retrieve_budget > 0:
             before = window[0][0].id if window else (new_message_id or 1 << 62)
+            thread: list[StoredMessage] = []
+            if new_message_id is not None:  # a reply: the chain it answers, if out of the window
+                chain = await self._store.ancestors(new_message_id, limit=THREAD_HOPS)
+                thread = [m for m in chain if conversation.reset_after < m.id < before]
             block = await self._retriever.retrieve(
-                conversation, new_text, budget_tokens=retrieve_budget, before_id=before
+                conversation,
+                new_text,
+                budget_tokens=retrieve_budget,
+                before_id=before,
+                thread=thread,
             )
         retrieved_tokens = (
             block.tokens + self._header_tokens[RETRIEVED_HEADER] if block.turns else 0

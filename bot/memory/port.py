@@ -7,10 +7,13 @@ Invariants every implementation keeps:
 - ``add_message`` is durable when it returns; ``answers=`` marks that message answered in the
   same transaction.
 - Everything at or below a conversation's ``reset_after`` is invisible to ``recent_messages``,
-  ``latest_summary`` and ``fts_search`` callers (they pass the mark), and ``save_summary``
-  refuses a summary that starts at or before it.
-- ``forget_person`` removes every row about the person, search-index rows included.
-- ``fts_search`` is scoped to one conversation and never reads other people's rows.
+  ``latest_summary``, ``search_terms``, ``outline`` and ``vector_search`` callers (they pass
+  the mark), and ``save_summary`` refuses a summary that starts at or before it.
+- ``forget_person`` removes every row about the person, search-index rows and vectors included.
+- ``search_terms``, ``outline`` and ``vector_search`` are scoped to one conversation and never
+  read other people's rows; ``vector_search`` scores with the cosine similarity, best first.
+- ``add_vectors`` skips messages that no longer exist; a message keeps one vector (the newest
+  model's), and ``messages_missing_vectors`` lists what a model has not embedded yet.
 """
 
 from __future__ import annotations
@@ -69,19 +72,43 @@ class MemoryStore(Protocol):
 
     async def messages_by_ids(self, ids: Sequence[int]) -> list[StoredMessage]: ...
 
+    async def ancestors(self, message_id: int, *, limit: int) -> list[StoredMessage]: ...
+
     async def all_messages(self, conversation_id: int) -> list[StoredMessage]: ...
+
+    async def count_messages(self, conversation_id: int, *, since_reset: bool = False) -> int: ...
 
     async def count_person_messages(self, transport: str, person: str) -> int: ...
 
-    async def fts_search(
+    async def search_terms(
         self,
         conversation_id: int,
-        match: str,
+        terms: Sequence[str],
         *,
         after_id: int,
         before_id: int,
+        limit_per_term: int = 5000,
+    ) -> list[list[int]]: ...
+
+    async def outline(
+        self, conversation_id: int, *, after_id: int, before_id: int
+    ) -> list[tuple[int, str, int]]: ...
+
+    async def add_vectors(self, rows: Sequence[tuple[int, int, str, Sequence[float]]]) -> int: ...
+
+    async def messages_missing_vectors(
+        self, model: str, *, limit: int, conversation_id: int | None = None, after_id: int = 0
+    ) -> list[StoredMessage]: ...
+
+    async def vector_search(
+        self,
+        conversation_id: int,
+        query: Sequence[float],
+        *,
+        model: str,
+        after_id: int,
+        before_id: int,
         limit: int,
-        weights: tuple[float, float] = (1.0, 0.5),
     ) -> list[tuple[int, float]]: ...
 
     async def latest_summary(self, conversation: Conversation) -> Summary | None: ...

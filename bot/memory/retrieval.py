@@ -1,27 +1,46 @@
 """Retrieval of older turns relevant to a new message, from this conversation only.
 
+How a turn is ranked (lexical; every step measured in bench/recall, see README "Recall"):
+1. The query is the message's distinct content words (stopwords dropped). Each word is looked
+   up as its own quoted FTS5 phrase (Porter-stemmed by the index, which also holds each turn's
+   author and date), so FTS5 syntax in a message (``"``, ``*``, ``NEAR(``, ``OR``, ``col:``)
+   is plain text and any one word can match (FTS5's implicit AND finds nothing for almost
+   every question).
+2. BM25 with this conversation's own statistics (N, document frequencies, average length),
+   binary term frequency and parameters for short chat turns. IDF over one person's history
+   says what is rare *for them*, and nobody else's messages are read at all.
+3. A turn borrows part of its better neighbour's score (and half that from two turns away):
+   an answer rarely repeats the words of the question it answers, and the turns around a
+   strong match are usually about the same thing.
+4. A turn (or one it borrows from) must match at least ``min_score`` of the query's IDF mass,
+   words this person never used included; a question about nothing this person said gets an
+   empty block, and its budget goes to the recent window.
+
 Invariants:
-- Queries are an OR of quoted, stopword-free content words of the message: FTS5's default
-  implicit AND finds nothing for almost every question, and quoting makes FTS5 syntax in the
-  message (``"``, ``*``, ``NEAR(``, ``OR``, ``col:``) plain text.
 - Search is scoped to one conversation and to messages after its reset mark and before the
-  recent window (a rowid range, see ``schema``), so other people's history never costs time
-  and never appears.
-- Hits below ``min_score`` are dropped: a question with nothing relevant gets an empty block and
-  its budget goes to the recent window.
-- The block is packed best-first under the budget, whole turns only, and rendered in
-  chronological order with each turn's date and speaker.
+  recent window (``before_id``), so nothing appears twice and nothing reset comes back.
+- The block is packed best-first under the budget, whole turns only; budget left after every
+  ranked hit may add a hit's partner (the answer to a retrieved question, or the question a
+  retrieved answer answers), never at the expense of a ranked hit.
+- The block is rendered chronologically, grouped under one date line per day, each turn with
+  its speaker; its token count (as counted by the injected counter) never exceeds the budget.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import math
 import re
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from bot.config import RetrievalConfig
 from bot.llm.tokens import TokenCounter
-from bot.memory.store import Conversation, SqliteStore, StoredMessage
+from bot.memory.port import MemoryStore
+from bot.memory.store import USER, Conversation, StoredMessage
 
 STOPWORDS = frozenset(
     """a about above after again against all am an and any are aren't as at be because been
@@ -40,6 +59,8 @@ STOPWORDS = frozenset(
 
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?", re.UNICODE)
 MAX_QUERY_TERMS = 24
+NEIGHBOUR_REACH = 2  # turns on each side a turn borrows from (halving with distance)
+OUTLINE_CACHE = 256  # conversations whose outline stays in memory (about 40 bytes a message)
 
 
 def query_terms(text: str) -> list[str]:
@@ -55,17 +76,14 @@ def query_terms(text: str) -> list[str]:
     return list(seen)
 
 
-def build_match(text: str) -> str | None:
-    """An FTS5 MATCH expression: an OR of quoted terms, or None when nothing is searchable."""
-    terms = query_terms(text)
-    if not terms:
-        return None
-    return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+def day_label(created_at: float) -> str:
+    when = datetime.fromtimestamp(created_at, UTC)
+    return f"[{when.day} {when:%b %Y}]"
 
 
 def render_turn(message: StoredMessage) -> str:
-    when = datetime.fromtimestamp(message.created_at, UTC)
-    return f"[{when.day} {when:%b %Y}] {message.author}: {message.text}"
+    """One retrieved turn as the model sees it (under its day's date line)."""
+    return f"{message.author}: {message.text}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,13 +97,203 @@ class RetrievedBlock:
         return "\n".join(self.lines)
 
 
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """A candidate turn: its id and its final score (higher is better)."""
+
+    id: int
+    score: float
+
+
+class Outline:
+    """The shape of one conversation's log, in order: ids, roles and token counts (with prefix
+    sums), which ranking needs for every turn but never the text. Grown as messages arrive."""
+
+    def __init__(self, rows: Sequence[tuple[int, str, int]] = ()) -> None:
+        self.ids: list[int] = []
+        self.roles: list[str] = []
+        self.tokens: list[int] = []
+        self.prefix: list[int] = [0]
+        self.position: dict[int, int] = {}
+        self.extend(rows)
+
+    def extend(self, rows: Sequence[tuple[int, str, int]]) -> None:
+        for mid, role, tokens in rows:
+            if self.ids and mid <= self.ids[-1]:
+                raise ValueError("outline rows must arrive in id order")
+            self.position[mid] = len(self.ids)
+            self.ids.append(mid)
+            self.roles.append(role)
+            self.tokens.append(tokens)
+            self.prefix.append(self.prefix[-1] + tokens)
+
+    @property
+    def last_id(self) -> int:
+        return self.ids[-1] if self.ids else 0
+
+    def span(self, *, after_id: int, before_id: int) -> tuple[int, int]:
+        """Index range [lo, hi) of the messages with after_id < id < before_id."""
+        return bisect.bisect_right(self.ids, after_id), bisect.bisect_left(self.ids, before_id)
+
+
+def bm25_rank(
+    outline: Outline,
+    postings: Sequence[Sequence[int]],
+    *,
+    span: tuple[int, int] | None = None,
+    k1: float,
+    b: float,
+    neighbour: float,
+    min_share: float,
+    limit: int | None = None,
+) -> list[Ranked]:
+    """Rank the turns of ``outline`` within ``span`` (index range; all by default) for a query
+    whose terms matched the ids in ``postings`` (one list per query term). Pure, deterministic,
+    and proportional to the number of matches, not to the length of the conversation.
+
+    A turn's score is its own BM25 score (binary tf: chat turns rarely repeat a word) plus
+    ``neighbour`` times the better of its two adjacent turns' scores plus half that share of
+    the better of the turns two away. A turn is dropped unless it, or a turn it borrows from,
+    matches at least ``min_share`` of the query's IDF mass (words this person never used
+    included). Ties go to the newer turn. ``limit`` keeps only the best ones.
+    """
+    lo, hi = span if span is not None else (0, len(outline.ids))
+    n = hi - lo
+    if n <= 0 or not postings:
+        return []
+    avgdl = max((outline.prefix[hi] - outline.prefix[lo]) / n, 1.0)
+    terms: list[tuple[float, list[int]]] = []  # (idf, positions in the span)
+    for ids in postings:
+        hits = [i for i in (outline.position.get(m) for m in ids) if i is not None and lo <= i < hi]
+        df = len(hits)
+        terms.append((math.log(1.0 + (n - df + 0.5) / (df + 0.5)), hits))
+    possible = sum(idf for idf, _hits in terms)
+    floor = min_share * possible
+    # The commonest words, together, weigh less than the floor: a turn matching only them can
+    # never qualify, so only turns with some other word are worth scoring (most of the work
+    # for long histories, where "caroline" or "today" match thousands of turns).
+    terms.sort(key=lambda t: t[0])
+    common = 0
+    total = 0.0
+    while common < len(terms) and total + terms[common][0] < floor:
+        total += terms[common][0]
+        common += 1
+    seeds = {i for _idf, hits in terms[common:] for i in hits}
+    qualified = [i for i, r in _raw(terms, seeds).items() if r >= floor and r > 0]
+    reach = range(-NEIGHBOUR_REACH, NEIGHBOUR_REACH + 1)
+    candidates = {i + d for i in qualified for d in reach if lo <= i + d < hi}
+    region = {i + d for i in candidates for d in reach}
+    tokens = outline.tokens
+    own = {
+        i: r * (k1 + 1.0) / (1.0 + k1 * (1.0 - b + b * tokens[i] / avgdl))
+        for i, r in _raw(terms, region).items()
+    }
+    lend = [(d, neighbour / 2 ** (d - 1)) for d in range(1, NEIGHBOUR_REACH + 1)]
+    ranked: list[Ranked] = []
+    for i in candidates:  # each is within reach of a turn matching at least the floor
+        score = own.get(i, 0.0)
+        for d, share in lend:
+            score += share * max(own.get(i - d, 0.0), own.get(i + d, 0.0))
+        if score > 0:
+            ranked.append(Ranked(outline.ids[i], score))
+    if limit is not None and limit < len(ranked):
+        return heapq.nsmallest(limit, ranked, key=_rank_key)
+    return sorted(ranked, key=_rank_key)
+
+
+def _rank_key(r: Ranked) -> tuple[float, int]:
+    return (-r.score, -r.id)
+
+
+def _raw(terms: Sequence[tuple[float, list[int]]], where: set[int]) -> dict[int, float]:
+    """Summed IDF of the query words each position in ``where`` contains."""
+    raw: dict[int, float] = {}
+    for idf, hits in terms:
+        for i in hits:
+            if i in where:
+                raw[i] = raw.get(i, 0.0) + idf
+    return raw
+
+
+def partners(
+    outline: Outline, chosen: Sequence[int], *, span: tuple[int, int] | None = None
+) -> list[int]:
+    """For each chosen turn (in rank order), the turn it pairs with, if not chosen already and
+    inside ``span`` (index range; all by default): a person's message pairs with the answer
+    that follows it, an answer with the message before it (what it answered)."""
+    lo, hi = span if span is not None else (0, len(outline.ids))
+    taken = set(chosen)
+    out: list[int] = []
+    for mid in chosen:
+        i = outline.position.get(mid)
+        if i is None:
+            continue
+        role = outline.roles[i]
+        j = i + 1 if role == USER else i - 1
+        if lo <= j < hi and outline.roles[j] != role:
+            other = outline.ids[j]
+            if other not in taken:
+                taken.add(other)
+                out.append(other)
+    return out
+
+
 class Retriever:
+    """Ranks and packs older turns. Keeps a bounded, in-process cache of each recently active
+    conversation's ``Outline``, grown incrementally and rebuilt when its row count says
+    messages were deleted (``!forget``, retention) — by this process or any other."""
+
     def __init__(
-        self, *, store: SqliteStore, counter: TokenCounter, config: RetrievalConfig
+        self, *, store: MemoryStore, counter: TokenCounter, config: RetrievalConfig
     ) -> None:
         self._store = store
         self._counter = counter
         self._config = config
+        self._outlines: OrderedDict[int, Outline] = OrderedDict()
+
+    async def outline(self, conversation_id: int) -> Outline:
+        """This conversation's whole outline, current as of now."""
+        cached = self._outlines.pop(conversation_id, None) or Outline()
+        rows = await self._store.outline(
+            conversation_id, after_id=cached.last_id, before_id=1 << 62
+        )
+        cached.extend(rows)
+        if len(cached.ids) != await self._store.count_messages(conversation_id):
+            cached = Outline(
+                await self._store.outline(conversation_id, after_id=0, before_id=1 << 62)
+            )
+        self._outlines[conversation_id] = cached
+        while len(self._outlines) > OUTLINE_CACHE:
+            self._outlines.popitem(last=False)
+        return cached
+
+    async def rank(
+        self, conversation: Conversation, query: str, *, before_id: int
+    ) -> tuple[list[Ranked], Outline, tuple[int, int]]:
+        """Ranked candidate turns for ``query`` (best first), the outline they came from and
+        the index span searched (after the reset mark, before ``before_id``)."""
+        terms = query_terms(query)
+        if not terms:
+            return [], Outline(), (0, 0)
+        postings = await self._store.search_terms(
+            conversation.id, terms, after_id=conversation.reset_after, before_id=before_id
+        )
+        if not any(postings):
+            return [], Outline(), (0, 0)
+        outline = await self.outline(conversation.id)
+        span = outline.span(after_id=conversation.reset_after, before_id=before_id)
+        cfg = self._config
+        ranked = bm25_rank(
+            outline,
+            postings,
+            span=span,
+            k1=cfg.k1,
+            b=cfg.b,
+            neighbour=cfg.neighbour,
+            min_share=cfg.min_score,
+            limit=cfg.max_turns * 3,
+        )
+        return ranked, outline, span
 
     async def retrieve(
         self,
@@ -94,39 +302,73 @@ class Retriever:
         *,
         budget_tokens: int,
         before_id: int,
+        thread: Sequence[StoredMessage] = (),
     ) -> RetrievedBlock:
-        """Best older turns for ``query`` that fit ``budget_tokens`` (rendered, newline-joined)."""
-        if not self._config.enabled or budget_tokens <= 0 or self._config.max_turns == 0:
+        """Best older turns for ``query`` that fit ``budget_tokens`` (rendered, newline-joined).
+
+        ``thread`` is the reply chain the new message answers (nearest first, already older
+        than the window): it goes in first, and its words join the query, so a reply such as
+        "explain that" brings back what it replies to and what that was about.
+        """
+        cfg = self._config
+        if not cfg.enabled or budget_tokens <= 0 or cfg.max_turns == 0:
             return RetrievedBlock()
-        match = build_match(query)
-        if match is None:
-            return RetrievedBlock()
-        hits = await self._store.fts_search(
-            conversation.id,
-            match,
-            after_id=conversation.reset_after,
-            before_id=before_id,
-            limit=max(4 * self._config.max_turns, 20),
-        )
-        hits = [(mid, score) for mid, score in hits if score > self._config.min_score]
-        if not hits:
-            return RetrievedBlock()
-        by_id = {m.id: m for m in await self._store.messages_by_ids([mid for mid, _ in hits])}
-        chosen: list[tuple[StoredMessage, str, int]] = []
-        used = 0
-        for mid, _score in hits:
-            msg = by_id.get(mid)
-            if msg is None:
-                continue
-            line = render_turn(msg)
-            cost = self._counter.count(line) + 1
-            if used + cost > budget_tokens:
-                continue  # a smaller, lower-ranked turn may still fit
-            chosen.append((msg, line, cost))
-            used += cost
-            if len(chosen) >= self._config.max_turns:
+        packer = _Packer(self._counter, budget_tokens)
+        for msg in thread[: cfg.max_turns]:
+            packer.add(msg)
+        if thread:
+            query = " ".join([query, *(m.text for m in thread[:2])])
+        ranked, outline, span = await self.rank(conversation, query, before_id=before_id)
+        if not ranked:
+            return packer.block()
+        # Enough candidates to fill any budget we are given, without reading every hit's text.
+        pool = [r.id for r in ranked]
+        pool += partners(outline, pool[: cfg.max_turns], span=span)
+        by_id = {m.id: m for m in await self._store.messages_by_ids(pool)}
+        for mid in [r.id for r in ranked]:
+            if len(packer.chosen) >= cfg.max_turns:
                 break
-        chosen.sort(key=lambda item: item[0].id)
-        return RetrievedBlock(
-            turns=[c[0] for c in chosen], lines=[c[1] for c in chosen], tokens=used
-        )
+            if mid in by_id:
+                packer.add(by_id[mid])
+        if len(packer.chosen) < cfg.max_turns:
+            for mid in partners(outline, [m.id for m in packer.chosen], span=span):
+                if mid in by_id and len(packer.chosen) < cfg.max_turns:
+                    packer.add(by_id[mid])
+        return packer.block()
+
+
+class _Packer:
+    """Whole turns under a token budget; a day's date line is paid for by its first turn."""
+
+    def __init__(self, counter: TokenCounter, budget: int) -> None:
+        self._counter = counter
+        self._budget = budget
+        self._days: set[str] = set()
+        self.chosen: list[StoredMessage] = []
+        self.used = 0
+
+    def add(self, message: StoredMessage) -> bool:
+        if any(m.id == message.id for m in self.chosen):
+            return False
+        day = day_label(message.created_at)
+        cost = self._counter.count(render_turn(message)) + 1
+        if day not in self._days:
+            cost += self._counter.count(day) + 1
+        if self.used + cost > self._budget:
+            return False  # a smaller, lower-ranked turn may still fit
+        self._days.add(day)
+        self.chosen.append(message)
+        self.used += cost
+        return True
+
+    def block(self) -> RetrievedBlock:
+        turns = sorted(self.chosen, key=lambda m: m.id)
+        lines: list[str] = []
+        last_day = None
+        for msg in turns:
+            day = day_label(msg.created_at)
+            if day != last_day:
+                lines.append(day)
+                last_day = day
+            lines.append(render_turn(msg))
+        return RetrievedBlock(turns=turns, lines=lines, tokens=self.used)

@@ -118,10 +118,26 @@ def _m001_initial() -> str:
         """
 
 
+def _m002_message_vectors() -> str:
+    # One vector per message (float32 little-endian); a new model replaces it. Rows go with
+    # their message (cascade), so forget and retention need no extra step.
+    return """
+        CREATE TABLE message_vectors (
+            message_id INTEGER PRIMARY KEY REFERENCES messages (id) ON DELETE CASCADE,
+            conversation_id INTEGER NOT NULL,
+            model TEXT NOT NULL,
+            dim INTEGER NOT NULL CHECK (dim > 0),
+            vector BLOB NOT NULL CHECK (length(vector) = 4 * dim)
+        );
+        CREATE INDEX message_vectors_conversation ON message_vectors (conversation_id, message_id);
+        """
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
+    ("002_message_vectors", _m002_message_vectors),
 ]
 
 

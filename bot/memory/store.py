@@ -11,9 +11,14 @@ Invariants:
 - ``open`` refuses a damaged file (header or pages, via ``quick_check``), a read-only file or
   an unwritable state directory with a ``StorageError`` that says how to fix it.
 - ``forget_person`` deletes every row about a person: conversations cascade to messages,
-  summaries and facts; the FTS delete trigger removes the index entries, the index is then
-  rewritten so no segment keeps their words, the WAL is checkpointed, and ``secure_delete``
-  overwrites the freed pages: none of their text stays in the database files.
+  summaries and facts, messages cascade to their vectors; the FTS delete trigger removes the
+  index entries, the index is then rewritten so no segment keeps their words, the WAL is
+  checkpointed, and ``secure_delete`` overwrites the freed pages: none of their text stays in
+  the database files.
+- Vector search reads one conversation's vectors of one model, through an in-process matrix
+  cache (``bot.memory.vectors``) that is changed only while ``self._lock`` is held: extended by
+  ``add_vectors``, dropped by ``forget_person`` and retention, and cleared whenever another
+  connection has written to the database (``PRAGMA data_version``).
 """
 
 from __future__ import annotations
@@ -31,10 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import numpy as np
 
 from bot.domain import ConversationKey
 from bot.errors import StorageError
 from bot.memory.schema import FTS_STRIDE, migrate
+from bot.memory.vectors import VectorCache, VectorMatrix, pack, unit
 
 log = logging.getLogger("bot.memory")
 
@@ -108,6 +115,8 @@ class SqliteStore:
         self._db = db
         self.path = path
         self._lock = asyncio.Lock()
+        self._vectors = VectorCache()
+        self._data_version: int | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -167,6 +176,7 @@ class SqliteStore:
 
     async def close(self) -> None:
         async with self._lock:
+            self._vectors.clear()
             with contextlib.suppress(sqlite3.Error):  # advisory; closing must still happen
                 await self._db.execute("PRAGMA optimize")
             await self._db.close()
@@ -269,9 +279,11 @@ class SqliteStore:
                     )
                     row = await cur.fetchone()
                     counts[i] = int(row[0]) if row else 0
-                # Messages go first, explicitly, so the FTS delete trigger sees each row.
+                # Messages go first, explicitly, so the FTS delete trigger sees each row
+                # (and the vectors cascade with them).
                 await db.execute(f"DELETE FROM messages WHERE conversation_id IN ({marks})", ids)
                 await db.execute(f"DELETE FROM conversations WHERE id IN ({marks})", ids)
+                self._vectors.drop(ids)
         if ids:
             await self._erase_deleted()
         return ForgetReport(len(ids), *counts)
@@ -404,6 +416,20 @@ class SqliteStore:
         )
         return [_msg(r) for r in rows]
 
+    async def ancestors(self, message_id: int, *, limit: int) -> list[StoredMessage]:
+        """The reply chain above ``message_id`` (its parent, the parent's parent, ...), nearest
+        first, at most ``limit``; parents are only ever set within one conversation."""
+        rows = await self._all(
+            "WITH RECURSIVE chain(id, depth) AS ("
+            " SELECT parent_id, 1 FROM messages WHERE id = ? AND parent_id IS NOT NULL"
+            " UNION ALL SELECT m.parent_id, c.depth + 1 FROM messages m JOIN chain c"
+            " ON m.id = c.id WHERE m.parent_id IS NOT NULL AND c.depth < ?)"
+            f" SELECT {', '.join('m.' + c.strip() for c in _MSG_COLS.split(','))}"
+            " FROM chain c JOIN messages m ON m.id = c.id ORDER BY c.depth",
+            (message_id, limit),
+        )
+        return [_msg(r) for r in rows]
+
     async def all_messages(self, conversation_id: int) -> list[StoredMessage]:
         return await self.messages_between(conversation_id, after_id=0, up_to_id=FTS_STRIDE)
 
@@ -424,29 +450,143 @@ class SqliteStore:
         return int(row[0]) if row else 0
 
     # --- full-text search -------------------------------------------------------------------
-    async def fts_search(
+    async def search_terms(
         self,
         conversation_id: int,
-        match: str,
+        terms: Sequence[str],
         *,
         after_id: int,
         before_id: int,
-        limit: int,
-        weights: tuple[float, float] = (1.0, 0.5),
-    ) -> list[tuple[int, float]]:
-        """(message id, score) best first; score = -bm25, higher is better.
+        limit_per_term: int = 5000,
+    ) -> list[list[int]]:
+        """For each term, the ids of this conversation's messages in (after_id, before_id) whose
+        text or meta (author, date) contains it, as FTS5 tokenizes and stems it.
 
-        The rowid range confines FTS5 to this conversation's slice of every doclist, so the
-        cost does not grow with other people's history.
+        One round trip; each term is its own quoted phrase, so FTS5 syntax in a term is plain
+        text. The rowid range confines FTS5 to this conversation's slice of every doclist, and
+        no ``bm25()`` is asked for (it would walk each term's doclist across every person's
+        messages to count document frequencies): ranking happens in ``bot.memory.retrieval``
+        with this conversation's own statistics.
         """
+        if not terms:
+            return []
         lo = conversation_id * FTS_STRIDE + after_id
         hi = conversation_id * FTS_STRIDE + min(before_id, FTS_STRIDE)
-        rows = await self._all(
-            "SELECT rowid, bm25(messages_fts, ?, ?) AS s FROM messages_fts "
-            "WHERE messages_fts MATCH ? AND rowid > ? AND rowid < ? ORDER BY s LIMIT ?",
-            (weights[0], weights[1], match, lo, hi, limit),
+        part = (
+            "SELECT * FROM (SELECT {i}, rowid FROM messages_fts "
+            "WHERE messages_fts MATCH ? AND rowid > ? AND rowid < ? LIMIT ?)"
         )
-        return [(int(r[0]) - conversation_id * FTS_STRIDE, -float(r[1])) for r in rows]
+        sql = " UNION ALL ".join(part.format(i=i) for i in range(len(terms)))
+        params: list[Any] = []
+        for term in terms:
+            params += ['"' + term.replace('"', '""') + '"', lo, hi, limit_per_term]
+        out: list[list[int]] = [[] for _ in terms]
+        for i, rowid in await self._all(sql, params):
+            out[int(i)].append(int(rowid) - conversation_id * FTS_STRIDE)
+        return out
+
+    async def outline(
+        self, conversation_id: int, *, after_id: int, before_id: int
+    ) -> list[tuple[int, str, int]]:
+        """(id, role, tokens) of this conversation's messages in (after_id, before_id), in
+        order: the shape retrieval ranks over (lengths, neighbours, question/answer pairs)."""
+        rows = await self._all(
+            "SELECT id, role, tokens FROM messages WHERE conversation_id = ? AND id > ? "
+            "AND id < ? ORDER BY id",
+            (conversation_id, after_id, min(before_id, FTS_STRIDE)),
+        )
+        return [(int(r[0]), str(r[1]), int(r[2])) for r in rows]
+
+    # --- vectors (memory.embeddings) --------------------------------------------------------
+    async def add_vectors(self, rows: Sequence[tuple[int, int, str, Sequence[float]]]) -> int:
+        """Store (message_id, conversation_id, model, vector) rows in one transaction, replacing
+        a message's vector of any model; returns how many were stored. A message that is gone
+        (forgotten or pruned meanwhile) or not in that conversation is skipped."""
+        if not rows:
+            return 0
+        packed = [(model, len(vec), pack(vec), mid, cid) for mid, cid, model, vec in rows]
+        async with self._tx() as db:
+            cur = await db.executemany(
+                "INSERT OR REPLACE INTO message_vectors "
+                "(message_id, conversation_id, model, dim, vector) "
+                "SELECT id, conversation_id, ?, ?, ? FROM messages "
+                "WHERE id = ? AND conversation_id = ?",
+                packed,
+            )
+            stored = cur.rowcount
+            by_conv: dict[int, list[tuple[int, str, Sequence[float]]]] = {}
+            for mid, cid, model, vec in rows:
+                by_conv.setdefault(cid, []).append((mid, model, vec))
+            for cid, items in by_conv.items():
+                items.sort(key=lambda item: item[0])
+                models = {model for _, model, _ in items}
+                dims = {len(vec) for _, _, vec in items}
+                if stored != len(rows) or len(models) != 1 or len(dims) != 1:
+                    self._vectors.drop([cid])  # unusual; the next search reloads
+                    continue
+                self._vectors.added(
+                    cid,
+                    model=items[0][1],
+                    ids=[mid for mid, _, _ in items],
+                    vectors=np.asarray([vec for _, _, vec in items], dtype=np.float32),
+                )
+        return stored
+
+    async def messages_missing_vectors(
+        self, model: str, *, limit: int, conversation_id: int | None = None, after_id: int = 0
+    ) -> list[StoredMessage]:
+        """Messages after their conversation's reset mark with no vector from ``model``,
+        oldest first, ids above ``after_id`` (a cursor for paging through a backfill)."""
+        scope = "AND m.conversation_id = ? " if conversation_id is not None else ""
+        params: list[Any] = [after_id]
+        if conversation_id is not None:
+            params.append(conversation_id)
+        cols = ", ".join(f"m.{c.strip()}" for c in _MSG_COLS.split(","))
+        rows = await self._all(
+            f"SELECT {cols} FROM messages m JOIN conversations c ON c.id = m.conversation_id "
+            f"WHERE m.id > ? {scope}AND m.id > c.reset_after AND NOT EXISTS "
+            "(SELECT 1 FROM message_vectors v WHERE v.message_id = m.id AND v.model = ?) "
+            "ORDER BY m.id LIMIT ?",
+            (*params, model, limit),
+        )
+        return [_msg(r) for r in rows]
+
+    async def vector_search(
+        self,
+        conversation_id: int,
+        query: Sequence[float],
+        *,
+        model: str,
+        after_id: int,
+        before_id: int,
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        """(message id, cosine similarity) best first, among this conversation's messages with
+        after_id < id < before_id that have a vector from ``model``. Never reads another
+        conversation's vectors; the conversation's matrix is cached between calls."""
+        q = unit(np.asarray(query, dtype=np.float32))
+        if limit <= 0 or q.ndim != 1 or not q.any():
+            return []
+        async with self._lock:
+            cur = await self._db.execute("PRAGMA data_version")
+            row = await cur.fetchone()
+            version = int(row[0]) if row else None
+            if version != self._data_version:  # another connection wrote: trust nothing cached
+                self._vectors.clear()
+                self._data_version = version
+            matrix = self._vectors.get(conversation_id, model)
+            if matrix is None:
+                rows = await self._db.execute_fetchall(
+                    "SELECT message_id, dim, vector FROM message_vectors "
+                    "WHERE conversation_id = ? AND model = ? ORDER BY message_id",
+                    (conversation_id, model),
+                )
+                # ~10-20 ms of copying for 6,000 x 768: off the event loop (numpy drops the GIL)
+                matrix = await asyncio.to_thread(VectorMatrix.from_rows, model, rows)
+                if matrix is None:
+                    return []
+                self._vectors.put(conversation_id, matrix)
+        return matrix.search(q, after_id=after_id, before_id=before_id, limit=limit)
 
     # --- summaries --------------------------------------------------------------------------
     async def latest_summary(self, conversation: Conversation) -> Summary | None:
@@ -544,6 +684,8 @@ class SqliteStore:
                     (cutoff, batch),
                 )
                 n = cur.rowcount
+                if n:
+                    self._vectors.clear()  # pruned messages took their vectors with them
             total += n
             if n < batch:
                 return total

@@ -23,6 +23,8 @@ Invariants:
   running. Network trouble at login is retried forever with exponential backoff and jitter
   (discord.py does not retry login); after login discord.py reconnects by itself.
 - Message text is never logged above DEBUG.
+- Commands arrive as ordinary messages (``!reset``, after the @mention in a channel); no slash
+  commands are registered, so the invite needs only the ``bot`` scope.
 """
 
 from __future__ import annotations

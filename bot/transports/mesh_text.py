@@ -10,7 +10,10 @@ Invariants (checked by property tests):
   it back exactly. A part is cut at a sentence end, else at a space, else between grapheme
   clusters; never inside a UTF-8 sequence or a grapheme cluster (base + combining marks, ZWJ
   sequences, variation selectors, skin-tone modifiers, regional-indicator pairs, tags). Only a
-  single cluster longer than a whole packet is cut between code points.
+  single cluster longer than a whole packet is cut between code points (where possible not
+  before a combining mark or ZWJ).
+- ``render_parts`` stays within ``chunk_bytes`` even for 10 or more parts (``split_parts``
+  sizes the numbering to the real count).
 - ``render_parts`` numbers parts ``(i/n) `` only when there is more than one; every rendered part
   is at most ``chunk_bytes`` UTF-8 bytes, numbering included.
 - ``fit(text)`` is ``normalize(text)``, shortened at a sentence boundary (else a space, else a
@@ -73,6 +76,30 @@ def _is_extender(ch: str) -> bool:
     )
 
 
+def _is_pictographic(ch: str) -> bool:
+    """An approximation of Extended_Pictographic (emoji and pictographic symbols)."""
+    cp = ord(ch)
+    return (
+        0x1F000 <= cp <= 0x1FAFF
+        or 0x2600 <= cp <= 0x27BF
+        or 0x2300 <= cp <= 0x23FF
+        or 0x2B00 <= cp <= 0x2BFF
+        or 0x2190 <= cp <= 0x21FF
+        or cp in (0xA9, 0xAE, 0x203C, 0x2049, 0x2122, 0x2139, 0x3030, 0x303D, 0x3297, 0x3299)
+    )
+
+
+def _zwj_joins(text: str, i: int) -> bool:
+    """``text[i-1]`` is a ZWJ: it joins ``text[i]`` only between two pictographs (UAX #29
+    GB11: pictograph, extenders, ZWJ x pictograph); "a" ZWJ "a" are two clusters."""
+    if not _is_pictographic(text[i]):
+        return False
+    j = i - 2
+    while j >= 0 and text[j] != "\u200d" and _is_extender(text[j]):
+        j -= 1
+    return j >= 0 and _is_pictographic(text[j])
+
+
 def _is_regional(ch: str) -> bool:
     return 0x1F1E6 <= ord(ch) <= 0x1F1FF
 
@@ -87,7 +114,7 @@ def is_boundary(text: str, i: int) -> bool:
     if i <= 0 or i >= len(text):
         return True
     prev, cur = text[i - 1], text[i]
-    if _is_extender(cur) or prev == "\u200d":
+    if _is_extender(cur) or (prev == "\u200d" and _zwj_joins(text, i)):
         return False
     if _is_hangul_lead(prev) and (_is_hangul_lead(cur) or 0xAC00 <= ord(cur) <= 0xD7A3):
         return False
@@ -169,14 +196,20 @@ def _cut(text: str, budget: int) -> tuple[int, int]:
     for i in range(w, 0, -1):
         if is_boundary(text, i):
             return i, i
-    return max(w, 1), max(w, 1)  # one cluster longer than a packet: cut between code points
+    # One cluster longer than a packet: cut between code points, if possible not before an
+    # extender (a combining mark or ZWJ stays with what precedes it).
+    for i in range(w, 0, -1):
+        if not _is_extender(text[i]):
+            return i, i
+    return max(w, 1), max(w, 1)
 
 
 def split_parts(text: str, *, chunk_bytes: int, max_parts: int | None = None) -> list[Part]:
     """Cut ``normalize(text)`` into parts that fit a packet once numbered (no shortening).
 
     ``max_parts`` only sizes the numbering prefix; the result may have more parts (``fit``
-    shortens the text so that it does not).
+    shortens the text so that it does not), and then the prefix is sized to the real count, so
+    every rendered part still fits ``chunk_bytes``.
     """
     text = normalize(text)
     if not text:
@@ -184,7 +217,14 @@ def split_parts(text: str, *, chunk_bytes: int, max_parts: int | None = None) ->
     if utf8_len(text) <= chunk_bytes:
         return [Part(text, "")]
     prefix = _prefix_len(max(max_parts or 0, 9))
-    budget = chunk_bytes - prefix
+    while True:  # 10 or more parts need a wider "(10/12) ": split again with that width
+        parts = _split(text, chunk_bytes - prefix, chunk_bytes)
+        if _prefix_len(len(parts)) <= prefix:
+            return parts
+        prefix = _prefix_len(len(parts))
+
+
+def _split(text: str, budget: int, chunk_bytes: int) -> list[Part]:
     if budget < 8:
         raise ValueError(f"chunk_bytes {chunk_bytes} leaves no room after the numbering")
     parts: list[Part] = []

@@ -10,7 +10,13 @@ Invariants:
 - Every blocking library call (connect, send, probe) runs on one worker thread, so sends keep
   their order and the loop never blocks. ``SystemExit`` from the library's ``sys.exit`` traps
   is caught there. A call that outlives ``call_timeout`` marks the link down; the wedged
-  thread is abandoned and a fresh one takes over.
+  thread is abandoned and a fresh one takes over. These two timeouts (``call_timeout``,
+  ``connect_timeout``) guard real blocked threads, so they run on real time; everything else
+  (pacing, ACK waits, backoff, cooldowns, probes) runs on the injected clock.
+- No library interface is ever left open: one that finishes connecting after we gave up is
+  closed at once, a half-built BLE interface is closed, and closing first releases the
+  library's unbounded wait for TX-queue space (otherwise close() itself hangs and a serial
+  port stays locked).
 - One paced outbox: whole replies, one at a time (two people never interleave), parts
   numbered ``(i/n)``; at least ``spacing_seconds`` between any two text packets, measured on
   the injected clock from the end of one write to the start of the next.
@@ -73,6 +79,8 @@ TOPIC_LOST = "meshtastic.connection.lost"
 INBOUND_LIMIT = 64  # messages waiting for on_message; beyond that the radio is flooding us
 EARLY_LIMIT = 64  # packets that arrive while an interface is still being built
 CLOSE_TIMEOUT = 10.0
+# The library's own waits on top of connect_timeout (a hard-coded 30 s for the first answer).
+CONNECT_MARGIN = 45.0
 INBOUND_DRAIN_SECONDS = 5.0
 
 
@@ -504,7 +512,7 @@ class MeshtasticTransport:
             self._connecting = True
             self._early.clear()
             try:
-                iface = await self._call(self._factory, timeout=self._cfg.connect_timeout + 45)
+                iface = await self._connect()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # loop boundary: an absent radio is retried forever
@@ -552,6 +560,32 @@ class MeshtasticTransport:
                 wait.event.set()  # parts in flight are re-checked (and re-sent) after reconnect
             await self._clock.sleep(delay)
 
+    async def _connect(self) -> RadioInterface:
+        """Build an interface on the worker. One that finishes after we gave up waiting (or
+        were stopped) is closed at once: a forgotten live link would keep a serial port locked
+        (pyserial opens it exclusively) or a node's single API/BLE slot taken."""
+        lock = threading.Lock()
+        abandoned = False
+        built: list[RadioInterface] = []
+
+        def build() -> RadioInterface:
+            iface = self._factory()
+            with lock:
+                if not abandoned:
+                    built.append(iface)
+                    return iface
+            _close_quietly(iface)
+            raise TransportError("the radio answered after the connect timeout; closed that link")
+
+        try:
+            return await self._call(build, timeout=self._cfg.connect_timeout + CONNECT_MARGIN)
+        except BaseException:
+            with lock:
+                abandoned = True
+            for iface in built:  # finished, but the result came back too late to be used
+                await self._close_interface(iface)
+            raise
+
     def _announce_link_change(self) -> None:
         event, self._link_changed = self._link_changed, asyncio.Event()
         event.set()
@@ -590,9 +624,7 @@ class MeshtasticTransport:
 
         def run() -> None:
             try:
-                iface.close()
-            except Exception as exc:  # a dead port raises termios/serial errors on close
-                log.debug("closing the old interface: %s", exc)
+                _close_quietly(iface)
             finally:
                 self._closing.release()
             _resolve(done, None, None)
@@ -876,6 +908,32 @@ def _reply_id(reply: Reply) -> int | None:
         return None
 
 
+def _close_quietly(iface: RadioInterface) -> None:
+    """``close()`` that never raises (blocking: call it off the loop)."""
+    try:
+        _release_tx_queue(iface)
+        iface.close()
+    except Exception as exc:  # a dead port raises termios/serial errors on close
+        log.debug("closing the old interface: %s", exc)
+
+
+def _release_tx_queue(iface: RadioInterface) -> None:
+    """Let a library interface we are closing stop waiting for TX-queue space.
+
+    After the node reports a full queue (``QueueStatus.free == 0``) the library sleeps in a loop
+    with no bound, both in ``sendData`` and in ``close()`` (which sends a disconnect through the
+    same queue), so a wedged send would also wedge the close: the port stays open (serial is
+    opened exclusively, so no new link could ever open it) and the thread never ends. Emptying
+    ``queue`` first (nothing left there is written: an abandoned part is re-sent, paced, on the
+    next link) and then forgetting the queue status lets both calls return.
+    """
+    pending = getattr(iface, "queue", None)
+    if isinstance(pending, dict):
+        pending.clear()
+    if hasattr(iface, "queueStatus"):
+        iface.queueStatus = None
+
+
 def _channel_utilization(iface: RadioInterface, my_num: int) -> float | None:
     try:
         metrics = (iface.nodesByNum or {}).get(my_num, {}).get("deviceMetrics", {})
@@ -914,7 +972,15 @@ def default_interface_factory(config: MeshtasticConfig) -> InterfaceFactory:
     def ble() -> RadioInterface:
         from meshtastic.ble_interface import BLEInterface
 
-        iface: RadioInterface = BLEInterface(config.address, timeout=timeout)
+        # BLEInterface cleans up after itself only for BLEError; a node that connects but never
+        # sends its config (MeshInterfaceError) would otherwise stay connected in BlueZ, and
+        # every later attempt would fail. Keep a reference so the half-built object is closed.
+        iface: RadioInterface = BLEInterface.__new__(BLEInterface)
+        try:
+            BLEInterface.__init__(iface, config.address, timeout=timeout)
+        except BaseException:
+            _close_quietly(iface)
+            raise
         return iface
 
     return {"serial": serial, "tcp": tcp, "ble": ble}[config.connection]

@@ -4,7 +4,8 @@ websocket at /gateway, on 127.0.0.1.
 What it speaks: login (GET /users/@me, 401 on a wrong token), application info, the gateway
 handshake (HELLO, heartbeats, IDENTIFY -> READY with one guild, or a configured close code such
 as 4014), MESSAGE_CREATE dispatches built by ``guild_message``/``dm_message``, and the calls a
-bot makes to answer: POST messages (JSON or multipart with files), typing, opening a DM.
+bot makes to answer: POST messages (JSON or multipart with files), typing, opening a DM. The
+guild has two text channels (one allowed in tests), a thread in each, and two roles.
 Every call is recorded so tests assert on what Discord would have received (payloads include
 ``message_reference`` and ``allowed_mentions``). ``patch`` points discord.py at this server.
 """
@@ -31,6 +32,10 @@ APP_ID = 900_000_000_000_000_002
 GUILD_ID = 910_000_000_000_000_001
 CHANNEL_ID = 920_000_000_000_000_001  # allowed in tests
 OTHER_CHANNEL_ID = 920_000_000_000_000_002  # not allowed
+THREAD_ID = 920_000_000_000_000_003  # a thread in CHANNEL_ID
+OTHER_THREAD_ID = 920_000_000_000_000_004  # a thread in OTHER_CHANNEL_ID
+ROLE_MEMBER = 940_000_000_000_000_001
+ROLE_MUTED = 940_000_000_000_000_002
 ALICE = 930_000_000_000_000_001
 BOB = 930_000_000_000_000_002
 OTHER_BOT = 930_000_000_000_000_003
@@ -273,6 +278,36 @@ class FakeDiscord:
                 "guild_id": str(GUILD_ID),
             }
 
+        def role(rid: int, name: str, position: int) -> Json:
+            return {
+                "id": str(rid),
+                "name": name,
+                "permissions": "0",
+                "position": position,
+                "color": 0,
+                "hoist": False,
+                "managed": False,
+                "mentionable": False,
+            }
+
+        def thread(tid: int, parent: int) -> Json:
+            return {
+                "id": str(tid),
+                "type": 11,  # public thread
+                "guild_id": str(GUILD_ID),
+                "parent_id": str(parent),
+                "owner_id": str(ALICE),
+                "name": f"thread {tid}",
+                "message_count": 0,
+                "member_count": 1,
+                "thread_metadata": {
+                    "archived": False,
+                    "auto_archive_duration": 1440,
+                    "archive_timestamp": _now(),
+                    "locked": False,
+                },
+            }
+
         return {
             "id": str(GUILD_ID),
             "name": "Test Guild",
@@ -280,21 +315,15 @@ class FakeDiscord:
             "member_count": 3,
             "unavailable": False,
             "roles": [
-                {
-                    "id": str(GUILD_ID),
-                    "name": "@everyone",
-                    "permissions": "0",
-                    "position": 0,
-                    "color": 0,
-                    "hoist": False,
-                    "managed": False,
-                    "mentionable": False,
-                }
+                role(GUILD_ID, "@everyone", 0),
+                role(ROLE_MEMBER, "member", 1),
+                role(ROLE_MUTED, "muted", 2),
             ],
             "channels": [
                 text_channel(CHANNEL_ID, "meshsage", 0),
                 text_channel(OTHER_CHANNEL_ID, "general", 1),
             ],
+            "threads": [thread(THREAD_ID, CHANNEL_ID), thread(OTHER_THREAD_ID, OTHER_CHANNEL_ID)],
             "members": [
                 {"user": BOT_USER, "roles": [], "joined_at": _now(), "deaf": False, "flags": 0}
             ],

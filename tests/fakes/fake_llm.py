@@ -3,12 +3,22 @@
 Scripted behaviour per request (consumed in order, then ``default``):
   "ok" | "stream" | ("status", code, body) | ("sleep", seconds) | ("reply", text)
 ``reply_fn`` (if set) computes the answer from the request body, e.g. to echo the prompt.
+
+``/v1/embeddings`` answers with ``hashed_vector``: a bag of lower-cased words hashed into
+``EMBED_DIM`` dimensions and normalised, deterministic and carrying meaning (texts that share
+words are close), scripted by ``embed_script`` ("ok" | ("status", code, body) | ("sleep", s)).
+``stop()`` then ``start(port=same)`` simulates an outage and the server coming back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
+import math
+import re
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +26,18 @@ from typing import Any
 from aiohttp import web
 
 Behaviour = Any
+EMBED_DIM = 256
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+def hashed_vector(text: str, dim: int = EMBED_DIM) -> list[float]:
+    """Unit vector of the hashed bag of lower-cased words of ``text`` (zero for no words)."""
+    vec = [0.0] * dim
+    for word in _WORD.findall(text.lower()):
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        vec[int.from_bytes(digest[:4], "little") % dim] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vec))
+    return [x / norm for x in vec] if norm else vec
 
 
 class FakeLLM:
@@ -27,6 +49,8 @@ class FakeLLM:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.cancelled = 0
+        self.embed_requests: list[dict[str, Any]] = []
+        self.embed_script: list[Behaviour] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -95,18 +119,43 @@ class FakeLLM:
             }
         )
 
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.embed_requests.append(body)
+        beh = self.embed_script.pop(0) if self.embed_script else "ok"
+        if isinstance(beh, tuple) and beh[0] == "status":
+            return web.json_response(beh[2], status=beh[1])
+        if isinstance(beh, tuple) and beh[0] == "sleep":
+            await asyncio.sleep(beh[1])
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = []
+        for i, text in enumerate(texts):
+            vec: Any = hashed_vector(text)
+            if body.get("encoding_format") == "base64":
+                vec = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": vec})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": body["model"],
+                "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)},
+            }
+        )
+
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(
             {"object": "list", "data": [{"id": "fake", "object": "model", "created": 0}]}
         )
 
-    async def start(self) -> None:
+    async def start(self, port: int = 0) -> None:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
         server = site._server
         assert server is not None
@@ -115,3 +164,4 @@ class FakeLLM:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+            self._runner = None

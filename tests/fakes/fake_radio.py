@@ -8,13 +8,18 @@ What it does:
 - frames are 0x94 0xC3 + 16-bit big-endian length + ToRadio/FromRadio protobuf;
 - answers ``want_config_id`` with my_info, node infos (itself and ``KNOWN``), lora config
   (hop_limit 3), a PRIMARY channel and a secondary one, then ``config_complete_id``;
-- acks every MeshPacket with a QueueStatus; answers an admin metadata request (the probe);
+- acks every MeshPacket with a QueueStatus; ``report_tx_queue(0)`` announces a full TX queue
+  (the library then blocks its next send forever); answers an admin metadata request (the probe);
 - ``routing`` decides the end-to-end answer for a DM sent with want_ack: ACK from the
   destination by default, or a NAK (``"MAX_RETRANSMIT"``), or nothing (``None``);
 - records every ToRadio with the time of ``clock`` when it was read (``log``), so tests measure
   packet spacing on the same virtual clock the transport uses;
 - ``settle()`` waits until everything the library wrote has been read and handled; the fake
   clock calls it before it moves time.
+- Every radio ever built is registered; ``check_on_air`` enforces the on-air rules on what it
+  received (every text packet <= ``MAX_TEXT_BYTES``, consecutive texts of one client connection
+  >= ``min_spacing`` apart), and an autouse fixture in ``tests/conftest.py`` runs it after
+  *every* test, so no test can put an oversized or too-close packet on the fake air unnoticed.
 Failure modes: ``freeze`` (the current link goes silent), TCP ``drop_connection``/``stop``/
 ``restart`` (server disappears and returns), pty ``unplug``/``replug``.
 """
@@ -22,6 +27,7 @@ Failure modes: ``freeze`` (the current link goes silent), TCP ``drop_connection`
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import select
@@ -41,6 +47,8 @@ ALICE = 0xA11CE001  # in the node DB (has a name)
 BOB = 0xB0B00002  # in the node DB
 STRANGER = 0x5EC12E7  # not in the node DB: fromId is None
 KNOWN = {ALICE: ("Alice", "ALC"), BOB: ("Bob", "BOB")}
+MAX_TEXT_BYTES = 200  # what the official apps send; the transport's chunk_bytes ceiling
+FIRMWARE_SPACING = 2.1  # the firmware drops a client's second text within 2 s (config floor)
 
 
 class _Clock(Protocol):
@@ -57,6 +65,40 @@ def frame(msg: Any) -> bytes:
     return bytes([START1, START2, len(b) >> 8, len(b) & 0xFF]) + b
 
 
+TEXT_PORT = portnums_pb2.PortNum.TEXT_MESSAGE_APP
+_RADIOS: list[_Radio] = []  # every radio built in this process (see check_on_air)
+
+
+def radios_built() -> int:
+    """A mark for ``check_radios_since``: how many radios exist so far."""
+    return len(_RADIOS)
+
+
+def check_radios_since(mark: int) -> None:
+    """Apply ``check_on_air`` to every radio built after ``mark`` (the suite-wide guard)."""
+    radios = _RADIOS[mark:]
+    del _RADIOS[mark:]  # nothing is kept alive beyond the test that built it
+    for radio in radios:
+        check_on_air(radio)
+
+
+def check_on_air(radio: _Radio, *, spacing: float | None = None) -> None:
+    """Fail unless every text the radio received fits ``MAX_TEXT_BYTES`` and is spaced.
+
+    ``spacing=None`` applies the radio's ``min_spacing`` between consecutive texts of the same
+    client connection (the firmware's rate limit is per connection); an explicit ``spacing``
+    applies across reconnects too (the transport keeps its pacing over a new link).
+    """
+    for conn, t, packet in radio.on_air:
+        size = len(packet.decoded.payload)
+        assert size <= MAX_TEXT_BYTES, f"{size}-byte text on air (connection {conn}, t={t})"
+    gap = radio.min_spacing if spacing is None else spacing
+    for (c1, t1, _), (c2, t2, _) in itertools.pairwise(radio.on_air):
+        if spacing is None and c1 != c2:
+            continue
+        assert t2 - t1 >= gap, f"texts {t2 - t1:.3f} s apart on air (< {gap} s) at t={t2}"
+
+
 def ack_from_destination(packet: mesh_pb2.MeshPacket, attempt: int) -> str | None:
     return "NONE" if packet.want_ack else None
 
@@ -65,6 +107,10 @@ class _Radio:
     def __init__(self, *, clock: _Clock | None = None) -> None:
         self.clock: _Clock = clock or _WallClock()
         self.log: list[tuple[float, mesh_pb2.ToRadio]] = []
+        # (client connection number, time read, packet) for every text packet
+        self.on_air: list[tuple[int, float, mesh_pb2.MeshPacket]] = []
+        self.connections = 0  # client connections (TCP accepts, pty plug-ins) so far
+        self.min_spacing = FIRMWARE_SPACING  # the harness raises it to the configured spacing
         self.routing: Callable[[mesh_pb2.MeshPacket, int], str | None] = ack_from_destination
         self.answer_probes = True
         self.frozen = False
@@ -73,6 +119,7 @@ class _Radio:
         self._buf = b""
         self._lock = threading.RLock()  # held while reading+handling input (see settle)
         self._pid = 0x10000
+        _RADIOS.append(self)
 
     # --- transport hooks -------------------------------------------------------------------
     def _write(self, data: bytes) -> None:
@@ -109,7 +156,10 @@ class _Radio:
             tr = mesh_pb2.ToRadio()
             tr.ParseFromString(self._buf[i + 4 : i + 4 + n])
             self._buf = self._buf[i + 4 + n :]
-            self.log.append((self.clock.monotonic(), tr))
+            now = self.clock.monotonic()
+            self.log.append((now, tr))
+            if tr.HasField("packet") and tr.packet.decoded.portnum == TEXT_PORT:
+                self.on_air.append((self.connections, now, tr.packet))
             if not self.frozen:
                 self._on_toradio(tr)
 
@@ -181,12 +231,7 @@ class _Radio:
 
     def sent_texts(self) -> list[tuple[float, mesh_pb2.MeshPacket]]:
         """(time read, packet) for every text packet the library wrote."""
-        return [
-            (t, m.packet)
-            for t, m in self.log
-            if m.HasField("packet")
-            and m.packet.decoded.portnum == portnums_pb2.PortNum.TEXT_MESSAGE_APP
-        ]
+        return [(t, packet) for _, t, packet in self.on_air]
 
     def texts(self) -> list[str]:
         return [p.decoded.payload.decode("utf-8") for _, p in self.sent_texts()]
@@ -271,6 +316,13 @@ class _Radio:
             payload=tm.SerializeToString(),
         )
 
+    def report_tx_queue(self, free: int) -> None:
+        """An unsolicited QueueStatus (as the firmware sends when its TX queue changes)."""
+        fr = mesh_pb2.FromRadio()
+        fr.queueStatus.free = free
+        fr.queueStatus.maxlen = 16
+        self.send(fr)
+
     def freeze(self) -> None:
         """The link stays up but the node answers nothing (a wedged firmware or half-open TCP)."""
         self.frozen = True
@@ -282,7 +334,6 @@ class FakeTcpRadio(_Radio):
     def __init__(self, *, clock: _Clock | None = None) -> None:
         super().__init__(clock=clock)
         self.conn: socket.socket | None = None
-        self.connections = 0
         self._srv: socket.socket | None = None
         self.port = 0
         self._listen()
@@ -386,6 +437,7 @@ class FakePtyRadio(_Radio):
         tty.setraw(self._slave)
         self.path = os.ttyname(self._slave)
         self._buf, self.frozen = b"", False
+        self.connections += 1
         self._stop = threading.Event()
         threading.Thread(
             target=self._run, args=(self.master, self._stop), daemon=True, name="fake-pty"

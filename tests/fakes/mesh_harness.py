@@ -2,9 +2,10 @@
 
 ``mesh_harness`` wires: FakeClock -> FakeTcpRadio/FakePtyRadio (stamps packets on that clock)
 -> the unmodified TCPInterface/SerialInterface (built by an injected factory) -> the transport.
-On exit it stops everything and checks the on-air invariants for *every* test that used it:
-each text packet is at most 200 UTF-8 bytes, and consecutive text packets are at least
-``spacing_seconds`` apart on the radio's clock.
+On exit it stops everything and checks the on-air invariants (``fake_radio.check_on_air``):
+each text packet is at most 200 UTF-8 bytes, and consecutive text packets are at least the
+configured ``spacing_seconds`` apart on the radio's clock, across reconnects. (The suite-wide
+guard in ``tests/conftest.py`` checks every other fake radio too.)
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import array
 import asyncio
 import contextlib
 import fcntl
-import itertools
 import random
 import select
 import termios
@@ -30,7 +30,7 @@ from bot.config import MeshtasticConfig
 from bot.domain import Delivery, Inbound, Reply
 from bot.transports.meshtastic import MeshtasticTransport, build_meshtastic
 from tests.fakes.fake_clock import FakeClock
-from tests.fakes.fake_radio import FakePtyRadio, FakeTcpRadio
+from tests.fakes.fake_radio import FakePtyRadio, FakeTcpRadio, check_on_air
 
 FAST = {  # small values so failure paths finish quickly in virtual time
     "reconnect_initial": 5.0,
@@ -82,6 +82,7 @@ class Harness:
     transport: MeshtasticTransport
     config: MeshtasticConfig
     interfaces: list[Any]
+    attempts: list[float]  # clock time of every connect attempt (the interface factory's calls)
     inbox: list[Inbound] = field(default_factory=list)
 
     async def until(self, cond: Callable[[], bool], what: str = "condition") -> None:
@@ -97,6 +98,11 @@ class Harness:
             lambda: self.transport._up.is_set() and self.transport._generation >= count,
             f"link generation {count}",
         )
+
+    async def server_gone(self) -> None:
+        """The TCP node disappears (reboot, WiFi outage); returns once the transport noticed."""
+        self.tcp.stop()
+        await self.until(lambda: not self.transport._up.is_set(), "link down")
 
     async def message(self, n: int = 1) -> Inbound:
         await self.until(lambda: len(self.inbox) >= n, f"{n} inbound message(s)")
@@ -116,18 +122,19 @@ class Harness:
         return await self.transport.send(Reply(inbound=inbound, text=self.transport.fit(text)))
 
 
-def check_on_air(radio: FakeTcpRadio | FakePtyRadio, spacing: float) -> None:
-    texts = radio.sent_texts()
-    for _, packet in texts:
-        assert len(packet.decoded.payload) <= 200, packet.decoded.payload
-    for (t1, _), (t2, _) in itertools.pairwise(texts):
-        assert t2 - t1 >= spacing, (t1, t2)
-
-
 @contextlib.asynccontextmanager
 async def mesh_harness(
-    *, serial: bool = False, start_radio: bool = True, **overrides: Any
+    *,
+    serial: bool = False,
+    start_radio: bool = True,
+    start: bool = True,
+    after_connect: Callable[[int], None] | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[Harness]:
+    """``start=False``: the transport is built but not started (a test hands it to the app,
+    whose responder then receives the messages instead of ``Harness.inbox``).
+    ``after_connect(n)`` runs on the worker thread once connect attempt ``n`` (from 0) has built
+    its interface, before the transport gets it (a slow handshake)."""
     clock = FakeClock()
     radio: FakeTcpRadio | FakePtyRadio = (
         FakePtyRadio(clock=clock) if serial else FakeTcpRadio(clock=clock)
@@ -140,14 +147,19 @@ async def mesh_harness(
     else:
         settings.update(connection="tcp", host="127.0.0.1", port=radio.port)
     config = MeshtasticConfig.model_validate(settings)
+    radio.min_spacing = config.spacing_seconds
     interfaces: list[Any] = []
+    attempts: list[float] = []
 
     def factory() -> Any:
+        attempts.append(clock.monotonic())
         if isinstance(radio, FakePtyRadio):
             iface: Any = SerialInterface(devPath=radio.path, timeout=5)
         else:
             iface = TCPInterface("127.0.0.1", portNumber=radio.port, timeout=5)
         interfaces.append(iface)
+        if after_connect is not None:
+            after_connect(len(attempts) - 1)
         return iface
 
     transport = build_meshtastic(
@@ -160,24 +172,30 @@ async def mesh_harness(
     )
     assert isinstance(transport, MeshtasticTransport)
 
+    wedged: list[str] = []
+
     def io_busy() -> bool:
         waited = False
         end = time.monotonic() + 10.0
-        while transport.io_busy() and time.monotonic() < end:  # a connect or close under way
+        while transport.io_busy() and not wedged:  # a connect, send or close under way
+            if time.monotonic() > end:  # never returns: fail the test (below), stop waiting
+                wedged.append("a blocking library call (connect/send/close) never returned")
+                break
             waited = True
             time.sleep(0.002)
         return waited
 
     clock.settle_hooks += [io_busy, radio.settle, lambda: library_busy(interfaces)]
-    harness = Harness(radio, clock, transport, config, interfaces)
+    harness = Harness(radio, clock, transport, config, interfaces, attempts)
 
     async def on_message(inbound: Inbound) -> None:
         harness.inbox.append(inbound)
 
-    await transport.start(on_message)
     try:
-        if start_radio:
-            await harness.connected()
+        if start:
+            await transport.start(on_message)
+            if start_radio:
+                await harness.connected()
         yield harness
     finally:
         await transport.stop()
@@ -186,4 +204,5 @@ async def mesh_harness(
             radio.stop()
         else:
             radio.unplug()
-        check_on_air(radio, config.spacing_seconds)
+        check_on_air(radio, spacing=config.spacing_seconds)  # across reconnects too
+        assert not wedged, wedged[0]

@@ -1,0 +1,80 @@
+"""The Meshtastic transport inside the real app (responder, SQLite memory, openai client over
+HTTP to the fake LLM), on the fake radio and the virtual clock: what the model is asked for,
+what goes on air, what is stored, and the delivery result recorded per answer."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from bot.app import App, build
+from bot.transports.mesh_text import MARKER, split_parts
+from tests.conftest import make_config
+from tests.fakes.fake_llm import FakeLLM
+from tests.fakes.fake_radio import ALICE
+from tests.fakes.mesh_harness import Harness, mesh_harness
+
+STORY = " ".join(f"Sentence number {i} of a long story goes right here." for i in range(40))
+
+
+@contextlib.asynccontextmanager
+async def running_app(tmp_path: Path, llm: FakeLLM, h: Harness) -> AsyncIterator[App]:
+    """The app with the harness's (unstarted) transport; closed before the harness stops."""
+    app = await build(make_config(tmp_path, llm.base_url), env={}, transports=[h.transport])
+    try:
+        await app.start()
+        await h.connected()
+        yield app
+    finally:
+        await app.close()
+
+
+async def _answers(app: App) -> list[tuple[str, str, str]]:
+    rows = await app.store._all(
+        "SELECT m.role, m.text, m.status FROM messages m JOIN conversations c "
+        "ON c.id = m.conversation_id WHERE c.person = ? ORDER BY m.id",
+        (f"!{ALICE:08x}",),
+    )
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+async def test_long_answer_is_stored_exactly_as_sent_and_marked_delivered(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    fake_llm.reply = STORY  # about 2,100 bytes: far beyond 3 packets
+    async with (
+        mesh_harness(start=False, max_parts=3, max_tokens=120) as h,
+        running_app(tmp_path, fake_llm, h) as app,
+    ):
+        h.radio.inject_text("tell me a story", frm=ALICE)
+        await h.until(lambda: len(h.radio.sent_texts()) == 3, "three parts on air")
+        await h.until(lambda: len(fake_llm.chat_requests()) == 1, "the LLM call")
+        await app.responder.wait_idle()
+        (user, assistant) = await _answers(app)
+        assert user == ("user", "tell me a story", "answered")
+        role, stored, status = assistant
+        assert (role, status) == ("assistant", "delivered")  # every part ACKed by Alice
+        assert stored.endswith(MARKER) and len(stored.encode()) < len(STORY.encode())
+        on_air = [p.decoded.payload.decode("utf-8") for _, p in h.radio.sent_texts()]
+        parts = split_parts(stored, chunk_bytes=200, max_parts=3)
+        assert on_air == [f"({i}/3) {p.body}" for i, p in enumerate(parts, 1)]
+        request = fake_llm.chat_requests()[0]
+        assert request["max_tokens"] == 120  # the budget the model is given ...
+        system = request["messages"][0]["content"]
+        assert "200 bytes" in system and "600 bytes" in system  # ... and told, sized to 3 parts
+
+
+async def test_unacknowledged_answer_is_recorded_as_failed(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    fake_llm.reply = "Short answer."
+    async with (
+        mesh_harness(start=False, ack_retries=1, ack_timeout=30.0) as h,
+        running_app(tmp_path, fake_llm, h) as app,
+    ):
+        h.radio.routing = lambda packet, attempt: None  # Alice went out of range: no ACK ever
+        h.radio.inject_text("are you there?", frm=ALICE)
+        await h.until(lambda: len(h.radio.sent_texts()) == 2, "first try and one re-send")
+        await app.responder.wait_idle()  # the turn ends once the last ACK wait timed out
+        assert (await _answers(app))[-1] == ("assistant", "Short answer.", "failed")
