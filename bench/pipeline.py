@@ -67,6 +67,7 @@ from bot.transports.base import OnMessage
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DOCS = ROOT / "docs" / "pipeline.md"
+README = ROOT / "README.md"
 STRATEGIES = ("ours", "naive")
 CONTEXT_TOKENS = 2048  # the default transport budget (console); Discord's is 4096, mesh 1536
 MAX_TOKENS = 400
@@ -528,8 +529,11 @@ def command_line(args: argparse.Namespace) -> str:
     )
 
 
-def write_docs(path: Path, args: argparse.Namespace, results: Sequence[RunResult]) -> None:
-    """Replace the generated section of ``path`` (between markers), keeping the rest."""
+def write_docs(
+    path: Path, args: argparse.Namespace, results: Sequence[RunResult], *, detail: bool = True
+) -> None:
+    """Replace the generated section of ``path`` (between markers), keeping the rest.
+    ``detail=False`` writes the headline table only (README's Performance section)."""
     block = "\n".join(
         [
             MARK_START,
@@ -539,8 +543,7 @@ def write_docs(path: Path, args: argparse.Namespace, results: Sequence[RunResult
             f"Machine: {machine_notes()}. Date: {time.strftime('%Y-%m-%d')}.",
             "",
             table(results),
-            "",
-            detail_table(results),
+            *(["", detail_table(results)] if detail else []),
             MARK_END,
         ]
     )
@@ -567,6 +570,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the per-strategy working copies")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--docs", default=str(DOCS), help="Markdown file to update ('' = none)")
+    p.add_argument(
+        "--readme", default=str(README), help="README whose Performance table to update ('' = none)"
+    )
     p.add_argument("--step", default="all", help=argparse.SUPPRESS)
     p.add_argument("--strategy", help=argparse.SUPPRESS)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
@@ -616,6 +622,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.docs:
             write_docs(Path(args.docs), args, results)
             print(f"wrote {args.docs}")
+        if args.readme:
+            write_docs(Path(args.readme), args, results, detail=False)
+            print(f"wrote {args.readme}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """User and operator commands, answered without the LLM.
 
 Invariants:
-- Every reply fits one 200-byte mesh packet (``fit_bytes``), whatever the transport.
+- Every reply fits one 200-byte mesh packet (``fit_bytes``), whatever the transport and
+  whatever the stored text it quotes (facts, summary, history).
+- ``!reset`` says exactly what it keeps: pinned facts, and the log (stored, no longer used).
 - Commands act only on the conversation of the person who sent them (``!forget`` on all of that
   person's spaces on that transport), never on anyone else's.
 - ``!forget`` deletes only after ``!forget yes`` from the same person within 60 s.
@@ -71,6 +73,11 @@ class Commands:
         }
         self._operator_handlers: dict[str, Handler] = {"stats": self._stats}
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every command name, user commands first, then operator commands."""
+        return (*self._handlers, *self._operator_handlers)
+
     def parse(self, text: str) -> tuple[str, str] | None:
         """(name, argument) when ``text`` is a command, else None."""
         if not text.startswith(self.prefix):
@@ -112,10 +119,12 @@ class Commands:
     async def _reset(self, inbound: Inbound, arg: str) -> CommandResult:
         conv = await self._store.conversation(inbound.key)
         await self._store.reset(conv.id)
-        facts = len(await self._store.facts(conv.id))
-        kept = f"Your {facts} pinned fact(s) stay ({self.prefix}facts)." if facts else ""
+        n = len(await self._store.facts(conv.id))
+        p = self.prefix
+        facts = f"your {n} pinned fact(s) ({p}facts)" if n else "pinned facts (none yet)"
         return self._say(
-            "Fresh start: I won't use anything said before now (messages or summary). " + kept
+            "Fresh start: nothing said before now is used again (recent turns, summary, older "
+            f"turns). Kept: {facts}; old messages stay stored ({p}forget deletes them)."
         )
 
     async def _forget(self, inbound: Inbound, arg: str) -> CommandResult:

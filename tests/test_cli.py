@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,30 +67,69 @@ async def test_message_text_never_logged_at_info(tmp_path: Path, fake_llm: FakeL
     assert SECRET not in err  # ... and carries no message text
 
 
+async def _stored(tmp_path: Path) -> list[tuple[str, str, str]]:
+    """(role, text, status) of every stored message, read from the database file."""
+    with sqlite3.connect(tmp_path / "state" / "meshsage.db") as db:
+        rows = db.execute("SELECT role, text, status FROM messages ORDER BY id").fetchall()
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
 async def test_invalid_utf8_and_nul_input(tmp_path: Path, fake_llm: FakeLLM) -> None:
     fake_llm.reply = "got it"
     rc, out, _ = await _meshsage(
         "chat", env=_env(tmp_path, fake_llm), stdin=b"caf\xe9 \xff\xfe bytes\x00\n\n"
     )
     assert rc == 0 and out.strip() == "got it"
+    # Bad bytes become U+FFFD, the NUL goes, every readable character is kept.
+    assert await _stored(tmp_path) == [
+        ("user", "caf\ufffd \ufffd\ufffd bytes", "answered"),
+        ("assistant", "got it", "delivered"),
+    ]
+
+
+async def _run_with_input(line: bytes, *, env: dict[str, str]) -> asyncio.subprocess.Process:
+    """``meshsage run`` in a subprocess, with ``line`` written to its stdin (left open)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "run",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.write(line)
+    await proc.stdin.drain()
+    return proc
 
 
 async def test_run_stops_cleanly_on_sigterm(tmp_path: Path, fake_llm: FakeLLM) -> None:
     fake_llm.reply = "pong"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "run",
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=_env(tmp_path, fake_llm),
-    )  # fmt: skip
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(b"ping\n")
-    await proc.stdin.drain()
+    proc = await _run_with_input(b"ping\n", env=_env(tmp_path, fake_llm))
+    assert proc.stdout is not None
     line = await asyncio.wait_for(proc.stdout.readline(), 20)
     assert line.decode().strip() == "pong"
     proc.send_signal(signal.SIGTERM)
     _, err = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 0
     assert "stopped cleanly" in err.decode()
+
+
+async def test_sigterm_finishes_the_turn_in_flight(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    fake_llm.script = [("sleep", 1.0)]  # the answer is still being generated at SIGTERM
+    fake_llm.reply = "late but complete"
+    proc = await _run_with_input(b"a slow question\n", env=_env(tmp_path, fake_llm))
+    for _ in range(2000):  # up to 20 s for the process to start and ask the LLM
+        if fake_llm.in_flight or proc.returncode is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert fake_llm.in_flight == 1 and proc.returncode is None
+    proc.send_signal(signal.SIGTERM)
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().strip() == "late but complete"
+    assert "stopped cleanly" in err.decode()
+    assert await _stored(tmp_path) == [
+        ("user", "a slow question", "answered"),
+        ("assistant", "late but complete", "delivered"),
+    ]
 
 
 async def test_unwritable_state_dir_exit_code(tmp_path: Path, fake_llm: FakeLLM) -> None:

@@ -15,23 +15,43 @@ def _last(h: Harness) -> str:
     return h.transport.texts()[-1]
 
 
+# Each command with good, bad and missing arguments; the test fails if a command is missing.
+COMMAND_CALLS = [
+    "!help", "!status", "!history", "!history 10", "!history 0", "!history x", "!summary",
+    "!remember " + "😀🇳🇴 fact " * 35, "!remember", "!remember " + "long " * 100,
+    "!facts", "!unremember 9", "!unremember", "!unremember x", "!unremember 1", "!facts",
+    "!forget now", "!nosuch", "!HELP", "!reset", "!history 10", "!forget yes", "!forget",
+    "!forget yes", "!facts", "!export", "!stats", "!stats please",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("sender", ["root", "alice"], ids=["operator", "person"])
 async def test_every_command_reply_fits_a_mesh_packet_and_skips_the_llm(
-    harness: Harness,
+    tmp_path: Path, fake_llm: FakeLLM, sender: str
 ) -> None:
-    harness.llm.reply = "answer " * 50
-    await harness.say("a first message so there is history")
-    llm_calls = len(harness.llm.chat_requests())
-    for cmd in [
-        "!help", "!status", "!history", "!history 10", "!history 0", "!history x",
-        "!summary", "!remember " + "long fact " * 20, "!remember", "!facts",
-        "!unremember 9", "!unremember", "!unremember 1", "!facts", "!forget now",
-        "!nosuch", "!HELP", "!reset", "!forget", "!export", "!stats",
-    ]:  # fmt: skip
-        await harness.say(cmd)
-        reply = harness.transport.sent[-1]
-        assert reply.kind is ReplyKind.COMMAND, cmd
-        assert 0 < len(reply.text.encode()) <= 200, (cmd, reply.text)
-    assert len(harness.llm.chat_requests()) == llm_calls
+    h = await start_harness(tmp_path, fake_llm, extra='bot:\n  operators: ["fake:root"]\n')
+    try:
+        fake_llm.reply = "答え😀 " * 300  # long multibyte history for !history
+        await h.say("שָׁלוֹם 👩‍👩‍👧 " * 200, sender=sender)
+        await h.say("!remember " + "長い事実 " * 60, sender=sender)  # 300 chars, 3 bytes each
+        conv = await h.store.conversation(h.transport_key(sender))
+        await h.store.save_summary(conv.id, text="要約😀 " * 400, first_message_id=1,
+                                   last_message_id=2, tokens=800)  # fmt: skip
+        llm_calls = len(fake_llm.chat_requests())
+        covered = set()
+        for call in COMMAND_CALLS:
+            await h.say(call, sender=sender)
+            reply = h.transport.sent[-1]
+            assert reply.kind is ReplyKind.COMMAND, call
+            size = len(reply.text.encode("utf-8"))
+            assert 0 < size <= 200, (call, size, reply.text)
+            parsed = h.app.commands.parse(call)
+            assert parsed is not None
+            covered.add(parsed[0])
+        assert set(h.app.commands.names) <= covered
+        assert len(fake_llm.chat_requests()) == llm_calls
+    finally:
+        await h.app.close()
 
 
 async def test_unknown_and_bad_arguments_say_how_to_fix(harness: Harness) -> None:
@@ -65,8 +85,11 @@ async def test_reset_forgets_context_but_keeps_facts(harness: Harness) -> None:
     await harness.say("!remember I live in Oslo")
     await harness.say("my secret word is pineapple")
     await harness.say("!reset")
-    assert "won't use anything said before now" in _last(harness)
-    assert "1 pinned fact(s) stay" in _last(harness)
+    assert _last(harness) == (
+        "Fresh start: nothing said before now is used again (recent turns, summary, older "
+        "turns). Kept: your 1 pinned fact(s) (!facts); old messages stay stored (!forget "
+        "deletes them)."
+    )
     await harness.say("what was my secret word pineapple?")
     prompt = harness.llm.chat_requests()[-1]["messages"]
     joined = "\n".join(m["content"] for m in prompt[:-1])
@@ -74,6 +97,12 @@ async def test_reset_forgets_context_but_keeps_facts(harness: Harness) -> None:
     assert "I live in Oslo" in prompt[0]["content"]
     await harness.say("!history 10")
     assert "my secret word is pineapple" not in _last(harness)
+    assert (await harness.store.stats())["messages"] >= 2  # reset hides the log, keeps it
+
+
+async def test_reset_without_facts_says_none_are_kept(harness: Harness) -> None:
+    await harness.say("!reset")
+    assert "Kept: pinned facts (none yet); old messages stay stored" in _last(harness)
 
 
 async def test_forget_needs_confirmation_within_60s(tmp_path: Path, fake_llm: FakeLLM) -> None:
@@ -159,3 +188,23 @@ async def test_non_commands_go_to_the_llm(harness: Harness, text: str) -> None:
         assert _last(harness).startswith("Commands:")
     else:
         assert _last(harness) == "llm"
+
+
+async def test_forget_leaves_none_of_the_words_in_the_database_files(harness: Harness) -> None:
+    secret = "xylophonequartz"
+    harness.llm.reply = "noted"
+    await harness.say(f"my password is {secret}", sender="alice")
+    bob = await harness.store.conversation(harness.transport_key("bob"))
+    for i in range(300):  # later index segments, so alice's stays unmerged
+        text = f"bob talks about weather {i}"
+        await harness.store.add_message(bob.id, role="user", author="bob", text=text, tokens=5,
+                                        status="x")  # fmt: skip
+    await harness.say("!forget", sender="alice")
+    await harness.say("!forget yes", sender="alice")
+    assert _last(harness).startswith("Deleted everything I kept about you: 2 messages")
+    path = harness.store.path
+    files = [f for f in path.parent.iterdir() if f.name.startswith(path.name)]
+    raw = b"".join(f.read_bytes() for f in files)
+    # Porter stems the word in the index; neither the text nor the stem may stay behind.
+    assert secret.encode() not in raw and secret[:-2].encode() not in raw
+    assert (await harness.store.stats())["messages"] == 300  # bob keeps everything

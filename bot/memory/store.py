@@ -8,9 +8,13 @@ Invariants:
 - ``reset_after`` on a conversation hides everything up to that message id from context:
   window, summaries (``first_message_id > reset_after``) and retrieval (FTS rowid range).
   A summary computed before a reset is refused at save time, inside the same transaction.
+- ``open`` refuses a damaged file (header or pages, via ``quick_check``), a read-only file or
+  an unwritable state directory with a ``StorageError`` that says how to fix it.
 - ``forget_person`` deletes every row about a person: conversations cascade to messages,
   summaries and facts, messages cascade to their vectors; the FTS delete trigger removes the
-  index entries, and ``secure_delete`` overwrites the freed pages.
+  index entries, the index is then rewritten so no segment keeps their words, the WAL is
+  checkpointed, and ``secure_delete`` overwrites the freed pages: none of their text stays in
+  the database files.
 - Vector search reads one conversation's vectors of one model, through an in-process matrix
   cache (``bot.memory.vectors``) that is changed only while ``self._lock`` is held: extended by
   ``add_vectors``, dropped by ``forget_person`` and retention, and cleared whenever another
@@ -156,7 +160,12 @@ class SqliteStore:
             applied = await migrate(db)
             if applied:
                 log.info("database %s migrated: %s", path, ", ".join(applied))
-            await db.execute("PRAGMA quick_check(1)")
+            # quick_check reports damage as a row, not an exception: a file with a good header
+            # but broken pages would otherwise open and fail on the first message.
+            check = await (await db.execute("PRAGMA quick_check(1)")).fetchone()
+            if check is None or check[0] != "ok":
+                problem = " ".join(str(check[0]).split()) if check else "no result"
+                raise sqlite3.DatabaseError(f"database disk image is malformed: {problem}")
             await db.execute("BEGIN IMMEDIATE")  # prove we can write before taking messages
             await db.execute("ROLLBACK")
         except sqlite3.DatabaseError as exc:
@@ -275,7 +284,19 @@ class SqliteStore:
                 await db.execute(f"DELETE FROM messages WHERE conversation_id IN ({marks})", ids)
                 await db.execute(f"DELETE FROM conversations WHERE id IN ({marks})", ids)
                 self._vectors.drop(ids)
+        if ids:
+            await self._erase_deleted()
         return ForgetReport(len(ids), *counts)
+
+    async def _erase_deleted(self) -> None:
+        """Make deletions physical, not just invisible. FTS5 records a delete as a marker and
+        keeps the words in older index segments until they are merged, and WAL frames keep
+        old page images until a checkpoint; ``secure_delete`` only zeroes freed pages. So
+        rewrite the index (seconds on a million messages; ``!forget`` is rare) and checkpoint.
+        """
+        async with self._lock:
+            await self._db.execute("INSERT INTO messages_fts (messages_fts) VALUES ('optimize')")
+            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     # --- messages ---------------------------------------------------------------------------
     async def add_message(
