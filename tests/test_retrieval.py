@@ -6,14 +6,17 @@ fact once, then talks about other things for hundreds of turns.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 
 import pytest
 
-from bot.config import RetrievalConfig
+from bot.config import EmbeddingsConfig, Endpoint, RetrievalConfig
 from bot.domain import ConversationKey
 from bot.llm.tokens import make_counter
+from bot.memory.embeddings import OpenAICompatEmbedder
+from bot.memory.indexer import Indexer
 from bot.memory.retrieval import (
     Outline,
     Retriever,
@@ -22,6 +25,7 @@ from bot.memory.retrieval import (
     query_terms,
 )
 from bot.memory.store import ASSISTANT, USER, SqliteStore
+from tests.fakes.fake_llm import FakeLLM
 
 COUNTER = make_counter()
 ALICE = ConversationKey("mesh", "!a11ce000")
@@ -291,3 +295,65 @@ async def test_outline_cache_follows_new_and_deleted_messages(store: SqliteStore
     assert (await retriever.outline(conv.id)).ids == ids[1:] + more
     block = await retriever.retrieve(conv, "kayak", budget_tokens=500, before_id=10**9)
     assert [m.id for m in block.turns] == [ids[1], *more]
+
+
+# --- hybrid: vectors from the fake server's /v1/embeddings over HTTP --------------------------
+def _embedder(fake_llm: FakeLLM) -> OpenAICompatEmbedder:
+    config = EmbeddingsConfig.model_validate({"enabled": True, "model": "fake-embed"})
+    return OpenAICompatEmbedder(config=config, llm=Endpoint(base_url=fake_llm.base_url), env={})
+
+
+async def test_vectors_find_a_turn_that_shares_no_searchable_word(
+    store: SqliteStore, fake_llm: FakeLLM
+) -> None:
+    # Only stopwords: FTS5 has nothing to look up, the (bag-of-words) vectors still match.
+    ids = await _conversation(
+        store, ALICE, [*_filler(30), (USER, "were you there when it was over?"), *_filler(30)]
+    )
+    conv = await store.conversation(ALICE)
+    embedder = _embedder(fake_llm)
+    try:
+        await Indexer(store=store, embedder=embedder, batch=16).index_conversation(conv.id)
+        hybrid = Retriever(
+            store=store, counter=COUNTER, config=RetrievalConfig(), embedder=embedder
+        )
+        block = await hybrid.retrieve(
+            conv, "so when it was over, were you there?", budget_tokens=200, before_id=10**9
+        )
+        assert "were you there when it was over?" in [m.text for m in block.turns]
+        words_only = await _retriever(store).retrieve(
+            conv, "so when it was over, were you there?", budget_tokens=200, before_id=10**9
+        )
+        assert words_only.turns == []
+        assert ids[60] in [m.id for m in block.turns]
+    finally:
+        await embedder.close()
+
+
+async def test_embedding_server_down_falls_back_to_words(
+    store: SqliteStore, fake_llm: FakeLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = await _conversation(store, ALICE, [(USER, "my kayak is called Heron"), *_filler(20)])
+    conv = await store.conversation(ALICE)
+    embedder = _embedder(fake_llm)
+    port = fake_llm.port
+    try:
+        await Indexer(store=store, embedder=embedder, batch=16).index_conversation(conv.id)
+        hybrid = Retriever(
+            store=store, counter=COUNTER, config=RetrievalConfig(), embedder=embedder
+        )
+        await fake_llm.stop()
+        caplog.set_level(logging.INFO, logger="bot.memory.retrieval")
+        for _ in range(3):
+            block = await hybrid.retrieve(conv, "kayak name?", budget_tokens=200, before_id=10**9)
+            assert block.turns[0].id == ids[0]
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "words only" in warnings[0].getMessage()
+        await fake_llm.start(port=port)
+        before = len(fake_llm.embed_requests)
+        block = await hybrid.retrieve(conv, "kayak name?", budget_tokens=200, before_id=10**9)
+        assert block.turns[0].id == ids[0]
+        assert len(fake_llm.embed_requests) == before + 1  # the query was embedded again
+        assert any("embeddings again" in r.getMessage() for r in caplog.records)
+    finally:
+        await embedder.close()
