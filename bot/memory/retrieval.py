@@ -70,6 +70,7 @@ STOPWORDS = frozenset(
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?", re.UNICODE)
 MAX_QUERY_TERMS = 24
 NEIGHBOUR_REACH = 2  # turns on each side a turn borrows from (halving with distance)
+QUALIFIED_PER_RESULT = 3  # lexical seeds kept per wanted result on very common queries
 VECTOR_POOL = 2000  # vector matches considered per query (weak ones still lend to neighbours)
 MAX_QUERY_CHARS = 2000  # of the new message, embedded for vector search
 OUTLINE_CACHE = 256  # conversations whose outline stays in memory (about 40 bytes a message)
@@ -200,7 +201,13 @@ def bm25_rank(
         total += terms[common][0]
         common += 1
     seeds = {i for _idf, hits in terms[common:] for i in hits}
-    qualified = [i for i, r in _raw(terms, seeds).items() if r >= floor and r > 0]
+    raw_seeds = _raw(terms, seeds)
+    qualified = [i for i, r in raw_seeds.items() if r >= floor and r > 0]
+    if limit is not None and len(qualified) > QUALIFIED_PER_RESULT * limit:
+        # Only the best-matching turns (and their neighbours) can reach the top ``limit``.
+        qualified = heapq.nlargest(
+            QUALIFIED_PER_RESULT * limit, qualified, key=lambda i: raw_seeds[i]
+        )
     near: dict[int, float] = {}  # position -> similarity, for the vector matches in the span
     if similarity and weight > 0:
         for mid, sim in similarity.items():
@@ -401,8 +408,16 @@ class Retriever:
         ranked, outline, span = await self.rank(conversation, query, before_id=before_id)
         if not ranked:
             return packer.block()
-        # Enough candidates to fill any budget we are given, without reading every hit's text.
-        pool = [r.id for r in ranked]
+        # Read the text of only as many hits as can fit (the outline knows their stored token
+        # counts; twice the budget leaves room for a counter that counts differently).
+        pool: list[int] = []
+        expected = 0
+        for r in ranked:
+            if expected > 2 * budget_tokens:
+                break
+            pool.append(r.id)
+            expected += outline.tokens[outline.position[r.id]] + 1
+        ranked = ranked[: len(pool)]
         pool += partners(outline, pool[: cfg.max_turns], span=span)
         by_id = {m.id: m for m in await self._store.messages_by_ids(pool)}
         for mid in [r.id for r in ranked]:
