@@ -44,6 +44,7 @@ from bot.transports.base import Transport
 log = logging.getLogger("bot.responder")
 
 UNAVAILABLE = "LLM unavailable, try again later."
+INTERNAL_ERROR = "Sorry, something went wrong on my side. Please try again."
 EMPTY = "Your message was empty. Send some text, or {prefix}help for commands."
 TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
@@ -184,6 +185,7 @@ class Responder:
                         await self._turn(job.inbound, job.message_id)
                 except Exception:  # loop boundary: one bad turn must not stop this person's queue
                     log.exception("turn failed in %s", key)
+                    await self._after_failure(job)
                 finally:
                     queue.popleft()
         finally:
@@ -264,6 +266,16 @@ class Responder:
         except Exception as exc:  # transports report trouble in Delivery; this is a bug guard
             log.exception("transport %s raised from send", transport.name)
             return Delivery(DeliveryStatus.FAILED, detail=str(exc))
+
+    async def _after_failure(self, job: _Job) -> None:
+        """A turn that crashed: tell the person briefly and mark the message failed, so it is
+        not retried (and crashing again) at every restart."""
+        try:
+            if job.message_id is not None:
+                await self._store.set_status(job.message_id, "failed")
+            await self._notice(job.inbound, INTERNAL_ERROR)
+        except Exception:  # loop boundary: the store or transport may be what failed
+            log.exception("could not report the failed turn in %s", job.inbound.key)
 
     async def _notice(self, inbound: Inbound, text: str) -> None:
         transport = self._transports[inbound.transport]
