@@ -206,8 +206,10 @@ def fts5_bm25(db: sqlite3.Connection, conversation: Conversation, query: str) ->
     return [int(r[0]) - conversation.id * stride for r in rows]
 
 
-def fts5_and_finds_nothing(db: sqlite3.Connection, query: str) -> bool:
-    terms = query_terms(query)
+def fts5_and_finds_nothing(db: sqlite3.Connection, query: str, *, all_words: bool) -> bool:
+    """Whether FTS5's implicit AND of the question's words (all of them, or the content
+    words) matches no turn at all."""
+    terms = list(dict.fromkeys(_words(query))) if all_words else query_terms(query)
     if not terms:
         return True
     match = " ".join('"' + t.replace('"', '""') + '"' for t in terms)
@@ -233,7 +235,7 @@ async def run(
     dialogues = load(path)
     counter = make_counter()  # the bot's own counter fills the messages.tokens column
     tallies = {m: Tally.new() for m in methods}
-    info: dict[str, Any] = {"questions": 0, "turns": 0, "and_empty": 0}
+    info: dict[str, Any] = {"questions": 0, "turns": 0, "and_empty": 0, "and_all_empty": 0}
     embedder = None
     if "ours+vectors" in methods:
         from bench.embed_local import LocalEmbedder
@@ -297,7 +299,8 @@ async def _one(
     try:
         for q in dlg.questions:
             info["questions"] += 1
-            info["and_empty"] += fts5_and_finds_nothing(raw, q.text)
+            info["and_empty"] += fts5_and_finds_nothing(raw, q.text, all_words=False)
+            info["and_all_empty"] += fts5_and_finds_nothing(raw, q.text, all_words=True)
             want = {id_of[e] for e in q.evidence}
             for method, tally in tallies.items():
                 for budget in budgets:
@@ -482,6 +485,10 @@ def table(name: str, tally: Tally, budgets: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+def _share(part: int, whole: int) -> str:
+    return f"{part}/{whole} ({100 * part / max(whole, 1):.1f}%)"
+
+
 def _overrides(pairs: Sequence[str]) -> RetrievalConfig:
     values: dict[str, Any] = {}
     for pair in pairs:
@@ -531,9 +538,10 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
     )
     out(
         f"Command: `python -m bench.recall {' '.join(sys.argv[1:] if argv is None else argv)}`"
-        f"  \n{info['turns']} turns, {info['questions']} questions with evidence; FTS5 implicit"
-        f" AND of the query words finds nothing for {info['and_empty']}/{info['questions']}"
-        f" ({100 * info['and_empty'] / max(info['questions'], 1):.1f}%).  \n"
+        f"  \n{info['turns']} turns, {info['questions']} questions with evidence. FTS5's implicit"
+        f" AND finds nothing for {_share(info['and_all_empty'], info['questions'])} of them"
+        f" (all the question's words) and {_share(info['and_empty'], info['questions'])}"
+        f" (content words only).  \n"
         f"ours: {config.model_dump()}\n"
     )
     for method in args.methods:
