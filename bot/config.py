@@ -44,6 +44,12 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
+def _http_url(v: str) -> str:
+    if not v.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https:// (e.g. http://localhost:11434/v1)")
+    return v.rstrip("/")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -56,9 +62,7 @@ class Endpoint(_Strict):
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https:// (e.g. http://localhost:11434/v1)")
-        return v.rstrip("/")
+        return _http_url(v)
 
     @field_validator("model")
     @classmethod
@@ -140,11 +144,7 @@ class EmbeddingsConfig(_Strict):
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https:// (e.g. http://localhost:11434/v1)")
-        return v.rstrip("/")
+        return None if v is None else _http_url(v)
 
     @field_validator("model")
     @classmethod

@@ -112,13 +112,13 @@ class OpenAICompatLLM:
                 try:
                     return await self._attempt(target, payload, max_tokens)
                 except _RETRYABLE as exc:
-                    problems.append(f"{ep.base_url} ({ep.model}): {_describe(exc)}")
+                    problems.append(f"{ep.base_url} ({ep.model}): {describe_error(exc)}")
                     log.warning("LLM attempt %d failed: %s", attempt + 1, problems[-1])
                 except _EmptyAnswer:
                     problems.append(f"{ep.base_url} ({ep.model}): empty answer")
                     log.warning("LLM returned an empty answer from %s", ep.base_url)
                 except openai.APIError as exc:
-                    problems.append(f"{ep.base_url} ({ep.model}): {_describe(exc)}")
+                    problems.append(f"{ep.base_url} ({ep.model}): {describe_error(exc)}")
                     log.warning("LLM endpoint unusable, trying the next: %s", problems[-1])
                     break
         raise LLMUnavailable(
@@ -154,7 +154,8 @@ class _EmptyAnswer(Exception):
     pass
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
+    """A short, text-free description of an openai client error (for logs and messages)."""
     if isinstance(exc, openai.APIStatusError):
         return f"HTTP {exc.status_code}"
     if isinstance(exc, openai.APITimeoutError | TimeoutError):

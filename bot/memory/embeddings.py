@@ -25,6 +25,7 @@ import openai
 
 from bot.config import EmbeddingsConfig, Endpoint
 from bot.errors import EmbeddingUnavailable
+from bot.llm.openai_compat import describe_error
 
 log = logging.getLogger("bot.memory.embeddings")
 
@@ -139,12 +140,6 @@ class _Malformed(Exception):
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, openai.APIStatusError):
-        return f"HTTP {exc.status_code}"
-    if isinstance(exc, openai.APITimeoutError | TimeoutError):
-        return "timed out"
-    if isinstance(exc, openai.APIConnectionError):
-        return "connection failed"
     if isinstance(exc, _Malformed):
         return f"malformed answer ({exc})"
-    return type(exc).__name__
+    return describe_error(exc)
