@@ -140,11 +140,11 @@ class ContextBuilder:
                 trimmed = True
 
         # Recent window (first pass), then retrieval over what is older, then more window.
+        fetch = min(WINDOW_FETCH_MAX, max(free // 8, 8))
         recent = await self._store.recent_messages(
-            conversation,
-            limit=min(WINDOW_FETCH_MAX, max(free // 8, 8)),
-            before_id=new_message_id,
+            conversation, limit=fetch, before_id=new_message_id
         )
+        everything_fetched = len(recent) < fetch  # nothing older since the reset mark
         turns = group_turns(list(reversed(recent)))
         window: list[list[StoredMessage]] = []
         used = 0
@@ -158,7 +158,8 @@ class ContextBuilder:
 
         block = RetrievedBlock()
         retrieve_budget = free - used - self._header_tokens[RETRIEVED_HEADER]
-        if retrieve_budget > 0:
+        # A short conversation that fits the window whole has nothing older to search.
+        if retrieve_budget > 0 and not (everything_fetched and not turns):
             before = window[0][0].id if window else (new_message_id or 1 << 62)
             thread: list[StoredMessage] = []
             if new_message_id is not None:  # a reply: the chain it answers, if out of the window
