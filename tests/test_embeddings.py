@@ -160,6 +160,12 @@ async def test_a_slow_embedding_server_never_delays_a_reply(
 ) -> None:
     h = await start_harness(tmp_path, fake_llm, extra=ENABLED + "    query_timeout: 0.2\n")
     try:
+        # More history than the window holds, so the reply's context does search older turns.
+        conv = await h.store.conversation(h.transport_key("alice"))
+        for i in range(500):
+            await h.store.add_message(conv.id, role="user" if i % 2 == 0 else "assistant",
+                                      author="alice", text=f"older note {i} about hello",
+                                      tokens=6, status="answered")  # fmt: skip
         fake_llm.embed_script = [("sleep", 3.0)]
         await h.say("hello")
         assert h.transport.sent and h.transport.sent[-1].text == fake_llm.reply
