@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from bot.domain import Attachment, Inbound
+from bot.domain import DM_SPACE, Attachment, Inbound
 from bot.llm.tokens import TokenCounter
 from bot.memory.export import export_person
 from bot.memory.port import MemoryStore
@@ -220,9 +220,16 @@ class Commands:
 
     async def _status(self, inbound: Inbound, arg: str) -> CommandResult:
         up = int(self._clock() - self._started)
-        count = await self._store.count_person_messages(inbound.transport, inbound.sender)
+        if inbound.space == DM_SPACE:  # private: the whole picture on this transport
+            count = await self._store.count_person_messages(inbound.transport, inbound.sender)
+            where = ""
+        else:  # a shared space: nothing derived from the person's DMs
+            count = await self._store.count_person_messages(
+                inbound.transport, inbound.sender, space=inbound.space
+            )
+            where = " here"
         return self._say(
-            f"Model {self._model_name()}, up {_duration(up)}, you sent {count} messages."
+            f"Model {self._model_name()}, up {_duration(up)}, you sent {count} messages{where}."
         )
 
     async def _export(self, inbound: Inbound, arg: str) -> CommandResult:

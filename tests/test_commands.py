@@ -208,3 +208,13 @@ async def test_forget_leaves_none_of_the_words_in_the_database_files(harness: Ha
     # Porter stems the word in the index; neither the text nor the stem may stay behind.
     assert secret.encode() not in raw and secret[:-2].encode() not in raw
     assert (await harness.store.stats())["messages"] == 300  # bob keeps everything
+
+
+async def test_status_in_a_channel_counts_nothing_from_the_dms(harness: Harness) -> None:
+    for text in ("one", "two", "three"):
+        await harness.say(text)  # DMs
+    await harness.say("in the channel", space="ch7")
+    await harness.say("!status", space="ch7")
+    assert _last(harness).endswith("you sent 1 messages here.")
+    await harness.say("!status")
+    assert _last(harness).endswith("you sent 4 messages.")  # a DM sees the whole transport

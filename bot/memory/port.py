@@ -78,7 +78,9 @@ class MemoryStore(Protocol):
 
     async def count_messages(self, conversation_id: int, *, since_reset: bool = False) -> int: ...
 
-    async def count_person_messages(self, transport: str, person: str) -> int: ...
+    async def count_person_messages(
+        self, transport: str, person: str, *, space: str | None = None
+    ) -> int: ...
 
     async def search_terms(
         self,

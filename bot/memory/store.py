@@ -441,11 +441,15 @@ class SqliteStore:
         )
         return int(row[0]) if row else 0
 
-    async def count_person_messages(self, transport: str, person: str) -> int:
+    async def count_person_messages(
+        self, transport: str, person: str, *, space: str | None = None
+    ) -> int:
+        """Messages the person sent on ``transport``: in every space, or in ``space`` only."""
         row = await self._one(
             "SELECT count(*) FROM messages m JOIN conversations c ON c.id = m.conversation_id "
-            "WHERE c.transport = ? AND c.person = ? AND m.role = 'user'",
-            (transport, person),
+            "WHERE c.transport = ? AND c.person = ? AND m.role = 'user' "
+            "AND (? IS NULL OR c.space = ?)",
+            (transport, person, space, space),
         )
         return int(row[0]) if row else 0
 
