@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from bot.errors import ConfigError
+from bot.transports.mesh_text import MIN_PACKET_SPACING_SECONDS
 
 ENV_CONFIG = "MESHSAGE_CONFIG"
 ENV_STATE_DIR = "MESHSAGE_STATE_DIR"
@@ -214,7 +215,8 @@ class MeshtasticConfig(TransportBase):
     channel_cooldown: float = Field(60.0, ge=0, le=86_400)  # per person, extra triggers ignored
     # sending
     reply_in_channel: bool = True  # False: answer channel triggers by DM
-    spacing_seconds: float = Field(3.0, ge=2.1, le=120)  # between any two packets on air
+    # between any two packets on air
+    spacing_seconds: float = Field(3.0, ge=MIN_PACKET_SPACING_SECONDS, le=120)
     max_parts: int = Field(3, ge=1, le=9)
     chunk_bytes: int = Field(200, ge=60, le=200)
     hop_limit: int | None = Field(None, ge=0, le=7)  # None: the node's own setting

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 DATA_PAYLOAD_LEN = 233  # meshtastic mesh_pb2.Constants.DATA_PAYLOAD_LEN
 DEFAULT_CHUNK_BYTES = 200  # what the official apps allow; leaves room for PKI and reply ids
 MARKER = " …"  # appended where a reply was shortened
+# Firmware drops a second text sent within 2 s; the margin covers clock jitter on the host.
+MIN_PACKET_SPACING_SECONDS = 2.1
 _SENTENCE_END = frozenset(".!?…。！？")
 _CLOSERS = frozenset("\"')]}»”’」』）")
 _CJK_FULL_STOPS = frozenset("。！？")
