@@ -123,6 +123,11 @@ async def _memory_show(config: Config, args: argparse.Namespace) -> int:
         print(f"# context for {key}: {ctx.tokens}/{ctx.budget} tokens")
         for block in ctx.blocks:
             print(f"\n## {block.name} ({block.tokens} tokens)\n{block.text}")
+        if ctx.retrieved:
+            print("\n## why these older turns were retrieved")
+            for m in ctx.retrieved:
+                why = ctx.retrieved_reasons.get(m.id, "?")
+                print(f"- message {m.id} ({m.author}): {why}")
         for msg in ctx.messages[1:]:
             print(f"\n## {msg.role}\n{msg.content}")
         return 0

@@ -168,3 +168,5 @@ async def test_memory_show_prints_blocks(tmp_path: Path, fake_llm: FakeLLM) -> N
     assert rc == 0
     assert "## retrieved (" in out and "I planted tomatoes in April" in out
     assert "## window (" in out
+    why = out.split("## why these older turns were retrieved\n", 1)[1].split("\n\n")[0]
+    assert f"({user}): ranked #1, score " in why  # the planted turn is the best match

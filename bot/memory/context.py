@@ -55,6 +55,7 @@ class AssembledContext:
     budget: int
     window: list[StoredMessage] = field(default_factory=list)
     retrieved: list[StoredMessage] = field(default_factory=list)
+    retrieved_reasons: dict[int, str] = field(default_factory=dict)  # id -> why (memory show)
     trimmed: bool = False  # the new message, facts or summary had to be cut
 
     @property
@@ -200,6 +201,7 @@ class ContextBuilder:
             budget=budget,
             window=flat,
             retrieved=list(block.turns),
+            retrieved_reasons=dict(block.reasons),
             trimmed=trimmed,
         )
 

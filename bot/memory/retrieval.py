@@ -104,6 +104,7 @@ class RetrievedBlock:
     turns: list[StoredMessage] = field(default_factory=list)  # chronological
     lines: list[str] = field(default_factory=list)
     tokens: int = 0
+    reasons: dict[int, str] = field(default_factory=dict)  # message id -> why it is here
 
     @property
     def text(self) -> str:
@@ -402,7 +403,7 @@ class Retriever:
             return RetrievedBlock()
         packer = _Packer(self._counter, budget_tokens)
         for msg in thread[: cfg.max_turns]:
-            packer.add(msg)
+            packer.add(msg, "in the reply thread being answered")
         if thread:
             query = " ".join([query, *(m.text for m in thread[:2])])
         ranked, outline, span = await self.rank(conversation, query, before_id=before_id)
@@ -420,15 +421,15 @@ class Retriever:
         ranked = ranked[: len(pool)]
         pool += partners(outline, pool[: cfg.max_turns], span=span)
         by_id = {m.id: m for m in await self._store.messages_by_ids(pool)}
-        for mid in [r.id for r in ranked]:
+        for place, r in enumerate(ranked, start=1):
             if len(packer.chosen) >= cfg.max_turns:
                 break
-            if mid in by_id:
-                packer.add(by_id[mid])
+            if r.id in by_id:
+                packer.add(by_id[r.id], f"ranked #{place}, score {r.score:.3f}")
         if len(packer.chosen) < cfg.max_turns:
             for mid in partners(outline, [m.id for m in packer.chosen], span=span):
                 if mid in by_id and len(packer.chosen) < cfg.max_turns:
-                    packer.add(by_id[mid])
+                    packer.add(by_id[mid], "question/answer partner of a retrieved turn")
         return packer.block()
 
 
@@ -440,10 +441,11 @@ class _Packer:
         self._budget = budget
         self._days: set[str] = set()
         self.chosen: list[StoredMessage] = []
+        self.reasons: dict[int, str] = {}
         self.used = 0
 
-    def add(self, message: StoredMessage) -> bool:
-        if any(m.id == message.id for m in self.chosen):
+    def add(self, message: StoredMessage, reason: str) -> bool:
+        if message.id in self.reasons:
             return False
         day = day_label(message.created_at)
         cost = self._counter.count(render_turn(message)) + 1
@@ -453,6 +455,7 @@ class _Packer:
             return False  # a smaller, lower-ranked turn may still fit
         self._days.add(day)
         self.chosen.append(message)
+        self.reasons[message.id] = reason
         self.used += cost
         return True
 
@@ -466,4 +469,4 @@ class _Packer:
                 lines.append(day)
                 last_day = day
             lines.append(render_turn(msg))
-        return RetrievedBlock(turns=turns, lines=lines, tokens=self.used)
+        return RetrievedBlock(turns=turns, lines=lines, tokens=self.used, reasons=self.reasons)
