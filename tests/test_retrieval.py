@@ -242,9 +242,14 @@ def test_idf_and_length_normalisation() -> None:
     scores = {r.id: r.score for r in ranked}
     assert scores[1] > scores[2]  # same words, shorter turn
     assert scores[1] > scores[3]  # the rarer word counts more
-    n, df = 4, 2
-    idf_rare = math.log(1 + (n - df + 0.5) / (df + 0.5))
-    assert idf_rare > math.log(1 + (n - 4 + 0.5) / (4 + 0.5))
+    # Exactly BM25 with binary tf, as a share of the query's IDF mass (neighbour 0).
+    idf_rare = math.log(1 + (4 - 2 + 0.5) / (2 + 0.5))
+    idf_common = math.log(1 + (4 - 4 + 0.5) / (4 + 0.5))
+    avgdl = (5 + 50 + 5 + 5) / 4
+    norm_short = 2.2 / (1 + 1.2 * (1 - 0.75 + 0.75 * 5 / avgdl))
+    possible = idf_rare + idf_common
+    assert scores[3] == pytest.approx(idf_common * norm_short / possible)
+    assert scores[1] == pytest.approx((idf_rare + idf_common) * norm_short / possible)
 
 
 def test_partners_pair_questions_with_answers() -> None:
