@@ -38,6 +38,7 @@ class SqliteBase:
         self._lock = asyncio.Lock()
         self._vectors = VectorCache()
         self._data_version: int | None = None
+        self._claims: set[tuple[int, int]] = set()
 
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -101,6 +102,26 @@ class SqliteBase:
             with contextlib.suppress(sqlite3.Error):  # advisory; closing must still happen
                 await self._db.execute("PRAGMA optimize")
             await self._db.close()
+
+    # --- one process, one writer ----------------------------------------------------------
+    @asynccontextmanager
+    async def turn_lock(self, conversation_id: int) -> AsyncIterator[None]:
+        """A conversation's turn. One process owns a SQLite file, and its responder already
+        runs one turn per conversation at a time, so there is nothing else to exclude."""
+        yield
+
+    @asynccontextmanager
+    async def claim(self, kind: int, conversation_id: int) -> AsyncIterator[bool]:
+        """True unless a task of this process holds the same one-off job right now."""
+        key = (kind, conversation_id)
+        if key in self._claims:
+            yield False
+            return
+        self._claims.add(key)
+        try:
+            yield True
+        finally:
+            self._claims.discard(key)
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[aiosqlite.Connection]:

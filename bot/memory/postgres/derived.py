@@ -1,0 +1,83 @@
+"""Summaries and facts on PostgreSQL: derived from the raw log, each recording what it covers.
+
+Invariants:
+- A summary computed before a ``!reset`` is refused at save time, inside the same transaction
+  (the conversation row is locked, so a concurrent reset from another gateway waits or wins).
+"""
+
+from __future__ import annotations
+
+import time
+
+from bot.memory.postgres.base import PgBase
+from bot.memory.records import Conversation, Fact, Summary
+
+
+class DerivedMixin(PgBase):
+    # --- summaries --------------------------------------------------------------------------
+    async def latest_summary(self, conversation: Conversation) -> Summary | None:
+        row = await self._one(
+            "SELECT id, text, first_message_id, last_message_id, tokens, created_at "
+            "FROM summaries WHERE conversation_id = $1 AND first_message_id > $2 "
+            "ORDER BY id DESC LIMIT 1",
+            (conversation.id, conversation.reset_after),
+        )
+        return None if row is None else Summary(*row)
+
+    async def save_summary(
+        self,
+        conversation_id: int,
+        *,
+        text: str,
+        first_message_id: int,
+        last_message_id: int,
+        tokens: int,
+    ) -> bool:
+        """Store a summary unless a reset happened after ``first_message_id`` was chosen."""
+        async with self._tx() as con:
+            mark = await con.fetchval(
+                "SELECT reset_after FROM conversations WHERE id = $1 FOR UPDATE", conversation_id
+            )
+            if mark is None or first_message_id <= mark:
+                return False
+            new_id = await con.fetchval(
+                "INSERT INTO summaries (conversation_id, text, first_message_id, "
+                "last_message_id, tokens, created_at) VALUES ($1, $2, $3, $4, $5, $6) "
+                "RETURNING id",
+                conversation_id,
+                text,
+                first_message_id,
+                last_message_id,
+                tokens,
+                time.time(),
+            )
+            # Older summaries are superseded; keep the log as the record, not stale digests.
+            await con.execute(
+                "DELETE FROM summaries WHERE conversation_id = $1 AND id < $2",
+                conversation_id,
+                new_id,
+            )
+            return True
+
+    # --- facts ------------------------------------------------------------------------------
+    async def facts(self, conversation_id: int) -> list[Fact]:
+        rows = await self._all(
+            "SELECT id, text, tokens, created_at FROM facts WHERE conversation_id = $1 ORDER BY id",
+            (conversation_id,),
+        )
+        return [Fact(*r) for r in rows]
+
+    async def add_fact(self, conversation_id: int, *, text: str, tokens: int) -> int:
+        value = await self._val(
+            "INSERT INTO facts (conversation_id, text, tokens, created_at) "
+            "VALUES ($1, $2, $3, $4) RETURNING id",
+            (conversation_id, text, tokens, time.time()),
+        )
+        return int(value)
+
+    async def remove_fact(self, conversation_id: int, fact_id: int) -> bool:
+        value = await self._val(
+            "DELETE FROM facts WHERE conversation_id = $1 AND id = $2 RETURNING id",
+            (conversation_id, fact_id),
+        )
+        return value is not None
