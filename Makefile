@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run chat test lint typecheck unit bench-pipeline bench-recall bench-deps-embed clean
+.PHONY: run chat test lint typecheck unit postgres-bin bench-pipeline bench-recall bench-deps-embed clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,7 +25,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+# The PostgreSQL tests start their own server from Debian's binaries (installed when root).
+postgres-bin:
+	bash .ci/ensure-postgres
+
+unit: $(STAMP) postgres-bin
 	$(BIN)/pytest
 
 test: lint typecheck unit

@@ -8,6 +8,8 @@ Invariants:
 - Shutdown order: stop taking turns and finish the ones in flight (replies still go out),
   stop transports, stop background summaries and indexing, close the LLM and embedding
   clients, close the database.
+- The store is SQLite in the state dir unless ``storage.url`` names another file or a
+  PostgreSQL database (several gateways sharing one memory; ``bot.memory.open``).
 - Embeddings (``memory.embeddings``) are built only when enabled: the embedder goes to the
   retriever (query vectors) and to the indexer (message vectors, in the background).
 """
@@ -20,7 +22,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from bot.commands import Commands
 from bot.config import Config
@@ -32,11 +34,15 @@ from bot.llm.tokens import TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.embeddings import Embedder, OpenAICompatEmbedder
 from bot.memory.indexer import Indexer
+from bot.memory.open import open_url
 from bot.memory.retrieval import Retriever
 from bot.memory.store import SqliteStore
 from bot.memory.summary import Summarizer
 from bot.responder import Responder
 from bot.transports.base import Transport
+
+if TYPE_CHECKING:
+    from bot.memory.postgres import PostgresStore
 
 log = logging.getLogger("bot.app")
 
@@ -48,7 +54,7 @@ MAINTENANCE_INTERVAL = 10.0
 @dataclass
 class App:
     config: Config
-    store: SqliteStore
+    store: SqliteStore | PostgresStore
     llm: LLM
     gate: LLMGate
     counter: TokenCounter
@@ -153,7 +159,12 @@ async def build(
 ) -> App:
     """Wire the app. ``llm``/``transports`` let tests substitute their own; ``only`` limits
     which configured transports are built (``meshsage chat`` uses ["console"])."""
-    store = await SqliteStore.open(config.database_path)
+    if config.storage.url is not None:  # sqlite:///file or postgresql:// (several gateways)
+        store: SqliteStore | PostgresStore = await open_url(
+            config.storage.url, password_env=config.storage.password_env, env=env
+        )
+    else:
+        store = await SqliteStore.open(config.database_path)
     try:
         counter = make_counter()
         real_llm = None

@@ -5,6 +5,9 @@ Invariants:
   shutdown loses nothing; pending messages are picked up again at the next start.
 - Per conversation, messages (commands included) are handled one at a time, in arrival order,
   by a worker task that exits when its queue is empty; different conversations run at once.
+  Across gateways sharing one store, a conversation's turns hold the store's ``turn_lock``
+  and answer only a message still ``pending`` (answered once); a message another gateway
+  stored already (``AlreadyStored``) is dropped quietly.
 - LLM calls go through the gate's foreground lane (bounded; summaries yield to replies).
 - A person over the queue limit or the rate limit gets one polite notice per limit window;
   their message is still stored (status ``limited``) and never answered by the LLM.
@@ -30,13 +33,14 @@ from dataclasses import dataclass, replace
 from bot.commands import Commands
 from bot.config import BotConfig
 from bot.domain import ConversationKey, Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
-from bot.errors import LLMUnavailable
+from bot.errors import LLMUnavailable, StorageError
 from bot.llm.port import LLM
 from bot.llm.tokens import TokenCounter
 from bot.memory.context import ContextBuilder
 from bot.memory.indexer import Indexer
 from bot.memory.port import MemoryStore
-from bot.memory.store import ASSISTANT, USER
+from bot.memory.records import AlreadyStored
+from bot.memory.store import ASSISTANT, USER, Conversation
 from bot.memory.summary import Summarizer
 from bot.text import clean_inbound
 from bot.transports.base import Transport
@@ -118,7 +122,11 @@ class Responder:
                 platform_id=inbound.message_id,
                 reply_to_platform_id=inbound.reply_to,
             )
-        except sqlite3.Error as exc:  # disk full, database locked for too long, I/O error
+        except AlreadyStored:  # heard by another gateway too, which stored it and answers it
+            log.debug("message %s from %s heard twice; answered once", inbound.message_id,
+                      inbound.key)  # fmt: skip
+            return
+        except (sqlite3.Error, StorageError) as exc:  # disk full, locked, server unreachable
             log.error("could not store a message from %s: %s", inbound.key, exc)
             await self._notice(inbound, NOT_STORED)
             return
@@ -209,9 +217,19 @@ class Responder:
         await transport.send(reply)
 
     async def _turn(self, inbound: Inbound, message_id: int) -> None:
+        conv = await self._store.conversation(inbound.key)
+        # Gateways sharing one store take a person's turns one at a time, and a message that
+        # another gateway (or an earlier recovery) answered meanwhile is not answered again.
+        async with self._store.turn_lock(conv.id):
+            [*found] = await self._store.messages_by_ids([message_id])
+            if not found or found[0].status != "pending":
+                log.debug("message %d in %s no longer pending; skipped", message_id, conv.id)
+                return
+            await self._answer(inbound, message_id, await self._store.conversation(inbound.key))
+
+    async def _answer(self, inbound: Inbound, message_id: int, conv: Conversation) -> None:
         transport = self._transports[inbound.transport]
         limits = transport.limits
-        conv = await self._store.conversation(inbound.key)
         async with transport.working(inbound):
             ctx = await self._context.build(
                 conv,

@@ -95,6 +95,7 @@ class Harness:
 
     @property
     def store(self) -> SqliteStore:
+        assert isinstance(self.app.store, SqliteStore)  # harnesses use the default store
         return self.app.store
 
 

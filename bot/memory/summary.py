@@ -8,6 +8,9 @@ Invariants:
   background lane: it never delays a reply. A failure keeps the last good summary and the
   conversation is retried after ``retry_seconds``.
 - A summary begun before a ``!reset`` is refused by the store at save time.
+- One summary computation per conversation at a time across gateways sharing the store
+  (``claim(SUMMARY_CLAIM)``); the one that lost the claim skips, and the winner's summary is
+  what the next turn reads.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from bot.llm.gate import BackgroundPreempted
 from bot.llm.port import LLM, ChatMessage
 from bot.llm.tokens import TokenCounter
 from bot.memory.port import MemoryStore
+from bot.memory.records import SUMMARY_CLAIM
 from bot.memory.store import Conversation, StoredMessage
 
 log = logging.getLogger("bot.memory.summary")
@@ -81,7 +85,14 @@ class Summarizer:
             log.exception("summary for conversation %d failed", conversation.id)
 
     async def refresh(self, conversation: Conversation, *, window_start_id: int) -> bool:
-        """Fold unsummarized messages older than the window into the summary, if enough."""
+        """Fold unsummarized messages older than the window into the summary, if enough.
+        Gateways sharing one store: only the one holding the claim computes it."""
+        async with self._store.claim(SUMMARY_CLAIM, conversation.id) as mine:
+            if not mine:
+                return False
+            return await self._refresh(conversation, window_start_id=window_start_id)
+
+    async def _refresh(self, conversation: Conversation, *, window_start_id: int) -> bool:
         old = await self._store.latest_summary(conversation)
         after = max(conversation.reset_after, old.last_message_id if old else 0)
         pending = await self._store.messages_between(
