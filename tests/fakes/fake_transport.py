@@ -6,16 +6,14 @@ so tests can check that what is stored is what was sent.
 
 from __future__ import annotations
 
-import itertools
-
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator
 
 from bot.domain import DM_SPACE, Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.text import fit_bytes
 from bot.transports.base import OnMessage
-
 
 _IDS = itertools.count(1)
 
