@@ -20,7 +20,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeAlias, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -37,7 +37,7 @@ TURN_LOCK = 1  # advisory lock class (first key); claims use records.*_CLAIM
 _T = TypeVar("_T")
 
 Row = asyncpg.Record
-Conn = PoolConnectionProxy[Row]
+Conn: TypeAlias = "PoolConnectionProxy[Row]"
 
 
 def redact(url: str) -> str:
@@ -62,6 +62,7 @@ class PgBase:
         self.url = url
         self._password = password
         self._vectors = VectorCache()
+        self.last_erase = ""  # the status of the last VACUUM after a forget (tests read it)
         self._vector_marks: dict[tuple[int, str], tuple[int, int, int]] = {}
 
     # --- lifecycle -------------------------------------------------------------------------

@@ -3,9 +3,11 @@
 Invariants:
 - ``forget_person`` deletes every row about a person in one transaction: conversations
   cascade to messages (and with them their search words, which live in the row, and their
-  vectors), summaries, facts and ``heard`` claims. The GIN index entries go with the rows'
-  index tuples; ``VACUUM`` (autovacuum, or ``tidy``) then frees the dead tuples and index
-  entries so their text leaves the data files too.
+  vectors), summaries, facts and ``heard`` claims; the GIN index entries go with the rows.
+  ``VACUUM`` then removes the dead row versions and their index entries at once, so nothing
+  can read them back. PostgreSQL does not zero the space it frees (SQLite's
+  ``secure_delete`` does): the bytes stay in free space and in the WAL until overwritten,
+  which README "More than one gateway" says, with ``VACUUM FULL`` for a physical purge.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class UpkeepMixin(PgBase):
 
         async def work(con: Conn) -> None:
             for table in ("messages", "message_vectors", "summaries", "facts", "heard"):
-                await con.execute(f"VACUUM {table}")
+                self.last_erase = await con.execute(f"VACUUM {table}")
 
         await self._run(work)
 

@@ -39,6 +39,7 @@ class SqliteBase:
         self._vectors = VectorCache()
         self._data_version: int | None = None
         self._claims: set[tuple[int, int]] = set()
+        self._turns: dict[int, tuple[asyncio.Lock, int]] = {}  # lock, holders + waiters
 
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -106,9 +107,19 @@ class SqliteBase:
     # --- one process, one writer ----------------------------------------------------------
     @asynccontextmanager
     async def turn_lock(self, conversation_id: int) -> AsyncIterator[None]:
-        """A conversation's turn. One process owns a SQLite file, and its responder already
-        runs one turn per conversation at a time, so there is nothing else to exclude."""
-        yield
+        """A conversation's turn, one holder at a time. One process owns a SQLite file, so an
+        in-process lock is the whole job (kept only while someone holds or waits for it)."""
+        lock, users = self._turns.get(conversation_id, (asyncio.Lock(), 0))
+        self._turns[conversation_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._turns[conversation_id]
+            if users == 1:
+                del self._turns[conversation_id]
+            else:
+                self._turns[conversation_id] = (lock, users - 1)
 
     @asynccontextmanager
     async def claim(self, kind: int, conversation_id: int) -> AsyncIterator[bool]:
