@@ -1,4 +1,5 @@
-"""Command line: ``meshsage run | chat | check-config | memory show | memory reindex``.
+"""Command line: ``meshsage run | chat | check-config | memory show | memory reindex |
+migrate-store``.
 
 Invariants:
 - This is the only place that configures logging (stderr) and reads the process environment.
@@ -50,6 +51,23 @@ def _parser() -> argparse.ArgumentParser:
         "reindex", help="embed every message that has no vector yet (memory.embeddings)"
     )
     reindex.add_argument("--config")
+    move = sub.add_parser(
+        "migrate-store", help="copy every row from one store into an empty one, and verify"
+    )
+    move.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="URL",
+        help="sqlite:///path/to/meshsage.db or postgresql://user@host/db",
+    )
+    move.add_argument("--to", dest="dest", required=True, metavar="URL")
+    move.add_argument(
+        "--password-env",
+        default="MESHSAGE_PG_PASSWORD",
+        metavar="VAR",
+        help="variable holding the PostgreSQL password (if it is set)",
+    )
     return p
 
 
@@ -63,6 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"database: {config.database_path})"
             )
             return 0
+        if args.command == "migrate-store":
+            _setup_logging("DEBUG" if args.verbose else "WARNING")
+            return asyncio.run(_migrate_store(args))
         config = load_config(args.config)
         _setup_logging("DEBUG" if args.verbose else config.log_level)
         if args.command == "run":
@@ -164,6 +185,29 @@ async def _memory_reindex(config: Config, args: argparse.Namespace) -> int:
         return 0
     finally:
         await app.close()
+
+
+async def _migrate_store(args: argparse.Namespace) -> int:
+    from bot.memory.move import bar, copy_store
+    from bot.memory.open import open_url
+
+    var = args.password_env if os.environ.get(args.password_env) is not None else None
+    source = await open_url(args.source, password_env=var, env=os.environ)
+    try:
+        dest = await open_url(args.dest, password_env=var, env=os.environ)
+        try:
+            started = time.monotonic()
+            counts = await copy_store(source, dest, progress=bar(sys.stderr.write))
+        finally:
+            await dest.close()
+    finally:
+        await source.close()
+    print(
+        f"migrate-store: copied and verified {', '.join(f'{n:,} {t}' for t, n in counts.items())}"
+        f" in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ async def _start(config: Path) -> asyncio.subprocess.Process:
 
 
 def _echo(body: dict[str, Any]) -> str:
-    return "answer to " + body["messages"][-1]["content"]
+    return "answer to " + str(body["messages"][-1]["content"])
 
 
 async def test_same_person_on_two_gateways_one_answer_each_in_order(

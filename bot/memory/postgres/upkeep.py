@@ -13,8 +13,11 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from bot.memory.postgres.base import Conn, PgBase
+from bot.memory.postgres.messages import SEARCH_SQL
+from bot.memory.postgres.words import fold, meta
 from bot.memory.records import ForgetReport
 
 
@@ -57,6 +60,46 @@ class UpkeepMixin(PgBase):
     # --- operations -------------------------------------------------------------------------
     async def tidy(self) -> None:
         """Upkeep for idle moments: PostgreSQL's autovacuum does it; nothing to do here."""
+
+    # --- moving (bot.memory.move) -----------------------------------------------------------
+    async def count_rows(self, table: str) -> int:
+        return int(await self._val(f"SELECT count(*) FROM {table}") or 0)
+
+    async def export_rows(
+        self, table: str, key: str, columns: tuple[str, ...], *, after: int, limit: int
+    ) -> list[tuple[Any, ...]]:
+        rows = await self._all(
+            f"SELECT {', '.join(columns)} FROM {table} WHERE {key} > $1 ORDER BY {key} LIMIT $2",
+            (after, limit),
+        )
+        return [tuple(r) for r in rows]
+
+    async def import_rows(
+        self, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
+    ) -> None:
+        """Insert rows with their ids; messages get their search words as they arrive."""
+        cols, values = list(columns), [f"${i}" for i in range(1, len(columns) + 1)]
+        args: list[tuple[Any, ...]] = rows
+        if table == "messages":
+            text, author, created = (columns.index(c) for c in ("text", "author", "created_at"))
+            n = len(columns)
+            cols.append("search")
+            values.append(SEARCH_SQL.format(a=n + 1, b=n + 2))
+            args = [(*r, fold(r[text]), fold(meta(r[author], r[created]))) for r in rows]
+        async with self._tx() as con:
+            await con.executemany(
+                f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join(values)})", args
+            )
+
+    async def finish_import(self) -> None:
+        """Move each id sequence past the copied ids, so new rows do not collide with them."""
+        async with self._tx() as con:
+            for table in ("conversations", "messages", "summaries", "facts"):
+                await con.execute(
+                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
+                    f"greatest((SELECT max(id) FROM {table}), 1), "
+                    f"(SELECT max(id) FROM {table}) IS NOT NULL)"
+                )
 
     async def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}

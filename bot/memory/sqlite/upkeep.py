@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from bot.memory.records import ForgetReport
 from bot.memory.sqlite.base import SqliteBase
@@ -70,6 +71,35 @@ class UpkeepMixin(SqliteBase):
             with contextlib.suppress(OSError):
                 if wal.stat().st_size > WAL_FORCE_BYTES:
                     await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # --- moving (bot.memory.move) -----------------------------------------------------------
+    async def count_rows(self, table: str) -> int:
+        row = await self._one(f"SELECT count(*) FROM {table}")
+        return int(row[0]) if row else 0
+
+    async def export_rows(
+        self, table: str, key: str, columns: tuple[str, ...], *, after: int, limit: int
+    ) -> list[tuple[Any, ...]]:
+        rows = await self._all(
+            f"SELECT {', '.join(columns)} FROM {table} WHERE {key} > ? ORDER BY {key} LIMIT ?",
+            (after, limit),
+        )
+        return [tuple(r) for r in rows]
+
+    async def import_rows(
+        self, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
+    ) -> None:
+        """Insert rows with their ids (the FTS triggers index messages as they arrive)."""
+        marks = ", ".join("?" * len(columns))
+        async with self._tx() as db:
+            await db.executemany(
+                f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows
+            )
+
+    async def finish_import(self) -> None:
+        async with self._lock:
+            await self._db.execute("INSERT INTO messages_fts (messages_fts) VALUES ('optimize')")
+            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}
