@@ -205,6 +205,8 @@ def run_all(args: argparse.Namespace) -> list[GatewayRun]:
     if not db.exists():
         db.parent.mkdir(parents=True, exist_ok=True)
         partial = db.with_name(db.name + ".partial")
+        for leftover in (partial, *(Path(f"{partial}{x}") for x in ("-wal", "-shm"))):
+            leftover.unlink(missing_ok=True)
         print(f"database: generating {db} ...", flush=True)
         subprocess.run(_child(args, "generate", "--db", str(partial)), cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL)  # fmt: skip

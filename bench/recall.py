@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import re
 import sqlite3
@@ -46,15 +47,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.config import EmbeddingsConfig, RetrievalConfig
 from bot.domain import ConversationKey
 from bot.llm.tokens import make_counter
 from bot.memory.embeddings import Embedder
 from bot.memory.indexer import Indexer
+from bot.memory.open import open_url
 from bot.memory.retrieval import STOPWORDS, Retriever, query_terms
 from bot.memory.store import ASSISTANT, USER, Conversation, SqliteStore, StoredMessage
+
+if TYPE_CHECKING:
+    from bot.memory.postgres import PostgresStore
+
+PASSWORD_ENV = "MESHSAGE_PG_PASSWORD"
 
 BUDGETS = (256, 512, 1024, 2048)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
@@ -230,7 +237,12 @@ class Tally:
 
 
 async def run(
-    path: Path, *, budgets: Sequence[int], methods: Sequence[str], config: RetrievalConfig
+    path: Path,
+    *,
+    budgets: Sequence[int],
+    methods: Sequence[str],
+    config: RetrievalConfig,
+    store_url: str | None = None,
 ) -> tuple[dict[str, Tally], dict[str, Any]]:
     dialogues = load(path)
     counter = make_counter()  # the bot's own counter fills the messages.tokens column
@@ -243,20 +255,27 @@ async def run(
         embedder = LocalEmbedder()
     with tempfile.TemporaryDirectory(prefix="meshsage-recall-") as tmp:
         for dlg in dialogues:
-            store = await SqliteStore.open(Path(tmp) / f"{dlg.sample_id}.db")
+            if store_url is None:
+                store: SqliteStore | PostgresStore = await SqliteStore.open(
+                    Path(tmp) / f"{dlg.sample_id}.db"
+                )
+            else:  # one database; each dialogue forgotten after its questions
+                store = await open_url(store_url, password_env=PASSWORD_ENV, env=os.environ)
             try:
                 await _one(
                     dlg, store, counter, tallies, info, budgets=budgets, config=config,
                     embedder=embedder,
                 )  # fmt: skip
             finally:
+                if store_url is not None:
+                    await store.forget_person("bench", dlg.speaker_a)
                 await store.close()
     return tallies, info
 
 
 async def _one(
     dlg: Dialogue,
-    store: SqliteStore,
+    store: SqliteStore | PostgresStore,
     counter: Any,
     tallies: dict[str, Tally],
     info: dict[str, Any],
@@ -294,13 +313,16 @@ async def _one(
             query_timeout=60.0,  # a CPU model under load; the bot's default is 1 s
         )  # fmt: skip
     stdlib = StdlibBM25(messages) if "bm25-stdlib" in tallies else None
-    raw = sqlite3.connect(store.path)
+    # FTS5's own queries (fts5-bm25, the AND counts) read the SQLite file; on PostgreSQL an
+    # empty in-memory database stands in and those methods are refused in main().
+    raw = sqlite3.connect(store.path if isinstance(store, SqliteStore) else ":memory:")
     end = messages[-1].id + 1
     try:
         for q in dlg.questions:
             info["questions"] += 1
-            info["and_empty"] += fts5_and_finds_nothing(raw, q.text, all_words=False)
-            info["and_all_empty"] += fts5_and_finds_nothing(raw, q.text, all_words=True)
+            if isinstance(store, SqliteStore):
+                info["and_empty"] += fts5_and_finds_nothing(raw, q.text, all_words=False)
+                info["and_all_empty"] += fts5_and_finds_nothing(raw, q.text, all_words=True)
             want = {id_of[e] for e in q.evidence}
             for method, tally in tallies.items():
                 for budget in budgets:
@@ -326,7 +348,7 @@ async def _select(
     budget: int,
     *,
     conv: Conversation,
-    store: SqliteStore,
+    store: SqliteStore | PostgresStore,
     retriever: Retriever | None,
     stdlib: StdlibBM25 | None,
     raw: sqlite3.Connection,
@@ -518,7 +540,14 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
     p.add_argument("--turns", type=int, default=6000, help="--latency: this person's turns")
     p.add_argument("--others", type=int, nargs="+", default=[0, 1_000_000],
                    help="--latency: other people's messages, one run each")  # fmt: skip
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help=f"postgresql://...: on PostgreSQL (password: ${PASSWORD_ENV})",
+    )
     args = p.parse_args(argv)
+    if args.store and "fts5-bm25" in args.methods:
+        p.error("fts5-bm25 reads SQLite's FTS5 directly; leave it out with --store")
     if not args.data.is_file():
         print(f"{args.data}: no such file (pass the path to locomo-dev.json)", file=sys.stderr)
         return 2
@@ -534,7 +563,13 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
         out("\n".join(lines))
         return 0
     tallies, info = asyncio.run(
-        run(args.data, budgets=args.budgets, methods=args.methods, config=config)
+        run(
+            args.data,
+            budgets=args.budgets,
+            methods=args.methods,
+            config=config,
+            store_url=args.store,
+        )  # fmt: skip
     )
     out(
         f"Command: `python -m bench.recall {' '.join(sys.argv[1:] if argv is None else argv)}`"

@@ -10,7 +10,8 @@ The cluster authenticates like a real deployment: the superuser connects over th
 the-environment path is exercised. ``new_database()`` creates an empty database and grants the
 bot's role exactly what README "More than one gateway" documents, nothing more.
 
-Run ``python -m tests.pg_server`` to get a server for ``bench/pipeline --store`` by hand.
+Run ``python -m tests.pg_server`` to get a server (with the default, durable settings) for
+``bench/pipeline --store`` by hand.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import itertools
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -66,7 +68,9 @@ class PgServer:
         self.port = 5432
 
     @classmethod
-    def start(cls) -> PgServer:
+    def start(cls, *, durable: bool = False) -> PgServer:
+        """``durable=False`` (tests): no fsync at all. ``durable=True`` (benchmarks): the
+        server's defaults, every commit flushed to disk."""
         bindir = _bindir()
         owner = "postgres" if os.geteuid() == 0 else None
         if owner is not None and shutil.which("runuser") is None:
@@ -91,10 +95,12 @@ class PgServer:
         if owner is not None:
             shutil.chown(hba, owner)
         log = root / "server.log"
+        fast = "" if durable else (
+            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        )
         server._run(
             "pg_ctl", "-D", str(server.data), "-l", str(log), "-w", "-t", "60", "start", "-o",
-            f"-k {server.socket_dir} -c listen_addresses='' -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200",
+            f"-k {server.socket_dir} -c listen_addresses='' -c max_connections=200{fast}",
         )  # fmt: skip
         server.psql(
             f"CREATE ROLE {BOT_ROLE} LOGIN PASSWORD '{BOT_PASSWORD}' "
@@ -172,8 +178,11 @@ async def open_store() -> PostgresStore:
     return await PostgresStore.open(server.url(server.new_database()), password=BOT_PASSWORD)
 
 
-if __name__ == "__main__":  # a server for benchmarks by hand; Ctrl-C stops it
-    srv = PgServer.start()
+if __name__ == "__main__":  # a server for benchmarks by hand; Ctrl-C or SIGTERM stops it
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    srv = PgServer.start(durable="--fast" not in sys.argv)
     db = srv.new_database()
     print(f"export {PASSWORD_ENV}={BOT_PASSWORD}")
     print(srv.url(db))
