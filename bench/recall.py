@@ -569,7 +569,7 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
             methods=args.methods,
             config=config,
             store_url=args.store,
-        )  # fmt: skip
+        )
     )
     out(
         f"Command: `python -m bench.recall {' '.join(sys.argv[1:] if argv is None else argv)}`"
