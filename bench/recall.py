@@ -571,13 +571,17 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
             store_url=args.store,
         )
     )
+    and_counts = (
+        "FTS5's implicit AND: counted on SQLite only"
+        if args.store
+        else f"FTS5's implicit AND finds nothing for "
+        f"{_share(info['and_all_empty'], info['questions'])} of them (all the question's words)"
+        f" and {_share(info['and_empty'], info['questions'])} (content words only)"
+    )
     out(
         f"Command: `python -m bench.recall {' '.join(sys.argv[1:] if argv is None else argv)}`"
-        f"  \n{info['turns']} turns, {info['questions']} questions with evidence. FTS5's implicit"
-        f" AND finds nothing for {_share(info['and_all_empty'], info['questions'])} of them"
-        f" (all the question's words) and {_share(info['and_empty'], info['questions'])}"
-        f" (content words only).  \n"
-        f"ours: {config.model_dump()}\n"
+        f"  \n{info['turns']} turns, {info['questions']} questions with evidence. {and_counts}."
+        f"  \nours: {config.model_dump()}\n"
     )
     for method in args.methods:
         out(table(method, tallies[method], args.budgets) + "\n")

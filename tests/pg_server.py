@@ -108,19 +108,22 @@ class PgServer:
         )
         return server
 
-    def _run(self, tool: str, *args: str) -> str:
+    def _run(self, tool: str, *args: str, input: str | None = None) -> str:
         cmd = [str(self.bindir / tool), *args]
         if self._owner is not None:
             cmd = ["runuser", "-u", self._owner, "--", *cmd]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=self.root)
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, check=False, cwd=self.root, input=input
+        )
         if done.returncode != 0:
             raise PgUnavailable(f"{tool} failed: {done.stderr.strip() or done.stdout.strip()}")
         return done.stdout
 
     def psql(self, sql: str, *, database: str = "postgres") -> str:
+        """Run ``sql`` (statements and psql meta-commands such as ``\\c``) as the superuser."""
         return self._run(
             "psql", "-h", str(self.socket_dir), "-p", str(self.port), "-U", "postgres",
-            "-d", database, "-v", "ON_ERROR_STOP=1", "-qAt", "-c", sql,
+            "-d", database, "-v", "ON_ERROR_STOP=1", "-qAt", input=sql,
         )  # fmt: skip
 
     def url(self, database: str, *, role: str = BOT_ROLE) -> str:
@@ -129,9 +132,12 @@ class PgServer:
     def new_database(self) -> str:
         """An empty database with the bot role granted what README documents."""
         name = f"t{os.getpid()}_{next(_counter)}_{int(time.time() * 1000) % 100000}"
-        self.psql(f"CREATE DATABASE {name}")
-        self.psql(f"GRANT CONNECT, TEMPORARY ON DATABASE {name} TO {BOT_ROLE}")
-        self.psql(f"GRANT USAGE, CREATE ON SCHEMA public TO {BOT_ROLE}", database=name)
+        self.psql(
+            f"CREATE DATABASE {name};\n"
+            f"GRANT CONNECT, TEMPORARY ON DATABASE {name} TO {BOT_ROLE};\n"
+            f"\\c {name}\n"
+            f"GRANT USAGE, CREATE ON SCHEMA public TO {BOT_ROLE};\n"
+        )
         return name
 
     def drop_database(self, name: str) -> None:
