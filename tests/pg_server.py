@@ -95,8 +95,8 @@ class PgServer:
         if owner is not None:
             shutil.chown(hba, owner)
         log = root / "server.log"
-        fast = "" if durable else (
-            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        fast = (
+            "" if durable else (" -c fsync=off -c synchronous_commit=off -c full_page_writes=off")
         )
         server._run(
             "pg_ctl", "-D", str(server.data), "-l", str(log), "-w", "-t", "60", "start", "-o",
