@@ -7,7 +7,8 @@ Invariants (as ``bot.memory.sqlite.messages``, plus what several gateways need):
 - A user message whose platform id this conversation already heard within
   ``HEARD_WINDOW_SECONDS`` raises ``AlreadyStored`` and stores nothing: the ``heard`` row's
   primary key makes that hold across processes (two gateways hearing one radio packet).
-- The search words are written with the row, in the same statement (``words.fold``).
+- The search words are written with the row, in the same statement (``words.fold``), keyed
+  by the row's conversation (``meshsage_keyed``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ M_COLS = ", ".join(f"m.{c.strip()}" for c in MSG_COLS.split(","))
 _FIND = (
     "SELECT id, reset_after FROM conversations WHERE transport = $1 AND person = $2 AND space = $3"
 )
-SEARCH_SQL = "to_tsvector('meshsage', ${a}) || to_tsvector('meshsage', ${b})"
+# A message's search words, keyed by its conversation (see schema 002_keyed_search).
+SEARCH_SQL = (
+    "meshsage_keyed(${c}::bigint, to_tsvector('meshsage', ${a}) || to_tsvector('meshsage', ${b}))"
+)
 
 
 class MessagesMixin(PgBase):
@@ -137,7 +141,7 @@ class MessagesMixin(PgBase):
             new_id = await con.fetchval(
                 "INSERT INTO messages (conversation_id, role, author, text, created_at, tokens,"
                 " platform_id, reply_to_platform_id, parent_id, status, search) VALUES"
-                f" ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, {SEARCH_SQL.format(a=11, b=12)})"
+                f" ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, {SEARCH_SQL.format(c=1, a=11, b=12)})"
                 " RETURNING id",
                 conversation_id,
                 role,
@@ -179,7 +183,7 @@ class MessagesMixin(PgBase):
             await con.executemany(
                 "INSERT INTO messages (conversation_id, role, author, text, tokens, created_at,"
                 f" status, search) VALUES ($1, $2, $3, $4, $5, $6, 'imported',"
-                f" {SEARCH_SQL.format(a=7, b=8)})",
+                f" {SEARCH_SQL.format(c=1, a=7, b=8)})",
                 [
                     (conversation_id, role, author, text, tokens, created, fold(text),
                      fold(meta(author, created)))

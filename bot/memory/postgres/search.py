@@ -5,7 +5,9 @@ Invariants:
 - ``search_terms`` and ``outline`` read one conversation's id range only; ranking happens in
   ``bot.memory.retrieval`` with that conversation's own statistics, exactly as on SQLite.
 - A term matches where FTS5 would match it as a quoted phrase: it is folded like the text
-  (``words.fold``) and looked up as a phrase query over the stemmed words.
+  (``words.fold``) and looked up as a phrase query over the stemmed words, each keyed by the
+  conversation as the stored words are (schema ``002_keyed_search``): the GIN index then hands
+  out this conversation's entries for the word, never every person's.
 - Vector search runs in process (``bot.memory.vectors``), as on SQLite: vectors are stored as
   float32 bytes, and a conversation's cached matrix is used only while that conversation's
   vectors of that model still have the same count and id sum and maximum in the database
@@ -24,6 +26,18 @@ from bot.memory.postgres.messages import M_COLS, MAX_ID
 from bot.memory.postgres.words import fold
 from bot.memory.records import StoredMessage, msg_from_row
 from bot.memory.vectors import VectorMatrix, pack, unit
+
+# Each term as a phrase query whose words carry this conversation's key ("<id>_<word>"), as the
+# stored words do (schema 002_keyed_search).
+_TERM_SQL = r"""
+SELECT t.i, m.id FROM unnest($1::int[], $2::text[]) AS t(i, q)
+CROSS JOIN LATERAL (
+    SELECT id FROM messages WHERE conversation_id = $3 AND id > $4 AND id < $5
+    AND search @@ regexp_replace(phraseto_tsquery('meshsage', t.q)::text,
+                                 '''([^'']+)''', '''' || $3::text || '_\1''', 'g')::tsquery
+    ORDER BY id LIMIT $6
+) m
+"""
 
 
 class SearchMixin(PgBase):
@@ -47,10 +61,7 @@ class SearchMixin(PgBase):
         if not asked:
             return out
         rows = await self._all(
-            "SELECT t.i, m.id FROM unnest($1::int[], $2::text[]) AS t(i, q) "
-            "CROSS JOIN LATERAL (SELECT id FROM messages WHERE conversation_id = $3 "
-            "AND id > $4 AND id < $5 AND search @@ phraseto_tsquery('meshsage', t.q) "
-            "ORDER BY id LIMIT $6) m",
+            _TERM_SQL,
             (
                 asked,
                 [folded[i] for i in asked],

@@ -84,7 +84,8 @@ class UpkeepMixin(PgBase):
             text, author, created = (columns.index(c) for c in ("text", "author", "created_at"))
             n = len(columns)
             cols.append("search")
-            values.append(SEARCH_SQL.format(a=n + 1, b=n + 2))
+            conv = columns.index("conversation_id") + 1
+            values.append(SEARCH_SQL.format(c=conv, a=n + 1, b=n + 2))
             args = [(*r, fold(r[text]), fold(meta(r[author], r[created]))) for r in rows]
         async with self._tx() as con:
             await con.executemany(
