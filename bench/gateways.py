@@ -152,6 +152,9 @@ async def load(args: argparse.Namespace, db: Path) -> int:
                 f"{args.store} holds {have} conversations, not the {args.conversations} of this "
                 "history. Fix: point --store at an empty database."
             )
+        # An interrupted earlier run may have left questions pending: a gateway starting now
+        # would answer them (recovery) inside the measured turns. They are not part of this run.
+        await pg._all("UPDATE messages SET status = 'failed' WHERE status = 'pending'")
         return await pg.count_rows("messages")
     finally:
         await pg.close()

@@ -28,14 +28,14 @@ from bot.memory.records import StoredMessage, msg_from_row
 from bot.memory.vectors import VectorMatrix, pack, unit
 
 # Each term as a phrase query whose words carry this conversation's key ("<id>_<word>"), as the
-# stored words do (schema 002_keyed_search). The "+ 0"s keep the checks but leave the planner
-# one index to use, the keyed words': intersecting with the conversation's whole id list cost
-# 11 ms instead of 1.7 ms for 5 words in a 4,216-message conversation among 1M, and a generic
-# (prepared) plan walking the primary key in id order took seconds.
+# stored words do (schema 002_keyed_search). "id + 0" keeps the range check but stops a generic
+# (prepared) plan from walking the primary key in id order and filtering every row (seconds at
+# 1M messages). Measured on 300 queries among 1M messages, interleaved, loaded machine: p50
+# 5.7 ms, p99 39 ms, against 6.0 / 170 ms with the plain range.
 _TERM_SQL = r"""
 SELECT t.i, m.id FROM unnest($1::int[], $2::text[]) AS t(i, q)
 CROSS JOIN LATERAL (
-    SELECT id FROM messages WHERE conversation_id + 0 = $3 AND id + 0 > $4 AND id + 0 < $5
+    SELECT id FROM messages WHERE conversation_id = $3 AND id + 0 > $4 AND id + 0 < $5
     AND search @@ regexp_replace(phraseto_tsquery('meshsage', t.q)::text,
                                  '''([^'']+)''', '''' || $3::text || '_\1''', 'g')::tsquery
     ORDER BY id LIMIT $6
