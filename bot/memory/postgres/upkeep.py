@@ -20,6 +20,8 @@ from bot.memory.postgres.messages import SEARCH_SQL
 from bot.memory.postgres.words import fold, meta
 from bot.memory.records import ForgetReport
 
+ID_TABLES = ("conversations", "messages", "summaries", "facts")  # identity-keyed tables
+
 
 class UpkeepMixin(PgBase):
     async def forget_person(self, transport: str, person: str) -> ForgetReport:
@@ -62,6 +64,24 @@ class UpkeepMixin(PgBase):
         """Upkeep for idle moments: PostgreSQL's autovacuum does it; nothing to do here."""
 
     # --- moving (bot.memory.move) -----------------------------------------------------------
+    async def table_columns(self, table: str) -> list[str]:
+        """Column names of ``table`` in order; empty if there is no such table."""
+        rows = await self._all(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = $1 "
+            "AND table_schema = current_schema() ORDER BY ordinal_position",
+            (table,),
+        )
+        return [str(r[0]) for r in rows]
+
+    async def update_rows(
+        self, table: str, key: str, column: str, rows: list[tuple[Any, Any]]
+    ) -> None:
+        """Set ``column`` from (key, value) pairs (references written after every row)."""
+        async with self._tx() as con:
+            await con.executemany(
+                f"UPDATE {table} SET {column} = $1 WHERE {key} = $2", [(v, k) for k, v in rows]
+            )
+
     async def count_rows(self, table: str) -> int:
         return int(await self._val(f"SELECT count(*) FROM {table}") or 0)
 
@@ -95,7 +115,7 @@ class UpkeepMixin(PgBase):
     async def finish_import(self) -> None:
         """Move each id sequence past the copied ids, so new rows do not collide with them."""
         async with self._tx() as con:
-            for table in ("conversations", "messages", "summaries", "facts"):
+            for table in ID_TABLES:
                 await con.execute(
                     f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
                     f"greatest((SELECT max(id) FROM {table}), 1), "

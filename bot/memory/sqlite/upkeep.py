@@ -73,6 +73,20 @@ class UpkeepMixin(SqliteBase):
                     await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     # --- moving (bot.memory.move) -----------------------------------------------------------
+    async def table_columns(self, table: str) -> list[str]:
+        """Column names of ``table`` in order; empty if there is no such table."""
+        rows = await self._all(f"PRAGMA table_info({table})")
+        return [str(r[1]) for r in rows]
+
+    async def update_rows(
+        self, table: str, key: str, column: str, rows: list[tuple[Any, Any]]
+    ) -> None:
+        """Set ``column`` from (key, value) pairs (references written after every row)."""
+        async with self._tx() as db:
+            await db.executemany(
+                f"UPDATE {table} SET {column} = ? WHERE {key} = ?", [(v, k) for k, v in rows]
+            )
+
     async def count_rows(self, table: str) -> int:
         row = await self._one(f"SELECT count(*) FROM {table}")
         return int(row[0]) if row else 0
