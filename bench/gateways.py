@@ -261,7 +261,9 @@ def write_docs(path: Path, args: argparse.Namespace, runs: Sequence[GatewayRun])
         f"Command: `{command_line(args)}` (warm-up {args.warmup} turns, seed {args.seed}); "
         f"PostgreSQL {args.server_version} on a unix socket, same machine.",
         "",
-        f"Machine: {machine_notes()}. Date: {time.strftime('%Y-%m-%d')}.",
+        f"Machine: {machine_notes()}. Date: {time.strftime('%Y-%m-%d')}. 1-minute load "
+        f"average {args.load[0]:.1f} at the start, {args.load[1]:.1f} at the end (other work "
+        "shares this machine: compare runs only at similar load).",
         "",
         table(runs),
         MARK_END,
@@ -286,7 +288,9 @@ def main(args: argparse.Namespace) -> None:
     if args.step == "gw-serve":
         print("GATEWAY " + json.dumps(asyncio.run(serve_one(args))))
         return
+    load_before = os.getloadavg()[0]
     runs = run_all(args)
+    args.load = (load_before, os.getloadavg()[0])
     print()
     print(table(runs))
     print(f"\nmachine: {machine_notes()}")
