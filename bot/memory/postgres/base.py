@@ -176,6 +176,20 @@ class PgBase:
                 raise StorageError(explain(self.url, again)) from again
 
 
+async def advance_sequences(con: Conn) -> None:
+    """Move every identity sequence past the ids written explicitly (imports, migrate-store),
+    so new rows never collide with copied ones."""
+    tables = await con.fetch(
+        "SELECT table_name FROM information_schema.columns WHERE table_schema = current_schema() "
+        "AND column_name = 'id' AND is_identity = 'YES'"
+    )
+    for (table,) in tables:
+        await con.execute(
+            f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
+            f"greatest((SELECT max(id) FROM {table}), 1), (SELECT max(id) FROM {table}) IS NOT NULL)"
+        )
+
+
 def explain(url: str, exc: BaseException) -> str:
     where = redact(url)
     text = " ".join(str(exc).split()) or type(exc).__name__

@@ -15,12 +15,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from bot.memory.postgres.base import Conn, PgBase
+from bot.memory.postgres.base import Conn, PgBase, advance_sequences
 from bot.memory.postgres.messages import SEARCH_SQL
 from bot.memory.postgres.words import fold, meta
 from bot.memory.records import ForgetReport
-
-ID_TABLES = ("conversations", "messages", "summaries", "facts")  # identity-keyed tables
 
 
 class UpkeepMixin(PgBase):
@@ -115,12 +113,7 @@ class UpkeepMixin(PgBase):
     async def finish_import(self) -> None:
         """Move each id sequence past the copied ids, so new rows do not collide with them."""
         async with self._tx() as con:
-            for table in ID_TABLES:
-                await con.execute(
-                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
-                    f"greatest((SELECT max(id) FROM {table}), 1), "
-                    f"(SELECT max(id) FROM {table}) IS NOT NULL)"
-                )
+            await advance_sequences(con)
 
     async def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}
