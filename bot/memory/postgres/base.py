@@ -186,7 +186,8 @@ async def advance_sequences(con: Conn) -> None:
     for (table,) in tables:
         await con.execute(
             f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
-            f"greatest((SELECT max(id) FROM {table}), 1), (SELECT max(id) FROM {table}) IS NOT NULL)"
+            f"greatest((SELECT max(id) FROM {table}), 1), "
+            f"(SELECT max(id) FROM {table}) IS NOT NULL)"
         )
 
 
