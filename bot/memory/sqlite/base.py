@@ -93,7 +93,11 @@ class SqliteBase:
             if db is not None:
                 await db.close()
             raise StorageError(_explain_db_error(path, exc)) from None
-        return cls(db=db, path=path)
+        store = cls(db=db, path=path)
+        finish = getattr(store, "finish_scrub", None)
+        if finish is not None and await finish():
+            log.info("finished erasing the text of a !forget a crash interrupted")
+        return store
 
     async def close(self) -> None:
         async with self._lock:
