@@ -62,7 +62,7 @@ async def test_a_repeated_forget_scrubs_again(tmp_path: Path) -> None:
         calls.append(1)
         await real(self)
 
-    SqliteStore._erase_deleted = counting  # type: ignore[method-assign]
+    SqliteStore._erase_deleted = counting  # type: ignore[method-assign,assignment]
     try:
         await store.forget_person("mesh", KEY.person)
         report = await store.forget_person("mesh", KEY.person)
