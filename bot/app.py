@@ -96,6 +96,7 @@ class App:
                     if pruned:
                         log.info("retention: deleted %d message(s) older than %d days", pruned,
                                  self.config.memory.retention_days)  # fmt: skip
+                await self.responder.redeliver()  # replies whose link was down
                 if self.responder.idle:
                     await self.store.tidy()
             except Exception:  # loop boundary: upkeep must never stop the bot; try next round
@@ -212,6 +213,15 @@ async def build(
             counter=counter,
             config=config.bot,
             indexer=indexer,
+            max_age={
+                name: section.delivery.max_age
+                for name, section in (
+                    ("console", config.console),
+                    ("meshtastic", config.meshtastic),
+                    ("discord", config.discord),
+                )
+                if section is not None
+            },
         )
         app = App(
             config=config,

@@ -177,8 +177,16 @@ class MemoryConfig(_Strict):
     retention_days: int = Field(0, ge=0, le=36_500)  # 0 keeps everything
 
 
+class DeliveryConfig(_Strict):
+    """The durable outbox, per transport: how old an undelivered reply may get before it is
+    dropped (marked expired) instead of sent after an outage or restart."""
+
+    max_age: float = Field(3600.0, ge=0, le=30 * 86_400)
+
+
 class TransportBase(_Strict):
     enabled: bool = True
+    delivery: DeliveryConfig = DeliveryConfig()
     context_tokens: int = Field(2048, ge=256, le=1_000_000)
     max_tokens: int = Field(400, ge=16, le=100_000)
 
@@ -276,6 +284,8 @@ Snowflake = Annotated[int, Field(gt=0, lt=2**64)]  # a Discord id (user, channel
 class DiscordConfig(TransportBase):
     context_tokens: int = Field(4096, ge=256, le=1_000_000)
     max_tokens: int = Field(800, ge=16, le=100_000)
+    # Discord keeps the conversation on screen: a day-old answer still reads in context.
+    delivery: DeliveryConfig = DeliveryConfig(max_age=86_400.0)
     token_env: str = Field("DISCORD_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     dms: bool = True  # answer direct messages
     channels: tuple[Snowflake, ...] = ()  # guild channels (or thread parents) where @mentions work
