@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
-from bot.commands import Commands
+from bot.commands import COMMAND_NAMES, Commands
 from bot.config import Config
 from bot.errors import MeshsageError
 from bot.llm.gate import LLMGate
@@ -278,6 +278,7 @@ def _build_transport(
             config.meshtastic,
             bot_name=config.bot.name,
             command_prefix=config.bot.command_prefix,
+            command_names=COMMAND_NAMES,
         )
     if name == "discord" and config.discord is not None:
         try:

@@ -29,6 +29,9 @@ from bot.memory.port import MemoryStore
 from bot.text import fit_bytes
 
 FORGET_CONFIRM_SECONDS = 60.0
+# Every command name (user, then operator): on shared channels only these trigger the bot.
+COMMAND_NAMES = ("help", "reset", "forget", "history", "summary", "remember", "facts",
+                 "unremember", "status", "export", "more", "stats")  # fmt: skip
 HISTORY_DEFAULT = 3
 HISTORY_MAX = 10
 FACT_MAX_CHARS = 300

@@ -233,11 +233,14 @@ class MeshtasticConfig(TransportBase):
     ack_timeout: float = Field(45.0, gt=0, le=600)
     ack_retries: int = Field(2, ge=0, le=10)
     ack_backoff: float = Field(10.0, ge=0, le=600)  # before the first re-send; doubles
+    # Transmissions one reply may cost, the firmware's own retransmissions included (each
+    # unacknowledged part costs 1 + 3); re-sends stop when the next would exceed it.
+    airtime_budget: int = Field(24, ge=1, le=1000)
     busy_threshold: float = Field(25.0, ge=0, le=100)  # channel utilization %, defer above
     busy_max_wait: float = Field(120.0, ge=0, le=3600)  # then send anyway
     busy_poll: float = Field(10.0, gt=0, le=600)
-    outbox_limit: int = Field(20, ge=1, le=1000)  # replies waiting; more are refused
-    queue_wait: float = Field(600.0, gt=0, le=86_400)  # how long a reply waits for the radio
+    outbox_limit: int = Field(20, ge=1, le=1000)  # replies not started; more get "busy"
+    queue_wait: float = Field(600.0, gt=0, le=86_400)  # then the reply waits in the database
 
     @field_validator("channels")
     @classmethod
