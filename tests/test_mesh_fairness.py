@@ -5,6 +5,7 @@ NAK reasons). Time is measured on the radio's (fake) clock, never on the wall cl
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply
@@ -87,7 +88,7 @@ async def test_waiting_for_slow_acks_does_not_hold_the_radio() -> None:
     assert len(times) == 3 * len(PEOPLE)  # nothing re-sent
     # back to back: the last person's last part left before the first ACK came
     assert times[-1] - times[0] < 90.0
-    assert all(b - a < SPACING + 1 for a, b in zip(times, times[1:], strict=False))
+    assert all(b - a < SPACING + 1 for a, b in itertools.pairwise(times))
 
 
 async def test_a_relay_only_ack_is_sent_not_resent() -> None:
