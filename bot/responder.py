@@ -109,6 +109,7 @@ class Responder:
         self._queues: dict[tuple[str, str, str], deque[_Job]] = {}
         self._workers: dict[tuple[str, str, str], asyncio.Task[None]] = {}
         self._in_flight: set[int] = set()  # outbox rows queued or being sent
+        self._delivering: set[tuple[str, str, str]] = set()  # workers waiting on a transport
         self._recent: dict[tuple[str, str], deque[float]] = {}
         self._noticed: dict[tuple[str, str], float] = {}
         self._idle = asyncio.Event()
@@ -213,6 +214,8 @@ class Responder:
         try:
             while queue:
                 job = queue[0]
+                if not self._accepting and job.outbox is not None:
+                    break  # shutting down: the row stays in the outbox for the next start
                 try:
                     if job.outbox is not None:
                         await self._deliver(job.inbound, job.outbox)
@@ -389,17 +392,22 @@ class Responder:
         kind = {"answer": ReplyKind.ANSWER, "notice": ReplyKind.NOTICE}.get(
             row.entry.kind, ReplyKind.COMMAND
         )
-        delivery = await self._send(
-            Reply(
-                inbound=inbound,
-                text=row.entry.text,
-                kind=kind,
-                note=note,
-                outbox_id=row.id,
-                done_parts=frozenset(i for i, _ in row.parts),
-                progress=progress,
+        qkey = (row.entry.key.transport, row.entry.key.person, row.entry.key.space)
+        self._delivering.add(qkey)
+        try:
+            delivery = await self._send(
+                Reply(
+                    inbound=inbound,
+                    text=row.entry.text,
+                    kind=kind,
+                    note=note,
+                    outbox_id=row.id,
+                    done_parts=frozenset(i for i, _ in row.parts),
+                    progress=progress,
+                )
             )
-        )
+        finally:
+            self._delivering.discard(qkey)
         if delivery.status is DeliveryStatus.PENDING:
             log.info("outbox row %d for %s waits for its link", row.id, row.entry.key)
         else:
@@ -491,9 +499,18 @@ class Responder:
         """Stop taking new turns; finish the ones in flight (up to ``timeout``). Replies cut
         off here stay in the outbox and go out after the restart."""
         self._accepting = False
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        # Wait for LLM calls and stores in flight; a worker only waiting for its transport
+        # to deliver is cut at once (its row stays pending, sent at the next start), so a long
+        # mesh queue never makes a shutdown slow.
+        while self._workers and loop.time() < end:
+            if set(self._workers) <= self._delivering:
+                break
+            await asyncio.wait(list(self._workers.values()), timeout=0.05)
         workers = list(self._workers.values())
         if workers:
-            _done, pending = await asyncio.wait(workers, timeout=timeout)
+            _done, pending = await asyncio.wait(workers, timeout=0)
             for task in pending:
                 task.cancel()
             if pending:
