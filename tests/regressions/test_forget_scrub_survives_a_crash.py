@@ -71,3 +71,19 @@ async def test_a_repeated_forget_scrubs_again(tmp_path: Path) -> None:
     await store.close()
     assert report.messages == 0 and len(calls) == 2
     assert not _word_on_disk(path)
+
+
+async def test_forget_in_the_console_deletes_the_export_files_too(tmp_path: Path) -> None:
+    from bot.transports.console import ConsoleTransport
+    from tests.test_cli import _env  # noqa: F401  (same fixtures as the CLI tests)
+
+    async def idle() -> None:
+        return None
+
+    console = ConsoleTransport(user="alice", context_tokens=512, max_tokens=50,
+                               wait_idle=idle, export_dir=tmp_path)  # fmt: skip
+    for name in ("meshsage-export-console.md", "meshsage-export-console.json", "keep.txt"):
+        (tmp_path / name).write_text("secret")
+    assert console.forget("bob") == 0
+    assert console.forget("alice") == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
