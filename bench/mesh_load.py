@@ -54,7 +54,7 @@ def lora_airtime(payload: int, *, sf: int = 11, bw: float = 250e3, cr: int = 1) 
     t_sym = (2**sf) / bw
     size = payload + 16 + 6
     n = 8 + max(math.ceil((8 * size - 4 * sf + 28 + 16) / (4 * sf)) * (cr + 4), 0)
-    return (16 + 4.25) * t_sym + n * t_sym
+    return float((16 + 4.25) * t_sym + n * t_sym)
 
 
 @dataclass
