@@ -45,6 +45,7 @@ from tests.fakes.mesh_harness import Harness, mesh_harness
 ROOT = Path(__file__).resolve().parents[1]
 SPACING = 3.0
 FIRMWARE_RETRIES = 3
+SAMPLE_EVERY = 1000  # soak: messages between RSS samples
 ANSWER = "Rain later today, about 5 mm; take a jacket if you go out this afternoon."
 
 
@@ -193,7 +194,7 @@ async def soak(minutes: float, llm: FakeLLM) -> list[tuple[int, float, int]]:
                 llm.requests.clear()  # the fake's own log, not the bot's memory
                 h.radio.log.clear()
                 h.radio.on_air.clear()
-                if sent % 1000 < len(nodes):
+                if sent % SAMPLE_EVERY < len(nodes):
                     samples.append((sent, time.monotonic() - start, rss_kb()))
                     print(f"{sent} messages, {samples[-1][1]:.0f} s, RSS {samples[-1][2]} KiB",
                           file=sys.stderr)  # fmt: skip
