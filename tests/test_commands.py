@@ -223,3 +223,28 @@ async def test_status_in_a_channel_counts_nothing_from_the_dms(harness: Harness)
     assert _last(harness).endswith("you sent 1 messages here.")
     await harness.say("!status")
     assert _last(harness).endswith("you sent 4 messages.")  # a DM sees the whole transport
+
+
+def test_channel_trigger_list_names_every_command(harness: Harness) -> None:
+    from bot.commands import COMMAND_NAMES
+
+    assert set(COMMAND_NAMES) == set(harness.app.commands.names)
+
+
+async def test_odd_numbers_get_the_usage_line_never_an_exception(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    h = await start_harness(
+        tmp_path, fake_llm, extra="bot:\n  rate_limit: {messages: 100, per_seconds: 60}\n"
+    )
+    try:
+        await h.say("!unremember 1")  # no facts at all
+        assert _last(h).startswith("No facts to remove.")
+        await h.say("!remember I like tea")
+        for arg in ("③", "²", "-1", "99999999999999999999", "1.5"):
+            await h.say(f"!unremember {arg}")
+            assert _last(h).startswith("Usage: !unremember <n>"), arg
+            await h.say(f"!history {arg}")
+            assert _last(h).startswith("Usage: !history [n]"), arg
+    finally:
+        await h.app.close()
