@@ -426,8 +426,12 @@ class Responder:
         """A turn that crashed: tell the person briefly (first: the store may be what failed)
         and mark the message failed, so it is not retried (and crashing again) at every
         restart."""
-        if job.outbox is not None:
-            return  # a delivery: the row stays pending and is tried again later
+        if job.outbox is not None:  # a delivery that crashed: end the row, never loop on it
+            try:
+                await self._store.finish_delivery(job.outbox.id, "failed", detail="internal error")
+            except Exception:  # loop boundary: the store may be what failed; retried later
+                log.exception("could not mark outbox row %d failed", job.outbox.id)
+            return
         try:
             await self._notice(job.inbound, INTERNAL_ERROR)
         except Exception:  # loop boundary: the transport may be what failed
