@@ -233,6 +233,8 @@ async def test_forget_deletes_the_outbox_rows_of_that_person(memory: MemoryStore
     await memory.forget_person("mesh", ALICE.person)
     assert [r.entry.key for r in await memory.undelivered(transports=["mesh"])] == [BOB]
     assert await memory.take_more(ALICE) is None
+    await memory.record_part(1, 0, "late")  # a part that went out while the row was deleted
+    assert await memory.outbox_row(1) is None
 
 
 async def test_context_for_a_second_question_includes_the_first_answer(

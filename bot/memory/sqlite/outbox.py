@@ -94,12 +94,13 @@ class OutboxMixin(SqliteBase):
             return cur.lastrowid
 
     async def record_part(self, outbox_id: int, part: int, platform_id: str) -> None:
-        """Part ``part`` (0-based) of the row went out with ``platform_id``."""
+        """Part ``part`` (0-based) of the row went out with ``platform_id``. A row deleted
+        meanwhile (``!forget``) is left alone."""
         async with self._tx() as db:
             await db.execute(
                 "INSERT OR REPLACE INTO outbox_parts (outbox_id, part, platform_id) "
-                "VALUES (?, ?, ?)",
-                (outbox_id, part, platform_id),
+                "SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM outbox WHERE id = ?)",
+                (outbox_id, part, platform_id, outbox_id),
             )
             await db.execute(
                 "UPDATE outbox SET updated_at = ? WHERE id = ?", (time.time(), outbox_id)
