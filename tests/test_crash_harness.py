@@ -9,8 +9,9 @@ What must hold afterwards, checked in the database and on the air:
   a kill fell between the radio accepting it and the database recording it (at most one
   repeat per kill), and no whole answer is ever sent twice.
 
-The seed is printed on failure (``CRASH_SEED`` replays a run). Wall-clock waits here are hang
-guards, not timing assertions.
+Spacing is 2.6 s (the radio checks the 2.1 s firmware floor on its own read times, so the
+margin absorbs a loaded machine). The seed is printed on failure (``CRASH_SEED`` replays a
+run). Wall-clock waits here are hang guards, not timing assertions.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ async def _start(config: Path, env: dict[str, str]) -> asyncio.subprocess.Proces
 
 
 async def _connected(radio: FakeTcpRadio, before: int, proc: asyncio.subprocess.Process) -> bool:
-    for _ in range(200):  # hang guard (10 s)
+    for _ in range(600):  # hang guard (30 s)
         if radio.connections > before and radio.conn is not None:
             return True
         if proc.returncode is not None:
@@ -128,7 +129,7 @@ async def test_sigkill_at_random_moments_then_every_question_has_one_delivered_a
     config.write_text(
         "bot: {rate_limit: {messages: 100, per_seconds: 60}, queue_limit: 50}\n"
         f"meshtastic: {{connection: tcp, host: 127.0.0.1, port: {radio.port}, "
-        "spacing_seconds: 2.3, cooldown: 0, stale_after: 0, reconnect_initial: 0.2}\n"
+        "spacing_seconds: 2.6, cooldown: 0, stale_after: 0, reconnect_initial: 0.2}\n"
     )
     env = _env(tmp_path, fake_llm)
     state = tmp_path / "state"
@@ -173,7 +174,7 @@ async def test_sigterm_with_twenty_replies_waiting_loses_nothing(
     config = tmp_path / "meshsage.yaml"
     config.write_text(
         f"meshtastic: {{connection: tcp, host: 127.0.0.1, port: {radio.port}, "
-        "spacing_seconds: 2.3, cooldown: 0, stale_after: 0, outbox_limit: 50}\n"
+        "spacing_seconds: 2.6, cooldown: 0, stale_after: 0, outbox_limit: 50}\n"
     )
     env = _env(tmp_path, fake_llm)
     state = tmp_path / "state"
