@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
-from bot.commands import Commands
+from bot.commands import COMMAND_NAMES, Commands
 from bot.config import Config
 from bot.errors import MeshsageError
 from bot.llm.gate import LLMGate
@@ -102,6 +103,7 @@ class App:
                     if pruned:
                         log.info("retention: deleted %d message(s) older than %d days", pruned,
                                  self.config.memory.retention_days)  # fmt: skip
+                await self.responder.redeliver()  # replies whose link was down
                 if self.responder.idle:
                     await self.store.tidy()
             except Exception:  # loop boundary: upkeep must never stop the bot; try next round
@@ -161,7 +163,11 @@ async def build(
     which configured transports are built (``meshsage chat`` uses ["console"])."""
     if config.storage.url is not None:  # sqlite:///file or postgresql:// (several gateways)
         store: SqliteStore | PostgresStore = await open_url(
-            config.storage.url, password_env=config.storage.password_env, env=env
+            config.storage.url,
+            password_env=config.storage.password_env,
+            env=env,
+            gateway=config.storage.gateway
+            or f"{socket.gethostname()}:{config.database_path.parent}",
         )
     else:
         store = await SqliteStore.open(config.database_path)
@@ -223,6 +229,15 @@ async def build(
             counter=counter,
             config=config.bot,
             indexer=indexer,
+            max_age={
+                name: section.delivery.max_age
+                for name, section in (
+                    ("console", config.console),
+                    ("meshtastic", config.meshtastic),
+                    ("discord", config.discord),
+                )
+                if section is not None
+            },
         )
         app = App(
             config=config,
@@ -279,6 +294,7 @@ def _build_transport(
             config.meshtastic,
             bot_name=config.bot.name,
             command_prefix=config.bot.command_prefix,
+            command_names=COMMAND_NAMES,
         )
     if name == "discord" and config.discord is not None:
         try:

@@ -200,3 +200,20 @@ async def test_wrong_password_and_missing_variable_say_how_to_fix(url: str) -> N
 async def test_unreachable_server_is_a_storage_error(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="cannot reach PostgreSQL"):
         await PostgresStore.open(f"postgresql://meshsage@/x?host={tmp_path}&port=1")
+
+
+async def test_each_gateway_redelivers_only_its_own_outbox_rows(url: str) -> None:
+    from bot.memory.records import OutboxEntry
+
+    a = await PostgresStore.open(url, password=pg_server.BOT_PASSWORD, gateway="north")
+    b = await PostgresStore.open(url, password=pg_server.BOT_PASSWORD, gateway="south")
+    try:
+        mine = await a.queue_delivery(OutboxEntry(ALICE, "answer", "from the north radio"))
+        theirs = await b.queue_delivery(OutboxEntry(BOB, "answer", "from the south radio"))
+        assert [r.id for r in await a.undelivered(transports=["mesh"])] == [mine]
+        assert [r.id for r in await b.undelivered(transports=["mesh"])] == [theirs]
+        row = await b.outbox_row(mine)  # any gateway may read a row (e.g. !more)
+        assert row is not None and row.entry.text == "from the north radio"
+    finally:
+        await a.close()
+        await b.close()

@@ -33,7 +33,9 @@ ORDER: tuple[tuple[str, str], ...] = (
     ("outbox_parts", "outbox_id"),
 )
 WHOLE = {"outbox_parts"}  # key not unique: copied in one batch (small tables only)
-DERIVED = {"search"}  # built by the destination from the row
+# Columns one store keeps for itself: PostgreSQL's search words (rebuilt from the row) and the
+# outbox row's gateway (rows copied into PostgreSQL belong to the gateway that migrates them).
+DERIVED = {"search", "gateway"}
 DEFERRED = {("conversations", "merged_into")}
 BATCH = 2000
 

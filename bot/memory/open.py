@@ -21,9 +21,14 @@ if TYPE_CHECKING:
 
 
 async def open_url(
-    url: str, *, password_env: str | None = None, env: Mapping[str, str]
+    url: str,
+    *,
+    password_env: str | None = None,
+    env: Mapping[str, str],
+    gateway: str | None = None,
 ) -> SqliteStore | PostgresStore:
-    """``sqlite:///path`` or ``postgresql://user@host[:port]/database``."""
+    """``sqlite:///path`` or ``postgresql://user@host[:port]/database``; ``gateway`` names
+    this gateway on PostgreSQL (``PgBase.gateway``)."""
     if url.startswith("sqlite://"):
         return await SqliteStore.open(Path(url.removeprefix("sqlite://")))
     if not url.startswith(("postgresql://", "postgres://")):
@@ -48,4 +53,4 @@ async def open_url(
             "a postgresql:// store needs asyncpg, which is not installed. Fix: "
             "pip install 'meshsage[postgres]' (or leave storage.url out for SQLite)."
         ) from None
-    return await PostgresStore.open(url, password=password)
+    return await PostgresStore.open(url, password=password, gateway=gateway)

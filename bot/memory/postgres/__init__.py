@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from bot.memory.postgres.derived import DerivedMixin
 from bot.memory.postgres.messages import MessagesMixin
+from bot.memory.postgres.outbox import OutboxMixin
 from bot.memory.postgres.search import SearchMixin
 from bot.memory.postgres.upkeep import UpkeepMixin
 
 
-class PostgresStore(MessagesMixin, SearchMixin, DerivedMixin, UpkeepMixin):
+class PostgresStore(MessagesMixin, OutboxMixin, SearchMixin, DerivedMixin, UpkeepMixin):
     """Open with ``await PostgresStore.open(url, password=...)``; close with ``close()``."""
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Self, TypeAlias, TypeVar
@@ -53,13 +54,20 @@ class PgBase:
     """Open with ``await PostgresStore.open(url, password=...)``; close with ``close()``."""
 
     def __init__(
-        self, *, pool: asyncpg.Pool, locks: asyncpg.Connection, url: str, password: str | None
+        self,
+        *,
+        pool: asyncpg.Pool,
+        locks: asyncpg.Connection,
+        url: str,
+        password: str | None,
+        gateway: str,
     ):
         self._pool = pool
         self._locks = locks
         self._locks_mutex = asyncio.Lock()
         self._held: dict[tuple[int, int], int] = {}
         self.url = url
+        self.gateway = gateway  # this process's name among the gateways (its outbox rows)
         self._password = password
         self._vectors = VectorCache()
         self.last_erase = ""  # the status of the last VACUUM after a forget (tests read it)
@@ -67,7 +75,11 @@ class PgBase:
 
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
-    async def open(cls, url: str, *, password: str | None = None) -> Self:
+    async def open(
+        cls, url: str, *, password: str | None = None, gateway: str | None = None
+    ) -> Self:
+        """``gateway`` names this gateway for its outbox rows (stable across restarts);
+        default: the host name."""
         pool: asyncpg.Pool | None = None
         try:
             pool = await asyncpg.create_pool(
@@ -83,7 +95,13 @@ class PgBase:
             if pool is not None:
                 await pool.close()
             raise StorageError(explain(url, exc)) from None
-        return cls(pool=pool, locks=locks, url=url, password=password)
+        return cls(
+            pool=pool,
+            locks=locks,
+            url=url,
+            password=password,
+            gateway=gateway or socket.gethostname(),
+        )
 
     async def close(self) -> None:
         self._vectors.clear()

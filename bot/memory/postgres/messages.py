@@ -206,10 +206,13 @@ class MessagesMixin(PgBase):
     async def recent_messages(
         self, conversation: Conversation, *, limit: int, before_id: int | None = None
     ) -> list[StoredMessage]:
-        """Newest first, after the reset mark, at most ``limit``."""
+        """Newest first, after the reset mark, at most ``limit``. With ``before_id`` (the
+        message being answered): the messages before it plus the answers to them, even when an
+        answer was stored after it (a second question sent before the first was answered)."""
         rows = await self._all(
-            f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = $1 AND id > $2 "
-            "AND id < $3 ORDER BY id DESC LIMIT $4",
+            f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = $1 AND id > $2 AND "
+            "(id < $3 OR (role = 'assistant' AND parent_id IS NOT NULL AND parent_id < $3)) "
+            "ORDER BY id DESC LIMIT $4",
             (conversation.id, conversation.reset_after, before_id or MAX_ID, limit),
         )
         return [msg_from_row(r) for r in rows]

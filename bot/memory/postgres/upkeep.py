@@ -4,6 +4,7 @@ Invariants:
 - ``forget_person`` deletes every row about a person in one transaction: conversations
   cascade to messages (and with them their search words, which live in the row, and their
   vectors), summaries, facts and ``heard`` claims; the GIN index entries go with the rows.
+  The person's outbox rows (and their parts) go in the same transaction.
   ``VACUUM`` then removes the dead row versions and their index entries at once, so nothing
   can read them back. PostgreSQL does not zero the space it frees (SQLite's
   ``secure_delete`` does): the bytes stay in free space and in the WAL until overwritten,
@@ -42,9 +43,11 @@ class UpkeepMixin(PgBase):
                         )
                     )
                 await con.execute("DELETE FROM conversations WHERE id = ANY($1)", ids)
+            await con.execute(
+                "DELETE FROM outbox WHERE transport = $1 AND person = $2", transport, person
+            )
         self._vectors.drop(ids)
-        if ids:
-            await self._vacuum()
+        await self._vacuum()  # always: a repeated !forget erases again
         return ForgetReport(len(ids), *counts)
 
     async def _vacuum(self) -> None:
@@ -52,7 +55,10 @@ class UpkeepMixin(PgBase):
         Only the tables' owner may vacuum them; the bot's role is, since it created them."""
 
         async def work(con: Conn) -> None:
-            for table in ("messages", "message_vectors", "summaries", "facts", "heard"):
+            for table in (
+                "messages", "message_vectors", "summaries", "facts", "heard", "outbox",
+                "outbox_parts",
+            ):  # fmt: skip
                 self.last_erase = await con.execute(f"VACUUM {table}")
 
         await self._run(work)
@@ -98,6 +104,10 @@ class UpkeepMixin(PgBase):
         """Insert rows with their ids; messages get their search words as they arrive."""
         cols, values = list(columns), [f"${i}" for i in range(1, len(columns) + 1)]
         args: list[tuple[Any, ...]] = rows
+        if table == "outbox" and "gateway" not in columns:  # migrated rows: this gateway's
+            cols.append("gateway")
+            values.append(f"${len(columns) + 1}")
+            args = [(*r, self.gateway) for r in rows]
         if table == "messages":
             text, author, created = (columns.index(c) for c in ("text", "author", "created_at"))
             n = len(columns)
