@@ -5,7 +5,9 @@ Invariants:
   shutdown loses nothing; pending messages are picked up again at the next start.
 - Per conversation, messages (commands included) are handled one at a time, in arrival order,
   by a worker task that exits when its queue is empty; different conversations run at once.
-- LLM calls go through the gate's foreground lane (bounded; summaries yield to replies).
+- LLM calls go through the gate's foreground lane (bounded; summaries yield to replies). A
+  server that refuses the prompt as too long (``ContextTooLong``) gets it once more at two
+  thirds of the tokens; its message and the fix are logged.
 - A person over the queue limit or the rate limit gets one polite notice per limit window;
   their message is still stored (status ``limited``) and never answered by the LLM.
 - The stored answer is exactly the text the transport delivers (``transport.fit``), recorded
@@ -31,7 +33,7 @@ from bot.commands import Commands
 from bot.config import BotConfig
 from bot.domain import ConversationKey, Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import LLMUnavailable
-from bot.llm.port import LLM
+from bot.llm.port import LLM, ContextTooLong
 from bot.llm.tokens import TokenCounter
 from bot.memory.context import ContextBuilder
 from bot.memory.indexer import Indexer
@@ -49,6 +51,7 @@ EMPTY = "Your message was empty. Send some text, or {prefix}help for commands."
 TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
 RECOVER_WITHIN_SECONDS = 15 * 60
+MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +224,23 @@ class Responder:
                 style_hint=limits.style_hint,
             )
             try:
-                completion = await self._llm.complete(ctx.messages, max_tokens=limits.max_tokens)
+                try:
+                    completion = await self._llm.complete(
+                        ctx.messages, max_tokens=limits.max_tokens
+                    )
+                except ContextTooLong as exc:  # the server counts more tokens than we do
+                    smaller = max(MIN_RETRY_BUDGET, ctx.tokens * 2 // 3)
+                    log.warning("%s Retrying this turn once with %d tokens.", exc, smaller)
+                    ctx = await self._context.build(
+                        conv,
+                        new_text=inbound.text[: self._config.max_message_chars],
+                        new_message_id=message_id,
+                        budget=smaller,
+                        style_hint=limits.style_hint,
+                    )
+                    completion = await self._llm.complete(
+                        ctx.messages, max_tokens=limits.max_tokens
+                    )
             except LLMUnavailable as exc:
                 log.warning("no answer for %s: %s", inbound.key, exc)
                 await self._store.set_status(message_id, "failed")

@@ -594,13 +594,23 @@ class SqliteStore:
 
     # --- summaries --------------------------------------------------------------------------
     async def latest_summary(self, conversation: Conversation) -> Summary | None:
+        """The newest chapter (the one reaching furthest into the log)."""
         row = await self._one(
             "SELECT id, text, first_message_id, last_message_id, tokens, created_at "
             "FROM summaries WHERE conversation_id = ? AND first_message_id > ? "
-            "ORDER BY id DESC LIMIT 1",
+            "ORDER BY last_message_id DESC, id DESC LIMIT 1",
             (conversation.id, conversation.reset_after),
         )
         return None if row is None else Summary(*row)
+
+    async def summaries(self, conversation: Conversation) -> list[Summary]:
+        rows = await self._all(
+            "SELECT id, text, first_message_id, last_message_id, tokens, created_at "
+            "FROM summaries WHERE conversation_id = ? AND first_message_id > ? "
+            "ORDER BY first_message_id, id",
+            (conversation.id, conversation.reset_after),
+        )
+        return [Summary(*r) for r in rows]
 
     async def save_summary(
         self,
@@ -624,10 +634,11 @@ class SqliteStore:
                 "last_message_id, tokens, created_at) VALUES (?, ?, ?, ?, ?, ?)",
                 (conversation_id, text, first_message_id, last_message_id, tokens, time.time()),
             )
-            # Older summaries are superseded; keep the log as the record, not stale digests.
+            # Chapters this one covers are superseded (a merge); earlier chapters stay.
             await db.execute(
-                "DELETE FROM summaries WHERE conversation_id = ? AND id < last_insert_rowid()",
-                (conversation_id,),
+                "DELETE FROM summaries WHERE conversation_id = ? AND id < last_insert_rowid() "
+                "AND first_message_id >= ? AND last_message_id <= ?",
+                (conversation_id, first_message_id, last_message_id),
             )
             return True
 
