@@ -204,17 +204,24 @@ class OpenAICompatLLM:
                 stream=True,
             ) as resp:
                 kind = resp.http_response.headers.get("content-type", "")
-                if "text/event-stream" in kind:
-                    raw, finish, model = await _read_stream(resp.iter_lines())
-                else:  # a server that ignores stream=true, or an error page with status 200
-                    raw, finish, model = _read_json(await resp.read())
+                try:
+                    if "text/event-stream" in kind:
+                        raw, finish, model = await _read_stream(resp.iter_lines())
+                    else:  # a server that ignores stream=true, or an error page with status 200
+                        raw, finish, model = _read_json(await resp.read())
+                except (_Unusable, asyncio.CancelledError):
+                    raise
+                except Exception as exc:  # the HTTP library's own errors while reading a body
+                    if "timeout" in type(exc).__name__.lower():
+                        raise TimeoutError("no byte within read_timeout") from exc
+                    raise _Unusable(f"the answer broke off ({type(exc).__name__})") from exc
         text = clean_output(raw)
         text = strip_thinking(text) if self._config.strip_thinking else text.strip()
         if not text:
             raise _Unusable("empty answer")
         truncated = finish == "length"
         if len(text) > MAX_ANSWER_CHARS:
-            text, truncated = text[:MAX_ANSWER_CHARS], True
+            text, truncated = text[: MAX_ANSWER_CHARS - len(TRUNCATED_MARK)], True
         if truncated:
             text = text.rstrip() + TRUNCATED_MARK
         return Completion(text=text, model=model or target.endpoint.model, truncated=truncated)

@@ -17,9 +17,11 @@ The fold rule (what keeps the prefix stable):
   which the turns fit the cap. Fold points depend only on the log after the base and on fixed
   budget shares (never on the new message, retrieval or facts), so between two folds each
   request is a byte-identical extension of the previous one up to the end of its window.
-- A fold moves a large block of the oldest turns out of the window at once. The summarizer then
+- A fold moves a large block of the oldest turns out of the window at once. The summarizer
   writes that block as a new chapter appended after the earlier ones (so the prefix up to the
   last chapter survives), and the base moves to the end of the chapter: the same fold point.
+  Until the chapter exists the window keeps those turns (``pending_fold``), as long as the
+  whole prompt still fits, so the prompt changes once per fold, not twice.
 - Facts added after the window began ride in the final message until the next fold, where they
   join the system message.
 - Retrieved older turns (only turns older than the window, so nothing appears twice) go in the
@@ -62,10 +64,13 @@ JOIN_OVERHEAD = 2  # tokens a "\n\n" join and header line break may add
 MIN_NEW_MESSAGE_TOKENS = 16
 FACTS_MAX_SHARE = 0.15  # of the budget left after the system prompt
 SUMMARY_MAX_SHARE = 0.25
-WINDOW_SHARE = 0.45  # the window's cap; the rest: new message, new facts, recalled turns
-FOLD_SHARE = 0.6  # a fold moves at least this share of the window's cap into a chapter
+WINDOW_SHARE = 0.55  # the window's cap; the rest: new message, new facts, recalled turns
+FOLD_SHARE = 0.95  # a fold moves at least this share of the window's cap into a chapter
+FOLD_MARGIN = 64  # tokens a waiting fold leaves for recalled turns at the least
 FETCH_ANCHOR = 500  # a lagging summarizer: fold points restart every this many messages
 THREAD_HOPS = 4  # how far up a reply chain the context follows (answer, question, ...)
+NOTES_SHARE = 0.2  # "notes": all notes in the window together (at most retrieval.share)
+NOTE_TURN_SHARE = 0.1  # "notes": what one turn may add
 NOTES_KEPT = 2000  # recall notes remembered per process (oldest forgotten first)
 
 RecallMode = Literal["inline", "notes"]
@@ -91,9 +96,14 @@ class AssembledContext:
     trimmed: bool = False  # the new message had to be cut
     chapters: list[Summary] = field(default_factory=list)  # the summary chapters used
     folded_up_to: int = 0  # last message id before the window (chapter end or reset mark)
+    pending_fold: int | None = None  # first message the window keeps once its fold is written
 
     @property
     def window_start_id(self) -> int | None:
+        """Where the window starts once its pending fold has a chapter: the summarizer writes
+        everything before this id."""
+        if self.pending_fold is not None:
+            return self.pending_fold
         return self.window[0].id if self.window else None
 
 
@@ -114,16 +124,19 @@ def group_turns(messages: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
 
 def fold_start(costs: Sequence[int], *, cap: int) -> int:
     """Index of the first turn of the window: the first fold point from which ``costs`` fit
-    ``cap``. Fold points are found from the front in blocks of at least ``FOLD_SHARE * cap``,
-    so they do not move when turns are appended (the window is stable between folds)."""
+    ``cap``. Fold points are found from the front in blocks of at least ``FOLD_SHARE * cap``;
+    a block only counts once a turn follows it. So fold points never move when turns are
+    appended (the window is stable between folds) and a fold always keeps the newest turn."""
     block = max(1, int(cap * FOLD_SHARE))
     start, total = 0, sum(costs)
-    while total > cap and start < len(costs):
-        moved = 0
-        while start < len(costs) and moved < block:
-            moved += costs[start]
-            start += 1
-        total -= moved
+    while total > cap:
+        moved, end = 0, start
+        while end < len(costs) and moved < block:
+            moved += costs[end]
+            end += 1
+        if end >= len(costs):
+            break  # the block is not complete yet
+        start, total = end, total - moved
     return start
 
 
@@ -136,7 +149,7 @@ class ContextBuilder:
         counter: TokenCounter,
         system_prompt: str,
         retrieval_share: float,
-        recall: RecallMode = "inline",
+        recall: RecallMode = "notes",
     ) -> None:
         self._store = store
         self._retriever = retriever
@@ -171,8 +184,7 @@ class ContextBuilder:
         chapters, chapter_text, chapter_tokens = self._chapters(chapters, free)
         base = chapters[-1].last_message_id if chapters else conversation.reset_after
         base = max(base, conversation.reset_after)
-        window, folded = await self._window(conversation, base, new_message_id, window_cap)
-        flat = [m for turn in window for m in turn]
+        turns, fold, anchored = await self._window(conversation, base, new_message_id, window_cap)
 
         # Facts: the newest that fit their share; those older than the window are stable.
         facts = await self._store.facts(conversation.id)
@@ -183,6 +195,36 @@ class ContextBuilder:
                 continue
             kept.insert(0, fact)
             fact_tokens += fact.tokens + 2
+
+        # A pending fold waits for its chapter (so the prompt changes once, not twice) while
+        # the whole window still leaves room for everything else; then it folds regardless.
+        room = free - chapter_tokens - fact_tokens - FOLD_MARGIN
+        room -= self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
+        pending_fold = turns[fold][0].id if 0 < fold < len(turns) else None
+        if (
+            fold
+            and not anchored
+            and sum(self._turn_cost(t) + self._noted(t) for t in turns) <= room
+        ):
+            fold = 0
+        while fold < len(turns) - 1 and sum(self._turn_cost(t) for t in turns[fold:]) > room:
+            fold += 1  # no complete fold block yet and no room: drop the oldest turns (rare)
+        window = turns[fold:]
+        folded = anchored or fold > 0
+        flat = [m for turn in window for m in turn]
+        # Notes recalled earlier in this window stay with their turns (append-only prompt) and
+        # spend one recall budget per window; if they no longer fit, they are dropped.
+        recall_cap = int(free * self._share)
+        notes: dict[int, str] = {}
+        if self.recall == "notes":
+            notes = {m.id: self._notes[m.id] for m in flat if m.id in self._notes}
+            noted = sum(self._noted(t) for t in window)
+            room = free - chapter_tokens - fact_tokens - FOLD_MARGIN
+            room -= self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
+            if sum(self._turn_cost(t) for t in window) + noted > room:
+                notes, noted = {}, 0
+            notes_cap = int(free * min(self._share, NOTES_SHARE))
+            recall_cap = max(0, min(notes_cap - noted, int(free * NOTE_TURN_SHARE)))
         since = flat[0].created_at if flat else float("inf")
         stable = [f for f in kept if f.created_at < since]
         fresh = [f for f in kept if f.created_at >= since]
@@ -195,7 +237,7 @@ class ContextBuilder:
             blocks.append(Block("summary", chapter_tokens, chapter_text))
         system_text = "\n\n".join(b.text for b in blocks)
         messages = [ChatMessage("system", system_text)]
-        window_msgs = _alternate(flat, notes=self._notes if self.recall == "notes" else {})
+        window_msgs = _alternate(flat, notes=notes)
         window_tokens = sum(self._counter.count(m.content) + MESSAGE_OVERHEAD for m in window_msgs)
         blocks.append(Block("window", window_tokens, f"{len(flat)} messages"))
         fixed = sum(b.tokens for b in blocks) + JOIN_OVERHEAD * len(blocks)
@@ -205,8 +247,8 @@ class ContextBuilder:
         extras: list[str] = []
         fresh_text = ""
         if fresh:
-            noted = " ".join(self._notes.get(m.id, "") for m in flat)
-            lines = [f"- {f.text}" for f in fresh if f.text not in noted]
+            noted_text = " ".join(notes.values())
+            lines = [f"- {f.text}" for f in fresh if f.text not in noted_text]
             if lines:
                 fresh_text = NEW_FACTS_HEADER + "\n" + "\n".join(lines) + NOTE_END
                 extras.append(fresh_text)
@@ -221,7 +263,7 @@ class ContextBuilder:
         left -= extra_tokens + new_tokens
 
         block = RetrievedBlock()
-        retrieve_budget = min(left, int(free * self._share)) - self._header_tokens[RETRIEVED_HEADER]
+        retrieve_budget = min(left, recall_cap) - self._header_tokens[RETRIEVED_HEADER]
         older = folded or base > conversation.reset_after  # anything older than the window
         if retrieve_budget > 0 and older:
             before = flat[0].id if flat else (new_message_id or 1 << 62)
@@ -267,26 +309,29 @@ class ContextBuilder:
             trimmed=trimmed,
             chapters=chapters,
             folded_up_to=base,
+            pending_fold=pending_fold,
         )
 
     async def _window(
         self, conversation: Conversation, base: int, new_message_id: int | None, cap: int
-    ) -> tuple[list[list[StoredMessage]], bool]:
-        """The window's turns, and whether older turns since the base were left out."""
+    ) -> tuple[list[list[StoredMessage]], int, bool]:
+        """Turns since the base, the index of the fold point the window starts at, and whether
+        the turns were re-anchored (older ones since the base left out)."""
         up_to = (new_message_id - 1) if new_message_id is not None else 1 << 62
         msgs = await self._store.messages_between(conversation.id, after_id=base, up_to_id=up_to)
         anchored = len(msgs) > 2 * FETCH_ANCHOR
         if anchored:  # summaries far behind (or off): a nearer anchor keeps this cheap
             msgs = msgs[(len(msgs) // FETCH_ANCHOR - 1) * FETCH_ANCHOR :]
         turns = group_turns(msgs)
-        start = fold_start([self._turn_cost(t) for t in turns], cap=cap)
-        return turns[start:], anchored or start > 0
+        return turns, fold_start([self._turn_cost(t) for t in turns], cap=cap), anchored
+
+    def _noted(self, turn: Sequence[StoredMessage]) -> int:
+        if self.recall != "notes":
+            return 0
+        return sum(self._measure(self._notes[m.id]) for m in turn if m.id in self._notes)
 
     def _turn_cost(self, turn: Sequence[StoredMessage]) -> int:
-        cost = sum(m.tokens + MESSAGE_OVERHEAD for m in turn)
-        if self.recall == "notes":
-            cost += sum(self._measure(self._notes[m.id]) for m in turn if m.id in self._notes)
-        return cost
+        return sum(m.tokens + MESSAGE_OVERHEAD for m in turn)
 
     def _chapters(self, chapters: list[Summary], free: int) -> tuple[list[Summary], str, int]:
         """The newest chapters that fit their share, oldest first, and their rendered text."""

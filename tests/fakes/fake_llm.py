@@ -115,11 +115,11 @@ class FakeLLM:
             self.in_flight -= 1
 
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        beh = self.script.pop(0) if self.script else "ok"
+        beh: Any = self.script.pop(0) if self.script else "ok"
         text = self.reply_fn(body) if self.reply_fn else self.reply
         finish = "stop"
         pause = 0.0
-        kind = beh[0] if isinstance(beh, tuple) else beh
+        kind: Any = beh[0] if isinstance(beh, tuple) else beh
         if kind == "status":
             return web.json_response(beh[2], status=beh[1])
         if kind == "context_exceeded":
