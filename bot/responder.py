@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from bot.commands import Commands
+from bot.commands import UNLIMITED_ROOM, Commands
 from bot.config import BotConfig
 from bot.domain import ConversationKey, Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import LLMUnavailable
@@ -40,7 +40,7 @@ from bot.memory.indexer import Indexer
 from bot.memory.port import MemoryStore
 from bot.memory.store import ASSISTANT, USER
 from bot.memory.summary import Summarizer
-from bot.text import clean_inbound
+from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import Transport
 
 log = logging.getLogger("bot.responder")
@@ -52,6 +52,14 @@ TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
 RECOVER_WITHIN_SECONDS = 15 * 60
 MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
+
+
+def _command_room(transport: Transport) -> int:
+    """Bytes a command reply may use: one packet on the mesh (airtime), otherwise what one
+    answer carries on the transport (``fit`` of a long text: Discord 2,000 characters)."""
+    if transport.name == "meshtastic":
+        return MESH_COMMAND_BYTES
+    return len(transport.fit("x" * UNLIMITED_ROOM).encode("utf-8"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +209,8 @@ class Responder:
     async def _command(self, inbound: Inbound) -> None:
         parsed = self._commands.parse(inbound.text)
         assert parsed is not None
-        result = await self._commands.run(inbound, *parsed)
         transport = self._transports[inbound.transport]
+        result = await self._commands.run(inbound, *parsed, room=_command_room(transport))
         reply = Reply(
             inbound=inbound,
             text=transport.fit(result.text),

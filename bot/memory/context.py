@@ -71,6 +71,7 @@ FETCH_ANCHOR = 500  # a lagging summarizer: fold points restart every this many 
 THREAD_HOPS = 4  # how far up a reply chain the context follows (answer, question, ...)
 NOTES_SHARE = 0.2  # "notes": all notes in the window together (at most retrieval.share)
 NOTE_TURN_SHARE = 0.1  # "notes": what one turn may add
+MIN_RECALL_TOKENS = 64  # "notes": small budgets still recall a turn or two
 NOTES_KEPT = 2000  # recall notes remembered per process (oldest forgotten first)
 
 RecallMode = Literal["inline", "notes"]
@@ -223,8 +224,9 @@ class ContextBuilder:
             room -= self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
             if sum(self._turn_cost(t) for t in window) + noted > room:
                 notes, noted = {}, 0
-            notes_cap = int(free * min(self._share, NOTES_SHARE))
-            recall_cap = max(0, min(notes_cap - noted, int(free * NOTE_TURN_SHARE)))
+            notes_cap = max(int(free * min(self._share, NOTES_SHARE)), 2 * MIN_RECALL_TOKENS)
+            turn_cap = max(int(free * NOTE_TURN_SHARE), MIN_RECALL_TOKENS)
+            recall_cap = max(0, min(notes_cap - noted, turn_cap, recall_cap))
         since = flat[0].created_at if flat else float("inf")
         stable = [f for f in kept if f.created_at < since]
         fresh = [f for f in kept if f.created_at >= since]
