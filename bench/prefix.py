@@ -159,9 +159,9 @@ class MeshLikeTransport:
 
     name = TRANSPORT
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_tokens: int = MAX_TOKENS) -> None:
         self.limits = TransportLimits(
-            context_tokens=CONTEXT_TOKENS, max_tokens=MAX_TOKENS, style_hint=STYLE_HINT
+            context_tokens=CONTEXT_TOKENS, max_tokens=max_tokens, style_hint=STYLE_HINT
         )
         self.sent: list[Reply] = []
         self._on_message: OnMessage | None = None

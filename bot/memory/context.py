@@ -64,9 +64,9 @@ JOIN_OVERHEAD = 2  # tokens a "\n\n" join and header line break may add
 MIN_NEW_MESSAGE_TOKENS = 16
 FACTS_MAX_SHARE = 0.15  # of the budget left after the system prompt
 SUMMARY_MAX_SHARE = 0.25
-WINDOW_SHARE = 0.55  # the window's cap; the rest: new message, new facts, recalled turns
+WINDOW_SHARE = 0.6  # of what chapters leave: the window's cap (the rest: message, facts, notes)
 FOLD_SHARE = 0.95  # a fold moves at least this share of the window's cap into a chapter
-FOLD_MARGIN = 64  # tokens a waiting fold leaves for recalled turns at the least
+FOLD_MARGIN = 16  # tokens a held window leaves spare (joins; recall may get nothing that turn)
 FETCH_ANCHOR = 500  # a lagging summarizer: fold points restart every this many messages
 THREAD_HOPS = 4  # how far up a reply chain the context follows (answer, question, ...)
 NOTES_SHARE = 0.2  # "notes": all notes in the window together (at most retrieval.share)
@@ -179,10 +179,10 @@ class ContextBuilder:
         free = budget - system_tokens
         if free < MIN_NEW_MESSAGE_TOKENS + MESSAGE_OVERHEAD:
             raise ValueError(f"budget {budget} cannot hold the system prompt and a message")
-        window_cap = int(free * WINDOW_SHARE)
-
         chapters = await self._store.summaries(conversation)
         chapters, chapter_text, chapter_tokens = self._chapters(chapters, free)
+        # Chapters change only at a fold, so the cap (and the fold points) stay put between.
+        window_cap = int((free - chapter_tokens) * WINDOW_SHARE)
         base = chapters[-1].last_message_id if chapters else conversation.reset_after
         base = max(base, conversation.reset_after)
         turns, fold, anchored = await self._window(conversation, base, new_message_id, window_cap)
@@ -208,7 +208,7 @@ class ContextBuilder:
             and sum(self._turn_cost(t) + self._noted(t) for t in turns) <= room
         ):
             fold = 0
-        while fold < len(turns) - 1 and sum(self._turn_cost(t) for t in turns[fold:]) > room:
+        while fold < len(turns) and sum(self._turn_cost(t) for t in turns[fold:]) > room:
             fold += 1  # no complete fold block yet and no room: drop the oldest turns (rare)
         window = turns[fold:]
         folded = anchored or fold > 0
