@@ -13,10 +13,12 @@ first byte that differs from the previous request is reused from the KV cache):
 The fold rule (what keeps the prefix stable):
 - The window starts right after the newest summary chapter (or the reset mark) and is cut only
   at *fold points*: walking the turns from that base, each fold point lies past a block of at
-  least ``FOLD_SHARE`` of the window's cap. The window starts at the first fold point from
-  which the turns fit the cap. Fold points depend only on the log after the base and on fixed
-  budget shares (never on the new message, retrieval or facts), so between two folds each
-  request is a byte-identical extension of the previous one up to the end of its window.
+  least ``FOLD_SHARE`` of the window's cap, counted once a turn follows the block. The window
+  starts at the first fold point from which the turns fit the cap. Fold points depend only on
+  the log after the base, the budget and the chapters (which change only at a fold), never on
+  the new message, retrieval or facts, so between two folds each request is a byte-identical
+  extension of the previous one up to the end of its window. Only when even the whole window
+  without a complete block leaves no room does it drop its oldest turns (a small budget).
 - A fold moves a large block of the oldest turns out of the window at once. The summarizer
   writes that block as a new chapter appended after the earlier ones (so the prefix up to the
   last chapter survives), and the base moves to the end of the chapter: the same fold point.
@@ -24,11 +26,12 @@ The fold rule (what keeps the prefix stable):
   whole prompt still fits, so the prompt changes once per fold, not twice.
 - Facts added after the window began ride in the final message until the next fold, where they
   join the system message.
-- Retrieved older turns (only turns older than the window, so nothing appears twice) go in the
-  final message (``recall="inline"``), or as notes kept at the turn where they were recalled
-  (``recall="notes"``: the note is remembered in this process and shown again with that turn
-  until it folds, so the whole prompt is append-only; after a restart old notes are gone and
-  the window is evaluated once more).
+- Retrieved older turns (only turns older than the window) go in the final message
+  (``recall="inline"``), or as notes kept at the turn where they were recalled (``"notes"``,
+  the default, measured better by ``bench.prefix``: the note is remembered in this process and
+  shown again with that turn until it folds, so the whole prompt is append-only; all notes of
+  one window share ``NOTES_SHARE`` of the budget, one turn adds at most ``NOTE_TURN_SHARE``;
+  after a restart old notes are gone and the window is evaluated once more).
 
 Invariants:
 - The assembled prompt never exceeds the budget as counted by the injected counter (each
