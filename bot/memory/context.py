@@ -75,6 +75,7 @@ THREAD_HOPS = 4  # how far up a reply chain the context follows (answer, questio
 NOTES_SHARE = 0.2  # "notes": all notes in the window together (at most retrieval.share)
 NOTE_TURN_SHARE = 0.1  # "notes": what one turn may add
 MIN_RECALL_TOKENS = 64  # "notes": small budgets still recall a turn or two
+LATE_ANSWERS = 16  # answers stored after the message being answered that may belong before it
 NOTES_KEPT = 2000  # recall notes remembered per process (oldest forgotten first)
 
 RecallMode = Literal["inline", "notes"]
@@ -324,6 +325,13 @@ class ContextBuilder:
         the turns were re-anchored (older ones since the base left out)."""
         up_to = (new_message_id - 1) if new_message_id is not None else 1 << 62
         msgs = await self._store.messages_between(conversation.id, after_id=base, up_to_id=up_to)
+        if new_message_id is not None:  # answers stored after this message to ones before it
+            recent = await self._store.recent_messages(
+                conversation, limit=LATE_ANSWERS, before_id=new_message_id
+            )
+            msgs += [m for m in recent if m.id > up_to and base < (m.parent_id or 0)]
+        # Each answer right after its question, so a late answer keeps the order stable.
+        msgs.sort(key=lambda m: (_anchor(m), m.id))
         anchored = len(msgs) > 2 * FETCH_ANCHOR
         if anchored:  # summaries far behind (or off): a nearer anchor keeps this cheap
             msgs = msgs[(len(msgs) // FETCH_ANCHOR - 1) * FETCH_ANCHOR :]
@@ -366,6 +374,10 @@ class ContextBuilder:
             else:
                 hi = mid - 1
         return text[:lo]
+
+
+def _anchor(msg: StoredMessage) -> int:
+    return msg.parent_id if msg.role == ASSISTANT and msg.parent_id else msg.id
 
 
 def _alternate(window: Sequence[StoredMessage], *, notes: dict[int, str]) -> list[ChatMessage]:
