@@ -9,11 +9,8 @@ Invariants every implementation keeps:
 - Everything at or below a conversation's ``reset_after`` is invisible to ``recent_messages``,
   ``latest_summary``, ``search_terms``, ``outline`` and ``vector_search`` callers (they pass
   the mark), and ``save_summary`` refuses a summary that starts at or before it.
-<<<<<<< HEAD
 - Summaries are chapters: a saved summary replaces only the rows whose message range it
   covers, so folds append chapters and a merge (one row over several ranges) replaces them.
-- ``forget_person`` removes every row about the person, search-index rows and vectors included.
-=======
 - ``forget_person`` removes every row about the person, search-index rows, vectors and outbox
   rows included; the physical erase is crash-safe (finished when the store next opens) and a
   repeated call erases again even when nothing is left to delete.
@@ -29,7 +26,6 @@ Invariants every implementation keeps:
   answer message's status to the same value; ``undelivered`` lists ``pending`` rows oldest
   first with their recorded parts; ``take_more`` returns the ``rest`` of the newest answer (or
   ``more``) row of a conversation once, then clears it.
->>>>>>> main
 - ``search_terms``, ``outline`` and ``vector_search`` are scoped to one conversation and never
   read other people's rows; ``vector_search`` scores with the cosine similarity, best first.
 - ``add_vectors`` skips messages that no longer exist; a message keeps one vector (the newest
