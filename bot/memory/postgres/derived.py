@@ -1,6 +1,7 @@
 """Summaries and facts on PostgreSQL: derived from the raw log, each recording what it covers.
 
 Invariants:
+- Summaries are chapters: saving one deletes only the rows whose message range it covers.
 - A summary computed before a ``!reset`` is refused at save time, inside the same transaction
   (the conversation row is locked, so a concurrent reset from another gateway waits or wins).
 """
@@ -16,13 +17,24 @@ from bot.memory.records import Conversation, Fact, Summary
 class DerivedMixin(PgBase):
     # --- summaries --------------------------------------------------------------------------
     async def latest_summary(self, conversation: Conversation) -> Summary | None:
+        """The newest chapter (the one reaching furthest into the log)."""
         row = await self._one(
             "SELECT id, text, first_message_id, last_message_id, tokens, created_at "
             "FROM summaries WHERE conversation_id = $1 AND first_message_id > $2 "
-            "ORDER BY id DESC LIMIT 1",
+            "ORDER BY last_message_id DESC, id DESC LIMIT 1",
             (conversation.id, conversation.reset_after),
         )
         return None if row is None else Summary(*row)
+
+    async def summaries(self, conversation: Conversation) -> list[Summary]:
+        """Summary chapters after the reset mark, oldest first."""
+        rows = await self._all(
+            "SELECT id, text, first_message_id, last_message_id, tokens, created_at "
+            "FROM summaries WHERE conversation_id = $1 AND first_message_id > $2 "
+            "ORDER BY first_message_id, id",
+            (conversation.id, conversation.reset_after),
+        )
+        return [Summary(*r) for r in rows]
 
     async def save_summary(
         self,
@@ -51,11 +63,14 @@ class DerivedMixin(PgBase):
                 tokens,
                 time.time(),
             )
-            # Older summaries are superseded; keep the log as the record, not stale digests.
+            # Chapters this one covers are superseded (a merge); earlier chapters stay.
             await con.execute(
-                "DELETE FROM summaries WHERE conversation_id = $1 AND id < $2",
+                "DELETE FROM summaries WHERE conversation_id = $1 AND id < $2 "
+                "AND first_message_id >= $3 AND last_message_id <= $4",
                 conversation_id,
                 new_id,
+                first_message_id,
+                last_message_id,
             )
             return True
 
