@@ -125,6 +125,17 @@ class UpkeepMixin(PgBase):
         async with self._tx() as con:
             await advance_sequences(con)
 
+    async def ping(self) -> None:
+        """One trivial query through the pool (the watchdog's proof the store is not wedged)."""
+        await self._val("SELECT 1")
+
+    async def messages_since(self, since: float) -> dict[str, int]:
+        """Messages per role created at or after ``since`` (the status file's daily counts)."""
+        rows = await self._all(
+            "SELECT role, count(*) FROM messages WHERE created_at >= $1 GROUP BY role", (since,)
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
+
     async def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for table in ("conversations", "messages", "summaries", "facts"):
