@@ -217,3 +217,19 @@ async def test_each_gateway_redelivers_only_its_own_outbox_rows(url: str) -> Non
     finally:
         await a.close()
         await b.close()
+
+
+async def test_operations_and_catch_up_queries(url: str) -> None:
+    store = await _open(url)
+    try:
+        await store.ping()
+        conv = await store.conversation(ALICE)
+        await store.add_message(conv.id, role="user", author="alice", text="hi", tokens=1,
+                                status="pending", platform_id="d-1", created_at=2000.0)  # fmt: skip
+        await store.add_message(conv.id, role="assistant", author="bot", text="yo", tokens=1,
+                                status="sent", created_at=2001.0)  # fmt: skip
+        assert await store.messages_since(1500.0) == {"user": 1, "assistant": 1}
+        assert await store.known_platform_ids("mesh", ["d-1", "d-2"], since=1000.0) == {"d-1"}
+        assert await store.known_platform_ids("mesh", ["d-1"], since=3000.0) == set()
+    finally:
+        await store.close()
