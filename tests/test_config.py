@@ -49,7 +49,7 @@ def test_many_problems_one_message(tmp_path: Path) -> None:
     msg = str(err.value)
     assert msg.startswith(f"{path}: invalid configuration (4 problem(s))")
     assert "llm.modle: unknown key. Fix: did you mean 'model'?" in msg
-    assert "llm.read_timeout: Input should be greater than 0 (got -1)" in msg
+    assert "llm.read_timeout: must be greater than 0 (got -1)" in msg
     assert "bot.queue_limit:" in msg and "'lots'" in msg
     assert "meshtastic.port:" in msg
 
@@ -57,7 +57,7 @@ def test_many_problems_one_message(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("llm: [1, 2]\n", "llm: Input should be a valid dictionary"),
+        ("llm: [1, 2]\n", "llm: must be a section: indented key: value lines under it"),
         ("- a\n- b\n", "the top level must be a mapping"),
         ("llm:\n  base_url: localhost:11434\n", "must start with http:// or https://"),
         ("llm: {base_url: 'http://x'\n", "not valid YAML"),
