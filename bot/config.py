@@ -516,7 +516,9 @@ def _plain(kind: str, ctx: Mapping[str, Any], msg: str) -> str:
         "too_long": "must have at most {max_length} items",
     }
     if kind in bounds:
-        shown = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in ctx.items()}
+        shown = {
+            k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in ctx.items()
+        }
         with contextlib.suppress(KeyError, IndexError):
             return bounds[kind].format(**shown)
     if kind == "literal_error" and "expected" in ctx:

@@ -91,7 +91,10 @@ def test_example_config_is_valid() -> None:
 
 
 def test_check_config_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    good = _write(tmp_path, "llm:\n  model: qwen2.5:1.5b\n")
+    good = _write(
+        tmp_path,
+        "llm:\n  model: qwen2.5:1.5b\nmeshtastic:\n  connection: tcp\n  host: 192.0.2.1\n",
+    )
     assert main(["check-config", str(good)]) == 0
     assert "OK" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"

@@ -40,8 +40,9 @@ import numpy as np
 
 from bot.domain import ConversationKey
 from bot.errors import StorageError
-from bot.memory.schema import FTS_STRIDE, migrate
+from bot.memory.schema import FTS_STRIDE, MIGRATIONS, applied_migrations, migrate
 from bot.memory.vectors import VectorCache, VectorMatrix, pack, unit
+from bot.ops.files import private_dir, private_file, tighten_if_present
 
 log = logging.getLogger("bot.memory")
 
@@ -123,7 +124,7 @@ class SqliteStore:
     async def open(cls, path: Path) -> SqliteStore:
         path = Path(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(path.parent)
         except OSError as exc:
             raise StorageError(
                 f"cannot create the state directory {path.parent} ({exc.strerror}). "
@@ -142,6 +143,10 @@ class SqliteStore:
             )
         db: aiosqlite.Connection | None = None
         try:
+            # 0600 before SQLite opens it: the -wal and -shm files copy the database's mode.
+            private_file(path)
+            for suffix in ("-wal", "-shm"):
+                tighten_if_present(path.with_name(path.name + suffix))
             db = await aiosqlite.connect(path, isolation_level=None)
             await db.execute("PRAGMA busy_timeout = 5000")
             mode = await (await db.execute("PRAGMA journal_mode = WAL")).fetchone()
@@ -157,6 +162,10 @@ class SqliteStore:
                 "PRAGMA wal_autocheckpoint = 0",
             ):
                 await db.execute(pragma)
+            done = await applied_migrations(db)
+            todo = [name for name, _ in MIGRATIONS if name not in done]
+            if done and todo:  # an upgrade: keep the old database until the new one works
+                await _backup_before_upgrade(db, path, todo[0])
             applied = await migrate(db)
             if applied:
                 log.info("database %s migrated: %s", path, ", ".join(applied))
@@ -670,6 +679,18 @@ class SqliteStore:
                 if wal.stat().st_size > WAL_FORCE_BYTES:
                     await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
+    async def ping(self) -> None:
+        """One trivial query through the lock and the connection's thread (the watchdog's
+        proof that the store is not wedged)."""
+        await self._one("SELECT 1")
+
+    async def messages_since(self, since: float) -> dict[str, int]:
+        """Messages per role created at or after ``since`` (the status file's daily counts)."""
+        rows = await self._all(
+            "SELECT role, count(*) FROM messages WHERE created_at >= ? GROUP BY role", (since,)
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
+
     async def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for table in ("conversations", "messages", "summaries", "facts"):
@@ -694,6 +715,17 @@ class SqliteStore:
             if n < batch:
                 return total
             await asyncio.sleep(0)
+
+
+async def _backup_before_upgrade(db: aiosqlite.Connection, path: Path, first: str) -> None:
+    target = path.with_name(f"{path.name}.before-{first}.bak")
+    private_file(target)
+    copy = sqlite3.connect(target, check_same_thread=False)
+    try:
+        await db.backup(copy)
+    finally:
+        copy.close()
+    log.info("database %s: backup before migration %s written to %s", path, first, target)
 
 
 def _explain_db_error(path: Path, exc: sqlite3.DatabaseError) -> str:
