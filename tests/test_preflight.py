@@ -112,7 +112,9 @@ def test_chat_may_pipe_a_script_into_the_console(
 def test_check_config_reads_meshsage_config_and_names_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for key, value in _env(tmp_path, "meshtastic: {connection: tcp, host: 192.0.2.1}\n", {}).items():
+    for key, value in _env(
+        tmp_path, "meshtastic: {connection: tcp, host: 192.0.2.1}\n", {}
+    ).items():
         monkeypatch.setenv(key, value)
     assert main(["check-config", "-v"]) == 0
     out = capsys.readouterr().out

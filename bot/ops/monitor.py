@@ -96,7 +96,7 @@ class Monitor:
                 self._store.messages_since(_local_midnight(now)), self._store_timeout
             )
         except TimeoutError:
-            problems.append(f"the database did not answer within {self._store_timeout:.0f} s")
+            problems.append(f"the database did not answer within {self._store_timeout:g} s")
         except Exception as exc:  # health boundary: any store failure is a health problem
             problems.append(f"the database failed a trivial query ({exc})")
         transports = {}
