@@ -71,6 +71,7 @@ class App:
     last_error: LastError = field(default_factory=LastError)
     monitor: Monitor | None = None
     _monitor_task: asyncio.Task[None] | None = None
+    _hurry: asyncio.Event = field(default_factory=asyncio.Event)
     _close_llm: OpenAICompatLLM | None = None
     _close_embedder: OpenAICompatEmbedder | None = None
     _maintenance: asyncio.Task[None] | None = None
@@ -145,6 +146,20 @@ class App:
         finally:
             await self.close()
 
+    def hurry(self) -> None:
+        """Stop waiting for turns in flight (a second Ctrl-C); they are cut off and answered
+        at the next start (their messages stay pending)."""
+        self._hurry.set()
+
+    async def _drain(self) -> None:
+        drainer = asyncio.create_task(self.responder.drain(timeout=DRAIN_SECONDS))
+        hurry = asyncio.create_task(self._hurry.wait())
+        await asyncio.wait([drainer, hurry], return_when=asyncio.FIRST_COMPLETED)
+        hurry.cancel()
+        if not drainer.done():
+            await self.responder.drain(timeout=0)  # cancels what is still running
+        await drainer
+
     async def _all_closed(self) -> None:
         await asyncio.gather(*(t.wait_closed() for t in self.transports))
 
@@ -161,7 +176,7 @@ class App:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
-        await self.responder.drain(timeout=DRAIN_SECONDS)
+        await self._drain()
         for transport in self.transports:
             try:
                 await transport.stop()
@@ -299,6 +314,7 @@ def _build_transport(
             max_tokens=cc.max_tokens,
             wait_idle=app.responder.wait_idle,
             export_dir=config.database_path.parent / "exports",
+            history_file=config.database_path.parent / "console_history",
             stdin=stdin,
             stdout=stdout,
         )

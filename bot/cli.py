@@ -200,9 +200,9 @@ async def _serve(
     started = time.monotonic()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    main_task = asyncio.current_task()
     app = await build(config, env=env, only=only)
     interrupts = 0
+    hurried = asyncio.Event()
 
     def on_sigint() -> None:
         nonlocal interrupts
@@ -216,9 +216,14 @@ async def _serve(
                     file=sys.stderr,
                     flush=True,
                 )
-        elif main_task is not None:
-            print("\n(stopping now)", file=sys.stderr, flush=True)
-            main_task.cancel()
+        else:
+            print(
+                "\n(stopping now; unanswered messages are answered at the next start)",
+                file=sys.stderr,
+                flush=True,
+            )
+            app.hurry()
+            hurried.set()
 
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -229,9 +234,8 @@ async def _serve(
         config.llm.base_url,
         config.database_path,
     )
-    try:
-        ended = await app.run(stop)
-    except asyncio.CancelledError:
+    ended = await app.run(stop)
+    if hurried.is_set():
         return 130
     names = [t.name for t in app.transports]
     log.info("ran for %.1f s", time.monotonic() - started)
