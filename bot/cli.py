@@ -100,7 +100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "doctor":
             from bot.ops.doctor import run_doctor
 
-            return asyncio.run(run_doctor(config_path=args.config, env=env, out=print))
+            return asyncio.run(
+                run_doctor(
+                    config_path=args.config, env=env, out=print, interactive=_isatty(sys.stdin)
+                )
+            )
         config = load_config(args.config, env=env)
         interactive = _isatty(sys.stdin)
         if args.command in ("run", "chat"):

@@ -143,14 +143,14 @@ async def test_an_upgrade_backs_the_database_up_before_migrating(tmp_path: Path)
     await store.close()
     saved = path.with_name(f"meshsage.db.before-{MIGRATIONS[1][0]}.bak")
     assert saved.exists() and _mode(saved) == 0o600
-    db = sqlite3.connect(saved)
+    copy = sqlite3.connect(saved)
     try:
-        assert [r[0] for r in db.execute("SELECT name FROM schema_migrations")] == [
+        assert [r[0] for r in copy.execute("SELECT name FROM schema_migrations")] == [
             MIGRATIONS[0][0]
         ]
-        assert db.execute("SELECT count(*) FROM conversations").fetchone()[0] == 1
+        assert copy.execute("SELECT count(*) FROM conversations").fetchone()[0] == 1
     finally:
-        db.close()
+        copy.close()
 
 
 async def test_state_files_are_private_whatever_the_umask(

@@ -14,17 +14,18 @@ from __future__ import annotations
 import asyncio
 import glob
 import grp
+import json
 import os
 import shutil
 import sqlite3
 import stat
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-
-import httpx
 
 from bot.config import Config, LLMConfig, MeshtasticConfig, default_state_dir, load_config
 from bot.errors import ConfigError
@@ -211,95 +212,74 @@ def check_database(path: Path) -> Check:
 
 # --- LLM and tokenizer --------------------------------------------------------------------------
 async def check_llm(llm: LLMConfig, *, env: Mapping[str, str]) -> list[Check]:
-    key = env.get(llm.api_key_env, "") if llm.api_key_env else ""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    timeout = httpx.Timeout(CHECK_TIMEOUT, connect=llm.connect_timeout)
-    async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
+    """The model list (``/models``) and one tiny completion, through the same openai client
+    the bot uses (so proxies, TLS and the API key behave the same)."""
+    import openai
+
+    from bot.llm.openai_compat import describe_error
+
+    key = (env.get(llm.api_key_env) if llm.api_key_env else None) or "not-needed"
+    client = openai.AsyncOpenAI(
+        base_url=llm.base_url,
+        api_key=key,
+        max_retries=0,
+        timeout=openai.Timeout(CHECK_TIMEOUT, connect=llm.connect_timeout),
+    )
+    try:
         try:
-            resp = await client.get(f"{llm.base_url}/models")
-        except httpx.HTTPError as exc:
+            models = [m.id async for m in client.models.list()]
+        except openai.AuthenticationError:
             return [
-                Check(
-                    "llm",
-                    Level.FAIL,
-                    f"cannot reach {llm.base_url} ({_why(exc)})",
-                    "start the server (Ollama: sudo systemctl start ollama) or fix llm.base_url "
-                    "/ MESHSAGE_LLM_BASE_URL",
-                ),
-                Check("llm completion", Level.SKIP, "server unreachable"),
-            ]
-        if resp.status_code in (401, 403):
-            return [
-                Check(
-                    "llm",
-                    Level.FAIL,
-                    f"{llm.base_url} refused the API key (HTTP {resp.status_code})",
-                    f"put a valid key in {llm.api_key_env}",
-                ),
+                Check("llm", Level.FAIL, f"{llm.base_url} refused the API key",
+                      f"put a valid key in {llm.api_key_env}"),
                 Check("llm completion", Level.SKIP, "not authorised"),
-            ]
-        models: list[str] = []
-        if resp.status_code == 200:
-            try:
-                models = [str(m.get("id")) for m in resp.json().get("data", [])]
-            except (ValueError, AttributeError):
-                models = []
-        out = []
+            ]  # fmt: skip
+        except openai.NotFoundError:
+            models = []  # some servers have no /models; the completion below still tells
+        except (openai.APIError, TimeoutError) as exc:
+            return [
+                Check("llm", Level.FAIL, f"cannot reach {llm.base_url} ({describe_error(exc)})",
+                      "start the server (Ollama: sudo systemctl start ollama) or correct "
+                      "llm.base_url / MESHSAGE_LLM_BASE_URL"),
+                Check("llm completion", Level.SKIP, "server unreachable"),
+            ]  # fmt: skip
         if models and llm.model not in models:
-            out.append(
-                Check(
-                    "llm",
-                    Level.FAIL,
-                    f"{llm.base_url} has no model {llm.model!r} (it has: "
-                    f"{', '.join(models[:8]) or 'none'})",
-                    f"pull it (Ollama: ollama pull {llm.model}) or set llm.model to one of those",
-                )
-            )
-            out.append(Check("llm completion", Level.SKIP, "model missing"))
-            return out
-        listed = "listed" if models else "not listed (server has no /models), trying it"
-        out.append(Check("llm", Level.OK, f"{llm.base_url} reachable; model {llm.model} {listed}"))
+            return [
+                Check("llm", Level.FAIL,
+                      f"{llm.base_url} has no model {llm.model!r} (it has: "
+                      f"{', '.join(models[:8])})",
+                      f"pull it (Ollama: ollama pull {llm.model}) or set llm.model to one "
+                      "of those"),
+                Check("llm completion", Level.SKIP, "model missing"),
+            ]  # fmt: skip
+        listed = "listed" if models else "not listed (the server has no /models)"
+        out = [Check("llm", Level.OK, f"{llm.base_url} reachable; model {llm.model} {listed}")]
         started = time.monotonic()
         try:
-            reply = await client.post(
-                f"{llm.base_url}/chat/completions",
-                json={
-                    "model": llm.model,
-                    "messages": [{"role": "user", "content": "Reply with the word OK."}],
-                    "max_tokens": 8,
-                    "stream": False,
-                },
+            resp = await client.chat.completions.create(
+                model=llm.model,
+                messages=[{"role": "user", "content": "Reply with the word OK."}],
+                max_tokens=8,
             )
-            reply.raise_for_status()
-            text = reply.json()["choices"][0]["message"].get("content") or ""
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        except (openai.APIError, TimeoutError) as exc:
             out.append(
-                Check(
-                    "llm completion",
-                    Level.FAIL,
-                    f"a tiny completion failed ({_why(exc)})",
-                    f"check the server's log; with Ollama: ollama run {llm.model} hi",
-                )
-            )
+                Check("llm completion", Level.FAIL,
+                      f"a tiny completion failed ({describe_error(exc)})",
+                      f"check the server's log; with Ollama: ollama run {llm.model} hi")
+            )  # fmt: skip
             return out
         took = time.monotonic() - started
-        level = Level.OK if text.strip() else Level.WARN
-        out.append(
-            Check(
-                "llm completion",
-                level,
-                f"answered in {took:.1f} s ({len(text)} characters)"
-                + ("" if text.strip() else "; the answer was empty"),
-                "" if text.strip() else "try another model",
-            )
-        )
+        text = (resp.choices[0].message.content if resp.choices else None) or ""
+        if not text.strip():
+            out.append(Check("llm completion", Level.WARN,
+                             f"answered in {took:.1f} s, but the answer was empty",
+                             "try another model (some need more than 8 tokens)"))  # fmt: skip
+        else:
+            out.append(Check("llm completion", Level.OK,
+                             f"answered in {took:.1f} s ({len(text)} characters)"))  # fmt: skip
         return out
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, httpx.HTTPStatusError):
-        return f"HTTP {exc.response.status_code}"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    finally:
+        await client.close()
 
 
 def check_tokenizer() -> Check:
@@ -425,42 +405,40 @@ def _modemmanager_holding(device: str) -> list[int]:
 # --- Discord and disk ---------------------------------------------------------------------------
 async def check_discord(token: str, *, var: str, api: str) -> Check:
     if not token.strip():
-        return Check(
-            "discord",
-            Level.FAIL,
-            f"{var} is not set",
-            f"put the bot token in {var} (systemd: /etc/meshsage/env; see docs/discord.md)",
-        )
+        return Check("discord", Level.FAIL, f"{var} is not set",
+                     f"put the bot token in {var} (systemd: /etc/meshsage/env; see "
+                     "docs/discord.md)")  # fmt: skip
+    status, body = await asyncio.to_thread(_get_me, api, token)
+    if status == 0:
+        return Check("discord", Level.FAIL, f"cannot reach Discord ({body})",
+                     "check the network and DNS (the bot needs HTTPS to discord.com)")  # fmt: skip
+    if status == 401:
+        return Check("discord", Level.FAIL, f"Discord rejected the token in {var} (401)",
+                     "reset the token in the Developer Portal (Bot -> Reset Token) and put the "
+                     f"new one in {var}")  # fmt: skip
+    if status != 200:
+        return Check("discord", Level.FAIL, f"Discord answered HTTP {status}",
+                     "try again later; see https://discordstatus.com")  # fmt: skip
     try:
-        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT) as client:
-            resp = await client.get(f"{api}/users/@me", headers={"Authorization": f"Bot {token}"})
-    except httpx.HTTPError as exc:
-        return Check(
-            "discord",
-            Level.FAIL,
-            f"cannot reach Discord ({_why(exc)})",
-            "check the network and DNS (the bot needs HTTPS to discord.com)",
-        )
-    if resp.status_code == 401:
-        return Check(
-            "discord",
-            Level.FAIL,
-            f"Discord rejected the token in {var} (401)",
-            "reset the token in the Developer Portal (Bot -> Reset Token) and put the "
-            f"new one in {var}",
-        )
-    if resp.status_code != 200:
-        return Check(
-            "discord",
-            Level.FAIL,
-            f"Discord answered HTTP {resp.status_code}",
-            "try again later; see https://discordstatus.com",
-        )
-    try:
-        name = str(resp.json().get("username", "?"))
-    except ValueError:
+        name = str(json.loads(body).get("username", "?"))
+    except (ValueError, AttributeError):
         name = "?"
     return Check("discord", Level.OK, f"token accepted (bot user {name})")
+
+
+def _get_me(api: str, token: str) -> tuple[int, str]:
+    """(HTTP status, body) of GET /users/@me; (0, reason) when there was no answer."""
+    request = urllib.request.Request(
+        f"{api}/users/@me",
+        headers={"Authorization": f"Bot {token}", "User-Agent": "meshsage-doctor"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=CHECK_TIMEOUT) as resp:
+            return int(resp.status), resp.read(65536).decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), ""
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(getattr(exc, "reason", exc))
 
 
 def check_disk(path: Path) -> Check:
