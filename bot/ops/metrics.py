@@ -11,6 +11,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -36,7 +37,7 @@ class Latencies:
         if not self._seconds:
             return None
         ordered = sorted(self._seconds)
-        rank = max(1, min(len(ordered), round(p / 100 * len(ordered) + 0.5)))
+        rank = max(1, min(len(ordered), math.ceil(p / 100 * len(ordered))))
         return ordered[rank - 1]
 
 
