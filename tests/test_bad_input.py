@@ -212,7 +212,9 @@ async def test_hanging_llm_gets_the_apology_and_keeps_the_question(
     cfg.write_text(
         f"state_dir: {tmp_path / 'state'}\n"
         f"llm:\n  base_url: {fake_llm.base_url}\n  model: fake\n  retries: 1\n"
-        "  retry_backoff: 0.01\n  read_timeout: 0.3\n  connect_timeout: 1\n",
+        # Generous: the second, healthy turn must answer within the read timeout even on a
+        # busy machine (0.3 s failed there); the hanging turns still time out (30 s sleeps).
+        "  retry_backoff: 0.01\n  read_timeout: 3\n  connect_timeout: 2\n",
         encoding="utf-8",
     )
     transport = FakeTransport()
