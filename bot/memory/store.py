@@ -36,12 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
-import numpy as np
 
 from bot.domain import ConversationKey
 from bot.errors import StorageError
 from bot.memory.schema import FTS_STRIDE, MIGRATIONS, applied_migrations, migrate
-from bot.memory.vectors import VectorCache, VectorMatrix, pack, unit
+from bot.memory.vectors import VectorCache, VectorMatrix, as_vectors, pack, unit
 from bot.ops.files import private_dir, private_file, tighten_if_present
 
 log = logging.getLogger("bot.memory")
@@ -541,7 +540,7 @@ class SqliteStore:
                     cid,
                     model=items[0][1],
                     ids=[mid for mid, _, _ in items],
-                    vectors=np.asarray([vec for _, _, vec in items], dtype=np.float32),
+                    vectors=as_vectors([vec for _, _, vec in items]),
                 )
         return stored
 
@@ -577,7 +576,7 @@ class SqliteStore:
         """(message id, cosine similarity) best first, among this conversation's messages with
         after_id < id < before_id that have a vector from ``model``. Never reads another
         conversation's vectors; the conversation's matrix is cached between calls."""
-        q = unit(np.asarray(query, dtype=np.float32))
+        q = unit(as_vectors(query))
         if limit <= 0 or q.ndim != 1 or not q.any():
             return []
         async with self._lock:
