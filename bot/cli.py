@@ -51,7 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"meshsage {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", parents=[cfg], help="run the configured transports until SIGTERM")
+    run = sub.add_parser("run", parents=[cfg], help="run the configured transports until SIGTERM")
+    run.add_argument(
+        "--hold-on-config-error",
+        action="store_true",
+        help="on a bad config, print the fix and wait for SIGTERM instead of exiting "
+        "(containers: no restart loop)",
+    )
     sub.add_parser("chat", parents=[cfg], help="chat with the bot in this terminal")
     check = sub.add_parser(
         "check-config", parents=[common, envf], help="validate a config the way `run` would"
@@ -129,11 +135,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "memory":
             return asyncio.run(_memory_show(config, args))
     except MeshsageError as exc:
-        print(f"meshsage: {exc}", file=sys.stderr)
+        print(f"meshsage: {exc}", file=sys.stderr, flush=True)
+        if isinstance(exc, ConfigError) and getattr(args, "hold_on_config_error", False):
+            _hold()
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
     return 2
+
+
+def _hold() -> None:
+    """Wait for SIGTERM/SIGINT after a config error (a container would otherwise restart-loop,
+    repeating the message until it scrolls away)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(ConfigError.exit_code))
+    print(
+        "meshsage: waiting; fix the config, then restart the container (docker restart ...)",
+        file=sys.stderr,
+        flush=True,
+    )
+    while True:
+        signal.pause()
 
 
 def read_env_file(path: Path) -> dict[str, str]:

@@ -365,7 +365,7 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None
     source = "<defaults>"
     if path is not None:
         source = str(path)
-        raw = _read_yaml(Path(path))
+        raw = _read_yaml(Path(path), from_env=path == env.get(ENV_CONFIG))
     for section in ("console", "meshtastic", "discord"):
         if section in raw and raw[section] is None:
             raw[section] = {}  # "meshtastic:" with nothing under it means "on, with defaults"
@@ -379,10 +379,17 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None
     return config
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path, *, from_env: bool = False) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        if from_env:
+            raise ConfigError(
+                f"{path}: file not found (environment variable {ENV_CONFIG} names it). Fix: "
+                "create it from config.example.yaml (systemd/install.sh writes one); in a "
+                "container, mount the directory holding config.yaml, e.g. "
+                '-v "$PWD/config:/config:ro".'
+            ) from None
         raise ConfigError(
             f"{path}: file not found. Fix: pass an existing file, or copy config.example.yaml "
             "to it, or run without --config to use the defaults."
