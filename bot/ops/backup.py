@@ -150,7 +150,18 @@ def restore(source: Path, database: Path) -> tuple[BackupReport, Path | None]:
         for suffix in ("-wal", "-shm"):
             database.with_name(database.name + suffix).unlink(missing_ok=True)
         os.replace(incoming, database)
+        _same_owner_as_dir(database)
+        if saved is not None:
+            _same_owner_as_dir(saved)
         return BackupReport(database, report.bytes, report.messages), saved
+
+
+def _same_owner_as_dir(path: Path) -> None:
+    """A restore run as root must leave files the service user (the state dir's owner) can
+    write, or the bot could not open its own database."""
+    if os.geteuid() == 0:
+        st = path.parent.stat()
+        os.chown(path, st.st_uid, st.st_gid)
 
 
 def _require_intact(db: sqlite3.Connection, path: Path) -> None:
