@@ -172,7 +172,7 @@ def test_compose_example_wires_ollama_radio_and_grace_period() -> None:
 def test_every_file_the_dockerfile_and_compose_cite_exists() -> None:
     for name in ("Dockerfile", "docker-compose.example.yml", "config.example.yaml", "README.md"):
         text = (REPO / name).read_text(encoding="utf-8")
-        for cited in re.findall(r"\b((?:docs|systemd)/[\w./-]+\.(?:md|sh|service))", text):
+        for cited in re.findall(r"(?<![/\w])((?:docs|systemd)/[\w./-]+\.(?:md|sh|service))", text):
             assert (REPO / cited).exists(), f"{name} cites {cited}"
 
 

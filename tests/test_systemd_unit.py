@@ -130,7 +130,8 @@ def test_runs_the_console_script_from_the_install_venv(unit: list[Entry]) -> Non
     assert "meshsage" in scripts
     assert one(unit, "Service", "ExecStart") == "/opt/meshsage/.venv/bin/meshsage run"
     assert "VENV=$PREFIX/.venv" in INSTALL.read_text(encoding="utf-8")
-    assert "PREFIX=/opt/meshsage" in INSTALL.read_text(encoding="utf-8")
+    assert "PREFIX=$ROOT/opt/meshsage" in INSTALL.read_text(encoding="utf-8")
+    assert "ROOT=${MESHSAGE_ROOT:-}" in INSTALL.read_text(encoding="utf-8")  # empty: a real install
 
 
 def test_environment_points_the_bot_at_config_state_and_secrets(unit: list[Entry]) -> None:
@@ -182,7 +183,7 @@ def test_state_is_private(unit: list[Entry]) -> None:
 
 def test_every_file_the_unit_cites_exists() -> None:
     text = UNIT.read_text(encoding="utf-8")
-    for cited in re.findall(r"\b((?:docs|systemd)/[\w./-]+\.(?:md|sh|service))", text):
+    for cited in re.findall(r"(?<![/\w])((?:docs|systemd)/[\w./-]+\.(?:md|sh|service))", text):
         assert (REPO / cited).exists(), cited
 
 
