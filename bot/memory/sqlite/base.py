@@ -1,0 +1,172 @@
+"""The SQLite connection every store table family shares: open (checks, pragmas, migrations),
+close, transactions and small query helpers.
+
+Invariants:
+- Every write holds ``self._lock`` and multi-statement writes run in one explicit transaction,
+  so coroutines sharing the connection never interleave inside each other's transactions.
+- State files are private: ``open`` makes the directory 0700 and the database (and so its
+  WAL/SHM, which copy its mode) 0600, whatever the umask.
+- An upgrade (migrations pending on a database that has some applied) first writes
+  ``<db>.before-<migration>.bak`` with SQLite's backup API.
+- ``open`` refuses a damaged file (header or pages, via ``quick_check``), a read-only file or
+  an unwritable state directory with a ``StorageError`` that says how to fix it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Self
+
+import aiosqlite
+
+from bot.errors import StorageError
+from bot.memory.schema import MIGRATIONS, applied_migrations, migrate
+from bot.memory.vectors import VectorCache
+from bot.ops.files import private_dir, private_file, tighten_if_present
+
+log = logging.getLogger("bot.memory")
+
+
+class SqliteBase:
+    """Open with ``await SqliteStore.open(path)``; close with ``await store.close()``."""
+
+    def __init__(self, *, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+        self._lock = asyncio.Lock()
+        self._vectors = VectorCache()
+        self._data_version: int | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+    @classmethod
+    async def open(cls, path: Path) -> Self:
+        path = Path(path)
+        try:
+            private_dir(path.parent)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot create the state directory {path.parent} ({exc.strerror}). "
+                "Fix: create it and make it writable by this user, or set MESHSAGE_STATE_DIR "
+                "(or state_dir in the config) to a writable directory."
+            ) from None
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            raise StorageError(
+                f"the state directory {path.parent} is not writable. Fix: "
+                f"chown/chmod it for this user, or set MESHSAGE_STATE_DIR to a writable directory."
+            )
+        if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+            raise StorageError(
+                f"the database {path} is read-only for this user. Fix: make the file and its "
+                "directory writable for this user (chown/chmod); the bot stores every message."
+            )
+        db: aiosqlite.Connection | None = None
+        try:
+            # 0600 before SQLite opens it: the -wal and -shm files copy the database's mode.
+            private_file(path)
+            for suffix in ("-wal", "-shm"):
+                tighten_if_present(path.with_name(path.name + suffix))
+            db = await aiosqlite.connect(path, isolation_level=None)
+            await db.execute("PRAGMA busy_timeout = 5000")
+            mode = await (await db.execute("PRAGMA journal_mode = WAL")).fetchone()
+            if mode is None or str(mode[0]).lower() != "wal":
+                log.warning("journal_mode is %s, not WAL", mode)
+            for pragma in (
+                "PRAGMA foreign_keys = ON",
+                "PRAGMA synchronous = NORMAL",
+                "PRAGMA secure_delete = ON",
+                "PRAGMA temp_store = MEMORY",
+                # Checkpoints happen in tidy(), between turns, instead of inside a reply's
+                # commit; tidy() forces one if the WAL still grows past WAL_FORCE_BYTES.
+                "PRAGMA wal_autocheckpoint = 0",
+            ):
+                await db.execute(pragma)
+            done = await applied_migrations(db)
+            todo = [name for name, _ in MIGRATIONS if name not in done]
+            if done and todo:  # an upgrade: keep the old database until the new one works
+                await _backup_before_upgrade(db, path, todo[0])
+            applied = await migrate(db)
+            if applied:
+                log.info("database %s migrated: %s", path, ", ".join(applied))
+            # quick_check reports damage as a row, not an exception: a file with a good header
+            # but broken pages would otherwise open and fail on the first message.
+            check = await (await db.execute("PRAGMA quick_check(1)")).fetchone()
+            if check is None or check[0] != "ok":
+                problem = " ".join(str(check[0]).split()) if check else "no result"
+                raise sqlite3.DatabaseError(f"database disk image is malformed: {problem}")
+            await db.execute("BEGIN IMMEDIATE")  # prove we can write before taking messages
+            await db.execute("ROLLBACK")
+        except sqlite3.DatabaseError as exc:
+            if db is not None:
+                await db.close()
+            raise StorageError(_explain_db_error(path, exc)) from None
+        return cls(db=db, path=path)
+
+    async def close(self) -> None:
+        async with self._lock:
+            self._vectors.clear()
+            with contextlib.suppress(sqlite3.Error):  # advisory; closing must still happen
+                await self._db.execute("PRAGMA optimize")
+            await self._db.close()
+
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[aiosqlite.Connection]:
+        async with self._lock:
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+            else:
+                await self._db.execute("COMMIT")
+
+    async def ping(self) -> None:
+        """One trivial query through the lock and the connection's thread (the watchdog's
+        proof that the store is not wedged)."""
+        await self._one("SELECT 1")
+
+    async def _all(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        async with self._lock:
+            return list(await self._db.execute_fetchall(sql, tuple(params)))
+
+    async def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        rows = await self._all(sql, params)
+        return rows[0] if rows else None
+
+
+async def _backup_before_upgrade(db: aiosqlite.Connection, path: Path, first: str) -> None:
+    target = path.with_name(f"{path.name}.before-{first}.bak")
+    private_file(target)
+    copy = sqlite3.connect(target, check_same_thread=False)
+    try:
+        await db.backup(copy)
+    finally:
+        copy.close()
+    log.info("database %s: backup before migration %s written to %s", path, first, target)
+
+
+def _explain_db_error(path: Path, exc: sqlite3.DatabaseError) -> str:
+    text = str(exc)
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return (
+            f"the database {path} is damaged ({text}). Fix: stop the bot, move the file aside "
+            "(keep it for recovery: `sqlite3 FILE .recover`), and start again to create a new one."
+        )
+    if "readonly" in text or "read-only" in text:
+        return (
+            f"the database {path} cannot be written ({text}). Fix: make the file and its "
+            "directory writable for this user."
+        )
+    if "unable to open" in text:
+        return (
+            f"cannot open the database {path} ({text}). Fix: check that the state directory "
+            "exists and is writable, or set MESHSAGE_STATE_DIR."
+        )
+    return f"database error on {path}: {text}. Fix: check the file and its directory."

@@ -1,0 +1,78 @@
+"""Summaries and facts: derived from the raw log, each recording what it covers.
+
+Invariants:
+- A summary computed before a ``!reset`` is refused at save time, inside the same transaction.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bot.memory.records import Conversation, Fact, Summary
+from bot.memory.sqlite.base import SqliteBase
+
+
+class DerivedMixin(SqliteBase):
+    # --- summaries --------------------------------------------------------------------------
+    async def latest_summary(self, conversation: Conversation) -> Summary | None:
+        row = await self._one(
+            "SELECT id, text, first_message_id, last_message_id, tokens, created_at "
+            "FROM summaries WHERE conversation_id = ? AND first_message_id > ? "
+            "ORDER BY id DESC LIMIT 1",
+            (conversation.id, conversation.reset_after),
+        )
+        return None if row is None else Summary(*row)
+
+    async def save_summary(
+        self,
+        conversation_id: int,
+        *,
+        text: str,
+        first_message_id: int,
+        last_message_id: int,
+        tokens: int,
+    ) -> bool:
+        """Store a summary unless a reset happened after ``first_message_id`` was chosen."""
+        async with self._tx() as db:
+            cur = await db.execute(
+                "SELECT reset_after FROM conversations WHERE id = ?", (conversation_id,)
+            )
+            row = await cur.fetchone()
+            if row is None or first_message_id <= row[0]:
+                return False
+            await db.execute(
+                "INSERT INTO summaries (conversation_id, text, first_message_id, "
+                "last_message_id, tokens, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation_id, text, first_message_id, last_message_id, tokens, time.time()),
+            )
+            # Older summaries are superseded; keep the log as the record, not stale digests.
+            await db.execute(
+                "DELETE FROM summaries WHERE conversation_id = ? AND id < last_insert_rowid()",
+                (conversation_id,),
+            )
+            return True
+
+    # --- facts ------------------------------------------------------------------------------
+    async def facts(self, conversation_id: int) -> list[Fact]:
+        rows = await self._all(
+            "SELECT id, text, tokens, created_at FROM facts WHERE conversation_id = ? ORDER BY id",
+            (conversation_id,),
+        )
+        return [Fact(*r) for r in rows]
+
+    async def add_fact(self, conversation_id: int, *, text: str, tokens: int) -> int:
+        async with self._tx() as db:
+            cur = await db.execute(
+                "INSERT INTO facts (conversation_id, text, tokens, created_at) VALUES (?, ?, ?, ?)",
+                (conversation_id, text, tokens, time.time()),
+            )
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    async def remove_fact(self, conversation_id: int, fact_id: int) -> bool:
+        async with self._tx() as db:
+            cur = await db.execute(
+                "DELETE FROM facts WHERE conversation_id = ? AND id = ?",
+                (conversation_id, fact_id),
+            )
+            return cur.rowcount > 0

@@ -1,0 +1,236 @@
+"""Conversations and the raw message log (the ground truth).
+
+Invariants:
+- ``reset_after`` on a conversation hides everything up to that message id from context
+  (window, summaries, retrieval); messages are never edited except their delivery status and
+  platform id.
+- ``add_message(answers=...)`` marks the question answered in the same transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from bot.domain import ConversationKey
+from bot.memory.records import MSG_COLS, Conversation, StoredMessage, msg_from_row
+from bot.memory.schema import FTS_STRIDE
+from bot.memory.sqlite.base import SqliteBase
+
+
+class MessagesMixin(SqliteBase):
+    # --- conversations ----------------------------------------------------------------------
+    async def conversation(self, key: ConversationKey) -> Conversation:
+        """Get or create the conversation for ``key``."""
+        row = await self._one(
+            "SELECT id, reset_after FROM conversations "
+            "WHERE transport = ? AND person = ? AND space = ?",
+            (key.transport, key.person, key.space),
+        )
+        if row is None:
+            async with self._tx() as db:
+                await db.execute(
+                    "INSERT OR IGNORE INTO conversations (transport, person, space, created_at) "
+                    "VALUES (?, ?, ?, ?)",
+                    (key.transport, key.person, key.space, time.time()),
+                )
+                cur = await db.execute(
+                    "SELECT id, reset_after FROM conversations "
+                    "WHERE transport = ? AND person = ? AND space = ?",
+                    (key.transport, key.person, key.space),
+                )
+                row = await cur.fetchone()
+        assert row is not None
+        return Conversation(id=row[0], key=key, reset_after=row[1])
+
+    async def find_conversation(self, key: ConversationKey) -> Conversation | None:
+        row = await self._one(
+            "SELECT id, reset_after FROM conversations "
+            "WHERE transport = ? AND person = ? AND space = ?",
+            (key.transport, key.person, key.space),
+        )
+        return None if row is None else Conversation(id=row[0], key=key, reset_after=row[1])
+
+    async def conversations_of(self, transport: str, person: str) -> list[Conversation]:
+        rows = await self._all(
+            "SELECT id, space, reset_after FROM conversations "
+            "WHERE transport = ? AND person = ? ORDER BY id",
+            (transport, person),
+        )
+        return [Conversation(r[0], ConversationKey(transport, person, r[1]), r[2]) for r in rows]
+
+    async def reset(self, conversation_id: int) -> int:
+        """Start a fresh conversation: everything so far leaves the context. Returns the mark."""
+        async with self._tx() as db:
+            cur = await db.execute(
+                "SELECT coalesce(max(id), 0) FROM messages WHERE conversation_id = ?",
+                (conversation_id,),
+            )
+            row = await cur.fetchone()
+            mark = int(row[0]) if row else 0
+            await db.execute(
+                "UPDATE conversations SET reset_after = max(reset_after, ?) WHERE id = ?",
+                (mark, conversation_id),
+            )
+        return mark
+
+    async def reset_mark(self, conversation_id: int) -> int:
+        row = await self._one(
+            "SELECT reset_after FROM conversations WHERE id = ?", (conversation_id,)
+        )
+        return int(row[0]) if row else 0
+
+    # --- messages ---------------------------------------------------------------------------
+    async def add_message(
+        self,
+        conversation_id: int,
+        *,
+        role: str,
+        author: str,
+        text: str,
+        tokens: int,
+        status: str,
+        created_at: float | None = None,
+        platform_id: str | None = None,
+        reply_to_platform_id: str | None = None,
+        parent_id: int | None = None,
+        answers: int | None = None,
+    ) -> int:
+        """Insert one message. ``answers`` marks that user message answered in the same
+        transaction (one commit per stored reply)."""
+        created = time.time() if created_at is None else created_at
+        async with self._tx() as db:
+            if parent_id is None and reply_to_platform_id is not None:
+                cur = await db.execute(
+                    "SELECT id FROM messages WHERE conversation_id = ? AND platform_id = ? "
+                    "ORDER BY id DESC LIMIT 1",
+                    (conversation_id, reply_to_platform_id),
+                )
+                row = await cur.fetchone()
+                parent_id = row[0] if row else None
+            cur = await db.execute(
+                "INSERT INTO messages (conversation_id, role, author, text, created_at, tokens,"
+                " platform_id, reply_to_platform_id, parent_id, status)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conversation_id,
+                    role,
+                    author,
+                    text,
+                    created,
+                    tokens,
+                    platform_id,
+                    reply_to_platform_id,
+                    parent_id,
+                    status,
+                ),
+            )
+            assert cur.lastrowid is not None
+            if answers is not None:
+                await db.execute("UPDATE messages SET status = 'answered' WHERE id = ?", (answers,))
+            return cur.lastrowid
+
+    async def pending_messages(
+        self, *, since: float, transports: Sequence[str]
+    ) -> list[tuple[ConversationKey, StoredMessage]]:
+        """User messages stored but never answered (crash, shutdown), oldest first."""
+        if not transports:
+            return []
+        marks = ",".join("?" * len(transports))
+        cols = ", ".join(f"m.{c.strip()}" for c in MSG_COLS.split(","))
+        rows = await self._all(
+            f"SELECT c.transport, c.person, c.space, {cols} FROM messages m "
+            "JOIN conversations c ON c.id = m.conversation_id "
+            f"WHERE m.status = 'pending' AND m.role = 'user' AND m.created_at >= ? "
+            f"AND c.transport IN ({marks}) AND m.id > c.reset_after ORDER BY m.id",
+            (since, *transports),
+        )
+        return [(ConversationKey(r[0], r[1], r[2]), msg_from_row(r[3:])) for r in rows]
+
+    async def add_messages(
+        self, conversation_id: int, rows: Sequence[tuple[str, str, str, int, float]]
+    ) -> None:
+        """Bulk insert (role, author, text, tokens, created_at) in one transaction."""
+        async with self._tx() as db:
+            await db.executemany(
+                "INSERT INTO messages (conversation_id, role, author, text, tokens, created_at,"
+                " status) VALUES (?, ?, ?, ?, ?, ?, 'imported')",
+                [(conversation_id, *r) for r in rows],
+            )
+
+    async def set_status(
+        self, message_id: int, status: str, *, platform_id: str | None = None
+    ) -> None:
+        async with self._tx() as db:
+            await db.execute(
+                "UPDATE messages SET status = ?, platform_id = coalesce(?, platform_id) "
+                "WHERE id = ?",
+                (status, platform_id, message_id),
+            )
+
+    async def recent_messages(
+        self, conversation: Conversation, *, limit: int, before_id: int | None = None
+    ) -> list[StoredMessage]:
+        """Newest first, after the reset mark, at most ``limit``."""
+        rows = await self._all(
+            f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = ? AND id > ? AND id < ? "
+            "ORDER BY id DESC LIMIT ?",
+            (conversation.id, conversation.reset_after, before_id or FTS_STRIDE, limit),
+        )
+        return [msg_from_row(r) for r in rows]
+
+    async def messages_between(
+        self, conversation_id: int, *, after_id: int, up_to_id: int
+    ) -> list[StoredMessage]:
+        rows = await self._all(
+            f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = ? AND id > ? AND id <= ? "
+            "ORDER BY id",
+            (conversation_id, after_id, up_to_id),
+        )
+        return [msg_from_row(r) for r in rows]
+
+    async def messages_by_ids(self, ids: Sequence[int]) -> list[StoredMessage]:
+        if not ids:
+            return []
+        marks = ",".join("?" * len(ids))
+        rows = await self._all(
+            f"SELECT {MSG_COLS} FROM messages WHERE id IN ({marks}) ORDER BY id", ids
+        )
+        return [msg_from_row(r) for r in rows]
+
+    async def ancestors(self, message_id: int, *, limit: int) -> list[StoredMessage]:
+        """The reply chain above ``message_id`` (its parent, the parent's parent, ...), nearest
+        first, at most ``limit``; parents are only ever set within one conversation."""
+        rows = await self._all(
+            "WITH RECURSIVE chain(id, depth) AS ("
+            " SELECT parent_id, 1 FROM messages WHERE id = ? AND parent_id IS NOT NULL"
+            " UNION ALL SELECT m.parent_id, c.depth + 1 FROM messages m JOIN chain c"
+            " ON m.id = c.id WHERE m.parent_id IS NOT NULL AND c.depth < ?)"
+            f" SELECT {', '.join('m.' + c.strip() for c in MSG_COLS.split(','))}"
+            " FROM chain c JOIN messages m ON m.id = c.id ORDER BY c.depth",
+            (message_id, limit),
+        )
+        return [msg_from_row(r) for r in rows]
+
+    async def all_messages(self, conversation_id: int) -> list[StoredMessage]:
+        return await self.messages_between(conversation_id, after_id=0, up_to_id=FTS_STRIDE)
+
+    async def count_messages(self, conversation_id: int, *, since_reset: bool = False) -> int:
+        row = await self._one(
+            "SELECT count(*) FROM messages m JOIN conversations c ON c.id = m.conversation_id "
+            "WHERE m.conversation_id = ? AND (? = 0 OR m.id > c.reset_after)",
+            (conversation_id, int(since_reset)),
+        )
+        return int(row[0]) if row else 0
+
+    async def count_person_messages(
+        self, transport: str, person: str, *, space: str | None = None
+    ) -> int:
+        """Messages the person sent on ``transport``: in every space, or in ``space`` only."""
+        row = await self._one(
+            "SELECT count(*) FROM messages m JOIN conversations c ON c.id = m.conversation_id "
+            "WHERE c.transport = ? AND c.person = ? AND m.role = 'user' "
+            "AND (? IS NULL OR c.space = ?)",
+            (transport, person, space, space),
+        )
+        return int(row[0]) if row else 0

@@ -1,0 +1,104 @@
+"""Deleting and upkeep: ``!forget``, retention, WAL checkpoints and FTS merges, counts.
+
+Invariants:
+- ``forget_person`` deletes every row about a person: conversations cascade to messages,
+  summaries and facts, messages cascade to their vectors; the FTS delete trigger removes the
+  index entries, the index is then rewritten so no segment keeps their words, the WAL is
+  checkpointed, and ``secure_delete`` overwrites the freed pages: none of their text stays in
+  the database files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from bot.memory.records import ForgetReport
+from bot.memory.sqlite.base import SqliteBase
+
+WAL_FORCE_BYTES = 64 * 1024 * 1024
+FTS_MERGE_PAGES = 64  # a bounded slice of merge work per idle tick
+
+
+class UpkeepMixin(SqliteBase):
+    async def forget_person(self, transport: str, person: str) -> ForgetReport:
+        """Delete every row about ``person`` on ``transport``: all spaces, index rows included."""
+        async with self._tx() as db:
+            cur = await db.execute(
+                "SELECT id FROM conversations WHERE transport = ? AND person = ?",
+                (transport, person),
+            )
+            ids = [r[0] for r in await cur.fetchall()]
+            counts = [0, 0, 0]
+            if ids:
+                marks = ",".join("?" * len(ids))
+                for i, table in enumerate(("messages", "summaries", "facts")):
+                    cur = await db.execute(
+                        f"SELECT count(*) FROM {table} WHERE conversation_id IN ({marks})", ids
+                    )
+                    row = await cur.fetchone()
+                    counts[i] = int(row[0]) if row else 0
+                # Messages go first, explicitly, so the FTS delete trigger sees each row
+                # (and the vectors cascade with them).
+                await db.execute(f"DELETE FROM messages WHERE conversation_id IN ({marks})", ids)
+                await db.execute(f"DELETE FROM conversations WHERE id IN ({marks})", ids)
+                self._vectors.drop(ids)
+        if ids:
+            await self._erase_deleted()
+        return ForgetReport(len(ids), *counts)
+
+    async def _erase_deleted(self) -> None:
+        """Make deletions physical, not just invisible. FTS5 records a delete as a marker and
+        keeps the words in older index segments until they are merged, and WAL frames keep
+        old page images until a checkpoint; ``secure_delete`` only zeroes freed pages. So
+        rewrite the index (seconds on a million messages; ``!forget`` is rare) and checkpoint.
+        """
+        async with self._lock:
+            await self._db.execute("INSERT INTO messages_fts (messages_fts) VALUES ('optimize')")
+            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # --- operations -------------------------------------------------------------------------
+    async def tidy(self) -> None:
+        """Upkeep for idle moments: checkpoint the WAL, do a little FTS5 merge work."""
+        async with self._lock:
+            await self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            await self._db.execute(
+                "INSERT INTO messages_fts (messages_fts, rank) VALUES ('merge', ?)",
+                (FTS_MERGE_PAGES,),
+            )
+            wal = self.path.with_name(self.path.name + "-wal")
+            with contextlib.suppress(OSError):
+                if wal.stat().st_size > WAL_FORCE_BYTES:
+                    await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    async def messages_since(self, since: float) -> dict[str, int]:
+        """Messages per role created at or after ``since`` (the status file's daily counts)."""
+        rows = await self._all(
+            "SELECT role, count(*) FROM messages WHERE created_at >= ? GROUP BY role", (since,)
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    async def stats(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for table in ("conversations", "messages", "summaries", "facts"):
+            row = await self._one(f"SELECT count(*) FROM {table}")
+            out[table] = int(row[0]) if row else 0
+        return out
+
+    async def prune_older_than(self, cutoff: float, *, batch: int = 500) -> int:
+        """Retention: delete messages created before ``cutoff`` in small batches (no long lock)."""
+        total = 0
+        while True:
+            async with self._tx() as db:
+                cur = await db.execute(
+                    "DELETE FROM messages WHERE id IN (SELECT id FROM messages "
+                    "WHERE created_at < ? ORDER BY created_at LIMIT ?)",
+                    (cutoff, batch),
+                )
+                n = cur.rowcount
+                if n:
+                    self._vectors.clear()  # pruned messages took their vectors with them
+            total += n
+            if n < batch:
+                return total
+            await asyncio.sleep(0)
