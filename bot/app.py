@@ -166,6 +166,8 @@ class App:
     async def close(self) -> None:
         self.notifier.stopping()
         if self._monitor_task is not None:
+            if self.monitor is not None:
+                self.monitor.stop()
             self._monitor_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._monitor_task

@@ -109,7 +109,8 @@ async def test_existing_but_unwritable_state_dir_says_how_to_fix(
     assert list(read_only_dir.iterdir()) == []
     env = _env(tmp_path, fake_llm) | {"MESHSAGE_STATE_DIR": str(read_only_dir)}
     rc, _, err_text = await _meshsage("chat", env=env, stdin=b"hello\n")
-    assert rc == 3 and "not writable" in err_text and "Traceback" not in err_text
+    # refused by the preflight (exit 2) before the store would fail to open it (exit 3)
+    assert rc == 2 and "not writable" in err_text and "Traceback" not in err_text
 
 
 # --- messages ---------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Private state files: the state dir is 0700, the database, its WAL/SHM, exports, backups and
 the status file 0600, whatever the process umask.
 
-Invariant: only paths this user owns are changed (a state dir pointed at someone else's
+Invariants: only paths this user owns are changed, and a refused chmod (immutable or read-only
+directory) is not an error here (a state dir pointed at someone else's
 directory is reported by the preflight, never silently re-permissioned).
 """
 
@@ -37,4 +38,7 @@ def tighten_if_present(path: Path) -> None:
 def _tighten(path: Path, mode: int) -> None:
     st = path.stat()
     if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != mode:
-        os.chmod(path, mode)
+        # Best effort: an immutable or read-only-mounted directory refuses; whether the bot
+        # can still write there is checked (and explained) by the caller.
+        with contextlib.suppress(PermissionError):
+            os.chmod(path, mode)

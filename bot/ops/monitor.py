@@ -60,9 +60,14 @@ class Monitor:
         self.started_at = clock()
         self._status_line = ""
         self._write_failed = ""
+        self._stopped = False
+
+    def stop(self) -> None:
+        """Ends ``run`` at its next step, even if a cancel was lost."""
+        self._stopped = True
 
     async def run(self) -> None:
-        while True:
+        while not self._stopped:
             try:
                 await self.tick()
             except Exception:  # loop boundary: monitoring must never stop the bot
@@ -91,10 +96,12 @@ class Monitor:
         now = self._clock()
         today: dict[str, int] = {}
         try:
-            await asyncio.wait_for(self._store.ping(), self._store_timeout)
-            today = await asyncio.wait_for(
-                self._store.messages_since(_local_midnight(now)), self._store_timeout
-            )
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel that
+            # arrives as the query completes, and the app's shutdown would wait forever.
+            async with asyncio.timeout(self._store_timeout):
+                await self._store.ping()
+            async with asyncio.timeout(self._store_timeout):
+                today = await self._store.messages_since(_local_midnight(now))
         except TimeoutError:
             problems.append(f"the database did not answer within {self._store_timeout:g} s")
         except Exception as exc:  # health boundary: any store failure is a health problem
