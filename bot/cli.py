@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -226,7 +227,15 @@ async def _serve(
     started = time.monotonic()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    app = await build(config, env=env, only=only)
+    # Opening (and migrating) the database can take longer than WatchdogSec on an SD card:
+    # keep systemd's watchdog fed while the event loop runs; TimeoutStartSec bounds a stuck start.
+    keepalive = asyncio.create_task(_starting_pings(env))
+    try:
+        app = await build(config, env=env, only=only)
+    finally:
+        keepalive.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keepalive
     interrupts = 0
     hurried = asyncio.Event()
 
@@ -271,6 +280,22 @@ async def _serve(
             "Fix: correct what they name, then start again (systemd restarts the service)."
         )
     return 0
+
+
+async def _starting_pings(env: Mapping[str, str]) -> None:
+    from bot.ops.sdnotify import Notifier
+
+    notifier = Notifier(env=env)
+    if notifier.watchdog_interval is None:
+        notifier.close()
+        return
+    try:
+        notifier.status("starting: opening the database (a migration may take a while)")
+        while True:
+            notifier.watchdog()
+            await asyncio.sleep(notifier.watchdog_interval / 3)
+    finally:
+        notifier.close()
 
 
 def _status(config: Config, *, as_json: bool) -> int:

@@ -198,3 +198,36 @@ def test_abstract_socket_and_watchdog_pid(tmp_path: Path) -> None:
     broken = Notifier(env={"NOTIFY_SOCKET": str(tmp_path / "nobody-listens")})
     assert broken.notify("WATCHDOG=1") is False  # logged once, never raised
     broken.close()
+
+
+async def test_meshsage_run_speaks_to_systemd_end_to_end(
+    tmp_path: Path, fake_llm: FakeLLM, listener: Listener
+) -> None:
+    """The CLI as systemd starts it: a pinged start, READY, watchdog pings, STOPPING."""
+    import os
+    import signal
+    import sys
+
+    config = tmp_path / "config.yaml"
+    config.write_text("meshtastic: {connection: tcp, host: 127.0.0.1, port: 9, "
+                      "reconnect_initial: 30}\n")  # fmt: skip
+    env = {
+        "PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path),
+        "MESHSAGE_CONFIG": str(config), "MESHSAGE_STATE_DIR": str(tmp_path / "state"),
+        "MESHSAGE_LLM_BASE_URL": fake_llm.base_url,
+        "NOTIFY_SOCKET": str(listener.path), "WATCHDOG_USEC": "3000000",
+    }  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "run", env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        starting = await listener.wait_for("STATUS=starting")
+        ready = await listener.wait_for("READY=1", after=starting)
+        assert "STATUS=serving on meshtastic" in listener.messages()[ready]
+        await listener.wait_for("WATCHDOG=1", after=ready)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    await listener.wait_for("STOPPING=1")
