@@ -71,9 +71,11 @@ fi
 if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
     die "$PYTHON cannot create virtualenvs (no ensurepip). Fix: sudo apt install python3-venv, then run this again."
 fi
-case "$(uname -m)" in
-armv6l | armv7l | i?86) die "a 64-bit OS is required (tiktoken, regex and numpy have no 32-bit wheels); install 64-bit Raspberry Pi OS" ;;
-esac
+# 32-bit Raspberry Pi OS on a Pi 4/5 runs a 64-bit kernel (uname -m says aarch64) under a
+# 32-bit userland, so ask the Python that will run the bot.
+if ! "$PYTHON" -c 'import struct, sys; sys.exit(struct.calcsize("P") != 8)'; then
+    die "a 64-bit OS is required (tiktoken, regex and numpy publish no 32-bit ARM wheels); install 64-bit Raspberry Pi OS"
+fi
 
 as_owner() { # chown/chmod only in a real install
     [ -z "$ROOT" ] || return 0
