@@ -33,6 +33,7 @@ if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
     exit 0
 fi
 if [ -n "${{NO_ENSUREPIP:-}}" ] && [ "$1" = "-c" ] && [[ "$2" == *ensurepip* ]]; then exit 1; fi
+if [ -n "${{BITS32:-}}" ] && [ "$1" = "-c" ] && [[ "$2" == *calcsize* ]]; then exit 1; fi
 exec {sys.executable} "$@"
 """
 
@@ -177,3 +178,10 @@ def test_interactive_questions_pick_the_radio(root: Path) -> None:
     config = load_config(root / "etc" / "meshsage" / "config.yaml", env={})
     assert config.meshtastic is not None and config.meshtastic.device == str(radio)
     assert config.llm.model == "llama3.2:1b" and config.discord is None
+
+
+def test_a_32_bit_userland_is_refused_with_the_reason(root: Path) -> None:
+    result = install(root, "--tcp", "192.0.2.7", "--yes", BITS32="1")
+    assert result.returncode == 1
+    assert "a 64-bit OS is required" in result.stderr and "32-bit" in result.stderr
+    assert not (root / "opt").exists()
