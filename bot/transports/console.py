@@ -7,7 +7,7 @@ Invariants:
   next line is read; at end of input the transport closes after the last answer.
 - Input bytes that are not valid UTF-8 are replaced (U+FFFD), never fatal.
 - Attachments (``!export``) are written under ``export_dir`` (0700) as 0600 files and their
-  paths printed.
+  paths printed; ``!forget`` deletes them again (``forget``).
 - On a terminal, lines are read with readline (arrow keys edit, history kept in
   ``history_file``, 0600) and the prompt is drawn only after the previous answer, so it never
   lands in the middle of one; "thinking..." shows while the model works and is erased before
@@ -183,6 +183,29 @@ class ConsoleTransport:
         except (OSError, ValueError) as exc:
             return Delivery(DeliveryStatus.FAILED, detail=str(exc))
         return Delivery(DeliveryStatus.DELIVERED, message_ids=(f"console-out-{id(reply)}",))
+
+    def forget(self, person: str) -> int:
+        """``!forget``: delete the export files written for the console user, and the line
+        history (it holds what they typed)."""
+        if person != self._user:
+            return 0
+        removed = 0
+        if self._history is not None and self._history.exists():
+            with contextlib.suppress(OSError):
+                self._history.unlink()
+                removed += 1
+            if self._readline:
+                with contextlib.suppress(ImportError):
+                    import readline
+
+                    readline.clear_history()
+        if not self._export_dir.is_dir():
+            return removed
+        for path in self._export_dir.glob("meshsage-export-console.*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed += 1
+        return removed
 
     def _write_attachment(self, filename: str, data: bytes) -> Path:
         private_dir(self._export_dir)
