@@ -204,3 +204,24 @@ async def test_console_exports_are_private(tmp_path: Path, loose_umask: None) ->
     await console.send(reply)
     exported = tmp_path / "state" / "exports" / "me.json"
     assert _mode(exported) == 0o600 and _mode(exported.parent) == 0o700
+
+
+async def test_console_forget_deletes_the_line_history(tmp_path: Path) -> None:
+    import io
+
+    from bot.transports.console import ConsoleTransport
+
+    async def idle() -> None:
+        return None
+
+    history = tmp_path / "state" / "console_history"
+    history.parent.mkdir()
+    history.write_text("my secret is zanzibar\n")
+    console = ConsoleTransport(
+        user="me", context_tokens=1000, max_tokens=100, wait_idle=idle,
+        export_dir=tmp_path / "state" / "exports", stdin=io.BytesIO(b""), stdout=io.StringIO(),
+        history_file=history,
+    )  # fmt: skip
+    assert console.forget("someone else") == 0 and history.exists()
+    assert console.forget("me") == 1
+    assert not history.exists()
