@@ -217,7 +217,12 @@ async def build(
             real_llm = OpenAICompatLLM(config=config.llm, env=env)
             llm = real_llm
         latencies = Latencies()
-        gate = LLMGate(llm=TimedLLM(llm=llm, latencies=latencies), limit=config.llm.concurrency)
+        # Background LLM work waits while any turn is in progress (bound late: responder below).
+        gate = LLMGate(
+            llm=TimedLLM(llm=llm, latencies=latencies),
+            limit=config.llm.concurrency,
+            busy=lambda: not responder.idle,
+        )
         embedder: Embedder | None = None
         real_embedder = None
         indexer = None
