@@ -569,10 +569,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--db", help="generated database file (default: cached in bench/results/)")
     p.add_argument("--keep", action="store_true", help="keep the per-strategy working copies")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
-    p.add_argument("--docs", default=str(DOCS), help="Markdown file to update ('' = none)")
     p.add_argument(
-        "--readme", default=str(README), help="README whose Performance table to update ('' = none)"
+        "--write-docs",
+        action="store_true",
+        help="publish the tables into --docs and --readme (only from a full run: the default "
+        "sizes and every strategy); without it nothing is written",
     )
+    p.add_argument("--docs", default=str(DOCS), help="Markdown file --write-docs updates")
+    p.add_argument("--readme", default=str(README), help="README whose table --write-docs updates")
     p.add_argument("--step", default="all", help=argparse.SUPPRESS)
     p.add_argument("--strategy", help=argparse.SUPPRESS)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
@@ -581,7 +585,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for s in args.strategies.split(","):
         if s not in STRATEGIES:
             p.error(f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
+    if args.write_docs and args.step == "all":
+        partial = not_full_run(args, p)
+        if partial:
+            p.error(
+                "--write-docs publishes README's figures, so it needs a full run; these options "
+                f"differ from it: {', '.join(partial)}. Fix: drop them, or drop --write-docs."
+            )
     return args
+
+
+FULL_RUN_KEYS = ("messages", "conversations", "turns", "active", "warmup", "seed",
+                 "context_tokens", "strategies")  # fmt: skip
+
+
+def not_full_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """The options of ``args`` that make it smaller or different from the published run."""
+    return [
+        "--" + key.replace("_", "-")
+        for key in FULL_RUN_KEYS
+        if getattr(args, key) != parser.get_default(key)
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -619,6 +643,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "overhead = turn time (handle() until the reply is stored, sent and its delivery "
             "recorded) minus the foreground LLM call; see the module docstring."
         )
+        if not args.write_docs:
+            print("docs not changed (pass --write-docs on a full run to publish these tables)")
+            return
         if args.docs:
             write_docs(Path(args.docs), args, results)
             print(f"wrote {args.docs}")

@@ -8,6 +8,10 @@ Invariants:
 - Shutdown order: stop taking turns and finish the ones in flight (replies still go out),
   stop transports, stop background summaries and indexing, close the LLM and embedding
   clients, close the database.
+- Operations: once the transports run, a ``Monitor`` task checks health, pings the systemd
+  watchdog only while healthy, sends STATUS= lines and rewrites the status file in the state
+  dir; READY=1 follows the transports' start, STOPPING=1 opens the shutdown. The LLM the gate
+  uses is wrapped in ``TimedLLM`` for the latency figures.
 - Embeddings (``memory.embeddings``) are built only when enabled: the embedder goes to the
   retriever (query vectors) and to the indexer (message vectors, in the background).
 """
@@ -35,6 +39,10 @@ from bot.memory.indexer import Indexer
 from bot.memory.retrieval import Retriever
 from bot.memory.store import SqliteStore
 from bot.memory.summary import Summarizer
+from bot.ops.metrics import LastError, Latencies, TimedLLM
+from bot.ops.monitor import Monitor
+from bot.ops.sdnotify import Notifier
+from bot.ops.status import STATUS_FILE
 from bot.responder import Responder
 from bot.transports.base import Transport
 
@@ -58,6 +66,12 @@ class App:
     responder: Responder
     transports: list[Transport] = field(default_factory=list)
     indexer: Indexer | None = None  # memory.embeddings enabled
+    notifier: Notifier = field(default_factory=lambda: Notifier(env={}))
+    latencies: Latencies = field(default_factory=Latencies)
+    last_error: LastError = field(default_factory=LastError)
+    monitor: Monitor | None = None
+    _monitor_task: asyncio.Task[None] | None = None
+    _hurry: asyncio.Event = field(default_factory=asyncio.Event)
     _close_llm: OpenAICompatLLM | None = None
     _close_embedder: OpenAICompatEmbedder | None = None
     _maintenance: asyncio.Task[None] | None = None
@@ -81,7 +95,21 @@ class App:
         if self.indexer is not None:
             self.indexer.start()
         await self.responder.recover_pending()
+        self._start_monitor()
+        self.notifier.ready("serving on " + ", ".join(t.name for t in running))
         return running
+
+    def _start_monitor(self) -> None:
+        logging.getLogger("bot").addHandler(self.last_error)
+        self.monitor = Monitor(
+            notifier=self.notifier,
+            store=self.store,
+            transports=lambda: self.transports,
+            status_path=self.config.database_path.parent / STATUS_FILE,
+            latencies=self.latencies,
+            last_error=self.last_error,
+        )
+        self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
 
     async def _maintenance_loop(self) -> None:
         """Database upkeep off the reply path: WAL checkpoints and small FTS merges while no
@@ -103,8 +131,9 @@ class App:
                 log.exception("database maintenance failed")
             await asyncio.sleep(MAINTENANCE_INTERVAL)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Start, serve until ``stop`` is set or every transport ends, then shut down."""
+    async def run(self, stop: asyncio.Event) -> bool:
+        """Start, serve until ``stop`` is set or every transport ends, then shut down.
+        Returns True when the transports ended by themselves (nobody asked to stop)."""
         try:
             await self.start()
             stopper = asyncio.create_task(stop.wait())
@@ -114,18 +143,43 @@ class App:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(stopper, all_closed, return_exceptions=True)
+            return not stop.is_set()
         finally:
             await self.close()
+
+    def hurry(self) -> None:
+        """Stop waiting for turns in flight (a second Ctrl-C); they are cut off and answered
+        at the next start (their messages stay pending)."""
+        self._hurry.set()
+
+    async def _drain(self) -> None:
+        drainer = asyncio.create_task(self.responder.drain(timeout=DRAIN_SECONDS))
+        hurry = asyncio.create_task(self._hurry.wait())
+        await asyncio.wait([drainer, hurry], return_when=asyncio.FIRST_COMPLETED)
+        hurry.cancel()
+        if not drainer.done():
+            await self.responder.drain(timeout=0)  # cancels what is still running
+        await drainer
 
     async def _all_closed(self) -> None:
         await asyncio.gather(*(t.wait_closed() for t in self.transports))
 
     async def close(self) -> None:
+        self.notifier.stopping()
+        if self._monitor_task is not None:
+            if self.monitor is not None:
+                self.monitor.stop()
+            self._monitor_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor_task
+            logging.getLogger("bot").removeHandler(self.last_error)
+            with contextlib.suppress(OSError):  # a stopped bot has no status to report
+                (self.config.database_path.parent / STATUS_FILE).unlink()
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
-        await self.responder.drain(timeout=DRAIN_SECONDS)
+        await self._drain()
         for transport in self.transports:
             try:
                 await transport.stop()
@@ -139,6 +193,7 @@ class App:
         if self._close_embedder is not None:
             await self._close_embedder.close()
         await self.store.close()
+        self.notifier.close()
         log.info("stopped cleanly")
 
 
@@ -161,8 +216,13 @@ async def build(
         if llm is None:
             real_llm = OpenAICompatLLM(config=config.llm, env=env)
             llm = real_llm
+        latencies = Latencies()
         # Background LLM work waits while any turn is in progress (bound late: responder below).
-        gate = LLMGate(llm=llm, limit=config.llm.concurrency, busy=lambda: not responder.idle)
+        gate = LLMGate(
+            llm=TimedLLM(llm=llm, latencies=latencies),
+            limit=config.llm.concurrency,
+            busy=lambda: not responder.idle,
+        )
         embedder: Embedder | None = None
         real_embedder = None
         indexer = None
@@ -235,6 +295,8 @@ async def build(
             commands=commands,
             responder=responder,
             indexer=indexer,
+            notifier=Notifier(env=env),
+            latencies=latencies,
             _close_llm=real_llm,
             _close_embedder=real_embedder,
         )
@@ -269,6 +331,7 @@ def _build_transport(
             max_tokens=cc.max_tokens,
             wait_idle=app.responder.wait_idle,
             export_dir=config.database_path.parent / "exports",
+            history_file=config.database_path.parent / "console_history",
             stdin=stdin,
             stdout=stdout,
         )

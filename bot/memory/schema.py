@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 
 import aiosqlite
@@ -178,6 +179,15 @@ MIGRATIONS: list[Migration] = [
     ("002_message_vectors", _m002_message_vectors),
     ("003_outbox", _m003_outbox),
 ]
+
+
+async def applied_migrations(db: aiosqlite.Connection) -> set[str]:
+    """Names already applied (empty for a new database)."""
+    try:
+        async with db.execute("SELECT name FROM schema_migrations") as cur:
+            return {row[0] for row in await cur.fetchall()}
+    except sqlite3.OperationalError:  # no table yet: a new database
+        return set()
 
 
 async def migrate(db: aiosqlite.Connection, migrations: list[Migration] | None = None) -> list[str]:

@@ -93,6 +93,13 @@ class UpkeepMixin(SqliteBase):
                 if wal.stat().st_size > WAL_FORCE_BYTES:
                     await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
+    async def messages_since(self, since: float) -> dict[str, int]:
+        """Messages per role created at or after ``since`` (the status file's daily counts)."""
+        rows = await self._all(
+            "SELECT role, count(*) FROM messages WHERE created_at >= ? GROUP BY role", (since,)
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
+
     async def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for table in ("conversations", "messages", "summaries", "facts"):
