@@ -61,6 +61,7 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM, ChatMessage, Completion
 from bot.memory.context import ContextBuilder
+from bot.memory.layers import LayeredContext
 from bot.memory.summary import PROMPT as SUMMARY_PROMPT
 from bot.transports.base import OnMessage
 
@@ -200,12 +201,11 @@ def bench_config(*, state_dir: Path, base_url: str, strategy: str) -> Config:
 
 def use_context(app: App, context: NaiveContextBuilder) -> None:
     """Wire an alternative context builder into a built app (the responder holds it)."""
-    responder = app.responder
-    assert isinstance(getattr(responder, "_context", None), ContextBuilder), (
-        "Responder no longer keeps its context builder in _context; update bench.pipeline"
+    layered = getattr(app.responder, "_context", None)
+    assert isinstance(layered, LayeredContext) and layered is app.context, (
+        "Responder no longer keeps its layered context in _context; update bench.pipeline"
     )
-    responder._context = cast(ContextBuilder, context)
-    app.context = cast(ContextBuilder, context)
+    layered.inner = cast(ContextBuilder, context)
 
 
 def pick_people(db_path: Path, *, count: int, seed: int) -> tuple[list[str], int]:
