@@ -236,10 +236,10 @@ class Commands:
         room = max(16, 190 // len(facts))
         return self._say(
             " ".join(
-                f"{i}){'*' if f.pinned else ''} {fit_bytes(f.text, room)}"
+                f"{i}) {'*' if f.pinned else ''}{fit_bytes(f.text, room)}"
                 for i, f in enumerate(facts, 1)
             )
-            + " (*pinned)" * any(f.pinned for f in facts)
+            + " (*=pinned)" * any(f.pinned for f in facts)
         )
 
     async def _unremember(self, inbound: Inbound, arg: str) -> CommandResult:

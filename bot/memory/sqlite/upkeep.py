@@ -84,7 +84,7 @@ class UpkeepMixin(SqliteBase):
 
     async def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for table in ("conversations", "messages", "summaries", "facts", "sessions"):
+        for table in ("conversations", "messages", "summaries", "facts"):
             row = await self._one(f"SELECT count(*) FROM {table}")
             out[table] = int(row[0]) if row else 0
         return out
