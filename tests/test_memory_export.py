@@ -34,7 +34,8 @@ T0 = 1_700_000_000.123456
 async def _populate(store: SqliteStore) -> None:
     dm = await store.conversation(ALICE)
     q = await store.add_message(dm.id, role="user", author="alice", text="my cat is Miso «ü»",
-                                tokens=5, status="answered", created_at=T0, platform_id="p1")  # fmt: skip
+                                tokens=5, status="answered", created_at=T0,
+                                platform_id="p1")  # fmt: skip
     a = await store.add_message(dm.id, role="assistant", author="bot", text='Miso! "quote"',
                                 tokens=3, status="delivered", created_at=T0 + 1.5,
                                 parent_id=q, platform_id="p2")  # fmt: skip
@@ -102,8 +103,10 @@ async def test_export_import_export_is_byte_identical_in_every_format(tmp_path: 
     await two.close()
 
     lines = [json.loads(x) for x in first["jsonl"].splitlines()]
-    assert lines[0] == {"messages": [{"role": "user", "content": "my cat is Miso «ü»"},
-                                     {"role": "assistant", "content": 'Miso! "quote"'}]}  # fmt: skip
+    assert lines[0]["messages"] == [
+        {"role": "user", "content": "my cat is Miso «ü»"},
+        {"role": "assistant", "content": 'Miso! "quote"'},
+    ]
     assert "m1 --> m2" in first["mermaid"] and "#quot;quote#quot;" in first["mermaid"]
     assert "### " in first["md"] and "Cats" in first["md"] and "Cat named Miso" in first["md"]
 

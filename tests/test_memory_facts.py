@@ -135,7 +135,7 @@ async def test_pinned_facts_are_never_changed_by_extraction(
             ),
             0,
         ),
-    ],  # fmt: skip
+    ],
 )
 async def test_bad_extraction_output_applies_only_well_formed_items(
     store: SqliteStore,
@@ -231,8 +231,10 @@ async def test_session_close_extracts_facts_in_the_background(
     h = await start_harness(tmp_path, fake_llm)
     try:
         conv = await h.store.conversation(h.transport_key("alice"))
-        mid = await h.store.add_message(conv.id, role="user", author="alice", text="I fly "
-                                        "gliders", tokens=3, status="answered", created_at=1e9)  # fmt: skip
+        mid = await h.store.add_message(
+            conv.id, role="user", author="alice", text="I fly gliders", tokens=3,
+            status="answered", created_at=1e9,
+        )  # fmt: skip
         script.facts = _facts({"op": "add", "text": "Flies gliders", "source": [mid]})
         assert h.app.sessions is not None
         await h.app.sessions.tick()
