@@ -61,7 +61,9 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM, ChatMessage, Completion
 from bot.memory.context import ContextBuilder
+from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.layers import LayeredContext
+from bot.memory.sessions import LONGTERM_PROMPT, SESSION_PROMPT
 from bot.memory.summary import PROMPT as SUMMARY_PROMPT
 from bot.transports.base import OnMessage
 
@@ -76,7 +78,11 @@ REPLY_MAX_CHARS = 2000
 DB_NAME = "meshsage.db"  # Config.database_path's file name inside state_dir
 MARK_START = "<!-- bench:pipeline:start -->"
 MARK_END = "<!-- bench:pipeline:end -->"
-_SUMMARY_PREFIX = SUMMARY_PROMPT.split("{", 1)[0]
+# Background work (rolling summary, session summaries, long-term summary, fact extraction) is
+# told apart from replies by its system prompt: this wrapper sits below the gate's lanes.
+_BACKGROUND_PREFIXES = tuple(
+    p.split("{", 1)[0][:60] for p in (SUMMARY_PROMPT, SESSION_PROMPT, LONGTERM_PROMPT, FACTS_PROMPT)
+)
 
 
 # --- the in-process transport and the timing LLM wrapper ------------------------------------
@@ -139,7 +145,7 @@ class TimingLLM:
             return await self.inner.complete(messages, max_tokens=max_tokens)
         finally:
             ended = time.perf_counter()
-            if messages and messages[0].content.startswith(_SUMMARY_PREFIX):
+            if messages and messages[0].content.startswith(_BACKGROUND_PREFIXES):
                 self.background_calls += 1
             else:
                 self.foreground.append((started, ended))

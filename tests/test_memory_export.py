@@ -119,7 +119,9 @@ def _bad_docs(doc: dict[str, Any]) -> dict[str, Any]:
         fn(d)
         return d
 
-    msgs = lambda d: d["conversations"][0]["messages"]  # noqa: E731
+    def msgs(d: dict[str, Any]) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = d["conversations"][0]["messages"]
+        return rows
     return {
         "too new": edit(lambda d: d.update(version=99)),
         "not ours": edit(lambda d: d.update(format="something-else")),
@@ -133,7 +135,7 @@ def _bad_docs(doc: dict[str, Any]) -> dict[str, Any]:
         "bad role": edit(lambda d: msgs(d)[0].update(role="system")),
         "dangling reply": edit(lambda d: msgs(d)[1].update(parent_id=123456)),
         "not a list": edit(lambda d: d.update(conversations={"a": 1})),
-        "hostile sql-ish space": edit(lambda d: d["conversations"][0].update(space=1)),
+        "space not a string": edit(lambda d: d["conversations"][0].update(space=1)),
     }
 
 

@@ -36,7 +36,7 @@ async def _chat(store: SqliteStore, texts: list[str]) -> list[StoredMessage]:
     return await store.all_messages(conv.id)
 
 
-def _facts(*items: dict[str, object]) -> str:
+def _facts(*items: object) -> str:
     return json.dumps({"facts": list(items)})
 
 
