@@ -122,6 +122,7 @@ def _bad_docs(doc: dict[str, Any]) -> dict[str, Any]:
     def msgs(d: dict[str, Any]) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = d["conversations"][0]["messages"]
         return rows
+
     return {
         "too new": edit(lambda d: d.update(version=99)),
         "not ours": edit(lambda d: d.update(format="something-else")),

@@ -97,3 +97,26 @@ async def test_pin_marks_the_latest_exchange_and_retrieval_counts_uses(
         assert conv.id
     finally:
         await h.app.close()
+
+
+async def test_pin_on_a_reply_marks_that_message(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    from bot.domain import Inbound
+
+    fake_llm.reply = "the answer worth keeping"
+    h = await start_harness(tmp_path, fake_llm)
+    try:
+        await h.say("question one")
+        await h.say("question two")
+        conv = await h.store.conversation(h.transport_key("alice"))
+        first_answer = next(m for m in await h.store.all_messages(conv.id) if m.role == "assistant")
+        assert first_answer.platform_id is not None
+        pin = Inbound(transport="fake", sender="alice", text="!pin",
+                      reply_to=first_answer.platform_id)  # fmt: skip
+        result = await h.app.commands.run(pin, "pin", "")
+        assert result.text.startswith("Pinned 1 message")
+        db = sqlite3.connect(h.store.path)
+        rows = db.execute("SELECT id FROM messages WHERE important = 1").fetchall()
+        db.close()
+        assert rows == [(first_answer.id,)]
+    finally:
+        await h.app.close()

@@ -25,7 +25,7 @@ from typing import Any
 
 from bot.errors import MeshsageError
 from bot.memory.port import MemoryStore
-from bot.memory.sqlite.portable import (
+from bot.memory.records import (
     CONVERSATION_FIELDS,
     FACT_FIELDS,
     LONGTERM_FIELDS,

@@ -98,6 +98,28 @@ class ForgetReport:
     facts: int
 
 
+# The export/import row shapes (``dump_person``/``load_dump``), shared by every store and by
+# bot.memory.export: field names are the JSON keys, in this order.
+CONVERSATION_FIELDS = ("id", "space", "created_at", "reset_after", "incognito")
+MESSAGE_FIELDS = (
+    "id", "role", "author", "text", "created_at", "tokens", "platform_id",
+    "reply_to_platform_id", "parent_id", "status", "uses", "important",
+)  # fmt: skip
+SUMMARY_FIELDS = ("id", "text", "first_message_id", "last_message_id", "tokens", "created_at")
+SESSION_FIELDS = (
+    "id", "first_message_id", "last_message_id", "started_at", "ended_at", "messages", "title",
+    "summary", "tokens",
+)  # fmt: skip
+FACT_FIELDS = ("id", "text", "tokens", "created_at", "updated_at", "pinned", "source_ids")
+LONGTERM_FIELDS = ("text", "tokens", "sessions", "updated_at")
+DUMP_TABLES = {
+    "messages": MESSAGE_FIELDS,
+    "summaries": SUMMARY_FIELDS,
+    "sessions": SESSION_FIELDS,
+    "facts": FACT_FIELDS,
+}
+
+
 MSG_COLS = (
     "id, conversation_id, role, author, text, created_at, tokens, platform_id, parent_id, status"
 )

@@ -18,13 +18,13 @@ import time
 import aiosqlite
 
 from bot.domain import DM_SPACE, ConversationKey
-from bot.errors import MeshsageError
+from bot.errors import MemoryRefused
 from bot.memory.sqlite.base import SqliteBase
 
 _MOVED = ("messages", "facts", "sessions")
 
 
-class LinkError(MeshsageError):
+class LinkError(MemoryRefused):
     """A link that cannot be made; the message says why and what to do."""
 
 

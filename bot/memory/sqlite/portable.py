@@ -15,31 +15,19 @@ from typing import Any
 
 import aiosqlite
 
-from bot.errors import MeshsageError
+from bot.errors import MemoryRefused
+from bot.memory.records import (
+    CONVERSATION_FIELDS,
+    LONGTERM_FIELDS,
+)
+from bot.memory.records import (
+    DUMP_TABLES as TABLES,
+)
 from bot.memory.sqlite.base import SqliteBase
 
-CONVERSATION_FIELDS = ("id", "space", "created_at", "reset_after", "incognito")
-MESSAGE_FIELDS = (
-    "id", "role", "author", "text", "created_at", "tokens", "platform_id",
-    "reply_to_platform_id", "parent_id", "status", "uses", "important",
-)  # fmt: skip
-SUMMARY_FIELDS = ("id", "text", "first_message_id", "last_message_id", "tokens", "created_at")
-SESSION_FIELDS = (
-    "id", "first_message_id", "last_message_id", "started_at", "ended_at", "messages", "title",
-    "summary", "tokens",
-)  # fmt: skip
-FACT_FIELDS = ("id", "text", "tokens", "created_at", "updated_at", "pinned", "source_ids")
-LONGTERM_FIELDS = ("text", "tokens", "sessions", "updated_at")
-TABLES = {
-    "messages": MESSAGE_FIELDS,
-    "summaries": SUMMARY_FIELDS,
-    "sessions": SESSION_FIELDS,
-    "facts": FACT_FIELDS,
-}
 
-
-class ImportRefused(MeshsageError):
-    exit_code = 1
+class ImportRefused(MemoryRefused):
+    """Import refused before writing anything (ids or conversations already taken)."""
 
 
 class PortableMixin(SqliteBase):
