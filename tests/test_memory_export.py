@@ -46,7 +46,8 @@ async def _populate(store: SqliteStore) -> None:
                             ended_at=T0 + 1.5, messages=2)  # fmt: skip
     [s] = await store.sessions(dm.id)
     await store.set_session_summary(s.id, title="Cats", summary="About Miso.", tokens=3)
-    await store.save_longterm_summary(dm.id, text="Has a cat.", tokens=3, sessions=1)
+    await store.save_longterm_summary(dm.id, text="Has a cat.", tokens=3, sessions=1,
+                                      up_to_message_id=a, updated_at=T0 + 5)  # fmt: skip
     await store.save_summary(dm.id, text="rolling", first_message_id=q, last_message_id=a,
                              tokens=1)  # fmt: skip
     await store.add_fact(dm.id, text="Cat named Miso", tokens=3, pinned=False, source_ids=[q],

@@ -18,6 +18,7 @@ from bot.memory.sessions import SessionKeeper, split_sessions
 from bot.memory.store import SqliteStore
 from tests.conftest import Harness, make_config, start_harness
 from tests.fakes.fake_llm import FakeLLM
+from tests.fakes.fake_transport import FakeTransport
 from tests.fakes.memory_script import MemoryScript
 
 KEY = ConversationKey("console", "alice")
@@ -130,34 +131,58 @@ async def test_reset_closes_the_session(store: SqliteStore, fake_llm: FakeLLM) -
     await llm.close()
 
 
-async def _harness(tmp_path: Path, fake_llm: FakeLLM) -> tuple[Harness, MemoryScript]:
+async def _harness(
+    tmp_path: Path, fake_llm: FakeLLM, *, context_tokens: int = 1024
+) -> tuple[Harness, MemoryScript]:
     script = MemoryScript(reply="sure")
     fake_llm.reply_fn = script
-    return await start_harness(tmp_path, fake_llm), script
+    h = await start_harness(
+        tmp_path,
+        fake_llm,
+        transport=FakeTransport(context_tokens=context_tokens),
+        extra="bot:\n  rate_limit:\n    messages: 1000\n    per_seconds: 1\n",
+    )
+    return h, script
 
 
-async def test_longterm_summary_joins_the_prompt_of_its_conversation_only(
+def _system(fake_llm: FakeLLM) -> str:
+    content: str = fake_llm.chat_requests()[-1]["messages"][0]["content"]
+    return content
+
+
+async def test_longterm_summary_joins_the_prompt_once_the_window_moved_past_it(
     tmp_path: Path, fake_llm: FakeLLM
 ) -> None:
-    h, script = await _harness(tmp_path, fake_llm)
+    h, script = await _harness(tmp_path, fake_llm, context_tokens=400)
     try:
         dm = h.transport_key("alice")
-        await _msgs(h.store, [T0, T0 + 60], key=dm)  # long ago: the session is over
+        await _msgs(h.store, [T0 + i for i in range(6)], key=dm)  # long ago: the session is over
         assert h.app.sessions is not None
         assert (await h.app.sessions.tick()).summarized == 1
+        # While the window still shows the closed session's turns verbatim, the prompt keeps
+        # its earlier form (no version covers only what the window does not show).
         await h.say("what antenna did I pick?")
-        system = fake_llm.chat_requests()[-1]["messages"][0]["content"]
+        assert script.longterm not in _system(fake_llm)
+        for i in range(12):
+            await h.say(f"new session message {i} with a few more words in it")
+        system = _system(fake_llm)
         assert script.longterm in system
-        assert system.index(script.longterm) < system.index("antenna talk") if (
-            "antenna talk" in system) else True  # fmt: skip
-        await h.say("@bot hello", space="ch0")
-        channel_system = fake_llm.chat_requests()[-1]["messages"][0]["content"]
-        assert script.longterm not in channel_system
+        assert system.index(script.longterm) < system.index("LoRa mesh radio. Answer") + 400
+        # Stable: the next turn's prompt starts with the same bytes up to the long-term block.
+        prefix = system[: system.index(script.longterm) + len(script.longterm)]
+        await h.say("one more")
+        assert _system(fake_llm).startswith(prefix)
+        await h.say("@bot hello", space="ch0")  # another conversation: never there
+        assert script.longterm not in _system(fake_llm)
 
         await h.say("!sessions")
         assert h.transport.texts()[-1].startswith("Sessions: ")
         assert script.title in h.transport.texts()[-1]
         assert len(h.transport.texts()[-1].encode()) <= 200
+
+        await h.say("!reset")  # nothing from before a reset is used, the long-term included
+        await h.say("fresh start")
+        assert script.longterm not in _system(fake_llm)
     finally:
         await h.app.close()
 

@@ -178,10 +178,15 @@ async def test_sessions_never_overlap_and_carry_their_summary(memory: MemoryStor
     assert await memory.set_session_summary(sid, title="T", summary="S.", tokens=1)
     [s] = await memory.sessions(conv.id)
     assert (s.title, s.summary, s.messages) == ("T", "S.", 2)
-    await memory.save_longterm_summary(conv.id, text="L1", tokens=1, sessions=1)
-    await memory.save_longterm_summary(conv.id, text="L2", tokens=1, sessions=2)
+    await memory.save_longterm_summary(conv.id, text="L1", tokens=1, sessions=1,
+                                       up_to_message_id=a)  # fmt: skip
+    await memory.save_longterm_summary(conv.id, text="L2", tokens=1, sessions=2,
+                                       up_to_message_id=b)  # fmt: skip
     lt = await memory.longterm_summary(conv.id)
-    assert lt is not None and (lt.text, lt.sessions) == ("L2", 2)
+    assert lt is not None and (lt.text, lt.sessions, lt.up_to_message_id) == ("L2", 2, b)
+    older = await memory.longterm_summary(conv.id, up_to=b - 1)  # the version a window shows
+    assert older is not None and older.text == "L1"
+    assert await memory.longterm_summary(conv.id, up_to=a - 1) is None
     assert await memory.clear_sessions(conv.id) == 1
     assert await memory.longterm_summary(conv.id) is None
 

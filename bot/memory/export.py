@@ -1,7 +1,7 @@
 """Export and import of one person's memory on one transport.
 
 Formats: ``json`` (everything: messages with ids, dates, platform ids, reply links, use counts;
-summaries; sessions; facts with provenance; the long-term summary; the document ``import``
+summaries; sessions; facts with provenance; the newest long-term summary; the document ``import``
 reads), ``jsonl`` (the OpenAI chat fine-tuning format: one line per session), ``md`` (a
 transcript by session) and ``mermaid`` (the reply-thread graph).
 
@@ -255,7 +255,8 @@ def validate(doc: Any, *, source: str = "the file") -> dict[str, Any]:
         if lt is not None:
             _fields(lt, LONGTERM_FIELDS, f"{where}.longterm_summary", bad)
             _typed(lt, f"{where}.longterm_summary", bad, strs=("text",),
-                   ints=("tokens", "sessions"), floats=("updated_at",))  # fmt: skip
+                   ints=("tokens", "sessions", "up_to_message_id"),
+                   floats=("updated_at",))  # fmt: skip
     return doc
 
 

@@ -1,15 +1,20 @@
 """The memory tiers around the turn-level context: long-term summary, incognito turns, use counts.
 
-``LayeredContext`` wraps the ``ContextBuilder``: it reserves room for the long-term summary
-(rebuilt from session summaries only when a session closes, so it sits in the stable prefix
-right after the system prompt and changes rarely), lets the inner builder assemble the rest in
-the remaining budget, then places the summary after the system prompt. It also counts a use of
-every retrieved turn (forgetting by use keeps what is used) and adds the in-memory turns of an
-incognito session, which are never stored.
+``LayeredContext`` wraps the ``ContextBuilder``. It places the conversation's long-term summary
+(built from session summaries) right after the system prompt, counts a use of every retrieved
+turn (forgetting by use keeps what is used), and adds the in-memory turns of an incognito
+session, which are never stored, to the final message.
 
 Invariants:
-- The assembled prompt stays within the budget: the long-term block's tokens are taken from
-  the inner builder's budget before it runs, and only when they fit ``LONGTERM_MAX_SHARE``.
+- The assembled prompt stays within the budget: once a conversation has a long-term summary, a
+  constant ``reserve`` is taken from the inner builder's budget (constant, so the inner
+  builder's window and fold points do not move when a new version is written).
+- Cache-stable: the version shown is the newest one covering no message after the window's
+  base, so it changes only when the window's base moves (at a fold), never between two turns
+  of one window; newer versions wait for the next fold.
+- ``!reset`` hides every version built before it (a version is cumulative, and one built
+  after the reset starts afresh, see bot.memory.sessions).
+- Incognito turns ride in the final message only, so the stored prefix stays byte-identical.
 - The long-term summary belongs to one conversation (a DM's never reaches a channel prompt).
 """
 
@@ -23,9 +28,10 @@ from bot.llm.tokens import TokenCounter
 from bot.memory.context import JOIN_OVERHEAD, AssembledContext, Block, ContextBuilder
 from bot.memory.port import MemoryStore
 from bot.memory.records import Conversation
+from bot.memory.sessions import LONGTERM_TOKENS
 
 LONGTERM_HEADER = "What you know from earlier sessions with this person:"
-INCOGNITO_HEADER = "Earlier in this incognito session (not stored):"
+INCOGNITO_HEADER = "(Earlier in this incognito session, not stored:"
 LONGTERM_MAX_SHARE = 0.2
 INCOGNITO_MAX_SHARE = 0.3
 
@@ -35,6 +41,11 @@ class LayeredContext:
         self.inner = inner
         self._store = store
         self._counter = counter
+        self._header_tokens = counter.count(LONGTERM_HEADER) + JOIN_OVERHEAD
+
+    def reserve(self, budget: int) -> int:
+        """Tokens kept for the long-term block (constant per budget)."""
+        return min(LONGTERM_TOKENS + self._header_tokens, int(budget * LONGTERM_MAX_SHARE))
 
     async def build(
         self,
@@ -46,50 +57,61 @@ class LayeredContext:
         style_hint: str = "",
         ephemeral: Sequence[tuple[str, str]] = (),
     ) -> AssembledContext:
-        extra: list[Block] = []
-        longterm = await self._store.longterm_summary(conversation.id)
-        if longterm is not None:
-            text = f"{LONGTERM_HEADER}\n{longterm.text}"
-            cost = self._counter.count(text) + JOIN_OVERHEAD
-            if cost <= budget * LONGTERM_MAX_SHARE:
-                extra.append(Block("longterm", cost, text))
-        if ephemeral:
-            lines: list[str] = []
-            used = self._counter.count(INCOGNITO_HEADER) + JOIN_OVERHEAD
-            for who, said in reversed(ephemeral):  # newest first when they do not all fit
-                line = f"{who}: {said}"
-                cost = self._counter.count(line) + 1
-                if used + cost > budget * INCOGNITO_MAX_SHARE:
-                    break
-                lines.insert(0, line)
-                used += cost
-            if lines:
-                extra.append(Block("incognito", used, INCOGNITO_HEADER + "\n" + "\n".join(lines)))
-        reserved = sum(b.tokens for b in extra)
+        reserved = 0
+        if await self._store.has_longterm_summary(conversation.id):
+            reserved = self.reserve(budget)
+        note = self._incognito_note(ephemeral, budget) if ephemeral else ""
+        note_tokens = self._counter.count(note) + JOIN_OVERHEAD if note else 0
         ctx = await self.inner.build(
             conversation,
             new_text=new_text,
             new_message_id=new_message_id,
-            budget=budget - reserved,
+            budget=budget - reserved - note_tokens,
             style_hint=style_hint,
         )
         if ctx.retrieved:
             await self._store.note_retrieved([m.id for m in ctx.retrieved])
-        if not extra:
+        blocks = list(ctx.blocks)
+        messages = list(ctx.messages)
+        tokens = ctx.tokens
+        if reserved:
+            longterm = await self._store.longterm_summary(conversation.id, up_to=_base(ctx))
+            if longterm is not None and longterm.up_to_message_id <= conversation.reset_after:
+                longterm = None  # built before a !reset: nothing from before it is used
+            text = f"{LONGTERM_HEADER}\n{longterm.text}" if longterm else ""
+            cost = self._counter.count(text) + JOIN_OVERHEAD if text else 0
+            if text and cost <= reserved:
+                system = messages[0]
+                head = ctx.blocks[0].text  # the system prompt opens the system message
+                tail = system.content[len(head) :].removeprefix("\n\n")
+                content = "\n\n".join([head, text, *([tail] if tail else [])])
+                messages[0] = ChatMessage("system", content)
+                blocks.insert(1, Block("longterm", cost, text))
+                tokens += cost
+        if note:
+            last = messages[-1]
+            messages[-1] = ChatMessage(last.role, f"{note}\n\n{last.content}")
+            blocks.append(Block("incognito", note_tokens, note))
+            tokens += note_tokens
+        if not reserved and not note:
             return ctx
-        system, *rest = ctx.messages
-        head = ctx.blocks[0].text  # the system prompt opens the system message
-        tail = system.content[len(head) :].removeprefix("\n\n")
-        # Long-term right after the system prompt (stable), incognito turns last (they change).
-        before = [b.text for b in extra if b.name == "longterm"]
-        after = [b.text for b in extra if b.name == "incognito"]
-        content = "\n\n".join([head, *before, *([tail] if tail else []), *after])
-        blocks = [ctx.blocks[0], *[b for b in extra if b.name == "longterm"], *ctx.blocks[1:]]
-        blocks += [b for b in extra if b.name == "incognito"]
-        return replace(
-            ctx,
-            messages=[ChatMessage("system", content), *rest],
-            blocks=blocks,
-            tokens=ctx.tokens + reserved,
-            budget=budget,
-        )
+        return replace(ctx, messages=messages, blocks=blocks, tokens=tokens, budget=budget)
+
+    def _incognito_note(self, ephemeral: Sequence[tuple[str, str]], budget: int) -> str:
+        lines: list[str] = []
+        used = self._counter.count(INCOGNITO_HEADER) + JOIN_OVERHEAD + 1
+        for who, said in reversed(ephemeral):  # newest first when they do not all fit
+            line = f"{who}: {said}"
+            cost = self._counter.count(line) + 1
+            if used + cost > budget * INCOGNITO_MAX_SHARE:
+                break
+            lines.insert(0, line)
+            used += cost
+        return INCOGNITO_HEADER + "\n" + "\n".join(lines) + ")" if lines else ""
+
+
+def _base(ctx: AssembledContext) -> int:
+    """The last message id before the window: what the window does not show verbatim."""
+    if ctx.window:
+        return ctx.window[0].id - 1
+    return 1 << 62

@@ -198,10 +198,21 @@ class MemoryStore(Protocol):
 
     async def idle_conversations(self, *, idle_before: float, limit: int) -> list[int]: ...
 
-    async def longterm_summary(self, conversation_id: int) -> LongTermSummary | None: ...
+    async def longterm_summary(
+        self, conversation_id: int, *, up_to: int | None = None
+    ) -> LongTermSummary | None: ...
+
+    async def has_longterm_summary(self, conversation_id: int) -> bool: ...
 
     async def save_longterm_summary(
-        self, conversation_id: int, *, text: str, tokens: int, sessions: int
+        self,
+        conversation_id: int,
+        *,
+        text: str,
+        tokens: int,
+        sessions: int,
+        up_to_message_id: int,
+        updated_at: float | None = None,
     ) -> None: ...
 
     # --- forgetting by use, identities, incognito, export/import ----------------------------

@@ -84,9 +84,13 @@ class Session:
 
 @dataclass(frozen=True, slots=True)
 class LongTermSummary:
+    """One version of a conversation's long-term summary, built from the session summaries of
+    every session ending at or before ``up_to_message_id``."""
+
     text: str
     tokens: int
     sessions: int
+    up_to_message_id: int
     updated_at: float
 
 
@@ -111,7 +115,7 @@ SESSION_FIELDS = (
     "summary", "tokens",
 )  # fmt: skip
 FACT_FIELDS = ("id", "text", "tokens", "created_at", "updated_at", "pinned", "source_ids")
-LONGTERM_FIELDS = ("text", "tokens", "sessions", "updated_at")
+LONGTERM_FIELDS = ("text", "tokens", "sessions", "up_to_message_id", "updated_at")
 DUMP_TABLES = {
     "messages": MESSAGE_FIELDS,
     "summaries": SUMMARY_FIELDS,

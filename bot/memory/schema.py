@@ -134,11 +134,13 @@ def _m002_message_vectors() -> str:
 
 
 def _m003_memory_tiers() -> str:
-    # Sessions (closed by an idle gap or !reset) with their short summaries, one long-term
-    # summary per conversation rebuilt from them, facts with provenance (pinned = !remember),
-    # forgetting by use (uses, important), linked identities (merged_into on the absorbed DM
-    # conversation, origin_conversation_id on what was moved so !unlink can give it back) and
-    # incognito. Existing facts all came from !remember, so they start pinned.
+    # Sessions (closed by an idle gap or !reset) with their short summaries, long-term summary
+    # versions rebuilt from them (each records the last message its sessions cover, so the
+    # prompt can keep one version until the window's base moves past the next), facts with
+    # provenance (pinned = !remember), forgetting by use (uses, important), linked identities
+    # (merged_into on the absorbed DM conversation, origin_conversation_id on what was moved so
+    # !unlink can give it back) and incognito. Existing facts all came from !remember, so they
+    # start pinned.
     return """
         CREATE TABLE sessions (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -157,12 +159,16 @@ def _m003_memory_tiers() -> str:
         CREATE INDEX sessions_conversation ON sessions (conversation_id, last_message_id);
 
         CREATE TABLE longterm_summaries (
-            conversation_id INTEGER PRIMARY KEY REFERENCES conversations (id) ON DELETE CASCADE,
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
             text TEXT NOT NULL,
             tokens INTEGER NOT NULL,
             sessions INTEGER NOT NULL,
+            up_to_message_id INTEGER NOT NULL,
             updated_at REAL NOT NULL
         );
+        CREATE INDEX longterm_conversation
+            ON longterm_summaries (conversation_id, up_to_message_id);
 
         ALTER TABLE facts ADD COLUMN pinned INTEGER NOT NULL DEFAULT 1;
         ALTER TABLE facts ADD COLUMN source_ids TEXT NOT NULL DEFAULT '[]';

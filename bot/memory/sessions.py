@@ -10,8 +10,9 @@ Invariants:
   background lane of the gate and runs only while ``idle()`` says no turn is running, so it
   never delays a reply; a preempted or failed call leaves the session unsummarized and it is
   tried again at a later tick.
-- The long-term summary is rebuilt from the previous long-term summary and the newly summarized
-  session, so its cost does not grow with the number of sessions.
+- The long-term summary is rebuilt from the previous version and the newly summarized session,
+  so its cost does not grow with the number of sessions; after a ``!reset`` it starts afresh
+  from sessions after the reset mark (the prompt hides versions built before it).
 """
 
 from __future__ import annotations
@@ -182,6 +183,14 @@ class SessionKeeper:
         if not new:
             return
         old = await self._store.longterm_summary(conversation_id)
+        if old is not None and old.up_to_message_id <= await self._store.reset_mark(
+            conversation_id
+        ):
+            old = None  # a !reset since: start afresh, nothing from before it is carried on
+            new = [s for s in new if s.first_message_id > await self._store.reset_mark(
+                conversation_id)]  # fmt: skip
+            if not new:
+                return
         words = int(LONGTERM_TOKENS * 0.6)
         listing = "\n".join(
             f"- {time.strftime('%Y-%m-%d', time.gmtime(s.started_at))} {s.title}: {s.summary}"
@@ -200,9 +209,13 @@ class SessionKeeper:
         )
         text = completion.text.strip()
         if text:
-            count = sum(1 for s in sessions if s.summary)
+            done = [s for s in sessions if s.summary]
             await self._store.save_longterm_summary(
-                conversation_id, text=text, tokens=self._counter.count(text), sessions=count
+                conversation_id,
+                text=text,
+                tokens=self._counter.count(text),
+                sessions=len(done),
+                up_to_message_id=max(s.last_message_id for s in done),
             )
 
     # --- the background loop ------------------------------------------------------------------

@@ -57,7 +57,7 @@ class PortableMixin(SqliteBase):
                 conv[table] = [_out(table, dict(zip(fields, r, strict=True))) for r in rows]
             lt = await self._one(
                 f"SELECT {', '.join(LONGTERM_FIELDS)} FROM longterm_summaries "
-                "WHERE conversation_id = ?",
+                "WHERE conversation_id = ? ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
                 (row[0],),
             )
             conv["longterm_summary"] = (
@@ -94,7 +94,7 @@ class PortableMixin(SqliteBase):
                 if lt is not None:
                     await db.execute(
                         "INSERT INTO longterm_summaries (conversation_id, text, tokens, sessions,"
-                        " updated_at) VALUES (?, ?, ?, ?, ?)",
+                        " up_to_message_id, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
                         (conv["id"], *(lt[f] for f in LONGTERM_FIELDS)),
                     )
         return counts

@@ -5,7 +5,9 @@ Invariants:
   ``last_message_id`` (ids, not times: a clock that jumps backwards cannot reorder them);
   sessions of a conversation never overlap, and a new one starts after the newest one's end.
 - A session's title and summary are written once, later, by the background summarizer.
-- One long-term summary per conversation, replaced whole when rebuilt.
+- Long-term summaries are versions: each covers the sessions up to ``up_to_message_id``; the
+  newest ``LONGTERM_VERSIONS`` are kept, so a prompt can keep one version until its window
+  moves on (cache-stable) while newer ones wait.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from bot.memory.records import LongTermSummary, Session
+from bot.memory.schema import FTS_STRIDE
 from bot.memory.sqlite.base import SqliteBase
 
+LONGTERM_VERSIONS = 8
 SESSION_COLS = (
     "id, conversation_id, first_message_id, last_message_id, started_at, ended_at, messages, "
     "title, summary, tokens"
@@ -113,22 +117,46 @@ class SessionsMixin(SqliteBase):
         )
         return [int(r[0]) for r in rows]
 
-    async def longterm_summary(self, conversation_id: int) -> LongTermSummary | None:
+    async def longterm_summary(
+        self, conversation_id: int, *, up_to: int | None = None
+    ) -> LongTermSummary | None:
+        """The newest version, or the newest covering no message after ``up_to``."""
         row = await self._one(
-            "SELECT text, tokens, sessions, updated_at FROM longterm_summaries "
-            "WHERE conversation_id = ?",
-            (conversation_id,),
+            "SELECT text, tokens, sessions, up_to_message_id, updated_at FROM longterm_summaries "
+            "WHERE conversation_id = ? AND up_to_message_id <= ? "
+            "ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
+            (conversation_id, FTS_STRIDE if up_to is None else up_to),
         )
         return None if row is None else LongTermSummary(*row)
 
+    async def has_longterm_summary(self, conversation_id: int) -> bool:
+        row = await self._one(
+            "SELECT 1 FROM longterm_summaries WHERE conversation_id = ? LIMIT 1",
+            (conversation_id,),
+        )
+        return row is not None
+
     async def save_longterm_summary(
-        self, conversation_id: int, *, text: str, tokens: int, sessions: int
+        self,
+        conversation_id: int,
+        *,
+        text: str,
+        tokens: int,
+        sessions: int,
+        up_to_message_id: int,
+        updated_at: float | None = None,
     ) -> None:
+        """Add a version; only the newest ``LONGTERM_VERSIONS`` are kept."""
         async with self._tx() as db:
             await db.execute(
                 "INSERT INTO longterm_summaries (conversation_id, text, tokens, sessions, "
-                "updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (conversation_id) DO UPDATE SET "
-                "text = excluded.text, tokens = excluded.tokens, sessions = excluded.sessions, "
-                "updated_at = excluded.updated_at",
-                (conversation_id, text, tokens, sessions, time.time()),
+                "up_to_message_id, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation_id, text, tokens, sessions, up_to_message_id,
+                 time.time() if updated_at is None else updated_at),
+            )  # fmt: skip
+            await db.execute(
+                "DELETE FROM longterm_summaries WHERE conversation_id = ? AND id NOT IN "
+                "(SELECT id FROM longterm_summaries WHERE conversation_id = ? "
+                "ORDER BY up_to_message_id DESC, id DESC LIMIT ?)",
+                (conversation_id, conversation_id, LONGTERM_VERSIONS),
             )
