@@ -12,6 +12,7 @@ import pytest
 from bot.cli import main
 from bot.config import LLMConfig
 from bot.domain import ConversationKey
+from bot.errors import LLMUnavailable
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.tokens import make_counter
 from bot.memory.sessions import SessionKeeper, split_sessions
@@ -226,3 +227,22 @@ async def test_memory_rebuild_redoes_sessions_with_a_progress_bar(
     assert all(s.title == script.title for s in sessions)
     assert (await store.longterm_summary(conv.id)) is not None
     await store.close()
+
+
+async def test_a_failed_longterm_update_is_caught_up(store: SqliteStore, fake_llm: FakeLLM) -> None:
+    script = MemoryScript()
+    fake_llm.reply_fn = script
+    llm = _llm(fake_llm)
+    keeper = SessionKeeper(store=store, llm=llm, counter=make_counter(), gap=6 * HOUR,
+                           extractor=None, wall=Wall(T0 + 100 * HOUR))  # fmt: skip
+    ids = await _msgs(store, [T0, T0 + 60, T0 + 10 * HOUR])  # two closed sessions
+    conv = await store.conversation(KEY)
+    fake_llm.script = ["ok", ("status", 500, {"error": {"message": "busy"}})]
+    with pytest.raises(LLMUnavailable):
+        await keeper.tick()  # first session summarized; its long-term call failed
+    assert await store.longterm_summary(conv.id) is None
+    await keeper.tick()  # catch-up first, then the second session
+    lt = await store.longterm_summary(conv.id)
+    assert lt is not None and (lt.sessions, lt.up_to_message_id) == (2, ids[-1])
+    assert all(s.summary for s in await store.sessions(conv.id))
+    await llm.close()

@@ -117,6 +117,10 @@ class SessionKeeper:
         self._interval = interval
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        # Conversations whose long-term update failed after their session summary was saved
+        # (preempted, server down): retried first at the next tick. After a restart the next
+        # session's update catches up instead (it folds every session not yet covered).
+        self._lagging: set[int] = set()
 
     # --- closing ----------------------------------------------------------------------------
     async def close_sessions(self, conversation_id: int, *, force: bool = False) -> list[int]:
@@ -174,23 +178,24 @@ class SessionKeeper:
         await self._store.set_session_summary(
             session.id, title=title, summary=summary, tokens=self._counter.count(summary)
         )
-        await self.update_longterm(session.conversation_id, [session.id])
+        self._lagging.add(session.conversation_id)  # until its long-term version is written
+        await self.update_longterm(session.conversation_id)
+        self._lagging.discard(session.conversation_id)
         return True
 
-    async def update_longterm(self, conversation_id: int, new_session_ids: Sequence[int]) -> None:
+    async def update_longterm(self, conversation_id: int) -> None:
+        """Fold every summarized session the newest version does not cover yet into a new
+        version (a call that failed earlier is caught up here). After a ``!reset``, versions
+        from before it are not carried on, and only sessions after the mark count."""
         sessions = await self._store.sessions(conversation_id)
-        new = [s for s in sessions if s.id in set(new_session_ids) and s.summary]
+        mark = await self._store.reset_mark(conversation_id)
+        old = await self._store.longterm_summary(conversation_id)
+        if old is not None and old.up_to_message_id <= mark:
+            old = None  # a !reset since: start afresh
+        after = old.up_to_message_id if old is not None else mark
+        new = [s for s in sessions if s.summary and s.first_message_id > after]
         if not new:
             return
-        old = await self._store.longterm_summary(conversation_id)
-        if old is not None and old.up_to_message_id <= await self._store.reset_mark(
-            conversation_id
-        ):
-            old = None  # a !reset since: start afresh, nothing from before it is carried on
-            new = [s for s in new if s.first_message_id > await self._store.reset_mark(
-                conversation_id)]  # fmt: skip
-            if not new:
-                return
         words = int(LONGTERM_TOKENS * 0.6)
         listing = "\n".join(
             f"- {time.strftime('%Y-%m-%d', time.gmtime(s.started_at))} {s.title}: {s.summary}"
@@ -209,19 +214,23 @@ class SessionKeeper:
         )
         text = completion.text.strip()
         if text:
-            done = [s for s in sessions if s.summary]
             await self._store.save_longterm_summary(
                 conversation_id,
                 text=text,
                 tokens=self._counter.count(text),
-                sessions=len(done),
-                up_to_message_id=max(s.last_message_id for s in done),
+                sessions=(old.sessions if old else 0) + len(new),
+                up_to_message_id=new[-1].last_message_id,
             )
 
     # --- the background loop ------------------------------------------------------------------
     async def tick(self) -> TickReport:
         """One bounded round: close idle sessions, then summarize a few closed ones."""
         closed = summarized = 0
+        for cid in sorted(self._lagging):
+            if not self._idle():
+                return TickReport()
+            await self.update_longterm(cid)
+            self._lagging.discard(cid)
         for cid in await self._store.idle_conversations(
             idle_before=self._wall() - self._gap, limit=TICK_CONVERSATIONS
         ):
@@ -260,7 +269,7 @@ class SessionKeeper:
                 )
                 done += 1
                 progress(done, len(sessions))
-            await self.update_longterm(conversation_id, [s.id for s in batch])
+            await self.update_longterm(conversation_id)
         return done
 
     def start(self) -> None:
