@@ -5,6 +5,7 @@ bad extraction output (invalid JSON, empty, 500 items, injected text)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -233,7 +234,7 @@ async def test_session_close_extracts_facts_in_the_background(
         conv = await h.store.conversation(h.transport_key("alice"))
         mid = await h.store.add_message(
             conv.id, role="user", author="alice", text="I fly gliders", tokens=3,
-            status="answered", created_at=1e9,
+            status="answered", created_at=time.time() - 10 * 3600,
         )  # fmt: skip
         script.facts = _facts({"op": "add", "text": "Flies gliders", "source": [mid]})
         assert h.app.sessions is not None

@@ -5,6 +5,7 @@ prompt of that conversation only; !sessions; ``meshsage memory rebuild`` with a 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -157,7 +158,8 @@ async def test_longterm_summary_joins_the_prompt_once_the_window_moved_past_it(
     h, script = await _harness(tmp_path, fake_llm, context_tokens=400)
     try:
         dm = h.transport_key("alice")
-        await _msgs(h.store, [T0 + i for i in range(6)], key=dm)  # long ago: the session is over
+        ago = time.time() - 10 * HOUR  # the session is over (and recent enough to summarize)
+        await _msgs(h.store, [ago + i for i in range(6)], key=dm)
         assert h.app.sessions is not None
         assert (await h.app.sessions.tick()).summarized == 1
         # While the window still shows the closed session's turns verbatim, the prompt keeps
@@ -193,7 +195,8 @@ async def test_background_session_work_waits_while_a_turn_runs(
 ) -> None:
     h, script = await _harness(tmp_path, fake_llm)
     try:
-        await _msgs(h.store, [T0, T0 + 60], key=h.transport_key("alice"))
+        ago = time.time() - 10 * HOUR
+        await _msgs(h.store, [ago, ago + 60], key=h.transport_key("alice"))
         assert h.app.sessions is not None
         keeper = h.app.sessions
         keeper._idle = lambda: False  # a turn is running: closing is fine, the LLM is not
@@ -245,4 +248,22 @@ async def test_a_failed_longterm_update_is_caught_up(store: SqliteStore, fake_ll
     lt = await store.longterm_summary(conv.id)
     assert lt is not None and (lt.sessions, lt.up_to_message_id) == (2, ids[-1])
     assert all(s.summary for s in await store.sessions(conv.id))
+    await llm.close()
+
+
+async def test_sessions_older_than_the_backfill_window_wait_for_a_rebuild(
+    store: SqliteStore, fake_llm: FakeLLM
+) -> None:
+    from bot.memory.sessions import BACKFILL_SECONDS
+
+    fake_llm.reply_fn = MemoryScript()
+    llm = _llm(fake_llm)
+    now = Wall(T0 + BACKFILL_SECONDS + 100 * HOUR)
+    keeper = SessionKeeper(store=store, llm=llm, counter=make_counter(), gap=6 * HOUR,
+                           extractor=None, wall=now)  # fmt: skip
+    await _msgs(store, [T0, T0 + 60, T0 + BACKFILL_SECONDS + 10 * HOUR])
+    report = await keeper.tick()
+    assert (report.closed, report.summarized) == (2, 1)  # only the recent one
+    conv = await store.conversation(KEY)
+    assert [s.summary is not None for s in await store.sessions(conv.id)] == [False, True]
     await llm.close()

@@ -52,6 +52,10 @@ LONGTERM_TOKENS = 250
 TICK_CONVERSATIONS = 20
 TICK_SUMMARIES = 4
 REBUILD_BATCH = 8
+# Sessions that ended longer ago than this are recorded but not summarized in the background:
+# upgrading a bot with years of history must not queue days of LLM work on a Pi. `meshsage
+# memory rebuild PERSON` summarizes a person's whole history on demand.
+BACKFILL_SECONDS = 30 * 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +239,10 @@ class SessionKeeper:
             idle_before=self._wall() - self._gap, limit=TICK_CONVERSATIONS
         ):
             closed += len(await self.close_sessions(cid))
-        for session in await self._store.unsummarized_sessions(limit=TICK_SUMMARIES):
+        recent = self._wall() - BACKFILL_SECONDS
+        for session in await self._store.unsummarized_sessions(
+            limit=TICK_SUMMARIES, ended_after=recent
+        ):
             if not self._idle():
                 break  # a turn started: the LLM is theirs
             summarized += int(await self.summarize(session))

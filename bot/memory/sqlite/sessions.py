@@ -97,10 +97,11 @@ class SessionsMixin(SqliteBase):
             )
             return cur.rowcount
 
-    async def unsummarized_sessions(self, *, limit: int) -> list[Session]:
+    async def unsummarized_sessions(self, *, limit: int, ended_after: float = 0.0) -> list[Session]:
         rows = await self._all(
-            f"SELECT {SESSION_COLS} FROM sessions WHERE summary IS NULL ORDER BY id LIMIT ?",
-            (limit,),
+            f"SELECT {SESSION_COLS} FROM sessions WHERE summary IS NULL AND ended_at >= ? "
+            "ORDER BY id LIMIT ?",
+            (ended_after, limit),
         )
         return [_session(r) for r in rows]
 
