@@ -187,6 +187,7 @@ async def test_sessions_never_overlap_and_carry_their_summary(memory: MemoryStor
     older = await memory.longterm_summary(conv.id, up_to=b - 1)  # the version a window shows
     assert older is not None and older.text == "L1"
     assert await memory.longterm_summary(conv.id, up_to=a - 1) is None
+    assert await memory.longterm_summary(conv.id, written_before=0.0) is None
     assert await memory.clear_sessions(conv.id) == 1
     assert await memory.longterm_summary(conv.id) is None
 

@@ -201,7 +201,11 @@ class MemoryStore(Protocol):
     async def idle_conversations(self, *, idle_before: float, limit: int) -> list[int]: ...
 
     async def longterm_summary(
-        self, conversation_id: int, *, up_to: int | None = None
+        self,
+        conversation_id: int,
+        *,
+        up_to: int | None = None,
+        written_before: float | None = None,
     ) -> LongTermSummary | None: ...
 
     async def has_longterm_summary(self, conversation_id: int) -> bool: ...

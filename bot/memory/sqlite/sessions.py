@@ -119,14 +119,23 @@ class SessionsMixin(SqliteBase):
         return [int(r[0]) for r in rows]
 
     async def longterm_summary(
-        self, conversation_id: int, *, up_to: int | None = None
+        self,
+        conversation_id: int,
+        *,
+        up_to: int | None = None,
+        written_before: float | None = None,
     ) -> LongTermSummary | None:
-        """The newest version, or the newest covering no message after ``up_to``."""
+        """The newest version; with ``up_to``, the newest covering no message after it; with
+        ``written_before``, the newest that already existed then."""
         row = await self._one(
             "SELECT text, tokens, sessions, up_to_message_id, updated_at FROM longterm_summaries "
-            "WHERE conversation_id = ? AND up_to_message_id <= ? "
+            "WHERE conversation_id = ? AND up_to_message_id <= ? AND updated_at <= ? "
             "ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
-            (conversation_id, FTS_STRIDE if up_to is None else up_to),
+            (
+                conversation_id,
+                FTS_STRIDE if up_to is None else up_to,
+                float("inf") if written_before is None else written_before,
+            ),
         )
         return None if row is None else LongTermSummary(*row)
 
