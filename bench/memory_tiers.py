@@ -5,9 +5,12 @@ Run: ``python -m bench.memory_tiers [--messages 20000 --conversations 40 --turns
 
 A synthetic history (``bench.corpus``) is copied once per session count; every conversation
 then gets that many closed, summarized sessions covering its history, a long-term summary and
-20 facts (10 pinned, 10 extracted with provenance). The real app (``bench.pipeline.drive``:
-store, layered context, retrieval, summarizer, session keeper, fact extraction, gate,
-responder) answers turns through the real OpenAI adapter and the fake LLM on 127.0.0.1.
+20 facts (10 pinned, 10 extracted with provenance); the long-term summary covers the first
+half of the history, so the window has moved past it and it is in every prompt. (With more
+sessions than messages, the extra sessions share the last message; the reply path never lists
+sessions either way.) The real app (``bench.pipeline.drive``: store, layered context,
+retrieval, summarizer, session keeper, fact extraction, gate, responder) answers turns through
+the real OpenAI adapter and the fake LLM on 127.0.0.1.
 Overhead = turn time - LLM time, as in ``bench.pipeline``. The claim checked: the hot path reads
 the long-term summary by key and never lists sessions, so the overhead must not grow with the
 number of sessions.
@@ -59,8 +62,8 @@ def seed_tiers(db_path: Path, *, sessions: int) -> None:
             )
             db.execute(
                 "INSERT INTO longterm_summaries (conversation_id, text, tokens, sessions, "
-                "updated_at) VALUES (?, ?, ?, ?, ?)",
-                (cid, LONGTERM, tokens, sessions, end),
+                "up_to_message_id, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (cid, LONGTERM, tokens, sessions, (first + last) // 2, end),
             )
             db.executemany(
                 "INSERT INTO facts (conversation_id, text, tokens, created_at, pinned, "
