@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
-from bot.commands import Commands
+from bot.commands import COMMAND_NAMES, Commands
 from bot.config import Config
 from bot.errors import MeshsageError
 from bot.llm.gate import LLMGate
@@ -112,6 +112,7 @@ class App:
                     if forgotten:
                         log.info("forgetting by use: deleted %d little-used old message(s)",
                                  forgotten)  # fmt: skip
+                await self.responder.redeliver()  # replies whose link was down
                 if self.responder.idle:
                     await self.store.tidy()
             except Exception:  # loop boundary: upkeep must never stop the bot; try next round
@@ -251,6 +252,15 @@ async def build(
             counter=counter,
             config=config.bot,
             indexer=indexer,
+            max_age={
+                name: section.delivery.max_age
+                for name, section in (
+                    ("console", config.console),
+                    ("meshtastic", config.meshtastic),
+                    ("discord", config.discord),
+                )
+                if section is not None
+            },
         )
         app = App(
             config=config,
@@ -308,6 +318,7 @@ def _build_transport(
             config.meshtastic,
             bot_name=config.bot.name,
             command_prefix=config.bot.command_prefix,
+            command_names=COMMAND_NAMES,
         )
     if name == "discord" and config.discord is not None:
         try:

@@ -10,6 +10,7 @@ Invariants:
 from __future__ import annotations
 
 import enum
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -71,6 +72,14 @@ class Reply:
     kind: ReplyKind = ReplyKind.ANSWER
     note: str | None = None  # short degradation note the transport may show ("history trimmed")
     attachments: tuple[Attachment, ...] = ()
+    # Durable delivery (the outbox): parts already out are skipped; every part the platform
+    # accepts is reported through ``progress(part index, platform id)`` before the next one.
+    outbox_id: int | None = None
+    done_parts: frozenset[int] = frozenset()
+    progress: PartProgress | None = None
+
+
+PartProgress = Callable[[int, str], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +93,7 @@ class DeliveryStatus(enum.Enum):
     SENT = "sent"  # handed to the platform, no confirmation expected or received yet
     DELIVERED = "delivered"  # the platform confirmed delivery (mesh ACK, Discord 200)
     FAILED = "failed"  # gave up; the person did not receive all of it
+    PENDING = "pending"  # not (all) sent: no link; the outbox keeps it and tries again later
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,9 @@ class Rig:
 @pytest.fixture
 async def rig(tmp_path: Path, fake_llm: FakeLLM) -> AsyncIterator[Rig]:
     mesh, discord = FakeTransport(name="mesh"), FakeTransport(name="discord")
-    config = make_config(tmp_path, fake_llm.base_url)
+    config = make_config(  # commands count against the rate limit: these tests send many
+        tmp_path, fake_llm.base_url, "bot:\n  rate_limit:\n    messages: 1000\n    per_seconds: 1\n"
+    )
     app = await build(config, env={}, transports=[mesh, discord])
     await app.start()
     yield Rig(app, mesh, discord)

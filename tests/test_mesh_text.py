@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from bot.transports.mesh_text import (
     MARKER,
     fit,
+    fit_more,
     graphemes,
     normalize,
     reassemble,
@@ -264,3 +265,18 @@ def test_property_arbitrary_unicode_fits(text: str, max_parts: int) -> None:
 def test_every_length_of_accented_text(n: int) -> None:
     text = ("é" * n)[: n // 2] + ("a" if n % 2 else "")  # n bytes of mixed 1- and 2-byte chars
     assert_fits(text, 3)
+
+
+def test_no_wasted_packets_for_a_short_word_before_a_long_one() -> None:
+    text = "Hello, " + "x" * 226  # 233 bytes: went out as 12 + 200 + 45 bytes
+    parts = render_parts(split_parts(text, chunk_bytes=200, max_parts=3))
+    assert len(parts) == 2 and all(len(p.encode()) <= 200 for p in parts)
+    assert len(parts[0].encode()) == 200
+
+
+def test_fit_more_returns_the_rest_for_more() -> None:
+    text = " ".join(f"Sentence {i} is here." for i in range(80))
+    shown, rest = fit_more(text, chunk_bytes=200, max_parts=3, marker=" … (!more)")
+    assert shown.endswith(" … (!more)") and rest is not None
+    assert normalize(shown.removesuffix(" … (!more)") + " " + rest) == normalize(text)
+    assert fit_more("short", chunk_bytes=200, max_parts=3) == ("short", None)

@@ -133,7 +133,45 @@ def _m002_message_vectors() -> str:
         """
 
 
-def _m003_memory_tiers() -> str:
+def _m003_outbox() -> str:
+    # The durable outbox: what must still reach someone, with per-part progress. Rows are
+    # keyed by (transport, person, space) rather than a conversation id so a notice for a
+    # message that could not be stored still has a row; ``!forget`` deletes them by person.
+    # ``scrub_pending`` records an unfinished ``!forget`` erase (finished at the next open).
+    return """
+        CREATE TABLE outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            space TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('answer', 'notice', 'command', 'more')),
+            text TEXT NOT NULL,
+            reply_to TEXT,
+            question_id INTEGER REFERENCES messages (id) ON DELETE SET NULL,
+            answer_id INTEGER REFERENCES messages (id) ON DELETE SET NULL,
+            rest TEXT,
+            state TEXT NOT NULL DEFAULT 'pending'
+                CHECK (state IN ('pending', 'sent', 'delivered', 'failed', 'expired')),
+            detail TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE INDEX outbox_pending ON outbox (transport, id) WHERE state = 'pending';
+        CREATE INDEX outbox_person ON outbox (transport, person, space, id);
+        CREATE TABLE outbox_parts (
+            outbox_id INTEGER NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
+            part INTEGER NOT NULL CHECK (part >= 0),
+            platform_id TEXT NOT NULL,
+            PRIMARY KEY (outbox_id, part)
+        );
+        CREATE TABLE scrub_pending (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            since REAL NOT NULL
+        );
+        """
+
+
+def _m004_memory_tiers() -> str:
     # Sessions (closed by an idle gap or !reset) with their short summaries, long-term summary
     # versions rebuilt from them (each records the last message its sessions cover, so the
     # prompt can keep one version until the window's base moves past the next), facts with
@@ -190,7 +228,8 @@ Migration = tuple[str, Callable[[], str]]
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_message_vectors", _m002_message_vectors),
-    ("003_memory_tiers", _m003_memory_tiers),
+    ("003_outbox", _m003_outbox),
+    ("004_memory_tiers", _m004_memory_tiers),
 ]
 
 

@@ -224,7 +224,8 @@ class DiscordTransport:
     async def send(self, reply: Reply) -> Delivery:
         client = self._client
         if client is None or client.is_closed():
-            return Delivery(DeliveryStatus.FAILED, detail="discord is not connected")
+            # the durable outbox keeps it and sends it once the gateway is back
+            return Delivery(DeliveryStatus.PENDING, detail="discord is not connected")
         parts = split_message(self.fit(reply.text))
         note = note_line(reply.note)
         if note is not None:
@@ -239,9 +240,13 @@ class DiscordTransport:
             if parts:
                 channel, reference = await self._reply_target(client, reply.inbound)
                 for i, part in enumerate(parts):
+                    if i in reply.done_parts:  # posted before a restart: never twice
+                        continue
                     msg = await _post(channel, part, reference if i == 0 else None)
                     sent.append(str(msg.id))
                     self._remember_own(msg.id, head=int(sent[0]))
+                    if reply.progress is not None:
+                        await reply.progress(i, str(msg.id))
             if reply.attachments:
                 sent += await self._send_attachments(client, reply)
         except DELIVERY_ERRORS as exc:

@@ -181,11 +181,16 @@ class MessagesMixin(SqliteBase):
     async def recent_messages(
         self, conversation: Conversation, *, limit: int, before_id: int | None = None
     ) -> list[StoredMessage]:
-        """Newest first, after the reset mark, at most ``limit``."""
+        """Newest first, after the reset mark, at most ``limit``. With ``before_id`` (the
+        message being answered): the conversation as it stands for that message, i.e. the
+        messages before it plus the answers to them, even when an answer was stored after it
+        (a second question sent before the first was answered)."""
+        before = before_id or FTS_STRIDE
         rows = await self._all(
-            f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = ? AND id > ? AND id < ? "
+            f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = ? AND id > ? AND "
+            "(id < ? OR (role = 'assistant' AND parent_id IS NOT NULL AND parent_id < ?)) "
             "ORDER BY id DESC LIMIT ?",
-            (conversation.id, conversation.reset_after, before_id or FTS_STRIDE, limit),
+            (conversation.id, conversation.reset_after, before, before, limit),
         )
         return [msg_from_row(r) for r in rows]
 
