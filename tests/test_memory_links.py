@@ -182,3 +182,21 @@ async def test_incognito_stores_nothing_new_and_still_answers(rig: Rig, fake_llm
     prompt = json.dumps(fake_llm.chat_requests()[-1]["messages"])
     assert "BLUEBIRD" not in prompt  # the incognito turns are gone with incognito
     assert "Incognito" not in await rig.say(rig.mesh, "!status", sender=MESH.person)
+
+
+async def test_an_answer_stored_after_unlink_goes_to_its_own_side(store: SqliteStore) -> None:
+    from bot.memory.records import OutboxEntry, StoredAnswer
+
+    await store.conversation(MESH)
+    await store.link_dm(MESH, DISCORD)
+    during = await store.conversation(DISCORD)
+    q = await store.add_message(during.id, role="user", author="d", text="asked via discord",
+                                tokens=1, status="pending", origin_id=during.origin_id)  # fmt: skip
+    await store.unlink_dm(MESH)  # from the other side, while the answer is being generated
+    await store.queue_delivery(
+        OutboxEntry(DISCORD, "answer", "the answer", question_id=q),
+        answer=StoredAnswer(during.id, "bot", "the answer", 2, origin_id=during.origin_id),
+    )
+    own = await store.conversation(DISCORD)
+    assert [m.text for m in await store.all_messages(own.id)] == ["asked via discord", "the answer"]
+    assert await store.all_messages((await store.conversation(MESH)).id) == []
