@@ -64,7 +64,7 @@ from bot.memory.context import ContextBuilder
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.layers import LayeredContext
 from bot.memory.sessions import LONGTERM_PROMPT, SESSION_PROMPT
-from bot.memory.summary import PROMPT as SUMMARY_PROMPT
+from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.transports.base import OnMessage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,10 +78,12 @@ REPLY_MAX_CHARS = 2000
 DB_NAME = "meshsage.db"  # Config.database_path's file name inside state_dir
 MARK_START = "<!-- bench:pipeline:start -->"
 MARK_END = "<!-- bench:pipeline:end -->"
-# Background work (rolling summary, session summaries, long-term summary, fact extraction) is
-# told apart from replies by its system prompt: this wrapper sits below the gate's lanes.
+# Background work (summary chapters and merges, session summaries, long-term summary, fact
+# extraction) is told apart from replies by its system prompt: this wrapper sits below the
+# gate's lanes.
 _BACKGROUND_PREFIXES = tuple(
-    p.split("{", 1)[0][:60] for p in (SUMMARY_PROMPT, SESSION_PROMPT, LONGTERM_PROMPT, FACTS_PROMPT)
+    p.split("{", 1)[0][:60]
+    for p in (CHAPTER_PROMPT, MERGE_PROMPT, SESSION_PROMPT, LONGTERM_PROMPT, FACTS_PROMPT)
 )
 
 

@@ -1,8 +1,10 @@
 """User and operator commands, answered without the LLM.
 
 Invariants:
-- Every reply fits one 200-byte mesh packet (``fit_bytes``), whatever the transport and
-  whatever the stored text it quotes (facts, summary, history).
+- Every reply fits ``room`` UTF-8 bytes (``fit_bytes``), whatever stored text it quotes (facts,
+  summary, history). The responder passes the transport's own size: one 200-byte packet on
+  the mesh, what one Discord answer carries (2,000 characters), and ``UNLIMITED_ROOM`` on the
+  console; the default is the mesh packet.
 - ``!reset`` says exactly what it keeps: pinned facts, and the log (stored, no longer used).
 - Commands act only on the conversation of the person who sent them (``!forget`` on all of that
   person's spaces on that transport), never on anyone else's.
@@ -35,7 +37,7 @@ from bot.memory.export import export_person
 from bot.memory.facts import find_duplicate
 from bot.memory.links import LinkCodes
 from bot.memory.port import MemoryStore
-from bot.text import fit_bytes
+from bot.text import MESH_COMMAND_BYTES, fit_bytes
 
 FORGET_CONFIRM_SECONDS = 60.0
 # Every command name (user, then operator): on shared channels only these trigger the bot.
@@ -58,7 +60,8 @@ class CommandResult:
     on_delivered: Callable[[], None] | None = None  # run once the reply reached the person
 
 
-Handler = Callable[[Inbound, str], Awaitable[CommandResult]]
+Handler = Callable[[Inbound, str, int], Awaitable[CommandResult]]
+UNLIMITED_ROOM = 20_000
 
 
 class Commands:
@@ -125,22 +128,25 @@ class Commands:
             self._operators
         )
 
-    async def run(self, inbound: Inbound, name: str, arg: str) -> CommandResult:
+    async def run(
+        self, inbound: Inbound, name: str, arg: str, *, room: int = MESH_COMMAND_BYTES
+    ) -> CommandResult:
         handler = self._handlers.get(name)
         if handler is None and self.is_operator(inbound):
             handler = self._operator_handlers.get(name)
         if handler is None:
-            return self._say(f"Unknown command {self.prefix}{name}. Send {self.prefix}help.")
-        result = await handler(inbound, arg)
+            unknown = f"Unknown command {self.prefix}{name}. Send {self.prefix}help."
+            return CommandResult(fit_bytes(unknown, room))
+        result = await handler(inbound, arg, room)
         if result.more:
             return result
-        return replace(result, text=fit_bytes(result.text))
+        return replace(result, text=fit_bytes(result.text, room))
 
     def _say(self, text: str) -> CommandResult:
-        return CommandResult(fit_bytes(text))
+        return CommandResult(text)  # ``run`` fits it to the transport
 
     # --- handlers ---------------------------------------------------------------------------
-    async def _help(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _help(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         p = self.prefix
         names = ["help", "reset", "forget", "history [n]", "summary", "remember <fact>",
                  "facts", "unremember <n>", "status", "export", "more", "sessions", "pin",
@@ -150,7 +156,7 @@ class Commands:
             text += f" | operator: {p}stats"
         return self._say(text)
 
-    async def _reset(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _reset(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.conversation(inbound.key)
         await self._store.reset(conv.id)
         n = len(await self._store.facts(conv.id))
@@ -161,7 +167,7 @@ class Commands:
             f"turns). Kept: {facts}; old messages stay stored ({p}forget deletes them)."
         )
 
-    async def _forget(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _forget(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         who = (inbound.transport, inbound.sender)
         now = self._clock()
         asked = self._forget_pending.get(who)
@@ -192,7 +198,7 @@ class Commands:
             on_delivered=opened,
         )
 
-    async def _history(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _history(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         n = HISTORY_DEFAULT
         if arg:
             number = _number(arg)
@@ -204,21 +210,21 @@ class Commands:
         if not msgs:
             return self._say("No messages since the last reset.")
         msgs.reverse()
-        room = max(20, 190 // len(msgs))
+        each = max(20, (room - 10) // len(msgs))
         lines = [
-            f"{'you' if m.role == 'user' else 'me'}: " + fit_bytes(" ".join(m.text.split()), room)
+            f"{'you' if m.role == 'user' else 'me'}: " + fit_bytes(" ".join(m.text.split()), each)
             for m in msgs
         ]
         return self._say("\n".join(lines))
 
-    async def _summary(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _summary(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
-        summary = None if conv is None else await self._store.latest_summary(conv)
-        if summary is None:
+        chapters = [] if conv is None else await self._store.summaries(conv)
+        if not chapters:
             return self._say("No summary yet: our conversation is still short.")
-        return self._say("Summary: " + summary.text)
+        return self._say("Summary: " + " ".join(c.text for c in chapters))
 
-    async def _remember(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _remember(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         fact = " ".join(arg.split())
         if not fact:
             return self._say(
@@ -253,21 +259,21 @@ class Commands:
         n = len(await self._store.facts(conv.id))
         return self._say(f"Noted as fact {n} (pinned). I'll keep it in mind in this chat.")
 
-    async def _facts(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _facts(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         facts = [] if conv is None else await self._store.facts(conv.id)
         if not facts:
             return self._say(f"No facts yet. Add one with {self.prefix}remember <fact>.")
-        room = max(16, 190 // len(facts))
+        each = max(16, (room - 10) // len(facts))
         return self._say(
             " ".join(
-                f"{i}) {'*' if f.pinned else ''}{fit_bytes(f.text, room)}"
+                f"{i}) {'*' if f.pinned else ''}{fit_bytes(f.text, each)}"
                 for i, f in enumerate(facts, 1)
             )
             + " (*=pinned)" * any(f.pinned for f in facts)
         )
 
-    async def _unremember(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _unremember(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         facts = [] if conv is None else await self._store.facts(conv.id)
         if conv is None or not facts:
@@ -282,13 +288,13 @@ class Commands:
         await self._store.remove_fact(conv.id, fact.id)
         return self._say(f"Removed fact {number}: {fact.text}")
 
-    async def _more(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _more(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         rest = await self._store.take_more(inbound.key)
         if not rest:
             return self._say("Nothing more: my last answer was complete.")
         return CommandResult(rest, more=True)
 
-    async def _status(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _status(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         up = int(self._clock() - self._started)
         if inbound.space == DM_SPACE:  # private: the whole picture on this transport
             count = await self._store.count_person_messages(inbound.transport, inbound.sender)
@@ -305,7 +311,7 @@ class Commands:
             text += f" Incognito is ON here: nothing new is stored ({self.prefix}incognito off)."
         return self._say(text)
 
-    async def _export(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _export(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         if inbound.transport in NO_FILES:
             return self._say(
                 "Files cannot travel over the mesh. Get your export from the operator "
@@ -322,21 +328,21 @@ class Commands:
             ),
         )
 
-    async def _sessions(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _sessions(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         sessions = [] if conv is None else await self._store.sessions(conv.id, limit=20)
         done = [s for s in sessions if s.title][-SESSIONS_SHOWN:]
         if not done:
             return self._say("No past sessions yet: a session closes after a long pause or "
                              f"{self.prefix}reset, and I summarize it then.")  # fmt: skip
-        room = max(24, 180 // len(done))
+        each = max(24, (room - 20) // len(done))
         lines = [
-            fit_bytes(f"{time.strftime('%d %b', time.gmtime(s.started_at))} {s.title}", room)
+            fit_bytes(f"{time.strftime('%d %b', time.gmtime(s.started_at))} {s.title}", each)
             for s in reversed(done)
         ]
         return self._say("Sessions: " + "; ".join(lines))
 
-    async def _pin(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _pin(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         if conv is None:
             return self._say("Nothing to pin yet.")
@@ -353,7 +359,7 @@ class Commands:
                              f"{self.prefix}pin.")  # fmt: skip
         return self._say(f"Pinned {n} message(s): they are kept when old turns are forgotten.")
 
-    async def _link(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _link(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         p = self.prefix
         if not inbound.is_dm:
             return self._say(f"Send {p}link in a direct message: links join DM memory only.")
@@ -378,7 +384,7 @@ class Commands:
             f"joined). {p}unlink separates them again."
         )
 
-    async def _unlink(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _unlink(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         if not inbound.is_dm:
             return self._say(f"Send {self.prefix}unlink in a direct message.")
         moved = await self._store.unlink_dm(inbound.key)
@@ -386,7 +392,7 @@ class Commands:
             return self._say("This account is not linked.")
         return self._say("Unlinked: each account keeps its own messages and facts again.")
 
-    async def _incognito(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _incognito(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         p = self.prefix
         if arg.lower() not in ("", "on", "off"):
             return self._say(f"Usage: {p}incognito, or {p}incognito off")
@@ -400,7 +406,7 @@ class Commands:
             )
         return self._say("Incognito off: I store our messages again.")
 
-    async def _stats(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _stats(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         stats = await self._store.stats()
         return self._say(", ".join(f"{k}: {v}" for k, v in stats.items()))
 

@@ -9,9 +9,9 @@ Invariants:
 - The assembled prompt stays within the budget: once a conversation has a long-term summary, a
   constant ``reserve`` is taken from the inner builder's budget (constant, so the inner
   builder's window and fold points do not move when a new version is written).
-- Cache-stable: the version shown is the newest one covering no message after the window's
-  base, so it changes only when the window's base moves (at a fold), never between two turns
-  of one window; newer versions wait for the next fold.
+- Cache-stable (issue 9's layout): the version shown is the newest one covering no message
+  after the window's base (``folded_up_to``) and written before the newest summary chapter, so
+  it changes only at a fold, never between two turns of one window; newer versions wait.
 - ``!reset`` hides every version built before it (a version is cumulative, and one built
   after the reset starts afresh, see bot.memory.sessions).
 - Incognito turns ride in the final message only, so the stored prefix stays byte-identical.
@@ -75,7 +75,13 @@ class LayeredContext:
         messages = list(ctx.messages)
         tokens = ctx.tokens
         if reserved:
-            longterm = await self._store.longterm_summary(conversation.id, up_to=_base(ctx))
+            # As of the last fold: covering only what chapters hold (not the window), and
+            # written before the newest chapter, so it changes only when a fold happens.
+            longterm = await self._store.longterm_summary(
+                conversation.id,
+                up_to=ctx.folded_up_to,
+                written_before=ctx.chapters[-1].created_at if ctx.chapters else None,
+            )
             if longterm is not None and longterm.up_to_message_id <= conversation.reset_after:
                 longterm = None  # built before a !reset: nothing from before it is used
             text = f"{LONGTERM_HEADER}\n{longterm.text}" if longterm else ""
@@ -108,10 +114,3 @@ class LayeredContext:
             lines.insert(0, line)
             used += cost
         return INCOGNITO_HEADER + "\n" + "\n".join(lines) + ")" if lines else ""
-
-
-def _base(ctx: AssembledContext) -> int:
-    """The last message id before the window: what the window does not show verbatim."""
-    if ctx.window:
-        return ctx.window[0].id - 1
-    return 1 << 62
