@@ -61,6 +61,9 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM, ChatMessage, Completion
 from bot.memory.context import ContextBuilder
+from bot.memory.facts import PROMPT as FACTS_PROMPT
+from bot.memory.layers import LayeredContext
+from bot.memory.sessions import LONGTERM_PROMPT, SESSION_PROMPT
 from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.transports.base import OnMessage
 
@@ -75,7 +78,13 @@ REPLY_MAX_CHARS = 2000
 DB_NAME = "meshsage.db"  # Config.database_path's file name inside state_dir
 MARK_START = "<!-- bench:pipeline:start -->"
 MARK_END = "<!-- bench:pipeline:end -->"
-_SUMMARY_PREFIXES = tuple(p.split("{", 1)[0] for p in (CHAPTER_PROMPT, MERGE_PROMPT))
+# Background work (summary chapters and merges, session summaries, long-term summary, fact
+# extraction) is told apart from replies by its system prompt: this wrapper sits below the
+# gate's lanes.
+_BACKGROUND_PREFIXES = tuple(
+    p.split("{", 1)[0][:60]
+    for p in (CHAPTER_PROMPT, MERGE_PROMPT, SESSION_PROMPT, LONGTERM_PROMPT, FACTS_PROMPT)
+)
 
 
 # --- the in-process transport and the timing LLM wrapper ------------------------------------
@@ -138,7 +147,7 @@ class TimingLLM:
             return await self.inner.complete(messages, max_tokens=max_tokens)
         finally:
             ended = time.perf_counter()
-            if messages and messages[0].content.startswith(_SUMMARY_PREFIXES):
+            if messages and messages[0].content.startswith(_BACKGROUND_PREFIXES):
                 self.background_calls += 1
             else:
                 self.foreground.append((started, ended))
@@ -200,12 +209,11 @@ def bench_config(*, state_dir: Path, base_url: str, strategy: str) -> Config:
 
 def use_context(app: App, context: NaiveContextBuilder) -> None:
     """Wire an alternative context builder into a built app (the responder holds it)."""
-    responder = app.responder
-    assert isinstance(getattr(responder, "_context", None), ContextBuilder), (
-        "Responder no longer keeps its context builder in _context; update bench.pipeline"
+    layered = getattr(app.responder, "_context", None)
+    assert isinstance(layered, LayeredContext) and layered is app.context, (
+        "Responder no longer keeps its layered context in _context; update bench.pipeline"
     )
-    responder._context = cast(ContextBuilder, context)
-    app.context = cast(ContextBuilder, context)
+    layered.inner = cast(ContextBuilder, context)
 
 
 def pick_people(db_path: Path, *, count: int, seed: int) -> tuple[list[str], int]:

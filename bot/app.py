@@ -12,6 +12,8 @@ Invariants:
   watchdog only while healthy, sends STATUS= lines and rewrites the status file in the state
   dir; READY=1 follows the transports' start, STOPPING=1 opens the shutdown. The LLM the gate
   uses is wrapped in ``TimedLLM`` for the latency figures.
+- Sessions (close, summarize, extract facts) run in their own owned task through the gate's
+  background lane, only while no turn runs; forgetting by use runs in the maintenance loop.
 - Embeddings (``memory.embeddings``) are built only when enabled: the embedder goes to the
   retriever (query vectors) and to the indexer (message vectors, in the background).
 """
@@ -35,8 +37,12 @@ from bot.llm.port import LLM
 from bot.llm.tokens import TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.embeddings import Embedder, OpenAICompatEmbedder
+from bot.memory.facts import FactExtractor
 from bot.memory.indexer import Indexer
+from bot.memory.layers import LayeredContext
+from bot.memory.links import LinkCodes
 from bot.memory.retrieval import Retriever
+from bot.memory.sessions import SessionKeeper
 from bot.memory.store import SqliteStore
 from bot.memory.summary import Summarizer
 from bot.ops.metrics import LastError, Latencies, TimedLLM
@@ -60,7 +66,7 @@ class App:
     llm: LLM
     gate: LLMGate
     counter: TokenCounter
-    context: ContextBuilder
+    context: LayeredContext
     summarizer: Summarizer
     commands: Commands
     responder: Responder
@@ -72,6 +78,7 @@ class App:
     monitor: Monitor | None = None
     _monitor_task: asyncio.Task[None] | None = None
     _hurry: asyncio.Event = field(default_factory=asyncio.Event)
+    sessions: SessionKeeper | None = None
     _close_llm: OpenAICompatLLM | None = None
     _close_embedder: OpenAICompatEmbedder | None = None
     _maintenance: asyncio.Task[None] | None = None
@@ -94,6 +101,8 @@ class App:
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="maintenance")
         if self.indexer is not None:
             self.indexer.start()
+        if self.sessions is not None:
+            self.sessions.start()
         await self.responder.recover_pending()
         self._start_monitor()
         self.notifier.ready("serving on " + ", ".join(t.name for t in running))
@@ -124,6 +133,13 @@ class App:
                     if pruned:
                         log.info("retention: deleted %d message(s) older than %d days", pruned,
                                  self.config.memory.retention_days)  # fmt: skip
+                if self.config.memory.max_turns_per_person > 0 and self.responder.idle:
+                    forgotten = await self.store.prune_by_use(
+                        self.config.memory.max_turns_per_person
+                    )
+                    if forgotten:
+                        log.info("forgetting by use: deleted %d little-used old message(s)",
+                                 forgotten)  # fmt: skip
                 await self.responder.redeliver()  # replies whose link was down
                 if self.responder.idle:
                     await self.store.tidy()
@@ -186,6 +202,8 @@ class App:
             except Exception:  # shutdown boundary: keep closing the rest
                 log.exception("stopping %s failed", transport.name)
         await self.summarizer.stop()
+        if self.sessions is not None:
+            await self.sessions.stop()
         if self.indexer is not None:
             await self.indexer.stop()
         if self._close_llm is not None:
@@ -247,12 +265,32 @@ async def build(
             min_similarity=config.memory.embeddings.min_similarity,
             query_timeout=config.memory.embeddings.query_timeout,
         )
-        context = ContextBuilder(
+        context = LayeredContext(
+            inner=ContextBuilder(
+                store=store,
+                retriever=retriever,
+                counter=counter,
+                system_prompt=config.bot.system_prompt,
+                retrieval_share=config.memory.retrieval.share,
+            ),
             store=store,
-            retriever=retriever,
             counter=counter,
-            system_prompt=config.bot.system_prompt,
-            retrieval_share=config.memory.retrieval.share,
+        )
+        extractor = None
+        if config.memory.extract_facts:
+            extractor = FactExtractor(
+                store=store,
+                llm=gate.background,
+                counter=counter,
+                max_facts=config.memory.max_facts,
+            )
+        sessions = SessionKeeper(
+            store=store,
+            llm=gate.background,
+            counter=counter,
+            gap=config.memory.session_gap,
+            extractor=extractor,
+            idle=lambda: responder.idle,  # bound late: the responder is below
         )
         summarizer = Summarizer(
             store=store, llm=gate.background, counter=counter, config=config.memory.summary
@@ -264,6 +302,7 @@ async def build(
             operators=config.bot.operators,
             max_facts=config.memory.max_facts,
             model_name=lambda: gate.model_name,
+            links=LinkCodes(),
         )
         responder = Responder(
             store=store,
@@ -297,6 +336,7 @@ async def build(
             indexer=indexer,
             notifier=Notifier(env=env),
             latencies=latencies,
+            sessions=sessions,
             _close_llm=real_llm,
             _close_embedder=real_embedder,
         )

@@ -1,5 +1,5 @@
 """Command line: ``meshsage run | chat | check-config | doctor | status | backup | restore |
-memory show | memory reindex``.
+memory show | memory reindex | memory rebuild | export | import``.
 
 Invariants:
 - This is the only place that configures logging (stderr), sets the umask (0077: state files
@@ -32,6 +32,8 @@ from bot.config import Config, load_config
 from bot.domain import DM_SPACE, ConversationKey
 from bot.errors import ConfigError, MeshsageError, TransportError
 from bot.llm.port import merge_system
+from bot.memory.export import FORMATS, import_document, person_document, read_import, render
+from bot.memory.store import SqliteStore
 from bot.ops import preflight
 
 log = logging.getLogger("bot.cli")
@@ -93,6 +95,22 @@ def _parser() -> argparse.ArgumentParser:
         parents=[cfg],
         help="embed every message that has no vector yet (memory.embeddings)",
     )
+    rebuild = mem_sub.add_parser(
+        "rebuild",
+        parents=[cfg],
+        help="redo a person's sessions and summaries from the raw log (uses the LLM)",
+    )
+    rebuild.add_argument("person")
+    rebuild.add_argument("--transport", default="console")
+    rebuild.add_argument("--space", default=DM_SPACE)
+    export = sub.add_parser("export", parents=[cfg], help="write a person's memory to stdout")
+    export.add_argument("person")
+    export.add_argument("--transport", default="console")
+    export.add_argument("--format", choices=FORMATS, default="json")
+    imp = sub.add_parser(
+        "import", parents=[cfg], help="load a JSON export (one transaction; all or nothing)"
+    )
+    imp.add_argument("file")
     return p
 
 
@@ -134,6 +152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _restore(config, Path(args.file))
         if args.command == "memory" and args.memory_command == "reindex":
             return asyncio.run(_memory_reindex(config, args))
+        if args.command == "memory" and args.memory_command == "rebuild":
+            return asyncio.run(_memory_rebuild(config, args))
+        if args.command == "export":
+            return asyncio.run(_export(config, args))
+        if args.command == "import":
+            return asyncio.run(_import(config, args))
         if args.command == "memory":
             return asyncio.run(_memory_show(config, args))
     except MeshsageError as exc:
@@ -375,7 +399,7 @@ async def _memory_show(config: Config, args: argparse.Namespace) -> int:
                 print(f"- message {m.id} ({m.author}): {why}")
         sent = ctx.messages if config.llm.system_role else merge_system(ctx.messages)
         print(f"\n# the {len(sent)} messages sent to {config.llm.model}")
-        if app.context.recall == "notes":
+        if app.context.inner.recall == "notes":
             print(
                 "(recall notes that earlier turns carried live in the running bot's memory; "
                 "a fresh process shows those turns without them)"
@@ -416,6 +440,62 @@ async def _memory_reindex(config: Config, args: argparse.Namespace) -> int:
         return 0
     finally:
         await app.close()
+
+
+async def _memory_rebuild(config: Config, args: argparse.Namespace) -> int:
+    app = await build(config, env=os.environ, transports=[])
+    try:
+        key = ConversationKey(args.transport, args.person, args.space)
+        conv = await app.store.find_conversation(key)
+        if conv is None:
+            print(f"no conversation for {key}", file=sys.stderr)
+            return 1
+        assert app.sessions is not None
+        started = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            width = 30
+            filled = width * done // total if total else width
+            print(f"\rrebuild: [{'#' * filled}{'.' * (width - filled)}] {done}/{total} sessions",
+                  end="", file=sys.stderr, flush=True)  # fmt: skip
+
+        done = await app.sessions.rebuild(conv.id, progress=progress)
+        print(
+            f"\nrebuild: {done} session summaries and the long-term summary rewritten from the "
+            f"log in {time.monotonic() - started:.1f} s",
+            file=sys.stderr,
+        )
+        return 0
+    finally:
+        await app.close()
+
+
+async def _export(config: Config, args: argparse.Namespace) -> int:
+    store = await SqliteStore.open(config.database_path)
+    try:
+        doc = await person_document(store, args.transport, args.person)
+        if not doc["conversations"]:
+            print(f"no memory for {args.transport}:{args.person}", file=sys.stderr)
+            return 1
+        sys.stdout.write(render(doc, args.format))
+        return 0
+    finally:
+        await store.close()
+
+
+async def _import(config: Config, args: argparse.Namespace) -> int:
+    doc = read_import(Path(args.file))  # validated before the database is opened
+    store = await SqliteStore.open(config.database_path)
+    try:
+        counts = await import_document(store, doc)
+    finally:
+        await store.close()
+    print(
+        f"imported {doc['transport']}:{doc['person']}: "
+        + ", ".join(f"{n} {what}" for what, n in counts.items()),
+        file=sys.stderr,
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -183,6 +183,13 @@ class MemoryConfig(_Strict):
     embeddings: EmbeddingsConfig = EmbeddingsConfig()
     max_facts: int = Field(20, ge=1, le=500)
     retention_days: int = Field(0, ge=0, le=36_500)  # 0 keeps everything
+    # A session ends after this many idle seconds (or at !reset); closed sessions get a short
+    # summary, and facts are extracted from them, in the background.
+    session_gap: float = Field(6 * 3600.0, ge=60.0, le=90 * 86_400.0)
+    extract_facts: bool = True
+    # Forgetting by use: keep at most this many messages per person and space, dropping the
+    # least retrieved, oldest first (never !pin-ned turns or sources of pinned facts); 0 = off.
+    max_turns_per_person: int = Field(0, ge=0, le=10_000_000)
 
 
 class DeliveryConfig(_Strict):
