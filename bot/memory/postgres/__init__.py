@@ -8,13 +8,25 @@ Importing this package imports ``asyncpg`` (the optional ``meshsage[postgres]`` 
 from __future__ import annotations
 
 from bot.memory.postgres.derived import DerivedMixin
+from bot.memory.postgres.identity import IdentityMixin
 from bot.memory.postgres.messages import MessagesMixin
 from bot.memory.postgres.outbox import OutboxMixin
+from bot.memory.postgres.portable import PortableMixin
 from bot.memory.postgres.search import SearchMixin
+from bot.memory.postgres.sessions import SessionsMixin
 from bot.memory.postgres.upkeep import UpkeepMixin
 
 
-class PostgresStore(MessagesMixin, OutboxMixin, SearchMixin, DerivedMixin, UpkeepMixin):
+class PostgresStore(
+    MessagesMixin,
+    OutboxMixin,
+    SearchMixin,
+    DerivedMixin,
+    SessionsMixin,
+    IdentityMixin,
+    PortableMixin,
+    UpkeepMixin,
+):
     """Open with ``await PostgresStore.open(url, password=...)``; close with ``close()``."""
 
 

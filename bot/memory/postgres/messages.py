@@ -30,9 +30,6 @@ from bot.memory.records import (
 
 MAX_ID = (1 << 63) - 1
 M_COLS = ", ".join(f"m.{c.strip()}" for c in MSG_COLS.split(","))
-_FIND = (
-    "SELECT id, reset_after FROM conversations WHERE transport = $1 AND person = $2 AND space = $3"
-)
 # A message's search words, keyed by its conversation (see schema 002_keyed_search).
 SEARCH_SQL = (
     "meshsage_keyed(${c}::bigint, to_tsvector('meshsage', ${a}) || to_tsvector('meshsage', ${b}))"
@@ -42,29 +39,36 @@ SEARCH_SQL = (
 class MessagesMixin(PgBase):
     # --- conversations ----------------------------------------------------------------------
     async def conversation(self, key: ConversationKey) -> Conversation:
-        """Get or create the conversation for ``key``."""
-        row = await self._one(_FIND, (key.transport, key.person, key.space))
-        if row is None:  # gateways may race to create it: the unique key picks one row
-            async with self._tx() as con:
-                await con.execute(
-                    "INSERT INTO conversations (transport, person, space, created_at) "
-                    "VALUES ($1, $2, $3, $4) ON CONFLICT (transport, person, space) DO NOTHING",
-                    key.transport,
-                    key.person,
-                    key.space,
-                    time.time(),
-                )
-                row = await con.fetchrow(_FIND, key.transport, key.person, key.space)
-        assert row is not None
-        return Conversation(id=row[0], key=key, reset_after=row[1])
+        """Get or create the conversation for ``key`` (a linked DM resolves to the joined one)."""
+        found = await self.find_conversation(key)
+        if found is not None:
+            return found
+        async with self._tx() as con:  # gateways may race to create it: the unique key wins
+            await con.execute(
+                "INSERT INTO conversations (transport, person, space, created_at) "
+                "VALUES ($1, $2, $3, $4) ON CONFLICT (transport, person, space) DO NOTHING",
+                key.transport,
+                key.person,
+                key.space,
+                time.time(),
+            )
+        found = await self.find_conversation(key)
+        assert found is not None
+        return found
 
     async def find_conversation(self, key: ConversationKey) -> Conversation | None:
         row = await self._one(
-            "SELECT id, reset_after FROM conversations "
-            "WHERE transport = $1 AND person = $2 AND space = $3",
+            "SELECT c.id, c.reset_after, h.id, h.transport, h.person, h.space, h.reset_after "
+            "FROM conversations c LEFT JOIN conversations h ON h.id = c.merged_into "
+            "WHERE c.transport = $1 AND c.person = $2 AND c.space = $3",
             (key.transport, key.person, key.space),
         )
-        return None if row is None else Conversation(id=row[0], key=key, reset_after=row[1])
+        if row is None:
+            return None
+        if row[2] is not None:  # linked: memory lives in the other transport's DM
+            home = ConversationKey(row[3], row[4], row[5])
+            return Conversation(id=row[2], key=home, reset_after=row[6], origin_id=row[0])
+        return Conversation(id=row[0], key=key, reset_after=row[1])
 
     async def conversations_of(self, transport: str, person: str) -> list[Conversation]:
         rows = await self._all(
@@ -114,11 +118,20 @@ class MessagesMixin(PgBase):
         reply_to_platform_id: str | None = None,
         parent_id: int | None = None,
         answers: int | None = None,
+        origin_id: int | None = None,
     ) -> int:
         """Insert one message. ``answers`` marks that user message answered in the same
-        transaction; a user message heard before raises ``AlreadyStored``."""
+        transaction; ``origin_id`` records the linked DM it arrived in (its own conversation
+        if the link was undone meanwhile); a user message heard before raises
+        ``AlreadyStored``."""
         created = time.time() if created_at is None else created_at
         async with self._tx() as con:
+            if origin_id is not None:
+                link = await con.fetchrow(
+                    "SELECT merged_into FROM conversations WHERE id = $1", origin_id
+                )
+                if link is None or link[0] != conversation_id:
+                    conversation_id, origin_id = origin_id, None
             if role == "user" and platform_id is not None:
                 fresh = await con.fetchval(
                     "INSERT INTO heard (conversation_id, platform_id, heard_at) "
@@ -140,9 +153,9 @@ class MessagesMixin(PgBase):
                 )
             new_id = await con.fetchval(
                 "INSERT INTO messages (conversation_id, role, author, text, created_at, tokens,"
-                " platform_id, reply_to_platform_id, parent_id, status, search) VALUES"
-                f" ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, {SEARCH_SQL.format(c=1, a=11, b=12)})"
-                " RETURNING id",
+                " platform_id, reply_to_platform_id, parent_id, status, origin_conversation_id,"
+                " search) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $13,"
+                f" {SEARCH_SQL.format(c=1, a=11, b=12)}) RETURNING id",
                 conversation_id,
                 role,
                 author,
@@ -155,6 +168,7 @@ class MessagesMixin(PgBase):
                 status,
                 fold(text),
                 fold(meta(author, created)),
+                origin_id,
             )
             if answers is not None:
                 await con.execute("UPDATE messages SET status = 'answered' WHERE id = $1", answers)
@@ -168,7 +182,8 @@ class MessagesMixin(PgBase):
             return []
         rows = await self._all(
             f"SELECT c.transport, c.person, c.space, {M_COLS} FROM messages m "
-            "JOIN conversations c ON c.id = m.conversation_id "
+            # a message sent through a linked DM is answered on the transport it came from
+            "JOIN conversations c ON c.id = coalesce(m.origin_conversation_id, m.conversation_id) "
             "WHERE m.status = 'pending' AND m.role = 'user' AND m.created_at >= $1 "
             "AND c.transport = ANY($2::text[]) AND m.id > c.reset_after ORDER BY m.id",
             (since, list(transports)),
@@ -241,6 +256,14 @@ class MessagesMixin(PgBase):
             (conversation_id, after_id, min(up_to_id, MAX_ID)),
         )
         return [msg_from_row(r) for r in rows]
+
+    async def message_by_platform_id(self, conversation_id: int, platform_id: str) -> int | None:
+        value = await self._val(
+            "SELECT id FROM messages WHERE conversation_id = $1 AND platform_id = $2 "
+            "ORDER BY id DESC LIMIT 1",
+            (conversation_id, platform_id),
+        )
+        return None if value is None else int(value)
 
     async def messages_by_ids(self, ids: Sequence[int]) -> list[StoredMessage]:
         if not ids:

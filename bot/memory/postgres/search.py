@@ -19,13 +19,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-import numpy as np
-
 from bot.memory.postgres.base import PgBase
 from bot.memory.postgres.messages import M_COLS, MAX_ID
 from bot.memory.postgres.words import fold
 from bot.memory.records import StoredMessage, msg_from_row
-from bot.memory.vectors import VectorMatrix, pack, unit
+from bot.memory.vectors import VectorMatrix, as_vectors, pack, unit
 
 # Each term as a phrase query whose words carry this conversation's key ("<id>_<word>"), as the
 # stored words do (schema 002_keyed_search). "id + 0" keeps the range check but stops a generic
@@ -145,7 +143,7 @@ class SearchMixin(PgBase):
     ) -> list[tuple[int, float]]:
         """(message id, cosine similarity) best first, among this conversation's messages with
         after_id < id < before_id that have a vector from ``model``."""
-        q = unit(np.asarray(query, dtype=np.float32))
+        q = unit(as_vectors(query))
         if limit <= 0 or q.ndim != 1 or not q.any():
             return []
         row = await self._one(

@@ -14,9 +14,11 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from bot.memory.postgres.base import Conn, PgBase, advance_sequences
+from bot.memory.postgres.identity import give_back
 from bot.memory.postgres.messages import SEARCH_SQL
 from bot.memory.postgres.words import fold, meta
 from bot.memory.records import ForgetReport
@@ -36,6 +38,14 @@ class UpkeepMixin(PgBase):
             ]
             counts = [0, 0, 0]
             if ids:
+                # Linked DMs first go back apart: what came from the other side stays theirs,
+                # what came from this person's side comes home to be deleted.
+                for (absorbed,) in await con.fetch(
+                    "SELECT id FROM conversations WHERE id = ANY($1) AND merged_into IS NOT NULL "
+                    "UNION SELECT id FROM conversations WHERE merged_into = ANY($1)",
+                    ids,
+                ):
+                    await give_back(con, absorbed)
                 for i, table in enumerate(("messages", "summaries", "facts")):
                     counts[i] = int(
                         await con.fetchval(
@@ -141,6 +151,60 @@ class UpkeepMixin(PgBase):
         for table in ("conversations", "messages", "summaries", "facts"):
             out[table] = int(await self._val(f"SELECT count(*) FROM {table}") or 0)
         return out
+
+    # --- forgetting by use --------------------------------------------------------------------
+    async def note_retrieved(self, message_ids: Sequence[int]) -> None:
+        """Count a use of each message that retrieval put into a prompt."""
+        if message_ids:
+            await self._val(
+                "UPDATE messages SET uses = uses + 1 WHERE id = ANY($1::bigint[])",
+                (list(message_ids),),
+            )
+
+    async def mark_important(self, conversation_id: int, message_ids: Sequence[int]) -> int:
+        """``!pin``: these messages are never pruned by use."""
+        if not message_ids:
+            return 0
+        value = await self._val(
+            "WITH marked AS (UPDATE messages SET important = 1 WHERE conversation_id = $1 "
+            "AND id = ANY($2::bigint[]) RETURNING 1) SELECT count(*) FROM marked",
+            (conversation_id, list(message_ids)),
+        )
+        return int(value or 0)
+
+    async def prune_by_use(self, max_per_conversation: int, *, batch: int = 500) -> int:
+        """Keep at most ``max_per_conversation`` messages in each conversation: delete the
+        least retrieved, oldest first; never important ones, nor the sources of pinned facts,
+        nor messages still waiting for an answer."""
+        total = 0
+        rows = await self._all(
+            "SELECT conversation_id, count(*) - $1 FROM messages GROUP BY conversation_id "
+            "HAVING count(*) > $1",
+            (max_per_conversation,),
+        )
+        for conversation_id, excess in rows:
+            while excess > 0:
+                n = int(
+                    await self._val(
+                        "WITH gone AS (DELETE FROM messages WHERE id IN (SELECT id FROM messages "
+                        "WHERE conversation_id = $1 AND important = 0 "
+                        "AND status NOT IN ('pending', 'sending') AND id NOT IN "
+                        "(SELECT j::bigint FROM facts f, jsonb_array_elements_text("
+                        "f.source_ids::jsonb) j WHERE f.conversation_id = $1 AND f.pinned = 1) "
+                        "ORDER BY uses, id LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1) "
+                        "SELECT count(*) FROM gone",
+                        (conversation_id, min(excess, batch)),
+                    )
+                    or 0
+                )
+                if n:
+                    self._vectors.drop([conversation_id])
+                total += n
+                excess -= n
+                if n == 0:
+                    break  # what is left is all kept on purpose
+                await asyncio.sleep(0)
+        return total
 
     async def prune_older_than(self, cutoff: float, *, batch: int = 500) -> int:
         """Retention: delete messages created before ``cutoff`` in small batches (no long lock)."""
