@@ -56,6 +56,12 @@ async def _fill(store: SqliteStore) -> None:
     await store.add_vectors([(q, a.id, "m", [0.6, 0.8]), (r, a.id, "m", [1.0, 0.0])])
     oid = await store.queue_delivery(OutboxEntry(ALICE, "answer", "Nice", question_id=q, rest="!"))
     await store.record_part(oid, 0, "pkt-9")
+    await store.add_session(a.id, first_message_id=q, last_message_id=r, started_at=1e9,
+                            ended_at=1e9 + 60, messages=2)  # fmt: skip
+    await store.save_longterm_summary(a.id, text="kayaks", tokens=1, sessions=1,
+                                      up_to_message_id=r)  # fmt: skip
+    # A DM linked into an older conversation: its home is a later row (written after all rows).
+    await store.link_dm(ConversationKey("discord", "77"), ConversationKey("mesh", "!00000077"))
 
 
 async def _dump(store: SqliteStore | PostgresStore) -> dict[str, list[tuple[object, ...]]]:
@@ -77,9 +83,12 @@ async def test_round_trip_sqlite_postgres_sqlite(tmp_path: Path, url: str) -> No
     seen: list[tuple[str, int, int]] = []
     try:
         counts = await copy_store(first, pg, progress=lambda t, d, n: seen.append((t, d, n)))
-        assert counts == {"conversations": 2, "messages": 33, "summaries": 1, "facts": 1,
-                          "message_vectors": 2, "outbox": 1, "outbox_parts": 1}  # fmt: skip
-        assert seen[-1][1:] == (41, 41)
+        assert {t: n for t, n in counts.items() if n} == {
+            "conversations": 4, "messages": 33, "summaries": 1, "facts": 1,
+            "message_vectors": 2, "outbox": 1, "outbox_parts": 1, "sessions": 1,
+            "longterm_summaries": 1,
+        }  # fmt: skip
+        assert seen[-1][1:] == (45, 45)
         await copy_store(pg, back, progress=lambda *_: None)
         original, there, again = await _dump(first), await _dump(pg), await _dump(back)
         assert there == original and again == original
@@ -115,5 +124,5 @@ async def test_cli_copies_with_a_progress_bar(tmp_path: Path, url: str) -> None:
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     text = err.decode()
     assert proc.returncode == 0, text
-    assert "100.0% 41/41" in text
-    assert "copied and verified 2 conversations, 33 messages" in text
+    assert "100.0% 45/45" in text
+    assert "copied and verified 4 conversations, 33 messages" in text
