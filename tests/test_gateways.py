@@ -1,6 +1,6 @@
-"""Two real ``meshsage run`` processes (gateways) sharing one PostgreSQL memory: the same person
-writes to both at once and gets one answer from each, in order; and two gateways hearing the
-same radio packet answer it once.
+"""Two real gateway processes (``meshsage chat``: the console transport scripted through
+stdin) sharing one PostgreSQL memory: the same person writes to both at once and gets one
+answer from each, in order; and two gateways hearing the same radio packet answer it once.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ async def _start(config: Path) -> asyncio.subprocess.Process:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MESHSAGE_")}
     env.update({pg_server.PASSWORD_ENV: pg_server.BOT_PASSWORD, "TIKTOKEN_CACHE_DIR": ""})
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "run", "--config", str(config),
+        sys.executable, "-m", "bot.cli", "chat", "--config", str(config),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
@@ -70,6 +70,8 @@ async def test_same_person_on_two_gateways_one_answer_each_in_order(
         if fake_llm.in_flight or one.returncode is not None:
             break
         await asyncio.sleep(0.01)
+    if one.returncode is not None:  # say why gateway 1 stopped
+        raise AssertionError((await one.communicate())[1].decode())
     assert fake_llm.in_flight == 1
     two.stdin.write(b"second question\n")
     await two.stdin.drain()
