@@ -137,6 +137,8 @@ class Commands:
                 return self._say(f"Nothing to confirm. Send {self.prefix}forget first.")
             self._forget_pending.pop(who, None)
             report = await self._store.forget_person(inbound.transport, inbound.sender)
+            if not inbound.is_dm:  # the counts include DMs: not for a shared channel
+                return self._say("Deleted everything I kept about you. I no longer remember you.")
             return self._say(
                 f"Deleted everything I kept about you: {report.messages} messages, "
                 f"{report.summaries} summaries, {report.facts} facts. I no longer remember you."

@@ -30,6 +30,7 @@ from tests.fakes.fake_discord import (
     ROLE_MUTED,
     THREAD_ID,
     TOKEN,
+    UNCACHED_GUILD_ID,
     FakeDiscord,
     Json,
     Sent,
@@ -178,6 +179,14 @@ IGNORED: dict[str, Callable[[FakeDiscord], Json]] = {
         "hi", mention_bot=True, channel_id=OTHER_THREAD_ID
     ),
     "reply to the bot without content": empty_reply_to_bot,
+    # No hidden DM path: a guild discord.py has not cached has no ``guild``, which must not
+    # make the message a DM (answered unaddressed, outside the allowed channels).
+    "a message from an uncached guild": lambda f: f.guild_message(
+        "hi", guild_id=UNCACHED_GUILD_ID, channel_id=OTHER_CHANNEL_ID
+    ),
+    "a mention from an uncached guild": lambda f: f.guild_message(
+        "hi", mention_bot=True, guild_id=UNCACHED_GUILD_ID
+    ),
 }
 
 

@@ -350,6 +350,16 @@ class DiscordTransport:
         author = message.author
         guild = message.guild
         channel = message.channel
+        # A DM is decided by the channel type, never by ``guild is None``: a message from a
+        # guild discord.py has not cached (yet) has no guild either, and must not be taken for
+        # a DM (answered unaddressed, from the author's DM memory, into a guild channel).
+        is_dm = isinstance(channel, discord.DMChannel) or (
+            isinstance(channel, discord.PartialMessageable)
+            and channel.type == discord.ChannelType.private
+        )
+        if not is_dm and guild is None:
+            log.debug("ignoring Discord message %s: its guild is not cached", message.id)
+            return None
         bot_roles = [
             role.id
             for role in message.role_mentions
@@ -369,7 +379,7 @@ class DiscordTransport:
                 or message.webhook_id is not None
                 or message.type not in (discord.MessageType.default, discord.MessageType.reply)
             ),
-            is_dm=guild is None,
+            is_dm=is_dm,
             channel_id=channel.id,
             parent_id=channel.parent_id if isinstance(channel, discord.Thread) else None,
             role_ids=frozenset(r.id for r in getattr(author, "roles", ())),
@@ -384,7 +394,7 @@ class DiscordTransport:
             log.debug("ignoring Discord message %s: already handled", message.id)
             return None
         text = strip_mentions(message.content, user_ids=[me.id], role_ids=bot_roles)
-        if not text and guild is not None and not seen.mentions_bot:
+        if not text and not is_dm and not seen.mentions_bot:
             # A reply without a ping arrives empty when the message content intent is off.
             log.debug("ignoring Discord message %s: no content", message.id)
             return None
@@ -392,7 +402,7 @@ class DiscordTransport:
             transport=NAME,
             sender=str(author.id),
             text=text,
-            space=DM_SPACE if guild is None else channel_space(guild.id, channel.id),
+            space=DM_SPACE if is_dm or guild is None else channel_space(guild.id, channel.id),
             message_id=str(message.id),
             reply_to=self._thread_parent(ref),
             sender_name=author.display_name,

@@ -30,6 +30,7 @@ TOKEN = "fake-bot-token"
 BOT_ID = 900_000_000_000_000_001
 APP_ID = 900_000_000_000_000_002
 GUILD_ID = 910_000_000_000_000_001
+UNCACHED_GUILD_ID = 910_000_000_000_000_009  # a guild the READY payload does not carry
 CHANNEL_ID = 920_000_000_000_000_001  # allowed in tests
 OTHER_CHANNEL_ID = 920_000_000_000_000_002  # not allowed
 THREAD_ID = 920_000_000_000_000_003  # a thread in CHANNEL_ID
@@ -175,9 +176,10 @@ class FakeDiscord:
         mention_bot: bool = False,
         roles: tuple[int, ...] = (),
         reply_to: Sent | None = None,
+        guild_id: int = GUILD_ID,
     ) -> Json:
         data = self._message(content, author or user(ALICE, "alice"), channel_id)
-        data["guild_id"] = str(GUILD_ID)
+        data["guild_id"] = str(guild_id)
         data["member"] = {
             "roles": [str(r) for r in roles],
             "joined_at": _now(),
