@@ -488,3 +488,18 @@ async def test_stop_during_backoff_ends_promptly(monkeypatch: pytest.MonkeyPatch
     await transport.start(Echo())
     await transport.stop()
     await asyncio.wait_for(transport.wait_closed(), 5)
+
+
+async def test_mentions_reach_the_model_as_names(fake_discord: FakeDiscord, echo: Echo) -> None:
+    content = f"ask <@{BOB}> and <@&{ROLE_MEMBER}> in <#{OTHER_CHANNEL_ID}> <:party:123456>"
+    await fake_discord.say(
+        fake_discord.guild_message(
+            content,
+            mention_bot=True,
+            mentions=(user(BOB, "bob"),),
+            mention_roles=(ROLE_MEMBER,),
+        )
+    )
+    await fake_discord.wait_sent(1)
+    [inbound] = echo.inbox
+    assert inbound.text == "ask @Bob and @member in #general :party:"

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from bot.llm.port import ChatMessage, Role
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
 from bot.memory.port import MemoryStore
 from bot.memory.retrieval import RetrievedBlock, Retriever
 from bot.memory.store import ASSISTANT, USER, Conversation, StoredMessage
+from bot.text import fill_prompt
 
 FACTS_HEADER = "Notes this person asked you to remember:"
 SUMMARY_HEADER = "Summary of the earlier conversation:"
@@ -108,7 +110,8 @@ class ContextBuilder:
         style_hint: str = "",
     ) -> AssembledContext:
         trimmed = False
-        system = f"{self._system_prompt} {style_hint}".strip()
+        prompt = fill_prompt(self._system_prompt, datetime.now(UTC))
+        system = f"{prompt} {style_hint}".strip()
         system_tokens = self._counter.count(system) + MESSAGE_OVERHEAD
         blocks = [Block("system", system_tokens, system)]
         free = budget - system_tokens

@@ -55,6 +55,7 @@ from bot.transports.discord_policy import Seen, admit, retry_delay
 from bot.transports.discord_text import (
     DISCORD_MAX_CHARS,
     fit_text,
+    readable,
     split_message,
     strip_mentions,
     units,
@@ -393,7 +394,9 @@ class DiscordTransport:
         if str(message.id) in self._recent:
             log.debug("ignoring Discord message %s: already handled", message.id)
             return None
-        text = strip_mentions(message.content, user_ids=[me.id], role_ids=bot_roles)
+        text = self._readable(
+            message, strip_mentions(message.content, user_ids=[me.id], role_ids=bot_roles)
+        )
         if not text and not is_dm and not seen.mentions_bot:
             # A reply without a ping arrives empty when the message content intent is off.
             log.debug("ignoring Discord message %s: no content", message.id)
@@ -408,6 +411,19 @@ class DiscordTransport:
             sender_name=author.display_name,
             received_at=message.created_at,
         )
+
+    @staticmethod
+    def _readable(message: discord.Message, text: str) -> str:
+        """Mentions, channels and custom emoji as the names people see, not ``<@123>``."""
+        guild = message.guild
+        users = {u.id: u.display_name for u in message.mentions}
+        roles = {r.id: r.name for r in message.role_mentions}
+        channels: dict[int, str] = {}
+        for cid in message.raw_channel_mentions:
+            found = guild.get_channel_or_thread(cid) if guild is not None else None
+            if found is not None:
+                channels[cid] = found.name
+        return readable(text, users=users, roles=roles, channels=channels)
 
     def _remember(self, message_id: str, message: discord.Message) -> None:
         self._recent[message_id] = message

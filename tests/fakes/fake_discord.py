@@ -177,9 +177,13 @@ class FakeDiscord:
         roles: tuple[int, ...] = (),
         reply_to: Sent | None = None,
         guild_id: int = GUILD_ID,
+        mentions: tuple[Json, ...] = (),
+        mention_roles: tuple[int, ...] = (),
     ) -> Json:
         data = self._message(content, author or user(ALICE, "alice"), channel_id)
         data["guild_id"] = str(guild_id)
+        data["mentions"] = list(mentions)
+        data["mention_roles"] = [str(r) for r in mention_roles]
         data["member"] = {
             "roles": [str(r) for r in roles],
             "joined_at": _now(),
@@ -187,7 +191,7 @@ class FakeDiscord:
             "flags": 0,
         }
         if mention_bot:
-            data["mentions"] = [BOT_USER]
+            data["mentions"] = [BOT_USER, *mentions]
             data["content"] = f"<@{BOT_ID}> {content}"
         if reply_to is not None:
             data["type"] = 19
