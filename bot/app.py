@@ -279,5 +279,7 @@ def _build_transport(
                 "the discord: section needs discord.py, which is not installed. Fix: "
                 "pip install 'meshsage[discord]' (or remove the discord: section)."
             ) from None
-        return build_discord(config.discord, env=env)
+        return build_discord(
+            config.discord, env=env, max_message_chars=config.bot.max_message_chars
+        )
     raise MeshsageError(f"transport '{name}' is not available in this build")

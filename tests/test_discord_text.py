@@ -178,9 +178,7 @@ def test_readable_names_mentions_channels_emoji_and_timestamps() -> None:
         "<@1> and <@!2> ask <@&3> in <#4> <:party:55> <a:wave:66> at <t:0:R>; "
         "<@9> <@&9> <#9> {not a code} <@abc>"
     )
-    out = readable(
-        text, users={1: "Alice", 2: "Bob"}, roles={3: "mods"}, channels={4: "general"}
-    )
+    out = readable(text, users={1: "Alice", 2: "Bob"}, roles={3: "mods"}, channels={4: "general"})
     assert out == (
         "@Alice and @Bob ask @mods in #general :party: :wave: at 1970-01-01 00:00 UTC; "
         "@unknown-user @unknown-role #unknown-channel {not a code} <@abc>"

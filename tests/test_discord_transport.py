@@ -503,3 +503,60 @@ async def test_mentions_reach_the_model_as_names(fake_discord: FakeDiscord, echo
     await fake_discord.wait_sent(1)
     [inbound] = echo.inbox
     assert inbound.text == "ask @Bob and @member in #general :party:"
+
+
+async def test_text_attachments_are_read_images_named_with_a_note(
+    fake_discord: FakeDiscord, echo: Echo
+) -> None:
+    """A long paste arrives as message.txt: the model reads it under its name. An image is
+    named, not read, and the answer says so in its note line."""
+    data = fake_discord.guild_message("look at this", mention_bot=True)
+    big = fake_discord.attachment("huge.bin", b"\0" * 10, "application/octet-stream")
+    data["attachments"] = [
+        fake_discord.attachment("message.txt", "line one\r\nline two ü".encode(), "text/plain"),
+        fake_discord.attachment("cat.png", b"\x89PNG....", "image/png"),
+        fake_discord.attachment("notes.md", b"# title"),  # no content type: by extension
+        big,
+    ]
+    await fake_discord.say(data)
+    [sent] = await fake_discord.wait_sent(1)
+    [inbound] = echo.inbox
+    assert inbound.text == (
+        "look at this\n\n[file: message.txt]\nline one\nline two ü\n\n[image: cat.png]"
+        "\n\n[file: notes.md]\n# title\n\n[file: huge.bin]"
+    )
+    assert int(big["id"]) not in fake_discord.cdn_reads  # binary files are not downloaded
+    assert sent.content.endswith(
+        "\n-# images are not read (vision is off), only the text; only text files are read; "
+        "huge.bin not read"
+    )
+
+
+async def test_attached_text_is_cut_to_max_message_chars(fake_discord: FakeDiscord) -> None:
+    e = Echo()
+    transport = build_discord(CONFIG, env={"DISCORD_TOKEN": TOKEN}, max_message_chars=100)
+    e.transport = transport
+    await transport.start(e)
+    await asyncio.wait_for(fake_discord.ready.wait(), 5)
+    try:
+        data = fake_discord.dm_message("")
+        data["attachments"] = [fake_discord.attachment("message.txt", b"x" * 5000, "text/plain")]
+        await fake_discord.say(data)
+        [sent] = await fake_discord.wait_sent(1)
+        [inbound] = e.inbox
+        assert inbound.text == "[file: message.txt]\n" + "x" * 100
+        assert "I read only its beginning" in sent.content
+    finally:
+        await transport.stop()
+
+
+async def test_a_sticker_alone_is_not_announced_as_empty(
+    fake_discord: FakeDiscord, echo: Echo
+) -> None:
+    data = fake_discord.guild_message("", mention_bot=True)
+    data["content"] = f"<@{BOT_ID}>"
+    data["sticker_items"] = [{"id": "1", "name": "wave", "format_type": 1}]
+    await fake_discord.say(data)
+    await fake_discord.say(fake_discord.guild_message("sentinel", mention_bot=True))
+    [sent] = await fake_discord.wait_sent(1)
+    assert [i.text for i in echo.inbox] == ["sentinel"]

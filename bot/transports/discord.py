@@ -22,6 +22,9 @@ Invariants:
   with one ERROR line saying what to do; ``wait_closed`` then returns and other transports keep
   running. Network trouble at login is retried forever with exponential backoff and jitter
   (discord.py does not retry login); after login discord.py reconnects by itself.
+- Attachments: text files are read into the message (``discord_attach``), within
+  ``max_message_chars``; images and other files are named, and the person's answer carries a
+  one-line note saying what was not read.
 - Message text is never logged above DEBUG.
 - Commands arrive as ordinary messages (``!reset``, after the @mention in a channel); no slash
   commands are registered, so the invite needs only the ``bot`` scope.
@@ -36,6 +39,7 @@ import logging
 import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
 
 import aiohttp
 import discord
@@ -51,6 +55,7 @@ from bot.domain import (
     TransportLimits,
 )
 from bot.transports.base import OnMessage
+from bot.transports.discord_attach import Incoming, merge, wants_bytes
 from bot.transports.discord_policy import Seen, admit, retry_delay
 from bot.transports.discord_text import (
     DISCORD_MAX_CHARS,
@@ -171,6 +176,7 @@ class DiscordTransport:
         client_factory: ClientFactory = default_client,
         sleep: Sleep = asyncio.sleep,
         rand: Callable[[], float] = random.random,
+        max_message_chars: int = 4000,
     ) -> None:
         self.limits = TransportLimits(
             context_tokens=config.context_tokens,
@@ -178,6 +184,7 @@ class DiscordTransport:
             style_hint=STYLE_HINT,
         )
         self._config = config
+        self._max_message_chars = max_message_chars
         self._token = token
         self._client_factory = client_factory
         self._sleep = sleep
@@ -188,6 +195,8 @@ class DiscordTransport:
         self._closed = asyncio.Event()
         # inbound message id -> the discord Message, so a reply can reference and type in it
         self._recent: OrderedDict[str, discord.Message] = OrderedDict()
+        # inbound message id -> a note for its answer (attachments not read, text cut)
+        self._notes: OrderedDict[str, str] = OrderedDict()
         # id of each message the bot sent -> id of the first message of the same answer
         self._own: OrderedDict[int, int] = OrderedDict()
 
@@ -227,7 +236,8 @@ class DiscordTransport:
         if client is None or client.is_closed():
             return Delivery(DeliveryStatus.FAILED, detail="discord is not connected")
         parts = split_message(self.fit(reply.text))
-        note = note_line(reply.note)
+        pending = self._notes.pop(reply.inbound.message_id or "", None)
+        note = note_line("; ".join(n for n in (reply.note, pending) if n))
         if note is not None:
             if parts and units(parts[-1] + "\n" + note) <= DISCORD_MAX_CHARS:
                 parts[-1] += "\n" + note
@@ -339,6 +349,8 @@ class DiscordTransport:
             inbound = self._inbound(client, message)
             if inbound is None or self._on_message is None:
                 return
+            if message.attachments:
+                inbound = await self._with_attachments(message, inbound)
             self._remember(str(message.id), message)
             await self._on_message(inbound)
         except Exception:  # event boundary: one bad message must not stop the next
@@ -397,10 +409,12 @@ class DiscordTransport:
         text = self._readable(
             message, strip_mentions(message.content, user_ids=[me.id], role_ids=bot_roles)
         )
-        if not text and not is_dm and not seen.mentions_bot:
-            # A reply without a ping arrives empty when the message content intent is off.
-            log.debug("ignoring Discord message %s: no content", message.id)
-            return None
+        if not text and not message.attachments and not is_dm:
+            # A reply without a ping arrives empty when the message content intent is off; a
+            # sticker or an embed alone is no question: neither is announced as "empty".
+            if not seen.mentions_bot or message.stickers or message.embeds:
+                log.debug("ignoring Discord message %s: no content", message.id)
+                return None
         return Inbound(
             transport=NAME,
             sender=str(author.id),
@@ -424,6 +438,26 @@ class DiscordTransport:
             if found is not None:
                 channels[cid] = found.name
         return readable(text, users=users, roles=roles, channels=channels)
+
+    async def _with_attachments(self, message: discord.Message, inbound: Inbound) -> Inbound:
+        """Text files read into the message under their name; images and other files named.
+        A note for the person (images not read, text cut) goes with the answer."""
+        found: list[tuple[Incoming, bytes | None]] = []
+        for att in message.attachments:
+            seen = Incoming(att.filename, att.content_type, att.size)
+            data: bytes | None = None
+            if wants_bytes(seen):
+                try:
+                    data = await att.read()
+                except SEND_ERRORS as exc:
+                    log.warning("could not read attachment of %s: %s", message.id, _describe(exc))
+            found.append((seen, data))
+        text, note = merge(inbound.text, found, budget=self._max_message_chars)
+        if note is not None:
+            self._notes[str(message.id)] = note
+            while len(self._notes) > self._config.remembered_messages:
+                self._notes.popitem(last=False)
+        return replace(inbound, text=text)
 
     def _remember(self, message_id: str, message: discord.Message) -> None:
         self._recent[message_id] = message
@@ -532,6 +566,7 @@ def build_discord(
     client_factory: ClientFactory | None = None,
     sleep: Sleep | None = None,
     rand: Callable[[], float] | None = None,
+    max_message_chars: int = 4000,
 ) -> DiscordTransport:
     """The Discord transport with its token read from ``env[config.token_env]``."""
     token = (env.get(config.token_env) or "").strip() or None
@@ -541,4 +576,5 @@ def build_discord(
         client_factory=client_factory or default_client,
         sleep=sleep or asyncio.sleep,
         rand=rand or random.random,
+        max_message_chars=max_message_chars,
     )

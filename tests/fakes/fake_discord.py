@@ -105,6 +105,8 @@ class FakeDiscord:
         self._next_id = int(discord.utils.time_snowflake(datetime.now(UTC)))
         self._runner: web.AppRunner | None = None
         self.sent_event = asyncio.Event()
+        self.cdn: dict[int, bytes] = {}  # attachment id -> bytes served on the fake CDN
+        self.cdn_reads: list[int] = []
 
     # --- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -115,6 +117,7 @@ class FakeDiscord:
         app.router.add_post("/api/v10/users/@me/channels", self._open_dm)
         app.router.add_post("/api/v10/channels/{cid}/messages", self._post_message)
         app.router.add_post("/api/v10/channels/{cid}/typing", self._typing)
+        app.router.add_get("/attachments/{aid}/{name}", self._attachment)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -216,6 +219,29 @@ class FakeDiscord:
             }
             data["referenced_message"] = self._as_message(reply_to)
         return data
+
+    def attachment(self, filename: str, data: bytes, content_type: str | None = None) -> Json:
+        """An attachment object for a message payload, its bytes served by the fake CDN."""
+        aid = self.snowflake()
+        self.cdn[aid] = data
+        url = f"http://127.0.0.1:{self.port}/attachments/{aid}/{filename}"
+        att: Json = {
+            "id": str(aid),
+            "filename": filename,
+            "size": len(data),
+            "url": url,
+            "proxy_url": url,
+        }
+        if content_type is not None:
+            att["content_type"] = content_type
+        return att
+
+    async def _attachment(self, request: web.Request) -> web.Response:
+        aid = int(request.match_info["aid"])
+        self.cdn_reads.append(aid)
+        if aid not in self.cdn:
+            return web.Response(status=404)
+        return web.Response(body=self.cdn[aid])
 
     def _message(self, content: str, author: Json, channel_id: int) -> Json:
         return {

@@ -1,0 +1,85 @@
+"""What Discord attachments become in the text the model reads. Pure functions over plain
+values; no discord import (the adapter downloads and hands over names, types and bytes).
+
+Invariants:
+- A text attachment (``text/*``, JSON/XML/YAML, or a known source/text file extension;
+  Discord's ``message.txt`` from a long paste included) is decoded as UTF-8 (bad bytes
+  replaced) and added to the message under its name, in order, within ``budget`` characters
+  in total; what does not fit is cut and says so in the note.
+- An image is never read as text. Without vision the model sees ``[image: name]`` and the
+  person gets a short note that images are not read; other files become ``[file: name]``
+  with a note. Nothing is silently dropped: every attachment leaves a trace in the text.
+- Files larger than ``MAX_TEXT_BYTES`` are not downloaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+MAX_TEXT_BYTES = 1_000_000
+TEXT_TYPES = ("application/json", "application/xml", "application/x-yaml", "application/yaml")
+TEXT_EXTENSIONS = frozenset(
+    ".txt .md .rst .log .csv .tsv .json .yaml .yml .toml .ini .cfg .conf .xml .html .css "
+    ".py .js .ts .c .h .cc .cpp .hpp .rs .go .java .kt .rb .php .sh .sql .lua".split()
+)
+IMAGES_NOT_READ = "images are not read (vision is off), only the text"
+FILES_NOT_READ = "only text files are read; {names} not read"
+CUT = "the attached text was long; I read only its beginning"
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """One attachment as the adapter sees it."""
+
+    filename: str
+    content_type: str | None
+    size: int
+
+
+def kind(att: Incoming) -> str:
+    """``text``, ``image`` or ``file``."""
+    ctype = (att.content_type or "").split(";")[0].strip().lower()
+    if ctype.startswith("image/"):
+        return "image"
+    if ctype.startswith("text/") or ctype in TEXT_TYPES:
+        return "text"
+    if PurePosixPath(att.filename.lower()).suffix in TEXT_EXTENSIONS:
+        return "text"
+    return "file"
+
+
+def wants_bytes(att: Incoming) -> bool:
+    return kind(att) == "text" and att.size <= MAX_TEXT_BYTES
+
+
+def merge(
+    text: str, attachments: list[tuple[Incoming, bytes | None]], *, budget: int
+) -> tuple[str, str | None]:
+    """The message text with its attachments, and a short note for the person (or None)."""
+    parts = [text] if text else []
+    notes: list[str] = []
+    skipped: list[str] = []
+    left = budget
+    cut = False
+    for att, data in attachments:
+        what = kind(att)
+        if what == "image":
+            parts.append(f"[image: {att.filename}]")
+            if IMAGES_NOT_READ not in notes:
+                notes.append(IMAGES_NOT_READ)
+            continue
+        if what != "text" or data is None:
+            parts.append(f"[file: {att.filename}]")
+            skipped.append(att.filename)
+            continue
+        body = data.decode("utf-8", errors="replace").replace("\r\n", "\n").strip()
+        if len(body) > left:
+            body, cut = body[: max(left, 0)], True
+        left -= len(body)
+        parts.append(f"[file: {att.filename}]\n{body}".rstrip())
+    if skipped:
+        notes.append(FILES_NOT_READ.format(names=", ".join(skipped[:3])))
+    if cut:
+        notes.append(CUT)
+    return "\n\n".join(parts), ("; ".join(notes) or None)
