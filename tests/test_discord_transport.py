@@ -558,5 +558,5 @@ async def test_a_sticker_alone_is_not_announced_as_empty(
     data["sticker_items"] = [{"id": "1", "name": "wave", "format_type": 1}]
     await fake_discord.say(data)
     await fake_discord.say(fake_discord.guild_message("sentinel", mention_bot=True))
-    [sent] = await fake_discord.wait_sent(1)
+    await fake_discord.wait_sent(1)
     assert [i.text for i in echo.inbox] == ["sentinel"]

@@ -409,12 +409,16 @@ class DiscordTransport:
         text = self._readable(
             message, strip_mentions(message.content, user_ids=[me.id], role_ids=bot_roles)
         )
-        if not text and not message.attachments and not is_dm:
-            # A reply without a ping arrives empty when the message content intent is off; a
-            # sticker or an embed alone is no question: neither is announced as "empty".
-            if not seen.mentions_bot or message.stickers or message.embeds:
-                log.debug("ignoring Discord message %s: no content", message.id)
-                return None
+        # A reply without a ping arrives empty when the message content intent is off; a
+        # sticker or an embed alone is no question: neither is announced as "empty".
+        if (
+            not text
+            and not message.attachments
+            and not is_dm
+            and (not seen.mentions_bot or message.stickers or message.embeds)
+        ):
+            log.debug("ignoring Discord message %s: no content", message.id)
+            return None
         return Inbound(
             transport=NAME,
             sender=str(author.id),
