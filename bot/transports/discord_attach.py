@@ -20,8 +20,41 @@ from pathlib import PurePosixPath
 MAX_TEXT_BYTES = 1_000_000
 TEXT_TYPES = ("application/json", "application/xml", "application/x-yaml", "application/yaml")
 TEXT_EXTENSIONS = frozenset(
-    "txt md rst log csv tsv json yaml yml toml ini cfg conf xml html css "
-    "py js ts c h cc cpp hpp rs go java kt rb php sh sql lua".split(" ")  # noqa: SIM905
+    [
+        "txt",
+        "md",
+        "rst",
+        "log",
+        "csv",
+        "tsv",
+        "json",
+        "yaml",
+        "yml",
+        "toml",
+        "ini",
+        "cfg",
+        "conf",
+        "xml",
+        "html",
+        "css",
+        "py",
+        "js",
+        "ts",
+        "c",
+        "h",
+        "cc",
+        "cpp",
+        "hpp",
+        "rs",
+        "go",
+        "java",
+        "kt",
+        "rb",
+        "php",
+        "sh",
+        "sql",
+        "lua",
+    ]
 )
 IMAGES_NOT_READ = "images are not read (vision is off), only the text"
 FILES_NOT_READ = "only text files are read; {names} not read"
