@@ -560,3 +560,38 @@ async def test_a_sticker_alone_is_not_announced_as_empty(
     await fake_discord.say(fake_discord.guild_message("sentinel", mention_bot=True))
     await fake_discord.wait_sent(1)
     assert [i.text for i in echo.inbox] == ["sentinel"]
+
+
+async def test_reply_to_another_person_quotes_their_message(
+    fake_discord: FakeDiscord, echo: Echo
+) -> None:
+    bobs = await fake_discord.say(
+        fake_discord.guild_message("the relay on the hill is down", author=user(BOB, "bob"))
+    )
+    await fake_discord.say(
+        fake_discord.guild_message("is that true?", mention_bot=True, reply_to=bobs)
+    )
+    await fake_discord.wait_sent(1)
+    [inbound] = echo.inbox
+    assert inbound.text == ("(replying to Bob:)\n> the relay on the hill is down\n\nis that true?")
+    assert inbound.reply_to == bobs["id"]
+
+
+async def test_reply_to_the_answer_for_someone_else_quotes_it_but_not_your_own(
+    fake_discord: FakeDiscord, echo: Echo
+) -> None:
+    await fake_discord.say(
+        fake_discord.guild_message("what is LoRa?", mention_bot=True, author=user(BOB, "bob"))
+    )
+    [answer] = await fake_discord.wait_sent(1)
+    # Alice continues from the answer Bob got: it comes along as a quote.
+    await fake_discord.say(fake_discord.guild_message("and its range?", reply_to=answer))
+    await fake_discord.wait_sent(2)
+    assert echo.inbox[1].text == ("(replying to Meshsage:)\n> echo what is LoRa?\n\nand its range?")
+    # Bob replying to his own answer needs no quote: it is in his conversation already.
+    await fake_discord.say(
+        fake_discord.guild_message("thanks", reply_to=answer, author=user(BOB, "bob"))
+    )
+    await fake_discord.wait_sent(3)
+    assert echo.inbox[2].text == "thanks"
+    assert echo.inbox[2].reply_to == str(answer.id)

@@ -22,6 +22,10 @@ Invariants:
   with one ERROR line saying what to do; ``wait_closed`` then returns and other transports keep
   running. Network trouble at login is retried forever with exponential backoff and jitter
   (discord.py does not retry login); after login discord.py reconnects by itself.
+- Reply chains (guild channels): a message replying to another person's message, or to the
+  bot's answer to someone else, carries that message as a quote (``(replying to Bob:)`` and
+  ``> `` lines, at most ``QUOTE_MAX_CHARS``): it is visible in the channel, and it is stored in
+  the asker's conversation only, as part of the asker's message. Nobody else's memory is read.
 - Attachments: text files are read into the message (``discord_attach``), within
   ``max_message_chars``; images and other files are named, and the person's answer carries a
   one-line note saying what was not read.
@@ -74,6 +78,7 @@ STYLE_HINT = (
     "code blocks."
 )
 NOTE_MAX_CHARS = 200
+QUOTE_MAX_CHARS = 1500  # a replied-to message quoted as context
 FILES_PER_MESSAGE = 10  # Discord's limit per message
 STOP_TIMEOUT = 10.0
 NO_MENTIONS = discord.AllowedMentions.none()
@@ -199,6 +204,8 @@ class DiscordTransport:
         self._notes: OrderedDict[str, str] = OrderedDict()
         # id of each message the bot sent -> id of the first message of the same answer
         self._own: OrderedDict[int, int] = OrderedDict()
+        # id of the first message of an answer -> the id of the person it answered
+        self._answered: OrderedDict[int, int] = OrderedDict()
 
     # --- port -------------------------------------------------------------------------------
     def fit(self, text: str) -> str:
@@ -253,6 +260,10 @@ class DiscordTransport:
                     msg = await _post(channel, part, reference if i == 0 else None)
                     sent.append(str(msg.id))
                     self._remember_own(msg.id, head=int(sent[0]))
+                    if i == 0 and reply.inbound.sender.isdigit():
+                        self._answered[msg.id] = int(reply.inbound.sender)
+                        while len(self._answered) > self._config.remembered_messages:
+                            self._answered.popitem(last=False)
             if reply.attachments:
                 sent += await self._send_attachments(client, reply)
         except DELIVERY_ERRORS as exc:
@@ -419,6 +430,10 @@ class DiscordTransport:
         ):
             log.debug("ignoring Discord message %s: no content", message.id)
             return None
+        if isinstance(resolved, discord.Message) and not is_dm:
+            quote = self._quote(resolved, asker=author.id, me=me.id)
+            if quote:
+                text = f"{quote}\n\n{text}".strip()
         return Inbound(
             transport=NAME,
             sender=str(author.id),
@@ -429,6 +444,25 @@ class DiscordTransport:
             sender_name=author.display_name,
             received_at=message.created_at,
         )
+
+    def _quote(self, quoted: discord.Message, *, asker: int, me: int) -> str | None:
+        """The replied-to message as quoted context: another person's message (visible in the
+        channel), or the bot's answer to someone else. A reply to the bot's answer to the
+        asker needs no quote: that answer is already in the asker's conversation."""
+        if quoted.author.id == asker:
+            return None
+        if quoted.author.id == me:
+            head = self._own.get(quoted.id)
+            if head is not None and self._answered.get(head) == asker:
+                return None
+        body = self._readable(quoted, quoted.content).strip()
+        if not body:
+            return None
+        if len(body) > QUOTE_MAX_CHARS:
+            body = body[: QUOTE_MAX_CHARS - 1] + "…"
+        who = quoted.author.display_name
+        lines = "\n".join("> " + line for line in body.splitlines())
+        return f"(replying to {who}:)\n{lines}"
 
     @staticmethod
     def _readable(message: discord.Message, text: str) -> str:

@@ -178,7 +178,7 @@ class FakeDiscord:
         channel_id: int = CHANNEL_ID,
         mention_bot: bool = False,
         roles: tuple[int, ...] = (),
-        reply_to: Sent | None = None,
+        reply_to: Sent | Json | None = None,
         guild_id: int = GUILD_ID,
         mentions: tuple[Json, ...] = (),
         mention_roles: tuple[int, ...] = (),
@@ -197,13 +197,14 @@ class FakeDiscord:
             data["mentions"] = [BOT_USER, *mentions]
             data["content"] = f"<@{BOT_ID}> {content}"
         if reply_to is not None:
+            ref = self._as_message(reply_to) if isinstance(reply_to, Sent) else reply_to
             data["type"] = 19
             data["message_reference"] = {
-                "message_id": str(reply_to.id),
-                "channel_id": str(reply_to.channel_id),
+                "message_id": ref["id"],
+                "channel_id": ref["channel_id"],
                 "guild_id": str(GUILD_ID),
             }
-            data["referenced_message"] = self._as_message(reply_to)
+            data["referenced_message"] = ref
         return data
 
     def dm_message(
