@@ -290,6 +290,8 @@ class DiscordConfig(TransportBase):
     retry_initial: float = Field(2.0, gt=0, le=300)  # first wait after a failed login (network)
     retry_max: float = Field(300.0, gt=0, le=3600)  # longest wait between login attempts
     remembered_messages: int = Field(1000, ge=10, le=100_000)  # inbound messages we can reply to
+    # bytes per upload message; Discord's default is 10 MiB (boosted servers allow more)
+    upload_limit: int = Field(10 * 1024 * 1024, ge=64 * 1024, le=500 * 1024 * 1024)
 
 
 class Config(_Strict):

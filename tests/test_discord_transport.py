@@ -595,3 +595,54 @@ async def test_reply_to_the_answer_for_someone_else_quotes_it_but_not_your_own(
     await fake_discord.wait_sent(3)
     assert echo.inbox[2].text == "thanks"
     assert echo.inbox[2].reply_to == str(answer.id)
+
+
+def _export_reply(*files: Attachment) -> Callable[[Inbound], Reply]:
+    return lambda i: Reply(
+        inbound=i, text="Your export is on its way.", kind=ReplyKind.COMMAND, attachments=files
+    )
+
+
+async def test_export_over_the_upload_limit_is_compressed_or_split(
+    fake_discord: FakeDiscord,
+) -> None:
+    import gzip
+    import random as rnd
+
+    limit = 64 * 1024
+    fake_discord.upload_limit = limit
+    noise = rnd.Random(7).randbytes(150_000)  # does not compress: split in pieces
+    text = b"you said hello\n" * 20_000  # 300 kB that compresses well
+    e = Echo()
+    e.answer = _export_reply(Attachment("export.md", text), Attachment("export.json", noise))
+    config = DiscordConfig(channels=(CHANNEL_ID,), upload_limit=limit)
+    transport = await connect(fake_discord, e, config)
+    try:
+        await fake_discord.say(fake_discord.dm_message("!export"))
+        assert await e.wait_delivered(1) == [DeliveryStatus.DELIVERED]
+        uploads = [f for s in fake_discord.sent for f in s.files]
+        names = [n for n, _ in uploads]
+        assert names[0] == "export.md.gz"
+        assert gzip.decompress(uploads[0][1]) == text
+        pieces = [b for n, b in uploads if n.startswith("export.json.gz.part")]
+        assert len(pieces) >= 3 and names[-1].endswith(f"of{len(pieces)}")
+        assert gzip.decompress(b"".join(pieces)) == noise
+        assert all(sum(len(b) for _, b in s.files) <= limit for s in fake_discord.sent)
+        notes = [s.content for s in fake_discord.sent if s.files and s.content]
+        assert notes and "cat export.json.gz.part*" in notes[0]
+    finally:
+        await transport.stop()
+
+
+async def test_export_that_cannot_be_uploaded_is_reported_truthfully(
+    fake_discord: FakeDiscord, echo: Echo
+) -> None:
+    fake_discord.upload_limit = 10  # Discord refuses even small files (say, a lower limit)
+    echo.answer = _export_reply(Attachment("export.md", b"x" * 100))
+    await fake_discord.say(fake_discord.guild_message("!export", mention_bot=True))
+    reply, notice = await fake_discord.wait_sent(2)
+    assert reply.content == "Your export is on its way."
+    assert notice.channel_id == CHANNEL_ID
+    assert notice.content.startswith("Sorry, I could not send your files after all")
+    assert "HTTP 413" in notice.content
+    assert await echo.wait_delivered(1) == [DeliveryStatus.FAILED]

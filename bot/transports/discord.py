@@ -29,6 +29,9 @@ Invariants:
 - Attachments: text files are read into the message (``discord_attach``), within
   ``max_message_chars``; images and other files are named, and the person's answer carries a
   one-line note saying what was not read.
+- Files: each upload message stays within ``upload_limit`` (compressed or split when needed,
+  with a note); if files cannot be sent after the text said they were coming, a follow-up
+  says so plainly.
 - Message text is never logged above DEBUG.
 - Commands arrive as ordinary messages (``!reset``, after the @mention in a channel); no slash
   commands are registered, so the invite needs only the ``bot`` scope.
@@ -59,7 +62,7 @@ from bot.domain import (
     TransportLimits,
 )
 from bot.transports.base import OnMessage
-from bot.transports.discord_attach import Incoming, merge, wants_bytes
+from bot.transports.discord_attach import Incoming, fit_uploads, merge, wants_bytes
 from bot.transports.discord_policy import Seen, admit, retry_delay
 from bot.transports.discord_text import (
     DISCORD_MAX_CHARS,
@@ -79,7 +82,6 @@ STYLE_HINT = (
 )
 NOTE_MAX_CHARS = 200
 QUOTE_MAX_CHARS = 1500  # a replied-to message quoted as context
-FILES_PER_MESSAGE = 10  # Discord's limit per message
 STOP_TIMEOUT = 10.0
 NO_MENTIONS = discord.AllowedMentions.none()
 # Trouble reaching Discord, as opposed to Discord refusing us: worth another login attempt.
@@ -113,6 +115,10 @@ BAD_TOKEN = (
 DM_CLOSED = (
     "I could not send you a DM. Allow direct messages from server members (Privacy Settings) "
     "and try again."
+)
+NOT_SENT = (
+    "Sorry, I could not send your files after all ({size} bytes; Discord said {why}). "
+    "Ask the operator for a copy (meshsage export), or try again later."
 )
 NO_INTENT = (
     "discord transport stopped: the Message Content intent is not enabled for this bot "
@@ -566,6 +572,12 @@ class DiscordTransport:
                     channel, reference = await self._reply_target(client, inbound)
                     await _post(channel, DM_CLOSED, reference)
                 raise
+            except discord.HTTPException as exc:
+                # The text already said "on its way": tell the truth where it was said.
+                channel, reference = await self._reply_target(client, inbound)
+                size = sum(len(a.data) for a in private)
+                await _post(channel, NOT_SENT.format(size=size, why=_describe(exc)), reference)
+                raise
         if public:
             channel, _ = await self._reply_target(client, inbound)
             sent += await self._send_files(channel, public)
@@ -574,11 +586,16 @@ class DiscordTransport:
     async def _send_files(
         self, channel: discord.abc.Messageable, attachments: list[Attachment]
     ) -> list[str]:
+        """Files in as many messages as Discord's count and size limits need; a file over the
+        upload limit is compressed or split (``fit_uploads``) and a note says so."""
+        batches, note = fit_uploads(
+            [(a.filename, a.data) for a in attachments], limit=self._config.upload_limit
+        )
         sent: list[str] = []
-        for start in range(0, len(attachments), FILES_PER_MESSAGE):
-            batch = attachments[start : start + FILES_PER_MESSAGE]
-            files = [discord.File(io.BytesIO(a.data), filename=a.filename) for a in batch]
-            msg = await channel.send(files=files, allowed_mentions=NO_MENTIONS)
+        for i, batch in enumerate(batches):
+            files = [discord.File(io.BytesIO(data), filename=name) for name, data in batch]
+            content = note_line(note) if note and i == 0 else None
+            msg = await channel.send(content, files=files, allowed_mentions=NO_MENTIONS)
             sent.append(str(msg.id))
             self._remember_own(msg.id)
         return sent

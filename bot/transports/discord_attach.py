@@ -10,10 +10,15 @@ Invariants:
   person gets a short note that images are not read; other files become ``[file: name]``
   with a note. Nothing is silently dropped: every attachment leaves a trace in the text.
 - Files larger than ``MAX_TEXT_BYTES`` are not downloaded.
+- Outbound (``fit_uploads``): every upload message holds at most ``FILES_PER_MESSAGE`` files
+  and at most ``limit`` bytes in total. A file over the limit is gzip-compressed; if it is
+  still over, the compressed bytes are cut into numbered pieces (``.partNofM``, joined again
+  with ``cat``). The note says which, so the person knows what they got.
 """
 
 from __future__ import annotations
 
+import gzip
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -59,6 +64,8 @@ TEXT_EXTENSIONS = frozenset(
 IMAGES_NOT_READ = "images are not read (vision is off), only the text"
 FILES_NOT_READ = "only text files are read; {names} not read"
 CUT = "the attached text was long; I read only its beginning"
+FILES_PER_MESSAGE = 10  # Discord's limit per message
+UPLOAD_HEADROOM = 4096  # multipart framing and the JSON payload share the request limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +123,43 @@ def merge(
     if cut:
         notes.append(CUT)
     return "\n\n".join(parts), ("; ".join(notes) or None)
+
+
+Upload = tuple[str, bytes]
+
+
+def fit_uploads(files: list[Upload], *, limit: int) -> tuple[list[list[Upload]], str | None]:
+    """``files`` grouped into upload messages that Discord accepts, and a note when a file had
+    to be compressed or split."""
+    room = max(limit - UPLOAD_HEADROOM, 1)
+    ready: list[Upload] = []
+    changed: list[str] = []
+    for name, data in files:
+        if len(data) <= room:
+            ready.append((name, data))
+            continue
+        packed = gzip.compress(data, mtime=0)
+        if len(packed) <= room:
+            ready.append((f"{name}.gz", packed))
+            changed.append(f"{name} was over the upload limit: sent gzip-compressed")
+            continue
+        count = -(-len(packed) // room)
+        for i in range(count):
+            piece = packed[i * room : (i + 1) * room]
+            ready.append((f"{name}.gz.part{i + 1}of{count}", piece))
+        changed.append(
+            f"{name} was over the upload limit: sent compressed in {count} pieces "
+            f"(join them with: cat {name}.gz.part* > {name}.gz)"
+        )
+    batches: list[list[Upload]] = []
+    for upload in ready:
+        last = batches[-1] if batches else None
+        if (
+            last is not None
+            and len(last) < FILES_PER_MESSAGE
+            and sum(len(d) for _, d in last) + len(upload[1]) <= room
+        ):
+            last.append(upload)
+        else:
+            batches.append([upload])
+    return batches, ("; ".join(changed) or None)

@@ -94,6 +94,7 @@ class FakeDiscord:
         self.close_code: int | None = None  # close the gateway with this code after IDENTIFY
         self.forbidden_channels: set[int] = set()  # POSTs there answer 403
         self.typing_status = 204  # e.g. 500: the typing indicator fails
+        self.upload_limit = 10 * 1024 * 1024  # bytes of files per message; more answers 413
         self.sent: list[Sent] = []
         self.typing: list[int] = []
         self.dm_opened: list[int] = []
@@ -420,6 +421,8 @@ class FakeDiscord:
                     del key
         else:
             payload = await request.json()
+        if sum(len(blob) for _, blob in files) > self.upload_limit:
+            return self._error(413, 40005, "Request entity too large")
         if len(str(payload.get("content") or "")) > 2000:
             return self._error(400, 50035, "Invalid Form Body: content too long")
         sent = Sent(channel_id=cid, payload=payload, files=files, id=self.snowflake())
