@@ -279,7 +279,12 @@ def _build_transport(
                 "the discord: section needs discord.py, which is not installed. Fix: "
                 "pip install 'meshsage[discord]' (or remove the discord: section)."
             ) from None
+        store = app.store
         return build_discord(
-            config.discord, env=env, max_message_chars=config.bot.max_message_chars
+            config.discord,
+            env=env,
+            max_message_chars=config.bot.max_message_chars,
+            seen_path=config.database_path.parent / "discord-seen.json",
+            known=lambda ids, since: store.known_platform_ids("discord", ids, since=since),
         )
     raise MeshsageError(f"transport '{name}' is not available in this build")

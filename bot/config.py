@@ -273,6 +273,13 @@ class MeshtasticConfig(TransportBase):
 Snowflake = Annotated[int, Field(gt=0, lt=2**64)]  # a Discord id (user, channel, role)
 
 
+class CatchUpConfig(_Strict):
+    """After a restart or a session Discord could not resume: read what was missed."""
+
+    max_age: float = Field(6 * 3600.0, ge=0, le=14 * 86400)  # seconds back; 0 turns it off
+    max_messages: int = Field(50, ge=0, le=1000)  # per channel (DM or allowed channel)
+
+
 class DiscordConfig(TransportBase):
     context_tokens: int = Field(4096, ge=256, le=1_000_000)
     max_tokens: int = Field(800, ge=16, le=100_000)
@@ -292,6 +299,7 @@ class DiscordConfig(TransportBase):
     remembered_messages: int = Field(1000, ge=10, le=100_000)  # inbound messages we can reply to
     # bytes per upload message; Discord's default is 10 MiB (boosted servers allow more)
     upload_limit: int = Field(10 * 1024 * 1024, ge=64 * 1024, le=500 * 1024 * 1024)
+    catch_up: CatchUpConfig = CatchUpConfig()
 
 
 class Config(_Strict):

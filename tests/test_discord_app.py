@@ -373,3 +373,44 @@ async def test_discord_section_without_discord_py_says_how_to_install(
     config = make_config(tmp_path, fake_llm.base_url, "discord:\n")
     with pytest.raises(MeshsageError, match=r"pip install 'meshsage\[discord\]'"):
         await build(config, env={})
+
+
+async def test_messages_sent_while_stopped_are_answered_once_after_start(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    """The real wiring: catch-up marks in the state directory, dedup by the store."""
+    config = make_config(tmp_path, fake_llm.base_url, f"discord:\n  channels: [{CHANNEL_ID}]\n")
+
+    async def run_once() -> App:
+        app = await build(config, env={"DISCORD_TOKEN": TOKEN})
+        await app.start()
+        await asyncio.wait_for(fake_discord.ready.wait(), 5)
+        [transport] = app.transports
+        await asyncio.wait_for(transport.caught_up.wait(), 10)  # type: ignore[attr-defined]
+        await app.responder.wait_idle()
+        return app
+
+    app = await run_once()
+    try:
+        before = len(fake_discord.sent)
+        await fake_discord.say(fake_discord.dm_message("hello before"))
+        await fake_discord.wait_sent(before + 1)
+        await app.responder.wait_idle()
+    finally:
+        await app.close()
+    fake_discord.post_offline(fake_discord.dm_message("sent while stopped"))
+    fake_discord.post_offline(fake_discord.guild_message("also while stopped", mention_bot=True))
+    for _ in range(2):  # a second start answers nothing again
+        fake_discord.ready.clear()
+        app = await run_once()
+        await app.close()
+    answered = [s for s in fake_discord.sent if s.content == "Hello from fake"]
+    assert len(answered) == 3
+    store = await SqliteStore.open(config.database_path)
+    try:
+        dm = await store.find_conversation(ConversationKey("discord", str(ALICE), DM_SPACE))
+        assert dm is not None
+        texts = [m.text for m in await store.all_messages(dm.id)]
+        assert texts == ["hello before", "Hello from fake", "sent while stopped", "Hello from fake"]
+    finally:
+        await store.close()

@@ -11,11 +11,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
+import discord
 import pytest
 
 from bot.config import DiscordConfig, MeshtasticConfig
 from bot.domain import DM_SPACE, Attachment, DeliveryStatus, Inbound, Reply, ReplyKind
-from bot.transports.discord import DiscordTransport, build_discord
+from bot.transports.discord import NO_MENTIONS, DiscordTransport, build_discord
 from bot.transports.discord_text import _fence_toggle, split_message
 from tests.fakes.fake_discord import (
     ALICE,
@@ -646,3 +647,168 @@ async def test_export_that_cannot_be_uploaded_is_reported_truthfully(
     assert notice.content.startswith("Sorry, I could not send your files after all")
     assert "HTTP 413" in notice.content
     assert await echo.wait_delivered(1) == [DeliveryStatus.FAILED]
+
+
+# --- catch-up: what was said while the bot was away ---------------------------------------
+class Stored:
+    """Stands in for the store's platform-id lookup: what the Echo responder has received."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+
+    async def __call__(self, ids: object, since: float) -> set[str]:
+        assert isinstance(ids, list)
+        return self.ids & set(ids)
+
+
+async def start_with_catch_up(
+    fake_discord: FakeDiscord, tmp_path: object, stored: Stored, echo: Echo | None = None
+) -> tuple[DiscordTransport, Echo]:
+    from pathlib import Path
+
+    assert isinstance(tmp_path, Path)
+    e = echo or Echo()
+    inner = e.__call__
+
+    async def record(inbound: Inbound) -> None:
+        stored.ids.add(inbound.message_id or "")
+        await inner(inbound)
+
+    def quick_ready(intents: discord.Intents) -> discord.Client:
+        # discord.py waits guild_ready_timeout (2 s) for more guilds before on_ready.
+        return discord.Client(
+            intents=intents, allowed_mentions=NO_MENTIONS, guild_ready_timeout=0.05
+        )
+
+    transport = build_discord(
+        CONFIG,
+        env={"DISCORD_TOKEN": TOKEN},
+        client_factory=quick_ready,
+        seen_path=tmp_path / "discord-seen.json",
+        known=stored,
+    )
+    e.transport = transport
+    await transport.start(record)
+    await asyncio.wait_for(fake_discord.ready.wait(), 5)
+    # on_ready has run (catch-up done): stopping earlier would leave discord.py's delayed
+    # on_ready to fire into a closed client.
+    await asyncio.wait_for(transport.caught_up.wait(), 10)
+    return transport, e
+
+
+async def test_messages_sent_while_stopped_are_answered_once_after_start(
+    fake_discord: FakeDiscord, tmp_path: object
+) -> None:
+    stored = Stored()
+    first, _ = await start_with_catch_up(fake_discord, tmp_path, stored)
+    await fake_discord.say(fake_discord.dm_message("before the restart"))
+    await fake_discord.wait_sent(1)
+    await first.stop()
+
+    say = fake_discord.post_offline
+    say(fake_discord.guild_message("chatter, not for the bot"))
+    say(fake_discord.guild_message("asked while you were away", mention_bot=True))
+    say(fake_discord.dm_message("a DM while you were away"))
+    say(
+        fake_discord.guild_message(
+            "not allowed here", mention_bot=True, channel_id=OTHER_CHANNEL_ID
+        )
+    )
+
+    fake_discord.ready.clear()
+    second, e2 = await start_with_catch_up(fake_discord, tmp_path, stored)
+    try:
+        sent = await fake_discord.wait_sent(3)
+        await fake_discord.say(fake_discord.dm_message("sentinel after catch-up"))
+        sent = await fake_discord.wait_sent(4)
+        assert [i.text for i in e2.inbox] == [
+            "asked while you were away",
+            "a DM while you were away",
+            "sentinel after catch-up",
+        ]
+        assert [s.content for s in sent[1:]] == [
+            "echo asked while you were away",
+            "echo a DM while you were away",
+            "echo sentinel after catch-up",
+        ]
+        # Each reply goes to the message it answers, in its own channel.
+        assert sent[1].channel_id == CHANNEL_ID
+        assert sent[2].channel_id == fake_discord.dm_channel_id(ALICE)
+    finally:
+        await second.stop()
+
+    # A third start finds nothing new: the marks and the store both say so.
+    fake_discord.ready.clear()
+    third, e3 = await start_with_catch_up(fake_discord, tmp_path, stored)
+    try:
+        await asyncio.wait_for(third.caught_up.wait(), 5)
+        await fake_discord.say(fake_discord.dm_message("last"))
+        await fake_discord.wait_sent(5)
+        assert [i.text for i in e3.inbox] == ["last"]
+    finally:
+        await third.stop()
+
+
+async def test_store_dedup_without_marks(fake_discord: FakeDiscord, tmp_path: object) -> None:
+    """Marks lost (file deleted): what is stored is still not answered twice."""
+    from pathlib import Path
+
+    assert isinstance(tmp_path, Path)
+    stored = Stored()
+    first, _ = await start_with_catch_up(fake_discord, tmp_path, stored)
+    await fake_discord.say(fake_discord.guild_message("asked once", mention_bot=True))
+    await fake_discord.wait_sent(1)
+    await first.stop()
+    (tmp_path / "discord-seen.json").unlink()
+    fake_discord.ready.clear()
+    second, e2 = await start_with_catch_up(fake_discord, tmp_path, stored)
+    try:
+        await asyncio.wait_for(second.caught_up.wait(), 5)
+        await fake_discord.say(fake_discord.guild_message("sentinel", mention_bot=True))
+        await fake_discord.wait_sent(2)
+        assert [i.text for i in e2.inbox] == ["sentinel"]
+        assert fake_discord.history_reads  # it did look
+    finally:
+        await second.stop()
+
+
+async def test_reconnect_that_cannot_resume_reads_history(
+    fake_discord: FakeDiscord, tmp_path: object
+) -> None:
+    stored = Stored()
+    transport, e = await start_with_catch_up(fake_discord, tmp_path, stored)
+    try:
+        await fake_discord.say(fake_discord.guild_message("before the blip", mention_bot=True))
+        await fake_discord.wait_sent(1)
+        fake_discord.resumable = False
+        await fake_discord.disconnect()
+        await fake_discord.say(fake_discord.guild_message("during the blip", mention_bot=True))
+        sent = await fake_discord.wait_sent(2, timeout=30)
+        assert fake_discord.sessions == 2
+        assert sent[1].content == "echo during the blip"
+        await fake_discord.say(fake_discord.guild_message("sentinel", mention_bot=True))
+        await fake_discord.wait_sent(3)
+        assert [i.text for i in e.inbox] == ["before the blip", "during the blip", "sentinel"]
+    finally:
+        await transport.stop()
+
+
+async def test_resumed_session_replays_without_reading_history(
+    fake_discord: FakeDiscord, tmp_path: object
+) -> None:
+    stored = Stored()
+    transport, e = await start_with_catch_up(fake_discord, tmp_path, stored)
+    try:
+        await fake_discord.say(fake_discord.guild_message("before the blip", mention_bot=True))
+        await fake_discord.wait_sent(1)
+        reads = len(fake_discord.history_reads)
+        await fake_discord.disconnect()
+        await fake_discord.say(fake_discord.guild_message("during the blip", mention_bot=True))
+        await fake_discord.wait_sent(2, timeout=30)
+        await fake_discord.say(fake_discord.guild_message("sentinel", mention_bot=True))
+        await fake_discord.wait_sent(3)
+        assert [i.text for i in e.inbox] == ["before the blip", "during the blip", "sentinel"]
+        assert fake_discord.sessions == 1
+        assert len(fake_discord.history_reads) == reads
+    finally:
+        await transport.stop()

@@ -32,6 +32,9 @@ Invariants:
 - Files: each upload message stays within ``upload_limit`` (compressed or split when needed,
   with a note); if files cannot be sent after the text said they were coming, a follow-up
   says so plainly.
+- Catch-up (``discord_catchup``): every new gateway session (start, or a reconnect that could
+  not resume) reads DMs and allowed channels back to the last message handled there (bounded
+  by ``catch_up``) and hands on, through the same admission path, what is not stored yet.
 - Message text is never logged above DEBUG.
 - Commands arrive as ordinary messages (``!reset``, after the @mention in a channel); no slash
   commands are registered, so the invite needs only the ``bot`` scope.
@@ -47,6 +50,7 @@ import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 
 import aiohttp
 import discord
@@ -63,6 +67,7 @@ from bot.domain import (
 )
 from bot.transports.base import OnMessage
 from bot.transports.discord_attach import Incoming, fit_uploads, merge, wants_bytes
+from bot.transports.discord_catchup import Known, SeenMarks, catch_up
 from bot.transports.discord_policy import Seen, admit, retry_delay
 from bot.transports.discord_text import (
     DISCORD_MAX_CHARS,
@@ -188,6 +193,8 @@ class DiscordTransport:
         sleep: Sleep = asyncio.sleep,
         rand: Callable[[], float] = random.random,
         max_message_chars: int = 4000,
+        seen_path: Path | None = None,
+        known: Known | None = None,
     ) -> None:
         self.limits = TransportLimits(
             context_tokens=config.context_tokens,
@@ -196,6 +203,10 @@ class DiscordTransport:
         )
         self._config = config
         self._max_message_chars = max_message_chars
+        self._marks = SeenMarks(seen_path)
+        self._known = known
+        self._catchup_task: asyncio.Task[None] | None = None
+        self.caught_up = asyncio.Event()  # set when the latest session's catch-up is done
         self._token = token
         self._client_factory = client_factory
         self._sleep = sleep
@@ -284,6 +295,10 @@ class DiscordTransport:
 
     async def stop(self) -> None:
         client, task = self._client, self._task
+        if self._catchup_task is not None and not self._catchup_task.done():
+            self._catchup_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._catchup_task
         if client is not None:
             with contextlib.suppress(*SEND_ERRORS):
                 await asyncio.wait_for(client.close(), timeout=STOP_TIMEOUT)
@@ -354,6 +369,13 @@ class DiscordTransport:
                 len(self._config.channels),
             )
 
+            # A new session (start, or a reconnect Discord could not resume): what was said
+            # meanwhile is read from history. A resumed session replays events by itself.
+            if self._catchup_task is not None and not self._catchup_task.done():
+                self._catchup_task.cancel()
+            self.caught_up.clear()
+            self._catchup_task = asyncio.create_task(self._catch_up(client), name="catch-up")
+
         async def on_message(message: discord.Message) -> None:
             await self._handle(client, message)
 
@@ -361,17 +383,40 @@ class DiscordTransport:
         client.event(on_message)
 
     # --- inbound ----------------------------------------------------------------------------
+    async def _catch_up(self, client: discord.Client) -> None:
+        channels = [*self._config.channels, *sorted(self._marks.dms)]
+        channels += [c.id for c in client.private_channels if c.id not in channels]
+        try:
+            await catch_up(
+                client,
+                channel_ids=channels,
+                marks=self._marks,
+                config=self._config.catch_up,
+                known=self._known,
+                handle=lambda m: self._handle(client, m),
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # task boundary: live messages keep flowing without catch-up
+            log.exception("Discord catch-up failed")
+        self.caught_up.set()
+
     async def _handle(self, client: discord.Client, message: discord.Message) -> None:
         try:
             inbound = self._inbound(client, message)
             if inbound is None or self._on_message is None:
                 return
+            self._remember(str(message.id), message)
             if message.attachments:
                 inbound = await self._with_attachments(message, inbound)
-            self._remember(str(message.id), message)
             await self._on_message(inbound)
         except Exception:  # event boundary: one bad message must not stop the next
             log.exception("handling Discord message %s failed", message.id)
+        finally:
+            channel = message.channel
+            dm = _is_dm(channel)
+            if dm or channel.id in self._config.channels:
+                self._marks.see(channel.id, message.id, dm=dm)
 
     def _inbound(self, client: discord.Client, message: discord.Message) -> Inbound | None:
         me = client.user
@@ -383,10 +428,7 @@ class DiscordTransport:
         # A DM is decided by the channel type, never by ``guild is None``: a message from a
         # guild discord.py has not cached (yet) has no guild either, and must not be taken for
         # a DM (answered unaddressed, from the author's DM memory, into a guild channel).
-        is_dm = isinstance(channel, discord.DMChannel) or (
-            isinstance(channel, discord.PartialMessageable)
-            and channel.type == discord.ChannelType.private
-        )
+        is_dm = _is_dm(channel)
         if not is_dm and guild is None:
             log.debug("ignoring Discord message %s: its guild is not cached", message.id)
             return None
@@ -601,6 +643,13 @@ class DiscordTransport:
         return sent
 
 
+def _is_dm(channel: object) -> bool:
+    return isinstance(channel, discord.DMChannel) or (
+        isinstance(channel, discord.PartialMessageable)
+        and channel.type == discord.ChannelType.private
+    )
+
+
 async def _post(
     channel: discord.abc.Messageable,
     content: str,
@@ -622,6 +671,8 @@ def build_discord(
     sleep: Sleep | None = None,
     rand: Callable[[], float] | None = None,
     max_message_chars: int = 4000,
+    seen_path: Path | None = None,
+    known: Known | None = None,
 ) -> DiscordTransport:
     """The Discord transport with its token read from ``env[config.token_env]``."""
     token = (env.get(config.token_env) or "").strip() or None
@@ -632,4 +683,6 @@ def build_discord(
         sleep=sleep or asyncio.sleep,
         rand=rand or random.random,
         max_message_chars=max_message_chars,
+        seen_path=seen_path,
+        known=known,
     )

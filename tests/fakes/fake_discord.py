@@ -106,6 +106,11 @@ class FakeDiscord:
         self._next_id = int(discord.utils.time_snowflake(datetime.now(UTC)))
         self._runner: web.AppRunner | None = None
         self.sent_event = asyncio.Event()
+        self.history: dict[int, list[Json]] = {}  # channel id -> every message, oldest first
+        self.history_reads: list[tuple[int, dict[str, str]]] = []
+        self.resumable = True  # False: a RESUME is answered "invalid session" (op 9, d=false)
+        self.sessions = 0  # READY payloads sent (new sessions)
+        self._missed: list[tuple[str, Json]] = []  # events while disconnected, for a RESUME
         self.cdn: dict[int, bytes] = {}  # attachment id -> bytes served on the fake CDN
         self.cdn_reads: list[int] = []
 
@@ -119,6 +124,7 @@ class FakeDiscord:
         app.router.add_post("/api/v10/channels/{cid}/messages", self._post_message)
         app.router.add_post("/api/v10/channels/{cid}/typing", self._typing)
         app.router.add_get("/attachments/{aid}/{name}", self._attachment)
+        app.router.add_get("/api/v10/channels/{cid}/messages", self._history)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -157,8 +163,27 @@ class FakeDiscord:
         await self._ws.send_json({"op": 0, "t": event, "s": self._seq, "d": data})
 
     async def say(self, data: Json) -> Json:
-        await self.dispatch("MESSAGE_CREATE", data)
+        """A message posted now: in the channel's history, and on the gateway if the bot has a
+        session (else kept for a RESUME to replay)."""
+        self.history.setdefault(int(data["channel_id"]), []).append(data)
+        if self._ws is None or self._ws.closed:
+            self._missed.append(("MESSAGE_CREATE", data))
+        else:
+            await self.dispatch("MESSAGE_CREATE", data)
         return data
+
+    def post_offline(self, data: Json) -> Json:
+        """A message posted while the bot is away (stopped): only in the channel's history."""
+        self.history.setdefault(int(data["channel_id"]), []).append(data)
+        return data
+
+    async def disconnect(self, code: int = 4000) -> None:
+        """Drop the gateway session the way a network blip does; discord.py reconnects and
+        tries to RESUME (see ``resumable``)."""
+        ws, self._ws = self._ws, None
+        self.ready.clear()
+        if ws is not None:
+            await ws.close(code=code, message=b"dropped by the fake")
 
     async def wait_sent(self, count: int, timeout: float = 5.0) -> list[Sent]:
         """Until the bot has posted ``count`` messages in total."""
@@ -238,6 +263,24 @@ class FakeDiscord:
             att["content_type"] = content_type
         return att
 
+    async def _history(self, request: web.Request) -> web.Response:
+        """GET channel messages as Discord answers ``after``/``before``/``limit``: the
+        ``limit`` messages right after ``after`` (or right before ``before``), newest first."""
+        cid = int(request.match_info["cid"])
+        query = dict(request.query)
+        self.history_reads.append((cid, query))
+        limit = int(query.get("limit", "50"))
+        msgs = sorted(self.history.get(cid, []), key=lambda m: int(m["id"]))
+        if "after" in query:
+            picked = [m for m in msgs if int(m["id"]) > int(query["after"])][:limit]
+        else:
+            before = int(query.get("before", str(2**63)))
+            picked = [m for m in msgs if int(m["id"]) < before][-limit:]
+        return web.Response(
+            body=json.dumps(list(reversed(picked))).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+
     async def _attachment(self, request: web.Request) -> web.Response:
         aid = int(request.match_info["aid"])
         self.cdn_reads.append(aid)
@@ -279,13 +322,26 @@ class FakeDiscord:
             frame = json.loads(msg.data)
             if frame["op"] == 1:
                 await ws.send_json({"op": 11})
+            elif frame["op"] == 6:  # RESUME
+                if not self.resumable:
+                    self._missed.clear()  # what happened meanwhile is only in history now
+                    await ws.send_json({"op": 9, "d": False})
+                    continue
+                self._ws = ws
+                missed, self._missed = self._missed, []
+                for event, data in missed:
+                    await self.dispatch(event, data)
+                await self.dispatch("RESUMED", {})
+                self.ready.set()
             elif frame["op"] == 2:
+                self._missed.clear()  # a new session gets no replay
                 self.identify = frame["d"]
                 if self.close_code is not None:
                     await ws.close(code=self.close_code, message=b"closed by the fake")
                     break
                 self._ws = ws
                 self._seq += 1
+                self.sessions += 1
                 await ws.send_json({"op": 0, "t": "READY", "s": self._seq, "d": self._ready()})
                 self.ready.set()
         return ws
@@ -430,6 +486,7 @@ class FakeDiscord:
         self.sent_event.set()
         data = self._message(str(payload.get("content") or ""), BOT_USER, cid)
         data["id"] = str(sent.id)
+        self.history.setdefault(cid, []).append(data)
         data["attachments"] = [
             {
                 "id": str(self.snowflake()),

@@ -147,6 +147,22 @@ class MessagesMixin(SqliteBase):
         )
         return [(ConversationKey(r[0], r[1], r[2]), msg_from_row(r[3:])) for r in rows]
 
+    async def known_platform_ids(
+        self, transport: str, platform_ids: Sequence[str], *, since: float
+    ) -> set[str]:
+        """Which of ``platform_ids`` are stored for ``transport`` in messages created at or
+        after ``since`` (the window bounds the scan: created_at is indexed)."""
+        if not platform_ids:
+            return set()
+        marks = ",".join("?" * len(platform_ids))
+        rows = await self._all(
+            "SELECT m.platform_id FROM messages m JOIN conversations c "
+            "ON c.id = m.conversation_id WHERE m.created_at >= ? AND c.transport = ? "
+            f"AND m.platform_id IN ({marks})",
+            (since, transport, *platform_ids),
+        )
+        return {str(r[0]) for r in rows}
+
     async def add_messages(
         self, conversation_id: int, rows: Sequence[tuple[str, str, str, int, float]]
     ) -> None:
