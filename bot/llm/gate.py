@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Sequence
 
 from bot.errors import LLMUnavailable
-from bot.llm.port import LLM, ChatMessage, Completion
+from bot.llm.port import LLM, ChatMessage, Completion, OnText
 
 
 class BackgroundPreempted(LLMUnavailable):
@@ -46,7 +46,12 @@ class LLMGate:
         return _Bound(self, background=True)
 
     async def _run(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, background: bool
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        background: bool,
+        on_text: OnText | None = None,
     ) -> Completion:
         async with self._changed:
             if not background:
@@ -64,7 +69,7 @@ class LLMGate:
             self._running += 1
         try:
             if not background:
-                return await self._llm.complete(messages, max_tokens=max_tokens)
+                return await self._llm.complete(messages, max_tokens=max_tokens, on_text=on_text)
             task = asyncio.ensure_future(self._llm.complete(messages, max_tokens=max_tokens))
             self._background.add(task)
             try:
@@ -96,5 +101,9 @@ class _Bound:
     def model_name(self) -> str:
         return self._gate.model_name
 
-    async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion:
-        return await self._gate._run(messages, max_tokens=max_tokens, background=self._background)
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+    ) -> Completion:
+        return await self._gate._run(
+            messages, max_tokens=max_tokens, background=self._background, on_text=on_text
+        )

@@ -26,7 +26,7 @@ import openai
 
 from bot.config import Endpoint, LLMConfig
 from bot.errors import LLMUnavailable
-from bot.llm.port import ChatMessage, Completion
+from bot.llm.port import ChatMessage, Completion, OnText
 
 log = logging.getLogger("bot.llm")
 
@@ -100,7 +100,9 @@ class OpenAICompatLLM:
         for target in self._targets:
             await target.client.close()
 
-    async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion:
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+    ) -> Completion:
         payload = [{"role": m.role, "content": m.content} for m in messages]
         problems: list[str] = []
         for target in self._targets:
@@ -110,6 +112,8 @@ class OpenAICompatLLM:
                     delay = self._config.retry_backoff * 2 ** (attempt - 1)
                     await self._sleep(delay * random.uniform(0.5, 1.0))
                 try:
+                    if on_text is not None:
+                        return await self._attempt_streamed(target, payload, max_tokens, on_text)
                     return await self._attempt(target, payload, max_tokens)
                 except _RETRYABLE as exc:
                     problems.append(f"{ep.base_url} ({ep.model}): {describe_error(exc)}")
@@ -148,6 +152,43 @@ class OpenAICompatLLM:
         if len(text) > MAX_ANSWER_CHARS:
             text, truncated = text[:MAX_ANSWER_CHARS], True
         return Completion(text=text, model=resp.model or target.endpoint.model, truncated=truncated)
+
+    async def _attempt_streamed(
+        self, target: _Target, payload: list[dict[str, str]], max_tokens: int, on_text: OnText
+    ) -> Completion:
+        """One streamed request; ``on_text`` sees the visible answer as it grows."""
+        deadline = self._config.connect_timeout + self._config.read_timeout
+        raw, model, finish = "", target.endpoint.model, None
+        await on_text("")  # a retry starts from nothing
+        async with asyncio.timeout(deadline):
+            stream = await target.client.chat.completions.create(
+                model=target.endpoint.model,
+                messages=payload,  # type: ignore[arg-type]
+                max_tokens=max_tokens,
+                temperature=self._config.temperature,
+                stream=True,
+            )
+            assert isinstance(stream, openai.AsyncStream)
+            shown = ""
+            async for chunk in stream:
+                model = chunk.model or model
+                if not chunk.choices:
+                    continue
+                choice = chunk.choices[0]
+                finish = choice.finish_reason or finish
+                raw += choice.delta.content or ""
+                visible = strip_thinking(raw) if self._config.strip_thinking else raw.strip()
+                visible = visible[:MAX_ANSWER_CHARS]
+                if visible != shown:
+                    shown = visible
+                    await on_text(visible)
+        text = strip_thinking(raw) if self._config.strip_thinking else raw.strip()
+        if not text:
+            raise _EmptyAnswer
+        truncated = finish == "length"
+        if len(text) > MAX_ANSWER_CHARS:
+            text, truncated = text[:MAX_ANSWER_CHARS], True
+        return Completion(text=text, model=model, truncated=truncated)
 
 
 class _EmptyAnswer(Exception):

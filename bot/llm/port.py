@@ -1,15 +1,19 @@
 """The LLM port: one method. Retries, timeouts, fallbacks and error mapping live in adapters.
 
-Invariant: ``complete`` either returns non-empty text or raises ``LLMUnavailable``.
+Invariant: ``complete`` either returns non-empty text or raises ``LLMUnavailable``. With
+``on_text`` the answer is streamed: ``on_text`` gets the visible text so far (reasoning
+stripped) as it grows; a retry or a fallback starts again from "" (so the text may shrink);
+the returned ``Completion`` is what counts. Adapters that cannot stream ignore ``on_text``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 Role = Literal["system", "user", "assistant"]
+OnText = Callable[[str], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,4 +33,6 @@ class LLM(Protocol):
     @property
     def model_name(self) -> str: ...
 
-    async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion: ...
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+    ) -> Completion: ...
