@@ -300,6 +300,8 @@ class DiscordConfig(TransportBase):
     # bytes per upload message; Discord's default is 10 MiB (boosted servers allow more)
     upload_limit: int = Field(10 * 1024 * 1024, ge=64 * 1024, le=500 * 1024 * 1024)
     catch_up: CatchUpConfig = CatchUpConfig()
+    stream: bool = True  # answers appear and grow by message edits
+    stream_edit_seconds: float = Field(1.5, ge=0.2, le=60)  # least time between two edits
 
 
 class Config(_Strict):

@@ -39,7 +39,7 @@ from bot.memory.port import MemoryStore
 from bot.memory.store import ASSISTANT, USER
 from bot.memory.summary import Summarizer
 from bot.text import clean_inbound
-from bot.transports.base import Transport
+from bot.transports.base import AnswerStream, Streams, Transport
 
 log = logging.getLogger("bot.responder")
 
@@ -212,6 +212,9 @@ class Responder:
         transport = self._transports[inbound.transport]
         limits = transport.limits
         conv = await self._store.conversation(inbound.key)
+        stream: AnswerStream | None = (
+            transport.stream(inbound) if isinstance(transport, Streams) else None
+        )
         async with transport.working(inbound):
             ctx = await self._context.build(
                 conv,
@@ -221,9 +224,15 @@ class Responder:
                 style_hint=limits.style_hint,
             )
             try:
-                completion = await self._llm.complete(ctx.messages, max_tokens=limits.max_tokens)
+                completion = await self._llm.complete(
+                    ctx.messages,
+                    max_tokens=limits.max_tokens,
+                    on_text=stream.update if stream is not None else None,
+                )
             except LLMUnavailable as exc:
                 log.warning("no answer for %s: %s", inbound.key, exc)
+                if stream is not None:
+                    await stream.abort()
                 await self._store.set_status(message_id, "failed")
                 await self._notice(inbound, UNAVAILABLE)
                 return
@@ -239,9 +248,8 @@ class Responder:
             parent_id=message_id,
             answers=message_id,
         )
-        delivery = await self._send(
-            Reply(inbound=inbound, text=text, note=TRIMMED_NOTE if trimmed else None)
-        )
+        reply = Reply(inbound=inbound, text=text, note=TRIMMED_NOTE if trimmed else None)
+        delivery = await (stream.finish(reply) if stream is not None else self._send(reply))
         await self._store.set_status(
             reply_id,
             delivery.status.value,

@@ -343,7 +343,7 @@ async def test_meshsage_run_serves_console_and_discord_on_one_database(
         await asyncio.wait_for(fake_discord.ready.wait(), 20)
         await fake_discord.say(fake_discord.dm_message("hello from Discord"))
         [sent] = await fake_discord.wait_sent(1, timeout=20)
-        assert sent.content == "Hello from fake"
+        await fake_discord.wait_content(sent, "Hello from fake", timeout=20)  # streamed
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(proc.communicate(), 20)
@@ -414,3 +414,26 @@ async def test_messages_sent_while_stopped_are_answered_once_after_start(
         assert texts == ["hello before", "Hello from fake", "sent while stopped", "Hello from fake"]
     finally:
         await store.close()
+
+
+async def test_streamed_answer_is_stored_as_its_final_text(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    fake_llm.reply = "LoRa is a long range radio modulation used by Meshtastic nodes."
+    keys = "  stream_edit_seconds: 0.2\n"
+    async with running(tmp_path, fake_llm, fake_discord, discord_keys=keys) as rig:
+        sent = await rig.exchange(fake_discord.dm_message("what is LoRa?"))
+        assert fake_llm.chat_requests()[-1]["stream"] is True
+        assert sent.content == fake_llm.reply
+        _question, answer = await rig.stored(DM_SPACE)
+        assert (answer.text, answer.platform_id) == (fake_llm.reply, str(sent.id))
+        assert answer.status == "delivered"
+
+
+async def test_stream_off_sends_one_message(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    async with running(tmp_path, fake_llm, fake_discord, discord_keys="  stream: false\n") as rig:
+        sent = await rig.exchange(fake_discord.dm_message("hello"))
+        assert sent.content == "Hello from fake" and not fake_discord.edits
+        assert "stream" not in fake_llm.chat_requests()[-1]

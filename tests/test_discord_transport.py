@@ -8,6 +8,7 @@ in order, so once the second is answered the first has been decided (no sleeps).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -812,3 +813,89 @@ async def test_resumed_session_replays_without_reading_history(
         assert len(fake_discord.history_reads) == reads
     finally:
         await transport.stop()
+
+
+# --- streamed answers ----------------------------------------------------------------------
+class ManualClock:
+    """The transport's clock; ``sleep`` moves it on at once."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
+        await asyncio.sleep(0)
+
+
+async def stream_words(
+    fake_discord: FakeDiscord, text: str, *, interval: float, step: float
+) -> tuple[list[Sent], list[float], Inbound]:
+    """A transport with streaming on: the answer ``text`` arrives word by word, ``step``
+    seconds apart on the fake clock; returns the bot's posts and when each post/edit was."""
+    clock = ManualClock()
+    fake_discord.clock = clock
+    config = DiscordConfig(channels=(CHANNEL_ID,), stream_edit_seconds=interval)
+    transport = build_discord(config, env={"DISCORD_TOKEN": TOKEN}, clock=clock, sleep=clock.sleep)
+    done = asyncio.Event()
+    got: list[Inbound] = []
+    post_times: list[float] = []
+
+    async def respond(inbound: Inbound) -> None:
+        got.append(inbound)
+        stream = transport.stream(inbound)
+        assert stream is not None
+        words = text.split(" ")
+        for i in range(1, len(words) + 1):
+            before = len(fake_discord.sent)
+            await stream.update(" ".join(words[:i]))
+            post_times.extend(clock.now for _ in fake_discord.sent[before:])
+            clock.now += step
+        before = len(fake_discord.sent)
+        delivery = await stream.finish(Reply(inbound=inbound, text=transport.fit(text)))
+        post_times.extend(clock.now for _ in fake_discord.sent[before:])
+        assert delivery.status == DeliveryStatus.DELIVERED
+        assert list(delivery.message_ids) == [str(s.id) for s in fake_discord.sent]
+        done.set()
+
+    await transport.start(respond)
+    await asyncio.wait_for(fake_discord.ready.wait(), 5)
+    try:
+        await fake_discord.say(fake_discord.guild_message("tell me", mention_bot=True))
+        await asyncio.wait_for(done.wait(), 10)
+    finally:
+        await transport.stop()
+    # One update is one round (an edit of the growing part, perhaps a post of the next one):
+    # the rounds are what the rate applies to.
+    times = sorted(set(post_times + [t for t, _, _ in fake_discord.edits]))
+    return fake_discord.sent, times, got[0]
+
+
+async def test_streamed_answer_grows_by_edits_at_the_configured_rate(
+    fake_discord: FakeDiscord,
+) -> None:
+    text = " ".join(f"word{i}" for i in range(60))
+    sent, times, inbound = await stream_words(fake_discord, text, interval=1.5, step=0.2)
+    [answer] = sent
+    assert answer.content == text
+    assert answer.reference_id == int(inbound.message_id or 0)
+    assert len(fake_discord.edits) >= 5  # it did grow, in several steps
+    assert len(fake_discord.edits) <= 60 * 0.2 / 1.5 + 2  # not once per word
+    assert all(b - a >= 1.5 for a, b in itertools.pairwise(times))
+    assert fake_discord.rate_limited == 0
+    assert [c for _, _, c in fake_discord.edits][-1] == text
+
+
+async def test_streamed_answer_continues_in_a_new_message_past_2000_chars(
+    fake_discord: FakeDiscord,
+) -> None:
+    text = " ".join(f"sentence{i:03d}." for i in range(400))  # about 5,200 characters
+    sent, times, _ = await stream_words(fake_discord, text, interval=1.0, step=0.5)
+    final = split_message(DiscordTransport(config=CONFIG, token=None).fit(text))
+    assert [s.content for s in sent] == final
+    assert len(final) == 3
+    assert sent[0].reference_id is not None and sent[1].reference_id is None
+    assert all(b - a >= 1.0 for a, b in itertools.pairwise(times))
+    assert fake_discord.rate_limited == 0

@@ -7,6 +7,9 @@ Invariants:
 - ``fit(text)`` is pure and returns exactly what ``send`` will deliver for that text (after
   chunking and shortening), so the responder stores what the person actually receives.
 - ``send`` never raises for platform trouble; it reports it in the returned ``Delivery``.
+- Optional streaming (``Streams``): ``stream(inbound)`` returns an ``AnswerStream`` (or None
+  when streaming is off for it); the responder feeds it the growing answer and ends it with
+  ``finish`` (the fitted final text, which is what is stored) or ``abort``.
 - ``start`` returns once the transport runs in the background; ``stop`` ends it within its own
   timeout; ``wait_closed`` returns when the transport has ended by itself (console EOF) and
   otherwise only after ``stop``.
@@ -16,11 +19,30 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from bot.domain import Delivery, Inbound, Reply, TransportLimits
 
 OnMessage = Callable[[Inbound], Awaitable[None]]
+
+
+class AnswerStream(Protocol):
+    async def update(self, text: str) -> None:
+        """The answer so far (it may shrink when the LLM call is retried)."""
+        ...
+
+    async def finish(self, reply: Reply) -> Delivery:
+        """Show exactly ``reply.text`` (already fitted); never raises for platform trouble."""
+        ...
+
+    async def abort(self) -> None:
+        """The answer will not come: remove what was shown."""
+        ...
+
+
+@runtime_checkable
+class Streams(Protocol):
+    def stream(self, inbound: Inbound) -> AnswerStream | None: ...
 
 
 class Transport(Protocol):

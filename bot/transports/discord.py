@@ -15,6 +15,9 @@ Invariants:
   ``Reply.note`` as one small subtext line (``-# ...``) that is not part of the stored answer.
   Nothing the bot sends can ping anyone (``AllowedMentions.none()``): an LLM answer saying
   "@everyone" stays text. Attachments marked ``dm_only`` (``!export``) go to the person by DM.
+- Streaming (``discord.stream``, on by default): ``stream(inbound)`` gives the responder a
+  ``DiscordStream``; the answer appears with its first words and grows by edits at most every
+  ``stream_edit_seconds``; the typing indicator stops at the first post.
 - ``send`` never raises; trouble is reported in the ``Delivery``. ``working`` shows the typing
   indicator and never fails the turn.
 - Startup: ``start`` never raises. A missing token, a rejected token (LoginFailure) or the
@@ -47,6 +50,7 @@ import contextlib
 import io
 import logging
 import random
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -69,6 +73,7 @@ from bot.transports.base import OnMessage
 from bot.transports.discord_attach import Incoming, fit_uploads, merge, wants_bytes
 from bot.transports.discord_catchup import Known, SeenMarks, catch_up
 from bot.transports.discord_policy import Seen, admit, retry_delay
+from bot.transports.discord_stream import DiscordStream
 from bot.transports.discord_text import (
     DISCORD_MAX_CHARS,
     fit_text,
@@ -195,6 +200,7 @@ class DiscordTransport:
         max_message_chars: int = 4000,
         seen_path: Path | None = None,
         known: Known | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = TransportLimits(
             context_tokens=config.context_tokens,
@@ -206,11 +212,13 @@ class DiscordTransport:
         self._marks = SeenMarks(seen_path)
         self._known = known
         self._catchup_task: asyncio.Task[None] | None = None
+        self._typing: dict[str, discord.context_managers.Typing] = {}
         self.caught_up = asyncio.Event()  # set when the latest session's catch-up is done
         self._token = token
         self._client_factory = client_factory
         self._sleep = sleep
         self._rand = rand
+        self._clock = clock
         self._client: discord.Client | None = None
         self._on_message: OnMessage | None = None
         self._task: asyncio.Task[None] | None = None
@@ -249,9 +257,12 @@ class DiscordTransport:
         except SEND_ERRORS as exc:  # no typing indicator is no reason to fail the answer
             log.debug("typing indicator failed in %s: %s", inbound.space, _describe(exc))
             entered = False
+        if entered:
+            self._typing[inbound.message_id or ""] = typing
         try:
             yield
         finally:
+            self._typing.pop(inbound.message_id or "", None)
             if entered:
                 await typing.__aexit__(None, None, None)
 
@@ -260,8 +271,7 @@ class DiscordTransport:
         if client is None or client.is_closed():
             return Delivery(DeliveryStatus.FAILED, detail="discord is not connected")
         parts = split_message(self.fit(reply.text))
-        pending = self._notes.pop(reply.inbound.message_id or "", None)
-        note = note_line("; ".join(n for n in (reply.note, pending) if n))
+        note = self._note_for(reply)
         if note is not None:
             if parts and units(parts[-1] + "\n" + note) <= DISCORD_MAX_CHARS:
                 parts[-1] += "\n" + note
@@ -292,6 +302,38 @@ class DiscordTransport:
             )
             return Delivery(DeliveryStatus.FAILED, tuple(sent), detail=_describe(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
+
+    def stream(self, inbound: Inbound) -> DiscordStream | None:
+        """A streamed answer to ``inbound`` (None when streaming is off or Discord is down)."""
+        client = self._client
+        if not self._config.stream or client is None or client.is_closed():
+            return None
+
+        def on_post(message: discord.Message, head: int) -> None:
+            self._remember_own(message.id, head=head)
+            if message.id == head and inbound.sender.isdigit():
+                self._answered[head] = int(inbound.sender)
+
+        stream = DiscordStream(
+            target=lambda: self._reply_target(client, inbound),
+            max_parts=self._config.max_parts,
+            interval=self._config.stream_edit_seconds,
+            clock=self._clock,
+            sleep=self._sleep,
+            on_post=on_post,
+            note=self._note_for,
+        )
+        stream.first_post = lambda: self._stop_typing(inbound)
+        return stream
+
+    def _note_for(self, reply: Reply) -> str | None:
+        pending = self._notes.pop(reply.inbound.message_id or "", None)
+        return note_line("; ".join(n for n in (reply.note, pending) if n))
+
+    def _stop_typing(self, inbound: Inbound) -> None:
+        typing = self._typing.pop(inbound.message_id or "", None)
+        if typing is not None and typing.task is not None:
+            typing.task.cancel()  # the answer is visible: no "is typing..." under it
 
     async def stop(self) -> None:
         client, task = self._client, self._task
@@ -673,6 +715,7 @@ def build_discord(
     max_message_chars: int = 4000,
     seen_path: Path | None = None,
     known: Known | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> DiscordTransport:
     """The Discord transport with its token read from ``env[config.token_env]``."""
     token = (env.get(config.token_env) or "").strip() or None
@@ -685,4 +728,5 @@ def build_discord(
         max_message_chars=max_message_chars,
         seen_path=seen_path,
         known=known,
+        clock=clock or time.monotonic,
     )

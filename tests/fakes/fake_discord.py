@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -111,6 +113,14 @@ class FakeDiscord:
         self.resumable = True  # False: a RESUME is answered "invalid session" (op 9, d=false)
         self.sessions = 0  # READY payloads sent (new sessions)
         self._missed: list[tuple[str, Json]] = []  # events while disconnected, for a RESUME
+        # Message edits: recorded with the time of ``clock`` (tests pass the bot's fake clock);
+        # more than ``edit_limit[0]`` edits in ``edit_limit[1]`` seconds in one channel answer
+        # 429 like Discord (discord.py then waits and retries), counted in ``rate_limited``.
+        self.clock: Callable[[], float] = time.monotonic
+        self.edit_limit: tuple[int, float] = (5, 5.0)
+        self.edits: list[tuple[float, int, str]] = []  # (time, message id, new content)
+        self.deleted: list[int] = []
+        self.rate_limited = 0
         self.cdn: dict[int, bytes] = {}  # attachment id -> bytes served on the fake CDN
         self.cdn_reads: list[int] = []
 
@@ -125,6 +135,8 @@ class FakeDiscord:
         app.router.add_post("/api/v10/channels/{cid}/typing", self._typing)
         app.router.add_get("/attachments/{aid}/{name}", self._attachment)
         app.router.add_get("/api/v10/channels/{cid}/messages", self._history)
+        app.router.add_patch("/api/v10/channels/{cid}/messages/{mid}", self._edit_message)
+        app.router.add_delete("/api/v10/channels/{cid}/messages/{mid}", self._delete_message)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -196,6 +208,16 @@ class FakeDiscord:
         await asyncio.wait_for(enough(), timeout)
         return self.sent
 
+    async def wait_content(self, sent: Sent, content: str, timeout: float = 5.0) -> None:
+        """Until ``sent`` shows ``content`` (a streamed answer is edited into its final text)."""
+
+        async def shown() -> None:
+            while sent.content != content:
+                self.sent_event.clear()
+                await self.sent_event.wait()
+
+        await asyncio.wait_for(shown(), timeout)
+
     def guild_message(
         self,
         content: str,
@@ -262,6 +284,39 @@ class FakeDiscord:
         if content_type is not None:
             att["content_type"] = content_type
         return att
+
+    async def _edit_message(self, request: web.Request) -> web.Response:
+        cid, mid = int(request.match_info["cid"]), int(request.match_info["mid"])
+        now = self.clock()
+        count, window = self.edit_limit
+        recent = [
+            t
+            for t, m, _ in self.edits
+            if now - t < window and any(s.id == m and s.channel_id == cid for s in self.sent)
+        ]
+        if len(recent) >= count:
+            self.rate_limited += 1
+            return _json(
+                {"message": "You are being rate limited.", "retry_after": 0.01, "global": False},
+                status=429,
+            )
+        payload = await request.json()
+        content = str(payload.get("content") or "")
+        if len(content) > 2000:
+            return self._error(400, 50035, "Invalid Form Body: content too long")
+        [sent] = [s for s in self.sent if s.id == mid]
+        sent.payload = {**sent.payload, "content": content}
+        self.edits.append((now, mid, content))
+        self.sent_event.set()
+        data = self._message(content, BOT_USER, cid)
+        data["id"] = str(mid)
+        data["edited_timestamp"] = _now()
+        return _json(data)
+
+    async def _delete_message(self, request: web.Request) -> web.Response:
+        mid = int(request.match_info["mid"])
+        self.deleted.append(mid)  # stays in ``sent`` (counts there only grow)
+        return web.Response(status=204)
 
     async def _history(self, request: web.Request) -> web.Response:
         """GET channel messages as Discord answers ``after``/``before``/``limit``: the
