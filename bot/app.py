@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
+from bot.bridge import Bridge
 from bot.commands import Commands
 from bot.config import Config
 from bot.errors import MeshsageError
@@ -61,6 +62,7 @@ class App:
     _close_llm: OpenAICompatLLM | None = None
     _close_embedder: OpenAICompatEmbedder | None = None
     _maintenance: asyncio.Task[None] | None = None
+    bridge: Bridge | None = None  # relay: pairs configured
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -125,6 +127,8 @@ class App:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
         await self.responder.drain(timeout=DRAIN_SECONDS)
+        if self.bridge is not None:
+            await self.bridge.close()
         for transport in self.transports:
             try:
                 await transport.stop()
@@ -233,10 +237,35 @@ async def build(
                 _build_transport(name, app, env=env, stdin=stdin, stdout=stdout) for name in names
             ]
         app.transports = transports
+        if config.relay.pairs:
+            app.bridge = _build_bridge(config, transports)
+            bridge = app.bridge
+            commands.stat_sources.append(
+                lambda: {f"relay {k}": v for k, v in bridge.counters.items()}
+            )
         return app
     except BaseException:
         await store.close()
         raise
+
+
+def _build_bridge(config: Config, transports: list[Transport]) -> Bridge:
+    """Connect the meshtastic and discord transports through the bridge (``relay:``)."""
+    from bot.transports.discord import DiscordTransport
+    from bot.transports.meshtastic import MeshtasticTransport
+
+    mesh = next((t for t in transports if isinstance(t, MeshtasticTransport)), None)
+    chat = next((t for t in transports if isinstance(t, DiscordTransport)), None)
+    if mesh is None or chat is None:
+        raise MeshsageError(
+            "relay: pairs need both the meshtastic: and the discord: sections enabled. Fix: "
+            "enable both, or remove the relay: pairs."
+        )
+    discord_side = chat.attach_relay(config.relay)
+    bridge = Bridge(config.relay, mesh=mesh, discord=discord_side)
+    discord_side.bind(bridge)
+    mesh.channel_listener = bridge.mesh_heard
+    return bridge
 
 
 def _build_transport(

@@ -14,7 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from bot.domain import DM_SPACE, Attachment, Inbound
@@ -72,6 +72,7 @@ class Commands:
             "export": self._export,
         }
         self._operator_handlers: dict[str, Handler] = {"stats": self._stats}
+        self.stat_sources: list[Callable[[], Mapping[str, int]]] = []  # e.g. relay counters
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -246,7 +247,9 @@ class Commands:
         )
 
     async def _stats(self, inbound: Inbound, arg: str) -> CommandResult:
-        stats = await self._store.stats()
+        stats = dict(await self._store.stats())
+        for source in self.stat_sources:
+            stats.update(source())
         return self._say(", ".join(f"{k}: {v}" for k, v in stats.items()))
 
 

@@ -304,6 +304,29 @@ class DiscordConfig(TransportBase):
     stream_edit_seconds: float = Field(1.5, ge=0.2, le=60)  # least time between two edits
 
 
+class RelayPair(_Strict):
+    """One mesh channel mirrored to one Discord channel."""
+
+    mesh_channel: int = Field(ge=0, le=7)
+    discord_channel: Snowflake
+    direction: Literal["both", "mesh_to_discord", "discord_to_mesh"] = "both"
+
+
+class RelayConfig(_Strict):
+    """The mesh <-> Discord bridge. Nothing is relayed unless a pair is listed."""
+
+    pairs: tuple[RelayPair, ...] = ()
+    webhook: bool = True  # post mesh text through a channel webhook (node name as author)
+    mqtt: bool = False  # also relay packets that reached the radio through MQTT
+    addressed: bool = False  # also relay messages addressed to the AI (trigger or command)
+    max_parts: int = Field(2, ge=1, le=9)  # mesh packets per relayed Discord message
+    author_messages: int = Field(3, ge=1, le=1000)  # per Discord author per author_seconds
+    author_seconds: float = Field(60.0, gt=0, le=86400)
+    channel_messages: int = Field(10, ge=1, le=10000)  # per paired channel per channel_seconds
+    channel_seconds: float = Field(300.0, gt=0, le=86400)
+    show_signal: bool = False  # add hops and SNR to mesh -> Discord posts
+
+
 class Config(_Strict):
     state_dir: Path | None = None  # default: $XDG_DATA_HOME/meshsage (~/.local/share/meshsage)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -313,6 +336,7 @@ class Config(_Strict):
     console: ConsoleConfig | None = None
     meshtastic: MeshtasticConfig | None = None
     discord: DiscordConfig | None = None
+    relay: RelayConfig = RelayConfig()
 
     @property
     def database_path(self) -> Path:

@@ -59,7 +59,7 @@ from pathlib import Path
 import aiohttp
 import discord
 
-from bot.config import DiscordConfig
+from bot.config import DiscordConfig, RelayConfig
 from bot.domain import (
     DM_SPACE,
     Attachment,
@@ -73,6 +73,7 @@ from bot.transports.base import OnMessage
 from bot.transports.discord_attach import Incoming, fit_uploads, merge, wants_bytes
 from bot.transports.discord_catchup import Known, SeenMarks, catch_up
 from bot.transports.discord_policy import Seen, admit, retry_delay
+from bot.transports.discord_relay import DiscordRelay
 from bot.transports.discord_stream import DiscordStream
 from bot.transports.discord_text import (
     DISCORD_MAX_CHARS,
@@ -213,6 +214,7 @@ class DiscordTransport:
         self._known = known
         self._catchup_task: asyncio.Task[None] | None = None
         self._typing: dict[str, discord.context_managers.Typing] = {}
+        self.relay: DiscordRelay | None = None  # the bridge's Discord side, when relay: is set
         self.caught_up = asyncio.Event()  # set when the latest session's catch-up is done
         self._token = token
         self._client_factory = client_factory
@@ -326,6 +328,15 @@ class DiscordTransport:
         stream.first_post = lambda: self._stop_typing(inbound)
         return stream
 
+    def attach_relay(self, config: RelayConfig) -> DiscordRelay:
+        """The bridge's Discord side, fed by this transport's messages."""
+        self.relay = DiscordRelay(
+            client=lambda: self._client,
+            channels=frozenset(p.discord_channel for p in config.pairs),
+            webhook=config.webhook,
+        )
+        return self.relay
+
     def _note_for(self, reply: Reply) -> str | None:
         pending = self._notes.pop(reply.inbound.message_id or "", None)
         return note_line("; ".join(n for n in (reply.note, pending) if n))
@@ -435,7 +446,7 @@ class DiscordTransport:
                 marks=self._marks,
                 config=self._config.catch_up,
                 known=self._known,
-                handle=lambda m: self._handle(client, m),
+                handle=lambda m: self._handle(client, m, live=False),
             )
         except asyncio.CancelledError:
             raise
@@ -443,9 +454,20 @@ class DiscordTransport:
             log.exception("Discord catch-up failed")
         self.caught_up.set()
 
-    async def _handle(self, client: discord.Client, message: discord.Message) -> None:
+    async def _handle(
+        self, client: discord.Client, message: discord.Message, *, live: bool = True
+    ) -> None:
         try:
             inbound = self._inbound(client, message)
+            relay = self.relay
+            if live and relay is not None and client.user is not None:
+                # Late history (catch-up) is not relayed: the mesh gets live chatter only.
+                relay.offer(
+                    message,
+                    me=client.user.id,
+                    addressed=inbound is not None,
+                    text=self._readable(message, message.content),
+                )
             if inbound is None or self._on_message is None:
                 return
             self._remember(str(message.id), message)

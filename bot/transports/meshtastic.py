@@ -31,6 +31,9 @@ Invariants:
   ``stale_after`` and a failed probe); the old interface is closed defensively off-loop. A radio
   that is absent at startup is retried the same way; ``start`` does not wait for it. Replies
   wait for the link at most ``queue_wait`` seconds.
+- Bridge (``relay:``): every text broadcast heard is handed to ``channel_listener`` (when set)
+  as a ``MeshText``, before the answer rules and dedup (the bridge dedups itself);
+  ``broadcast`` queues relayed text in the same paced outbox as replies.
 - Message text is never logged above DEBUG.
 """
 
@@ -49,8 +52,17 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from bot.bridge import MeshText
 from bot.config import MeshtasticConfig
-from bot.domain import DM_SPACE, Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
+from bot.domain import (
+    DM_SPACE,
+    Delivery,
+    DeliveryStatus,
+    Inbound,
+    Reply,
+    ReplyKind,
+    TransportLimits,
+)
 from bot.errors import ConfigError, TransportError
 from bot.transports.base import OnMessage, Transport
 from bot.transports.mesh_rules import (
@@ -269,6 +281,7 @@ class MeshtasticTransport:
         self._inbound: asyncio.Queue[Inbound] = asyncio.Queue(maxsize=INBOUND_LIMIT)
         self._jobs: list[_Job] = []
         self._jobs_changed = asyncio.Event()
+        self.channel_listener: Callable[[MeshText], None] | None = None  # the bridge, if any
         self._acks: dict[int, _AckWait] = {}
         # Routing answers can overtake the worker's return of the packet id: keep recent ones.
         self._recent_routing: OrderedDict[int, tuple[int | None, str]] = OrderedDict()
@@ -396,6 +409,8 @@ class MeshtasticTransport:
         if self._my_num is None:
             return
         verdict = classify(packet, my_num=self._my_num, rules=self._rules)
+        if self.channel_listener is not None:
+            self._tap(packet, addressed=isinstance(verdict, Accepted))
         if isinstance(verdict, Dropped):
             if port == "TEXT_MESSAGE_APP" or verdict.reason.startswith("could not decrypt"):
                 log.info("ignored a packet from %s: %s", _sender(packet), verdict.reason)
@@ -442,6 +457,88 @@ class MeshtasticTransport:
             utf8_len(msg.text),
             max(0, int(packet.get("hopStart", 0)) - int(packet.get("hopLimit", 0))),
         )
+
+    def _tap(self, packet: Mapping[str, Any], *, addressed: bool) -> None:
+        """Hand a channel text broadcast to the bridge (DMs and other ports never)."""
+        decoded = packet.get("decoded")
+        frm = packet.get("from")
+        if (
+            self.channel_listener is None
+            or not isinstance(decoded, Mapping)
+            or decoded.get("portnum") != "TEXT_MESSAGE_APP"
+            or decoded.get("emoji")
+            or packet.get("to") != BROADCAST_NUM
+            or not isinstance(frm, int)
+        ):
+            return
+        text = decoded.get("text")
+        if not isinstance(text, str) or not text.strip():
+            return
+        hop_start = packet.get("hopStart")
+        snr = packet.get("rxSnr")
+        self.channel_listener(
+            MeshText(
+                sender=node_id(frm),
+                short_name=self._short_name(frm),
+                channel=int(packet.get("channel", 0)),
+                packet_id=int(packet.get("id", 0)),
+                text=text.strip(),
+                addressed=addressed,
+                own=frm == self._my_num,
+                via_mqtt=bool(packet.get("viaMqtt")),
+                hops=(
+                    max(0, int(hop_start) - int(packet.get("hopLimit", 0)))
+                    if isinstance(hop_start, int)
+                    else None
+                ),
+                snr=float(snr) if isinstance(snr, int | float) else None,
+            )
+        )
+
+    def _short_name(self, num: int) -> str | None:
+        iface = self._iface
+        try:
+            user = (iface.nodesByNum or {}).get(num, {}).get("user", {}) if iface else {}
+        except AttributeError:
+            return None
+        name = user.get("shortName") if isinstance(user, dict) else None
+        return name if isinstance(name, str) and name.strip() else None
+
+    # --- bridge: relayed text out -------------------------------------------------------------
+    def fit_relay(self, text: str, *, max_parts: int) -> str:
+        return fit(text, chunk_bytes=self._cfg.chunk_bytes, max_parts=max_parts)
+
+    async def broadcast(self, channel: int, text: str, *, person: str, max_parts: int) -> Delivery:
+        """Relayed text as numbered broadcast parts on ``channel``, through the paced outbox
+        (behind and between the bot's answers, never around them)."""
+        if self._loop is None or self._stopping:
+            return Delivery(DeliveryStatus.FAILED, detail="the meshtastic transport is not running")
+        parts = render_parts(
+            split_parts(
+                self.fit_relay(text, max_parts=max_parts),
+                chunk_bytes=self._cfg.chunk_bytes,
+                max_parts=max_parts,
+            )
+        )
+        if not parts:
+            return Delivery(DeliveryStatus.FAILED, detail="nothing to send")
+        if len(self._jobs) >= self._cfg.outbox_limit:
+            log.warning("outbox full (%d waiting); refusing relayed text", len(self._jobs))
+            return Delivery(DeliveryStatus.FAILED, detail="outbox full")
+        inbound = Inbound(transport=self.name, sender=person, text="", space=f"ch{channel}")
+        job = _Job(
+            reply=Reply(inbound=inbound, text=text, kind=ReplyKind.NOTICE),
+            person=person,
+            dest=BROADCAST_NUM,
+            channel=channel,
+            want_ack=False,
+            parts=parts,
+            enqueued_at=self._clock.monotonic(),
+            future=asyncio.get_running_loop().create_future(),
+        )
+        self._jobs.append(job)
+        self._jobs_changed.set()
+        return await job.future
 
     def _sender_name(self, num: int) -> str | None:
         iface = self._iface
