@@ -465,7 +465,10 @@ class DiscordTransport:
                 relay.offer(
                     message,
                     me=client.user.id,
-                    addressed=inbound is not None,
+                    # For the AI (answered here, or @mentioning it where it does not answer):
+                    # never mirrored to the mesh as chatter.
+                    addressed=inbound is not None
+                    or any(u.id == client.user.id for u in message.mentions),
                     text=self._readable(message, message.content),
                 )
             if inbound is None or self._on_message is None:

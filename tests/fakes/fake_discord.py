@@ -121,6 +121,9 @@ class FakeDiscord:
         self.edits: list[tuple[float, int, str]] = []  # (time, message id, new content)
         self.deleted: list[int] = []
         self.rate_limited = 0
+        self.reactions: list[tuple[int, str]] = []  # (message id, emoji)
+        self.webhooks_allowed = True  # False: Manage Webhooks missing (403)
+        self.webhooks: dict[int, Json] = {}
         self.cdn: dict[int, bytes] = {}  # attachment id -> bytes served on the fake CDN
         self.cdn_reads: list[int] = []
 
@@ -137,6 +140,12 @@ class FakeDiscord:
         app.router.add_get("/api/v10/channels/{cid}/messages", self._history)
         app.router.add_patch("/api/v10/channels/{cid}/messages/{mid}", self._edit_message)
         app.router.add_delete("/api/v10/channels/{cid}/messages/{mid}", self._delete_message)
+        app.router.add_put(
+            "/api/v10/channels/{cid}/messages/{mid}/reactions/{emoji}/@me", self._react
+        )
+        app.router.add_get("/api/v10/channels/{cid}/webhooks", self._list_webhooks)
+        app.router.add_post("/api/v10/channels/{cid}/webhooks", self._create_webhook)
+        app.router.add_post("/api/v10/webhooks/{wid}/{token}", self._execute_webhook)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -317,6 +326,62 @@ class FakeDiscord:
         mid = int(request.match_info["mid"])
         self.deleted.append(mid)  # stays in ``sent`` (counts there only grow)
         return web.Response(status=204)
+
+    async def _react(self, request: web.Request) -> web.Response:
+        from urllib.parse import unquote
+
+        self.reactions.append(
+            (int(request.match_info["mid"]), unquote(request.match_info["emoji"]))
+        )
+        return web.Response(status=204)
+
+    def _webhook(self, cid: int, wid: int) -> Json:
+        return {
+            "id": str(wid),
+            "type": 1,
+            "channel_id": str(cid),
+            "guild_id": str(GUILD_ID),
+            "name": "meshsage relay",
+            "avatar": None,
+            "token": f"token{wid}",
+            "application_id": str(APP_ID),
+            "user": BOT_USER,
+        }
+
+    async def _list_webhooks(self, request: web.Request) -> web.Response:
+        cid = int(request.match_info["cid"])
+        if not self.webhooks_allowed:
+            return self._error(403, 50013, "Missing Permissions")
+        body = [w for w in self.webhooks.values() if w["channel_id"] == str(cid)]
+        return web.Response(
+            body=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+
+    async def _create_webhook(self, request: web.Request) -> web.Response:
+        cid = int(request.match_info["cid"])
+        if not self.webhooks_allowed:
+            return self._error(403, 50013, "Missing Permissions")
+        wid = self.snowflake()
+        self.webhooks[wid] = self._webhook(cid, wid)
+        return _json(self.webhooks[wid])
+
+    async def _execute_webhook(self, request: web.Request) -> web.Response:
+        wid = int(request.match_info["wid"])
+        hook = self.webhooks.get(wid)
+        if hook is None or request.match_info["token"] != hook["token"]:
+            return self._error(404, 10015, "Unknown Webhook")
+        payload = await request.json()
+        cid = int(hook["channel_id"])
+        sent = Sent(channel_id=cid, payload=payload, id=self.snowflake())
+        self.sent.append(sent)
+        self.sent_event.set()
+        author = user(wid, str(payload.get("username") or "hook"), bot=True)
+        data = self._message(str(payload.get("content") or ""), author, cid)
+        data["id"] = str(sent.id)
+        data["webhook_id"] = str(wid)
+        data["guild_id"] = str(GUILD_ID)
+        self.history.setdefault(cid, []).append(data)
+        return _json(data)
 
     async def _history(self, request: web.Request) -> web.Response:
         """GET channel messages as Discord answers ``after``/``before``/``limit``: the
