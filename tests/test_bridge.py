@@ -311,3 +311,43 @@ async def test_direction_is_respected(
     await bridge.idle()
     assert (("post", "from mesh") in said.calls) is mesh_to_discord
     assert (sent == ["alice: from discord"]) is discord_to_mesh
+
+
+async def test_relay_without_both_transports_says_how_to_fix(tmp_path: Any, fake_llm: Any) -> None:
+    from bot.app import build
+    from bot.errors import MeshsageError
+    from tests.conftest import make_config
+
+    extra = (
+        f"discord:\n  channels: [{CHANNEL_ID}]\n"
+        f"relay:\n  pairs:\n    - {{mesh_channel: 0, discord_channel: {RELAY_CHANNEL}}}\n"
+    )
+    config = make_config(tmp_path, fake_llm.base_url, extra)
+    with pytest.raises(MeshsageError, match="relay: pairs need both"):
+        await build(config, env={"DISCORD_TOKEN": TOKEN})
+
+
+async def test_stats_show_relay_counters(fake_discord: FakeDiscord, tmp_path: Any) -> None:
+    from bot.commands import Commands
+    from bot.llm.tokens import make_counter
+    from bot.memory.store import SqliteStore
+
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        commands = Commands(
+            store=store, counter=make_counter(), prefix="!", operators=(), max_facts=5,
+            model_name=lambda: "m",
+        )  # fmt: skip
+        async with rig(fake_discord) as r:
+            commands.stat_sources.append(
+                lambda: {f"relay {k}": v for k, v in r.bridge.counters.items()}
+            )
+            await fake_discord.say(relay_message(fake_discord, "hello mesh"))
+            await r.on_air(1)
+            await r.bridge.idle()
+            result = await commands.run(Inbound("console", "op", "!stats"), "stats", "")
+        assert result.text.endswith(
+            "relay mesh_to_discord: 0, relay discord_to_mesh: 1, relay cut: 0, relay refused: 0"
+        )
+    finally:
+        await store.close()
