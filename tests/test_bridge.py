@@ -351,3 +351,41 @@ async def test_stats_show_relay_counters(fake_discord: FakeDiscord, tmp_path: An
         )
     finally:
         await store.close()
+
+
+async def test_app_wires_the_bridge_and_stores_no_relayed_chatter(
+    fake_discord: FakeDiscord, fake_llm: Any, tmp_path: Any
+) -> None:
+    """The real app: relayed chatter reaches neither the responder nor the database, while
+    a trigger on the same mesh channel is answered (and not relayed)."""
+    from bot.app import build
+    from tests.conftest import make_config
+
+    extra = (
+        f"discord:\n  channels: [{CHANNEL_ID}]\n  stream: false\n"
+        f"relay:\n  pairs:\n    - {{mesh_channel: 0, discord_channel: {RELAY_CHANNEL}}}\n"
+    )
+    config = make_config(tmp_path, fake_llm.base_url, extra)
+    assert config.discord is not None
+    async with mesh_harness(start=False, channels=[0]) as h:
+        chat = build_discord(config.discord, env={"DISCORD_TOKEN": TOKEN})
+        app = await build(config, env={}, transports=[h.transport, chat])
+        await app.start()
+        try:
+            await asyncio.wait_for(fake_discord.ready.wait(), 5)
+            await h.connected()
+            assert app.bridge is not None
+            h.radio.inject_text("chatter on the mesh", to=radio.BROADCAST)
+            await fake_discord.say(relay_message(fake_discord, "chatter on discord"))
+            await h.until(lambda: bool(h.radio.texts()), "relayed text on air")
+            h.radio.inject_text("@meshsage hello", to=radio.BROADCAST)
+            await h.until(lambda: len(h.radio.texts()) >= 2, "the answer on air")
+            await app.bridge.idle()
+            await app.responder.wait_idle()
+            posted = [s.content for s in fake_discord.sent if s.channel_id == RELAY_CHANNEL]
+            assert posted == ["chatter on the mesh"]
+            assert h.radio.texts() == ["Alice: chatter on discord", "Hello from fake"]
+            stats = await app.store.stats()
+            assert stats["messages"] == 2  # the trigger and its answer; no chatter
+        finally:
+            await app.close()
