@@ -1,6 +1,9 @@
 """Discord transport on discord.py 2.x: DMs and @mentions in allowed channels in, replies out.
-The only module that imports discord; text fitting and admission rules are pure and live in
-``discord_text`` and ``discord_policy``.
+Only ``bot/transports/discord*.py`` import discord: this module owns the connection and the
+flow; ``discord_read`` (message -> text), ``discord_send`` (posts and files),
+``discord_stream`` (streamed answers), ``discord_catchup`` (missed messages) and
+``discord_relay`` (the bridge's Discord side) do one job each; text fitting, attachments and
+admission rules are pure (``discord_text``, ``discord_attach``, ``discord_policy``).
 
 Invariants:
 - Inbound: who is answered is decided by ``discord_policy.admit`` (bots and webhooks never; DMs
@@ -47,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import logging
 import random
 import time
@@ -62,7 +64,6 @@ import discord
 from bot.config import DiscordConfig, RelayConfig
 from bot.domain import (
     DM_SPACE,
-    Attachment,
     Delivery,
     DeliveryStatus,
     Inbound,
@@ -70,15 +71,25 @@ from bot.domain import (
     TransportLimits,
 )
 from bot.transports.base import OnMessage
-from bot.transports.discord_attach import Incoming, fit_uploads, merge, wants_bytes
 from bot.transports.discord_catchup import Known, SeenMarks, catch_up
 from bot.transports.discord_policy import Seen, admit, retry_delay
+from bot.transports.discord_read import is_dm as dm_channel
+from bot.transports.discord_read import quote as quote_of
+from bot.transports.discord_read import read_attachments, readable_text
 from bot.transports.discord_relay import DiscordRelay
+from bot.transports.discord_send import (
+    Target,
+    channel_space,
+    describe,
+    post,
+    reply_target,
+    send_attachments,
+)
 from bot.transports.discord_stream import DiscordStream
 from bot.transports.discord_text import (
     DISCORD_MAX_CHARS,
     fit_text,
-    readable,
+    note_line,
     split_message,
     strip_mentions,
     units,
@@ -91,8 +102,6 @@ STYLE_HINT = (
     "You are answering on Discord: be concise, use Discord Markdown, and put code in fenced "
     "code blocks."
 )
-NOTE_MAX_CHARS = 200
-QUOTE_MAX_CHARS = 1500  # a replied-to message quoted as context
 STOP_TIMEOUT = 10.0
 NO_MENTIONS = discord.AllowedMentions.none()
 # Trouble reaching Discord, as opposed to Discord refusing us: worth another login attempt.
@@ -123,14 +132,6 @@ BAD_TOKEN = (
     "Fix: reset the token at " + PORTAL + " (your application -> Bot -> Reset Token), put the "
     "new one in {env} and restart. Other transports keep running."
 )
-DM_CLOSED = (
-    "I could not send you a DM. Allow direct messages from server members (Privacy Settings) "
-    "and try again."
-)
-NOT_SENT = (
-    "Sorry, I could not send your files after all ({size} bytes; Discord said {why}). "
-    "Ask the operator for a copy (meshsage export), or try again later."
-)
 NO_INTENT = (
     "discord transport stopped: the Message Content intent is not enabled for this bot "
     "(gateway close 4014). Fix: at " + PORTAL + " open your application -> Bot -> Privileged "
@@ -157,34 +158,6 @@ def intents_for(config: DiscordConfig) -> discord.Intents:
     intents = discord.Intents.default()
     intents.message_content = config.message_content_intent
     return intents
-
-
-def channel_space(guild_id: int, channel_id: int) -> str:
-    return f"guild:{guild_id}:ch:{channel_id}"
-
-
-def space_channel_id(space: str) -> int | None:
-    """The channel id in a ``channel_space`` string; None for DMs and anything else."""
-    parts = space.split(":")
-    if len(parts) == 4 and parts[0] == "guild" and parts[2] == "ch" and parts[3].isdigit():
-        return int(parts[3])
-    return None
-
-
-def note_line(note: str | None) -> str | None:
-    """A degradation note as one line of Discord subtext (small grey text)."""
-    if not note or not note.strip():
-        return None
-    text = " ".join(note.split())
-    if len(text) > NOTE_MAX_CHARS:
-        text = text[: NOTE_MAX_CHARS - 1] + "…"
-    return f"-# {text}"
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, discord.HTTPException):
-        return f"HTTP {exc.status} (code {exc.code}): {exc.text or exc.__class__.__name__}"
-    return f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__
 
 
 class DiscordTransport:
@@ -257,7 +230,7 @@ class DiscordTransport:
         try:
             await typing.__aenter__()
         except SEND_ERRORS as exc:  # no typing indicator is no reason to fail the answer
-            log.debug("typing indicator failed in %s: %s", inbound.space, _describe(exc))
+            log.debug("typing indicator failed in %s: %s", inbound.space, describe(exc))
             entered = False
         if entered:
             self._typing[inbound.message_id or ""] = typing
@@ -284,9 +257,9 @@ class DiscordTransport:
         sent: list[str] = []
         try:
             if parts:
-                channel, reference = await self._reply_target(client, reply.inbound)
+                channel, reference = await self._target(client, reply.inbound)
                 for i, part in enumerate(parts):
-                    msg = await _post(channel, part, reference if i == 0 else None)
+                    msg = await post(channel, part, reference if i == 0 else None)
                     sent.append(str(msg.id))
                     self._remember_own(msg.id, head=int(sent[0]))
                     if i == 0 and reply.inbound.sender.isdigit():
@@ -294,15 +267,20 @@ class DiscordTransport:
                         while len(self._answered) > self._config.remembered_messages:
                             self._answered.popitem(last=False)
             if reply.attachments:
-                sent += await self._send_attachments(client, reply)
+                recent = self._recent.get(reply.inbound.message_id or "")
+                for msg in await send_attachments(
+                    client, reply, recent, limit=self._config.upload_limit
+                ):
+                    sent.append(str(msg.id))
+                    self._remember_own(msg.id)
         except DELIVERY_ERRORS as exc:
             log.warning(
                 "delivery to %s failed after %d message(s): %s",
                 reply.inbound.key,
                 len(sent),
-                _describe(exc),
+                describe(exc),
             )
-            return Delivery(DeliveryStatus.FAILED, tuple(sent), detail=_describe(exc))
+            return Delivery(DeliveryStatus.FAILED, tuple(sent), detail=describe(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
 
     def stream(self, inbound: Inbound) -> DiscordStream | None:
@@ -317,7 +295,7 @@ class DiscordTransport:
                 self._answered[head] = int(inbound.sender)
 
         stream = DiscordStream(
-            target=lambda: self._reply_target(client, inbound),
+            target=lambda: self._target(client, inbound),
             max_parts=self._config.max_parts,
             interval=self._config.stream_edit_seconds,
             clock=self._clock,
@@ -336,6 +314,9 @@ class DiscordTransport:
             webhook=config.webhook,
         )
         return self.relay
+
+    async def _target(self, client: discord.Client, inbound: Inbound) -> Target:
+        return await reply_target(client, inbound, self._recent.get(inbound.message_id or ""))
 
     def _note_for(self, reply: Reply) -> str | None:
         pending = self._notes.pop(reply.inbound.message_id or "", None)
@@ -405,7 +386,7 @@ class DiscordTransport:
                 )
                 log.warning(
                     "cannot reach Discord to log in (%s); retrying in %.0f s",
-                    _describe(exc),
+                    describe(exc),
                     delay,
                 )
                 await self._sleep(delay)
@@ -469,7 +450,7 @@ class DiscordTransport:
                     # never mirrored to the mesh as chatter.
                     addressed=inbound is not None
                     or any(u.id == client.user.id for u in message.mentions),
-                    text=self._readable(message, message.content),
+                    text=readable_text(message, message.content),
                 )
             if inbound is None or self._on_message is None:
                 return
@@ -481,7 +462,7 @@ class DiscordTransport:
             log.exception("handling Discord message %s failed", message.id)
         finally:
             channel = message.channel
-            dm = _is_dm(channel)
+            dm = dm_channel(channel)
             if dm or channel.id in self._config.channels:
                 self._marks.see(channel.id, message.id, dm=dm)
 
@@ -495,7 +476,7 @@ class DiscordTransport:
         # A DM is decided by the channel type, never by ``guild is None``: a message from a
         # guild discord.py has not cached (yet) has no guild either, and must not be taken for
         # a DM (answered unaddressed, from the author's DM memory, into a guild channel).
-        is_dm = _is_dm(channel)
+        is_dm = dm_channel(channel)
         if not is_dm and guild is None:
             log.debug("ignoring Discord message %s: its guild is not cached", message.id)
             return None
@@ -532,7 +513,7 @@ class DiscordTransport:
         if str(message.id) in self._recent:
             log.debug("ignoring Discord message %s: already handled", message.id)
             return None
-        text = self._readable(
+        text = readable_text(
             message, strip_mentions(message.content, user_ids=[me.id], role_ids=bot_roles)
         )
         # A reply without a ping arrives empty when the message content intent is off; a
@@ -546,7 +527,7 @@ class DiscordTransport:
             log.debug("ignoring Discord message %s: no content", message.id)
             return None
         if isinstance(resolved, discord.Message) and not is_dm:
-            quote = self._quote(resolved, asker=author.id, me=me.id)
+            quote = quote_of(resolved, asker=author.id, me=me.id, answered_to=self._answered_to)
             if quote:
                 text = f"{quote}\n\n{text}".strip()
         return Inbound(
@@ -560,57 +541,18 @@ class DiscordTransport:
             received_at=message.created_at,
         )
 
-    def _quote(self, quoted: discord.Message, *, asker: int, me: int) -> str | None:
-        """The replied-to message as quoted context: another person's message (visible in the
-        channel), or the bot's answer to someone else. A reply to the bot's answer to the
-        asker needs no quote: that answer is already in the asker's conversation."""
-        if quoted.author.id == asker:
-            return None
-        if quoted.author.id == me:
-            head = self._own.get(quoted.id)
-            if head is not None and self._answered.get(head) == asker:
-                return None
-        body = self._readable(quoted, quoted.content).strip()
-        if not body:
-            return None
-        if len(body) > QUOTE_MAX_CHARS:
-            body = body[: QUOTE_MAX_CHARS - 1] + "…"
-        who = quoted.author.display_name
-        lines = "\n".join("> " + line for line in body.splitlines())
-        return f"(replying to {who}:)\n{lines}"
-
-    @staticmethod
-    def _readable(message: discord.Message, text: str) -> str:
-        """Mentions, channels and custom emoji as the names people see, not ``<@123>``."""
-        guild = message.guild
-        users = {u.id: u.display_name for u in message.mentions}
-        roles = {r.id: r.name for r in message.role_mentions}
-        channels: dict[int, str] = {}
-        for cid in message.raw_channel_mentions:
-            found = guild.get_channel_or_thread(cid) if guild is not None else None
-            if found is not None:
-                channels[cid] = found.name
-        return readable(text, users=users, roles=roles, channels=channels)
-
     async def _with_attachments(self, message: discord.Message, inbound: Inbound) -> Inbound:
-        """Text files read into the message under their name; images and other files named.
-        A note for the person (images not read, text cut) goes with the answer."""
-        found: list[tuple[Incoming, bytes | None]] = []
-        for att in message.attachments:
-            seen = Incoming(att.filename, att.content_type, att.size)
-            data: bytes | None = None
-            if wants_bytes(seen):
-                try:
-                    data = await att.read()
-                except SEND_ERRORS as exc:
-                    log.warning("could not read attachment of %s: %s", message.id, _describe(exc))
-            found.append((seen, data))
-        text, note = merge(inbound.text, found, budget=self._max_message_chars)
-        if note is not None:
+        text, note = await read_attachments(message, inbound.text, budget=self._max_message_chars)
+        if note is not None:  # goes with the answer, as its note line
             self._notes[str(message.id)] = note
             while len(self._notes) > self._config.remembered_messages:
                 self._notes.popitem(last=False)
         return replace(inbound, text=text)
+
+    def _answered_to(self, message_id: int) -> int | None:
+        """Whom the answer containing our message ``message_id`` was for (None: unknown)."""
+        head = self._own.get(message_id)
+        return None if head is None else self._answered.get(head)
 
     def _remember(self, message_id: str, message: discord.Message) -> None:
         self._recent[message_id] = message
@@ -628,106 +570,6 @@ class DiscordTransport:
         self._own[message_id] = message_id if head is None else head
         while len(self._own) > self._config.remembered_messages:
             self._own.popitem(last=False)
-
-    # --- outbound ---------------------------------------------------------------------------
-    async def _reply_target(
-        self, client: discord.Client, inbound: Inbound
-    ) -> tuple[discord.abc.Messageable, discord.MessageReference | None]:
-        """Where to answer ``inbound`` and the reference that makes it a reply. A message we
-        no longer remember (answered after a restart) is rebuilt from the inbound's ids."""
-        message = self._recent.get(inbound.message_id or "")
-        if message is not None:
-            return message.channel, message.to_reference(fail_if_not_exists=False)
-        channel: discord.abc.Messageable
-        if inbound.is_dm:
-            dm = await client.create_dm(discord.Object(id=int(inbound.sender)))
-            channel, channel_id = dm, dm.id
-        else:
-            found_id = space_channel_id(inbound.space)
-            if found_id is None:
-                raise discord.ClientException(f"not a Discord channel space: {inbound.space!r}")
-            channel_id = found_id
-            found = client.get_channel(channel_id)
-            channel = (
-                found
-                if isinstance(found, discord.abc.Messageable)
-                else client.get_partial_messageable(channel_id)
-            )
-        reference = None
-        if inbound.message_id and inbound.message_id.isdigit():
-            reference = discord.MessageReference(
-                message_id=int(inbound.message_id),
-                channel_id=channel_id,
-                fail_if_not_exists=False,
-            )
-        return channel, reference
-
-    async def _send_attachments(self, client: discord.Client, reply: Reply) -> list[str]:
-        """Private attachments go to the person's DMs; others follow the reply."""
-        inbound = reply.inbound
-        private = [a for a in reply.attachments if a.dm_only or inbound.is_dm]
-        public = [a for a in reply.attachments if not (a.dm_only or inbound.is_dm)]
-        sent: list[str] = []
-        if private:
-            message = self._recent.get(inbound.message_id or "")
-            user: discord.abc.Snowflake = (
-                message.author if message is not None else discord.Object(id=int(inbound.sender))
-            )
-            try:
-                dm = await client.create_dm(user)
-                sent += await self._send_files(dm, private)
-            except discord.Forbidden:
-                if not inbound.is_dm:
-                    channel, reference = await self._reply_target(client, inbound)
-                    await _post(channel, DM_CLOSED, reference)
-                raise
-            except discord.HTTPException as exc:
-                # The text already said "on its way": tell the truth where it was said.
-                channel, reference = await self._reply_target(client, inbound)
-                size = sum(len(a.data) for a in private)
-                await _post(channel, NOT_SENT.format(size=size, why=_describe(exc)), reference)
-                raise
-        if public:
-            channel, _ = await self._reply_target(client, inbound)
-            sent += await self._send_files(channel, public)
-        return sent
-
-    async def _send_files(
-        self, channel: discord.abc.Messageable, attachments: list[Attachment]
-    ) -> list[str]:
-        """Files in as many messages as Discord's count and size limits need; a file over the
-        upload limit is compressed or split (``fit_uploads``) and a note says so."""
-        batches, note = fit_uploads(
-            [(a.filename, a.data) for a in attachments], limit=self._config.upload_limit
-        )
-        sent: list[str] = []
-        for i, batch in enumerate(batches):
-            files = [discord.File(io.BytesIO(data), filename=name) for name, data in batch]
-            content = note_line(note) if note and i == 0 else None
-            msg = await channel.send(content, files=files, allowed_mentions=NO_MENTIONS)
-            sent.append(str(msg.id))
-            self._remember_own(msg.id)
-        return sent
-
-
-def _is_dm(channel: object) -> bool:
-    return isinstance(channel, discord.DMChannel) or (
-        isinstance(channel, discord.PartialMessageable)
-        and channel.type == discord.ChannelType.private
-    )
-
-
-async def _post(
-    channel: discord.abc.Messageable,
-    content: str,
-    reference: discord.MessageReference | None,
-) -> discord.Message:
-    """One text message, as a reply when ``reference`` is given; it can ping nobody."""
-    if reference is None:
-        return await channel.send(content, allowed_mentions=NO_MENTIONS)
-    return await channel.send(
-        content, reference=reference, mention_author=False, allowed_mentions=NO_MENTIONS
-    )
 
 
 def build_discord(

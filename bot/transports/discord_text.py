@@ -215,3 +215,16 @@ def readable(
         return when.strftime("%Y-%m-%d %H:%M UTC")
 
     return _MARKUP.sub(name, text)
+
+
+NOTE_MAX_CHARS = 200
+
+
+def note_line(note: str | None) -> str | None:
+    """A degradation note as one line of Discord subtext (small grey text)."""
+    if not note or not note.strip():
+        return None
+    text = " ".join(note.split())
+    if len(text) > NOTE_MAX_CHARS:
+        text = text[: NOTE_MAX_CHARS - 1] + "…"
+    return f"-# {text}"
