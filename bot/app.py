@@ -313,6 +313,7 @@ def _build_transport(
             config.discord,
             env=env,
             max_message_chars=config.bot.max_message_chars,
+            vision=config.llm.vision,
             seen_path=config.database_path.parent / "discord-seen.json",
             known=lambda ids, since: store.known_platform_ids("discord", ids, since=since),
         )

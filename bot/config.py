@@ -82,6 +82,7 @@ class LLMConfig(Endpoint):
     concurrency: int = Field(1, ge=1, le=64)
     temperature: float = Field(0.7, ge=0, le=2)
     strip_thinking: bool = True
+    vision: bool = False  # the model reads images (OpenAI image parts); Discord sends them
 
 
 class RateLimit(_Strict):

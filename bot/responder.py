@@ -223,9 +223,12 @@ class Responder:
                 budget=limits.context_tokens,
                 style_hint=limits.style_hint,
             )
+            messages = ctx.messages
+            if inbound.images:  # for the model only, with the new message (never stored)
+                messages = [*messages[:-1], replace(messages[-1], images=inbound.images)]
             try:
                 completion = await self._llm.complete(
-                    ctx.messages,
+                    messages,
                     max_tokens=limits.max_tokens,
                     on_text=stream.update if stream is not None else None,
                 )

@@ -437,3 +437,41 @@ async def test_stream_off_sends_one_message(
         sent = await rig.exchange(fake_discord.dm_message("hello"))
         assert sent.content == "Hello from fake" and not fake_discord.edits
         assert "stream" not in fake_llm.chat_requests()[-1]
+
+
+async def test_images_reach_a_vision_model_as_image_parts(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    import base64
+
+    config = make_config(
+        tmp_path,
+        fake_llm.base_url,
+        f"  vision: true\ndiscord:\n  channels: [{CHANNEL_ID}]\n  stream: false\n",
+    )
+    assert config.discord is not None and config.llm.vision
+    chat = build_discord(config.discord, env={"DISCORD_TOKEN": TOKEN}, vision=True)
+    app = await build(config, env={}, transports=[chat])
+    await app.start()
+    try:
+        await asyncio.wait_for(fake_discord.ready.wait(), 5)
+        png = b"\x89PNG\r\n\x1a\nfake image bytes"
+        data = fake_discord.dm_message("what is in this picture?")
+        data["attachments"] = [fake_discord.attachment("cat.png", png, "image/png")]
+        await fake_discord.say(data)
+        [sent] = await fake_discord.wait_sent(1)
+        await app.responder.wait_idle()
+        last = fake_llm.chat_requests()[-1]["messages"][-1]
+        assert last["content"][0] == {
+            "type": "text",
+            "text": "what is in this picture?\n\n[image: cat.png]",
+        }
+        url = "data:image/png;base64," + base64.b64encode(png).decode()
+        assert last["content"][1] == {"type": "image_url", "image_url": {"url": url}}
+        assert "images are not read" not in sent.content
+        conv = await app.store.find_conversation(ConversationKey("discord", str(ALICE)))
+        assert conv is not None
+        stored = [m.text for m in await app.store.all_messages(conv.id)]
+        assert stored[0] == "what is in this picture?\n\n[image: cat.png]"  # no image bytes
+    finally:
+        await app.close()

@@ -21,6 +21,7 @@ import random
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import openai
 
@@ -103,7 +104,7 @@ class OpenAICompatLLM:
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
     ) -> Completion:
-        payload = [{"role": m.role, "content": m.content} for m in messages]
+        payload = [_payload(m) for m in messages]
         problems: list[str] = []
         for target in self._targets:
             ep = target.endpoint
@@ -133,7 +134,7 @@ class OpenAICompatLLM:
         )
 
     async def _attempt(
-        self, target: _Target, payload: list[dict[str, str]], max_tokens: int
+        self, target: _Target, payload: list[dict[str, Any]], max_tokens: int
     ) -> Completion:
         deadline = self._config.connect_timeout + self._config.read_timeout
         async with asyncio.timeout(deadline):
@@ -154,7 +155,7 @@ class OpenAICompatLLM:
         return Completion(text=text, model=resp.model or target.endpoint.model, truncated=truncated)
 
     async def _attempt_streamed(
-        self, target: _Target, payload: list[dict[str, str]], max_tokens: int, on_text: OnText
+        self, target: _Target, payload: list[dict[str, Any]], max_tokens: int, on_text: OnText
     ) -> Completion:
         """One streamed request; ``on_text`` sees the visible answer as it grows."""
         deadline = self._config.connect_timeout + self._config.read_timeout
@@ -189,6 +190,15 @@ class OpenAICompatLLM:
         if len(text) > MAX_ANSWER_CHARS:
             text, truncated = text[:MAX_ANSWER_CHARS], True
         return Completion(text=text, model=model, truncated=truncated)
+
+
+def _payload(message: ChatMessage) -> dict[str, Any]:
+    """One chat message; with images, OpenAI content parts (text first, then image_url)."""
+    if not message.images:
+        return {"role": message.role, "content": message.content}
+    parts: list[dict[str, Any]] = [{"type": "text", "text": message.content}]
+    parts += [{"type": "image_url", "image_url": {"url": url}} for url in message.images]
+    return {"role": message.role, "content": parts}
 
 
 class _EmptyAnswer(Exception):

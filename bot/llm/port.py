@@ -20,6 +20,7 @@ OnText = Callable[[str], Awaitable[None]]
 class ChatMessage:
     role: Role
     content: str
+    images: tuple[str, ...] = ()  # data: URLs, sent as OpenAI image parts (llm.vision)
 
 
 @dataclass(frozen=True, slots=True)

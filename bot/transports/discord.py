@@ -175,6 +175,7 @@ class DiscordTransport:
         seen_path: Path | None = None,
         known: Known | None = None,
         clock: Callable[[], float] = time.monotonic,
+        vision: bool = False,
     ) -> None:
         self.limits = TransportLimits(
             context_tokens=config.context_tokens,
@@ -194,6 +195,7 @@ class DiscordTransport:
         self._sleep = sleep
         self._rand = rand
         self._clock = clock
+        self._vision = vision
         self._client: discord.Client | None = None
         self._on_message: OnMessage | None = None
         self._task: asyncio.Task[None] | None = None
@@ -542,12 +544,14 @@ class DiscordTransport:
         )
 
     async def _with_attachments(self, message: discord.Message, inbound: Inbound) -> Inbound:
-        text, note = await read_attachments(message, inbound.text, budget=self._max_message_chars)
+        text, note, images = await read_attachments(
+            message, inbound.text, budget=self._max_message_chars, vision=self._vision
+        )
         if note is not None:  # goes with the answer, as its note line
             self._notes[str(message.id)] = note
             while len(self._notes) > self._config.remembered_messages:
                 self._notes.popitem(last=False)
-        return replace(inbound, text=text)
+        return replace(inbound, text=text, images=images)
 
     def _answered_to(self, message_id: int) -> int | None:
         """Whom the answer containing our message ``message_id`` was for (None: unknown)."""
@@ -583,6 +587,7 @@ def build_discord(
     seen_path: Path | None = None,
     known: Known | None = None,
     clock: Callable[[], float] | None = None,
+    vision: bool = False,
 ) -> DiscordTransport:
     """The Discord transport with its token read from ``env[config.token_env]``."""
     token = (env.get(config.token_env) or "").strip() or None
@@ -596,4 +601,5 @@ def build_discord(
         seen_path=seen_path,
         known=known,
         clock=clock or time.monotonic,
+        vision=vision,
     )

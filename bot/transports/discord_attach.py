@@ -6,8 +6,10 @@ Invariants:
   Discord's ``message.txt`` from a long paste included) is decoded as UTF-8 (bad bytes
   replaced) and added to the message under its name, in order, within ``budget`` characters
   in total; what does not fit is cut and says so in the note.
-- An image is never read as text. Without vision the model sees ``[image: name]`` and the
-  person gets a short note that images are not read; other files become ``[file: name]``
+- An image is never read as text; the text names it (``[image: name]``). With vision
+  (``llm.vision``) up to ``MAX_IMAGES`` images of at most ``MAX_IMAGE_BYTES`` go to the model
+  as data URLs (``image_url``); without vision, or past those limits, the person gets a short
+  note that they were not read; other files become ``[file: name]``
   with a note. Nothing is silently dropped: every attachment leaves a trace in the text.
 - Files larger than ``MAX_TEXT_BYTES`` are not downloaded.
 - Outbound (``fit_uploads``): every upload message holds at most ``FILES_PER_MESSAGE`` files
@@ -18,11 +20,15 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 import gzip
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 MAX_TEXT_BYTES = 1_000_000
+MAX_IMAGES = 4
+MAX_IMAGE_BYTES = 8_000_000
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")
 TEXT_TYPES = ("application/json", "application/xml", "application/x-yaml", "application/yaml")
 TEXT_EXTENSIONS = frozenset(
     [
@@ -89,15 +95,27 @@ def kind(att: Incoming) -> str:
     return "file"
 
 
-def wants_bytes(att: Incoming) -> bool:
+def wants_bytes(att: Incoming, *, vision: bool = False) -> bool:
+    if kind(att) == "image":
+        return vision and att.size <= MAX_IMAGE_BYTES and image_type(att) in IMAGE_TYPES
     return kind(att) == "text" and att.size <= MAX_TEXT_BYTES
+
+
+def image_type(att: Incoming) -> str:
+    return (att.content_type or "").split(";")[0].strip().lower()
+
+
+def data_url(att: Incoming, data: bytes) -> str:
+    return f"data:{image_type(att)};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 def merge(
     text: str, attachments: list[tuple[Incoming, bytes | None]], *, budget: int
-) -> tuple[str, str | None]:
-    """The message text with its attachments, and a short note for the person (or None)."""
+) -> tuple[str, str | None, tuple[str, ...]]:
+    """The message text with its attachments, a short note for the person (or None), and the
+    images for a vision model (data URLs of the image attachments that were downloaded)."""
     parts = [text] if text else []
+    images: list[str] = []
     notes: list[str] = []
     skipped: list[str] = []
     left = budget
@@ -106,7 +124,9 @@ def merge(
         what = kind(att)
         if what == "image":
             parts.append(f"[image: {att.filename}]")
-            if IMAGES_NOT_READ not in notes:
+            if data is not None and len(images) < MAX_IMAGES:
+                images.append(data_url(att, data))
+            elif IMAGES_NOT_READ not in notes:
                 notes.append(IMAGES_NOT_READ)
             continue
         if what != "text" or data is None:
@@ -122,7 +142,7 @@ def merge(
         notes.append(FILES_NOT_READ.format(names=", ".join(skipped[:3])))
     if cut:
         notes.append(CUT)
-    return "\n\n".join(parts), ("; ".join(notes) or None)
+    return "\n\n".join(parts), ("; ".join(notes) or None), tuple(images)
 
 
 Upload = tuple[str, bytes]

@@ -75,15 +75,15 @@ def quote(
 
 
 async def read_attachments(
-    message: discord.Message, text: str, *, budget: int
-) -> tuple[str, str | None]:
-    """Text files read into ``text`` under their name; images and other files named; and a
-    note for the person saying what was not read (or None)."""
+    message: discord.Message, text: str, *, budget: int, vision: bool
+) -> tuple[str, str | None, tuple[str, ...]]:
+    """Text files read into ``text`` under their name; images and other files named; a note
+    for the person saying what was not read (or None); images for a vision model."""
     found: list[tuple[Incoming, bytes | None]] = []
     for att in message.attachments:
         seen = Incoming(att.filename, att.content_type, att.size)
         data: bytes | None = None
-        if wants_bytes(seen):
+        if wants_bytes(seen, vision=vision):
             try:
                 data = await att.read()
             except READ_ERRORS as exc:
