@@ -264,3 +264,9 @@ def test_property_arbitrary_unicode_fits(text: str, max_parts: int) -> None:
 def test_every_length_of_accented_text(n: int) -> None:
     text = ("é" * n)[: n // 2] + ("a" if n % 2 else "")  # n bytes of mixed 1- and 2-byte chars
     assert_fits(text, 3)
+
+
+def test_flags_joined_by_zwj_are_separate_clusters() -> None:
+    """Regression (hypothesis): regional indicators are not pictographs, so a ZWJ between two
+    flags joins nothing and a cut may fall after it, never inside a flag."""
+    assert_fits(exactly(201, ["🇫🇷", "\u200d"]), 2)
