@@ -82,6 +82,8 @@ async def running(
     sections: str = "",
 ) -> AsyncIterator[Rig]:
     """``discord_keys``: more lines under ``discord:``; ``sections``: more top-level YAML."""
+    if "stream_edit_seconds" not in discord_keys:  # streaming on, but quick between edits
+        discord_keys += "  stream_edit_seconds: 0.2\n"
     config = make_config(
         tmp_path, llm.base_url, f"discord:\n  channels: [{CHANNEL_ID}]\n{discord_keys}{sections}"
     )
@@ -376,9 +378,20 @@ async def test_discord_section_without_discord_py_says_how_to_install(
 
 
 async def test_messages_sent_while_stopped_are_answered_once_after_start(
-    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real wiring: catch-up marks in the state directory, dedup by the store."""
+    import discord
+
+    from bot.transports import discord as transport_module
+
+    def quick_ready(intents: discord.Intents) -> discord.Client:
+        # discord.py waits guild_ready_timeout (2 s) for more guilds before on_ready.
+        return discord.Client(
+            intents=intents, allowed_mentions=transport_module.NO_MENTIONS, guild_ready_timeout=0.05
+        )
+
+    monkeypatch.setattr(transport_module, "default_client", quick_ready)
     config = make_config(tmp_path, fake_llm.base_url, f"discord:\n  channels: [{CHANNEL_ID}]\n")
 
     async def run_once() -> App:
