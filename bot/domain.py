@@ -10,6 +10,7 @@ Invariants:
 from __future__ import annotations
 
 import enum
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -74,6 +75,9 @@ class Reply:
     kind: ReplyKind = ReplyKind.ANSWER
     note: str | None = None  # short degradation note the transport may show ("history trimmed")
     attachments: tuple[Attachment, ...] = ()
+    # Called with each part's platform id as it is sent (the responder stores it, so a reply
+    # to any part finds the answer after a restart). Never raises.
+    on_part: Callable[[str], Awaitable[None]] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -251,7 +251,19 @@ class Responder:
             parent_id=message_id,
             answers=message_id,
         )
-        reply = Reply(inbound=inbound, text=text, note=TRIMMED_NOTE if trimmed else None)
+
+        async def record_part(platform_id: str) -> None:
+            try:
+                await self._store.add_part_id(reply_id, platform_id)
+            except sqlite3.Error as exc:  # the answer still goes out
+                log.warning("could not record a sent part of %s: %s", inbound.key, exc)
+
+        reply = Reply(
+            inbound=inbound,
+            text=text,
+            note=TRIMMED_NOTE if trimmed else None,
+            on_part=record_part,
+        )
         delivery = await (stream.finish(reply) if stream is not None else self._send(reply))
         await self._store.set_status(
             reply_id,

@@ -488,3 +488,27 @@ async def test_images_reach_a_vision_model_as_image_parts(
         assert stored[0] == "what is in this picture?\n\n[image: cat.png]"  # no image bytes
     finally:
         await app.close()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_reply_to_a_later_part_after_a_restart_finds_the_answer(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, stream: bool
+) -> None:
+    """Every part's platform id is stored: a transport that never saw the answer (restart)
+    still threads a reply to part 2 under it."""
+    fake_llm.reply = "A long sentence here. " * 120  # two Discord messages
+    keys = f"  stream: {str(stream).lower()}\n"
+    async with running(tmp_path, fake_llm, fake_discord, discord_keys=keys) as rig:
+        await rig.exchange(fake_discord.guild_message("tell me a lot", mention_bot=True))
+        await rig.app.responder.wait_idle()
+        first, second = fake_discord.sent
+    fake_llm.reply = "short"
+    fake_discord.ready.clear()
+    async with running(tmp_path, fake_llm, fake_discord, discord_keys=keys) as rig:
+        await rig.exchange(fake_discord.guild_message("part two?", reply_to=second))
+        _question, answer, reply2, _ = await rig.stored(CHANNEL_SPACE)
+        assert answer.platform_id == str(first.id)
+        assert reply2.parent_id == answer.id
+        # After a restart the transport no longer knows whom that answer was for, so it
+        # quotes it (the safe side: the text is visible in the channel anyway).
+        assert reply2.text.endswith("\n\npart two?")

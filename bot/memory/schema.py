@@ -133,11 +133,27 @@ def _m002_message_vectors() -> str:
         """
 
 
+def _m003_message_parts() -> str:
+    # The platform id of every message an answer was sent as (a long Discord answer is several
+    # messages), so a reply to any part finds the answer, after a restart too. The first part
+    # stays in messages.platform_id as before; rows go with their message (cascade).
+    return """
+        CREATE TABLE message_parts (
+            conversation_id INTEGER NOT NULL,
+            platform_id TEXT NOT NULL,
+            message_id INTEGER NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+            PRIMARY KEY (conversation_id, platform_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX message_parts_message ON message_parts (message_id);
+        """
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_message_vectors", _m002_message_vectors),
+    ("003_message_parts", _m003_message_parts),
 ]
 
 

@@ -107,6 +107,13 @@ class MessagesMixin(SqliteBase):
                     (conversation_id, reply_to_platform_id),
                 )
                 row = await cur.fetchone()
+                if row is None:  # a later part of a multi-message answer
+                    cur = await db.execute(
+                        "SELECT message_id FROM message_parts "
+                        "WHERE conversation_id = ? AND platform_id = ?",
+                        (conversation_id, reply_to_platform_id),
+                    )
+                    row = await cur.fetchone()
                 parent_id = row[0] if row else None
             cur = await db.execute(
                 "INSERT INTO messages (conversation_id, role, author, text, created_at, tokens,"
@@ -146,6 +153,15 @@ class MessagesMixin(SqliteBase):
             (since, *transports),
         )
         return [(ConversationKey(r[0], r[1], r[2]), msg_from_row(r[3:])) for r in rows]
+
+    async def add_part_id(self, message_id: int, platform_id: str) -> None:
+        """Record that ``message_id`` was (also) sent as platform message ``platform_id``."""
+        async with self._tx() as db:
+            await db.execute(
+                "INSERT OR IGNORE INTO message_parts (conversation_id, platform_id, message_id) "
+                "SELECT conversation_id, ?, id FROM messages WHERE id = ?",
+                (platform_id, message_id),
+            )
 
     async def known_platform_ids(
         self, transport: str, platform_ids: Sequence[str], *, since: float
