@@ -389,3 +389,17 @@ async def test_app_wires_the_bridge_and_stores_no_relayed_chatter(
             assert stats["messages"] == 2  # the trigger and its answer; no chatter
         finally:
             await app.close()
+
+
+async def test_signal_shown_when_configured() -> None:
+    from bot.bridge import MeshText
+
+    said = Said()
+    cfg = RelayConfig.model_validate(
+        {"pairs": [{"mesh_channel": 0, "discord_channel": 5}], "show_signal": True}
+    )
+    bridge = Bridge(cfg, mesh=FullMesh(), discord=said, clock=lambda: 0.0)
+    bridge.mesh_heard(MeshText("!a11ce001", "ALC", 0, 7, "hi", hops=2, snr=6.5))
+    bridge.mesh_heard(MeshText("!a11ce001", "ALC", 0, 7, "hi", hops=2, snr=6.5))  # retransmit
+    await bridge.idle()
+    assert said.calls == [("post", "hi\n-# 2 hop(s), SNR 6.5 dB")]

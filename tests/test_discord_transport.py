@@ -899,3 +899,28 @@ async def test_streamed_answer_continues_in_a_new_message_past_2000_chars(
     assert sent[0].reference_id is not None and sent[1].reference_id is None
     assert all(b - a >= 1.0 for a, b in itertools.pairwise(times))
     assert fake_discord.rate_limited == 0
+
+
+async def test_aborted_stream_removes_the_partial_answer(fake_discord: FakeDiscord) -> None:
+    """The LLM failed after the first words: what was shown is deleted (the notice follows)."""
+    clock = ManualClock()
+    transport = build_discord(CONFIG, env={"DISCORD_TOKEN": TOKEN}, clock=clock, sleep=clock.sleep)
+    done = asyncio.Event()
+
+    async def respond(inbound: Inbound) -> None:
+        stream = transport.stream(inbound)
+        assert stream is not None
+        await stream.update("The answer beg")
+        await stream.abort()
+        done.set()
+
+    await transport.start(respond)
+    await asyncio.wait_for(fake_discord.ready.wait(), 5)
+    try:
+        await fake_discord.say(fake_discord.dm_message("hello"))
+        await asyncio.wait_for(done.wait(), 5)
+        [partial] = fake_discord.sent
+        assert partial.content == "The answer beg"
+        assert fake_discord.deleted == [partial.id]
+    finally:
+        await transport.stop()
