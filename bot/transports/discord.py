@@ -71,7 +71,7 @@ from bot.domain import (
     TransportLimits,
 )
 from bot.transports.base import OnMessage
-from bot.transports.discord_catchup import Known, SeenMarks, catch_up
+from bot.transports.discord_catchup import MAX_DM_CHANNELS, Known, SeenMarks, catch_up
 from bot.transports.discord_policy import Seen, admit, retry_delay
 from bot.transports.discord_read import is_dm as dm_channel
 from bot.transports.discord_read import quote as quote_of
@@ -422,7 +422,9 @@ class DiscordTransport:
 
     # --- inbound ----------------------------------------------------------------------------
     async def _catch_up(self, client: discord.Client) -> None:
-        channels = [*self._config.channels, *sorted(self._marks.dms)]
+        # DM channels most recently active first, at most MAX_DM_CHANNELS (one request each)
+        dms = sorted(self._marks.dms, key=lambda c: self._marks.last.get(c, 0), reverse=True)
+        channels = [*self._config.channels, *dms[:MAX_DM_CHANNELS]]
         channels += [c.id for c in client.private_channels if c.id not in channels]
         try:
             await catch_up(

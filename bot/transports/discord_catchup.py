@@ -11,6 +11,8 @@ Invariants:
   platform id is already stored (``known``) and hands the rest, in order, to ``handle`` -- the
   same admission path as live messages, so only addressed messages are answered. Each message
   is therefore answered at most once across restarts.
+- Per session at most ``MAX_DM_CHANNELS`` DM channels are read back (one request each), the
+  most recently active first.
 - One unreadable channel (deleted, no permission) is logged and skipped; the others go on.
 """
 
@@ -32,6 +34,7 @@ from bot.config import CatchUpConfig
 
 log = logging.getLogger("bot.transport.discord")
 
+MAX_DM_CHANNELS = 200  # DM channels read back per new session, the most recently active
 Known = Callable[[Sequence[str], float], Awaitable[set[str]]]
 Handle = Callable[[discord.Message], Awaitable[None]]
 READ_ERRORS: tuple[type[BaseException], ...] = (
