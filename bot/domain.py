@@ -75,9 +75,12 @@ class Reply:
     kind: ReplyKind = ReplyKind.ANSWER
     note: str | None = None  # short degradation note the transport may show ("history trimmed")
     attachments: tuple[Attachment, ...] = ()
-    # Called with each part's platform id as it is sent (the responder stores it, so a reply
-    # to any part finds the answer after a restart). Never raises.
-    on_part: Callable[[str], Awaitable[None]] | None = field(default=None, compare=False)
+    # Awaited with (part index, platform id) for every part the platform accepted, as it is
+    # sent (the responder stores it, so a reply to any part finds the answer after a restart).
+    progress: PartProgress | None = field(default=None, compare=False)
+
+
+PartProgress = Callable[[int, str], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -252,7 +252,7 @@ class Responder:
             answers=message_id,
         )
 
-        async def record_part(platform_id: str) -> None:
+        async def record_part(_index: int, platform_id: str) -> None:
             try:
                 await self._store.add_part_id(reply_id, platform_id)
             except sqlite3.Error as exc:  # the answer still goes out
@@ -262,7 +262,7 @@ class Responder:
             inbound=inbound,
             text=text,
             note=TRIMMED_NOTE if trimmed else None,
-            on_part=record_part,
+            progress=record_part,
         )
         delivery = await (stream.finish(reply) if stream is not None else self._send(reply))
         await self._store.set_status(

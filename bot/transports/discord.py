@@ -263,8 +263,8 @@ class DiscordTransport:
                 for i, part in enumerate(parts):
                     msg = await post(channel, part, reference if i == 0 else None)
                     sent.append(str(msg.id))
-                    if reply.on_part is not None:
-                        await reply.on_part(str(msg.id))
+                    if reply.progress is not None:
+                        await reply.progress(i, str(msg.id))
                     self._remember_own(msg.id, head=int(sent[0]))
                     if i == 0 and reply.inbound.sender.isdigit():
                         self._answered[msg.id] = int(reply.inbound.sender)

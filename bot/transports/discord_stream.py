@@ -97,9 +97,9 @@ class DiscordStream:
                 await self._sleep(wait)
         try:
             await self._show(parts, final=True)
-            if reply.on_part is not None:  # the answer's row exists only now
-                for message in self._messages:
-                    await reply.on_part(str(message.id))
+            if reply.progress is not None:  # the answer's row exists only now
+                for i, message in enumerate(self._messages):
+                    await reply.progress(i, str(message.id))
         except STREAM_ERRORS as exc:
             log.warning("streamed answer could not be completed: %s", exc)
             ids = tuple(str(m.id) for m in self._messages)
