@@ -403,3 +403,19 @@ async def test_signal_shown_when_configured() -> None:
     bridge.mesh_heard(MeshText("!a11ce001", "ALC", 0, 7, "hi", hops=2, snr=6.5))  # retransmit
     await bridge.idle()
     assert said.calls == [("post", "hi\n-# 2 hop(s), SNR 6.5 dB")]
+
+
+async def test_attachments_go_to_the_mesh_as_markers(fake_discord: FakeDiscord) -> None:
+    async with rig(fake_discord) as r:
+        data = relay_message(fake_discord, "look")
+        data["attachments"] = [
+            fake_discord.attachment("cat.png", b"png", "image/png"),
+            fake_discord.attachment("notes.pdf", b"pdf", "application/pdf"),
+        ]
+        await fake_discord.say(data)
+        only = relay_message(fake_discord, "")
+        only["attachments"] = [fake_discord.attachment("dog.jpg", b"jpg", "image/jpeg")]
+        await fake_discord.say(only)
+        texts = await r.on_air(2)
+        assert texts == ["Alice: look [image] [file]", "Alice: [image]"]
+        assert not fake_discord.cdn_reads  # nothing downloaded for the mesh
