@@ -107,14 +107,17 @@ class _Window:
         self.count, self.seconds = count, seconds
         self._stamps: dict[object, deque[float]] = {}
 
-    def allow(self, key: object, now: float) -> bool:
+    def full(self, key: object, now: float) -> bool:
         stamps = self._stamps.setdefault(key, deque())
         while stamps and now - stamps[0] >= self.seconds:
             stamps.popleft()
-        if len(stamps) >= self.count:
+        if not stamps:
+            del self._stamps[key]  # keep the table as small as the set of active keys
             return False
-        stamps.append(now)
-        return True
+        return len(stamps) >= self.count
+
+    def note(self, key: object, now: float) -> None:
+        self._stamps.setdefault(key, deque()).append(now)
 
 
 class Bridge:
@@ -187,12 +190,15 @@ class Bridge:
         if not body:
             return
         now = self._clock()
-        if not self._per_channel.allow(msg.channel_id, now):
+        author = (msg.channel_id, msg.author_id)
+        if self._per_channel.full(msg.channel_id, now):
             self._refuse(msg, "per_channel")
             return
-        if not self._per_author.allow((msg.channel_id, msg.author_id), now):
+        if self._per_author.full(author, now):
             self._refuse(msg, "per_author")
             return
+        self._per_channel.note(msg.channel_id, now)  # a refused message uses no slot
+        self._per_author.note(author, now)
         line = f"{msg.author_name}: {body}"
         fitted = self._mesh.fit_relay(line, max_parts=self._config.max_parts)
         cut = " ".join(fitted.split()) != " ".join(line.split())

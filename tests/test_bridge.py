@@ -419,3 +419,30 @@ async def test_attachments_go_to_the_mesh_as_markers(fake_discord: FakeDiscord) 
         texts = await r.on_air(2)
         assert texts == ["Alice: look [image] [file]", "Alice: [image]"]
         assert not fake_discord.cdn_reads  # nothing downloaded for the mesh
+
+
+async def test_a_refused_message_uses_no_rate_slot() -> None:
+    said = Said()
+    sent: list[str] = []
+
+    class Mesh(FullMesh):
+        async def broadcast(
+            self, channel: int, text: str, *, person: str, max_parts: int
+        ) -> Delivery:
+            sent.append(text)
+            return Delivery(DeliveryStatus.SENT)
+
+    cfg = RelayConfig.model_validate(
+        {
+            "pairs": [{"mesh_channel": 0, "discord_channel": 5}],
+            "author_messages": 1,
+            "channel_messages": 2,
+        }
+    )
+    bridge = Bridge(cfg, mesh=Mesh(), discord=said, clock=lambda: 0.0)
+    bridge.discord_heard(DiscordText(5, 1, "alice", 1, "one"))
+    bridge.discord_heard(DiscordText(5, 2, "alice", 1, "two"))  # over alice's limit
+    bridge.discord_heard(DiscordText(5, 3, "bob", 2, "three"))  # the channel still has room
+    await bridge.idle()
+    assert sent == ["alice: one", "bob: three"]
+    assert bridge.counters["refused"] == 1

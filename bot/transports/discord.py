@@ -447,7 +447,12 @@ class DiscordTransport:
         try:
             inbound = self._inbound(client, message)
             relay = self.relay
-            if live and relay is not None and client.user is not None:
+            if (
+                live
+                and relay is not None
+                and client.user is not None
+                and message.channel.id in relay.channels
+            ):
                 # Late history (catch-up) is not relayed: the mesh gets live chatter only.
                 relay.offer(
                     message,
