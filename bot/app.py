@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from bot.bridge import Bridge
-from bot.commands import Commands
+from bot.commands import COMMAND_NAMES, Commands
 from bot.config import Config
 from bot.errors import MeshsageError
 from bot.llm.gate import LLMGate
@@ -98,6 +98,7 @@ class App:
                     if pruned:
                         log.info("retention: deleted %d message(s) older than %d days", pruned,
                                  self.config.memory.retention_days)  # fmt: skip
+                await self.responder.redeliver()  # replies whose link was down
                 if self.responder.idle:
                     await self.store.tidy()
             except Exception:  # loop boundary: upkeep must never stop the bot; try next round
@@ -216,6 +217,15 @@ async def build(
             counter=counter,
             config=config.bot,
             indexer=indexer,
+            max_age={
+                name: section.delivery.max_age
+                for name, section in (
+                    ("console", config.console),
+                    ("meshtastic", config.meshtastic),
+                    ("discord", config.discord),
+                )
+                if section is not None
+            },
         )
         app = App(
             config=config,
@@ -297,6 +307,7 @@ def _build_transport(
             config.meshtastic,
             bot_name=config.bot.name,
             command_prefix=config.bot.command_prefix,
+            command_names=COMMAND_NAMES,
         )
     if name == "discord" and config.discord is not None:
         try:

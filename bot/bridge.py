@@ -212,7 +212,7 @@ class Bridge:
             delivery = await self._mesh.broadcast(
                 channel, text, person=f"relay:{msg.author_id}", max_parts=self._config.max_parts
             )
-            if delivery.status is DeliveryStatus.FAILED:
+            if delivery.status in (DeliveryStatus.FAILED, DeliveryStatus.PENDING):
                 self.counters["refused"] += 1
                 log.warning("relay to mesh channel %d failed: %s", channel, delivery.detail)
                 await self._discord.relay_react(msg.channel_id, msg.message_id, FAILED_REACTION)

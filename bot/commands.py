@@ -6,7 +6,12 @@ Invariants:
 - ``!reset`` says exactly what it keeps: pinned facts, and the log (stored, no longer used).
 - Commands act only on the conversation of the person who sent them (``!forget`` on all of that
   person's spaces on that transport), never on anyone else's.
-- ``!forget`` deletes only after ``!forget yes`` from the same person within 60 s.
+- ``!forget`` deletes only after ``!forget yes`` from the same person within 60 s of the moment
+  the prompt was *delivered* (``CommandResult.on_delivered``), not of the command's arrival.
+- No argument raises: numbers are parsed with ``_number`` (ASCII digits only; ``"²"`` and
+  ``"③"`` pass ``isdigit()`` but not ``int()``), anything else gets the usage line.
+- ``!more`` returns the stored rest of the last cut answer unfitted (``more=True``): the
+  responder cuts it for the transport and keeps what is left for the next ``!more``.
 - Operator commands answer only ids listed in ``bot.operators`` ("transport:person"); the local
   console user is always an operator (they own the machine and the database).
 """
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bot.domain import DM_SPACE, Attachment, Inbound
 from bot.llm.tokens import TokenCounter
@@ -24,6 +29,9 @@ from bot.memory.port import MemoryStore
 from bot.text import fit_bytes
 
 FORGET_CONFIRM_SECONDS = 60.0
+# Every command name (user, then operator): on shared channels only these trigger the bot.
+COMMAND_NAMES = ("help", "reset", "forget", "history", "summary", "remember", "facts",
+                 "unremember", "status", "export", "more", "stats")  # fmt: skip
 HISTORY_DEFAULT = 3
 HISTORY_MAX = 10
 FACT_MAX_CHARS = 300
@@ -33,6 +41,9 @@ FACT_MAX_CHARS = 300
 class CommandResult:
     text: str
     attachments: tuple[Attachment, ...] = field(default_factory=tuple)
+    more: bool = False  # text is the rest of a cut answer, to be fitted by the transport
+    forgot: bool = False  # the person's data was deleted (transports drop their files too)
+    on_delivered: Callable[[], None] | None = None  # run once the reply reached the person
 
 
 Handler = Callable[[Inbound, str], Awaitable[CommandResult]]
@@ -70,6 +81,7 @@ class Commands:
             "unremember": self._unremember,
             "status": self._status,
             "export": self._export,
+            "more": self._more,
         }
         self._operator_handlers: dict[str, Handler] = {"stats": self._stats}
         self.stat_sources: list[Callable[[], Mapping[str, int]]] = []  # e.g. relay counters
@@ -102,7 +114,9 @@ class Commands:
         if handler is None:
             return self._say(f"Unknown command {self.prefix}{name}. Send {self.prefix}help.")
         result = await handler(inbound, arg)
-        return CommandResult(fit_bytes(result.text), result.attachments)
+        if result.more:
+            return result
+        return replace(result, text=fit_bytes(result.text))
 
     def _say(self, text: str) -> CommandResult:
         return CommandResult(fit_bytes(text))
@@ -111,7 +125,7 @@ class Commands:
     async def _help(self, inbound: Inbound, arg: str) -> CommandResult:
         p = self.prefix
         names = ["help", "reset", "forget", "history [n]", "summary", "remember <fact>",
-                 "facts", "unremember <n>", "status", "export"]  # fmt: skip
+                 "facts", "unremember <n>", "status", "export", "more"]  # fmt: skip
         text = "Commands: " + " ".join(p + n for n in names)
         if self.is_operator(inbound):
             text += f" | operator: {p}stats"
@@ -133,31 +147,43 @@ class Commands:
         now = self._clock()
         asked = self._forget_pending.get(who)
         if arg.lower() == "yes":
-            if asked is None or now - asked > FORGET_CONFIRM_SECONDS:
+            if asked is None or (asked != float("inf") and now - asked > FORGET_CONFIRM_SECONDS):
                 self._forget_pending.pop(who, None)
                 return self._say(f"Nothing to confirm. Send {self.prefix}forget first.")
             self._forget_pending.pop(who, None)
             report = await self._store.forget_person(inbound.transport, inbound.sender)
             if not inbound.is_dm:  # the counts include DMs: not for a shared channel
-                return self._say("Deleted everything I kept about you. I no longer remember you.")
-            return self._say(
+                return CommandResult(
+                    "Deleted everything I kept about you. I no longer remember you.", forgot=True
+                )
+            return CommandResult(
                 f"Deleted everything I kept about you: {report.messages} messages, "
-                f"{report.summaries} summaries, {report.facts} facts. I no longer remember you."
+                f"{report.summaries} summaries, {report.facts} facts. I no longer remember you.",
+                forgot=True,
             )
         if arg:
             return self._say(f"Usage: {self.prefix}forget, then {self.prefix}forget yes")
-        self._forget_pending[who] = now
-        return self._say(
+        # The window opens when the prompt reaches the person (a busy mesh can take a minute);
+        # until then, an early "yes" still counts.
+        self._forget_pending[who] = float("inf")
+
+        def opened() -> None:
+            if self._forget_pending.get(who) == float("inf"):
+                self._forget_pending[who] = self._clock()
+
+        return CommandResult(
             "This deletes all I keep about you: messages, summaries, facts. "
-            f"Send {self.prefix}forget yes within 60 s to confirm."
+            f"Send {self.prefix}forget yes within 60 s to confirm.",
+            on_delivered=opened,
         )
 
     async def _history(self, inbound: Inbound, arg: str) -> CommandResult:
         n = HISTORY_DEFAULT
         if arg:
-            if not arg.isdigit() or not 1 <= int(arg) <= HISTORY_MAX:
+            number = _number(arg)
+            if number is None or not 1 <= number <= HISTORY_MAX:
                 return self._say(f"Usage: {self.prefix}history [n], n from 1 to {HISTORY_MAX}")
-            n = int(arg)
+            n = number
         conv = await self._store.find_conversation(inbound.key)
         msgs = [] if conv is None else await self._store.recent_messages(conv, limit=n)
         if not msgs:
@@ -210,16 +236,23 @@ class Commands:
     async def _unremember(self, inbound: Inbound, arg: str) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         facts = [] if conv is None else await self._store.facts(conv.id)
-        if not arg.isdigit() or not 1 <= int(arg) <= max(len(facts), 1) or conv is None:
-            if not facts:
-                return self._say("No facts to remove.")
+        if conv is None or not facts:
+            return self._say(f"No facts to remove. Add one with {self.prefix}remember <fact>.")
+        number = _number(arg)
+        if number is None or not 1 <= number <= len(facts):
             return self._say(
                 f"Usage: {self.prefix}unremember <n>, n from 1 to {len(facts)} "
                 f"(see {self.prefix}facts)"
             )
-        fact = facts[int(arg) - 1]
+        fact = facts[number - 1]
         await self._store.remove_fact(conv.id, fact.id)
-        return self._say(f"Removed fact {arg}: {fact.text}")
+        return self._say(f"Removed fact {number}: {fact.text}")
+
+    async def _more(self, inbound: Inbound, arg: str) -> CommandResult:
+        rest = await self._store.take_more(inbound.key)
+        if not rest:
+            return self._say("Nothing more: my last answer was complete.")
+        return CommandResult(rest, more=True)
 
     async def _status(self, inbound: Inbound, arg: str) -> CommandResult:
         up = int(self._clock() - self._started)
@@ -251,6 +284,14 @@ class Commands:
         for source in self.stat_sources:
             stats.update(source())
         return self._say(", ".join(f"{k}: {v}" for k, v in stats.items()))
+
+
+def _number(text: str) -> int | None:
+    """A small positive number written in ASCII digits, else None (never raises)."""
+    text = text.strip()
+    if not text or len(text) > 6 or not all("0" <= c <= "9" for c in text):
+        return None
+    return int(text)
 
 
 def _duration(seconds: int) -> str:

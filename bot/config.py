@@ -178,8 +178,16 @@ class MemoryConfig(_Strict):
     retention_days: int = Field(0, ge=0, le=36_500)  # 0 keeps everything
 
 
+class DeliveryConfig(_Strict):
+    """The durable outbox, per transport: how old an undelivered reply may get before it is
+    dropped (marked expired) instead of sent after an outage or restart."""
+
+    max_age: float = Field(3600.0, ge=0, le=30 * 86_400)
+
+
 class TransportBase(_Strict):
     enabled: bool = True
+    delivery: DeliveryConfig = DeliveryConfig()
     context_tokens: int = Field(2048, ge=256, le=1_000_000)
     max_tokens: int = Field(400, ge=16, le=100_000)
 
@@ -226,11 +234,14 @@ class MeshtasticConfig(TransportBase):
     ack_timeout: float = Field(45.0, gt=0, le=600)
     ack_retries: int = Field(2, ge=0, le=10)
     ack_backoff: float = Field(10.0, ge=0, le=600)  # before the first re-send; doubles
+    # Transmissions one reply may cost, the firmware's own retransmissions included (each
+    # unacknowledged part costs 1 + 3); re-sends stop when the next would exceed it.
+    airtime_budget: int = Field(24, ge=1, le=1000)
     busy_threshold: float = Field(25.0, ge=0, le=100)  # channel utilization %, defer above
     busy_max_wait: float = Field(120.0, ge=0, le=3600)  # then send anyway
     busy_poll: float = Field(10.0, gt=0, le=600)
-    outbox_limit: int = Field(20, ge=1, le=1000)  # replies waiting; more are refused
-    queue_wait: float = Field(600.0, gt=0, le=86_400)  # how long a reply waits for the radio
+    outbox_limit: int = Field(20, ge=1, le=1000)  # replies not started; more get "busy"
+    queue_wait: float = Field(600.0, gt=0, le=86_400)  # then the reply waits in the database
 
     @field_validator("channels")
     @classmethod
@@ -284,6 +295,8 @@ class CatchUpConfig(_Strict):
 class DiscordConfig(TransportBase):
     context_tokens: int = Field(4096, ge=256, le=1_000_000)
     max_tokens: int = Field(800, ge=16, le=100_000)
+    # Discord keeps the conversation on screen: a day-old answer still reads in context.
+    delivery: DeliveryConfig = DeliveryConfig(max_age=86_400.0)
     token_env: str = Field("DISCORD_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     dms: bool = True  # answer direct messages
     channels: tuple[Snowflake, ...] = ()  # guild channels (or thread parents) where @mentions work

@@ -75,9 +75,11 @@ class Reply:
     kind: ReplyKind = ReplyKind.ANSWER
     note: str | None = None  # short degradation note the transport may show ("history trimmed")
     attachments: tuple[Attachment, ...] = ()
-    # Awaited with (part index, platform id) for every part the platform accepted, as it is
-    # sent (the responder stores it, so a reply to any part finds the answer after a restart).
-    progress: PartProgress | None = field(default=None, compare=False)
+    # Durable delivery (the outbox): parts already out are skipped; every part the platform
+    # accepts is reported through ``progress(part index, platform id)`` before the next one.
+    outbox_id: int | None = None
+    done_parts: frozenset[int] = frozenset()
+    progress: PartProgress | None = None
 
 
 PartProgress = Callable[[int, str], Awaitable[None]]
@@ -94,6 +96,7 @@ class DeliveryStatus(enum.Enum):
     SENT = "sent"  # handed to the platform, no confirmation expected or received yet
     DELIVERED = "delivered"  # the platform confirmed delivery (mesh ACK, Discord 200)
     FAILED = "failed"  # gave up; the person did not receive all of it
+    PENDING = "pending"  # not (all) sent: no link; the outbox keeps it and tries again later
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,12 @@ class StorageError(MeshsageError):
     exit_code = 3
 
 
+class DiskFull(StorageError):
+    """The state directory's file system has no space left (exit code 28, like ENOSPC)."""
+
+    exit_code = 28
+
+
 class LLMUnavailable(MeshsageError):
     """Every configured endpoint failed (timeout, refused, 5xx, empty answer, missing model)."""
 

@@ -1,17 +1,33 @@
-"""The turn pipeline: inbound message -> stored -> (command | context -> LLM) -> stored -> sent.
+"""The turn pipeline: inbound message -> stored -> (command | context -> LLM) -> outbox -> sent.
 
 Invariants:
 - The inbound message is persisted before anything else (status ``pending``), so a crash or a
   shutdown loses nothing; pending messages are picked up again at the next start.
-- Per conversation, messages (commands included) are handled one at a time, in arrival order,
-  by a worker task that exits when its queue is empty; different conversations run at once.
+- Per conversation, jobs (messages, commands, deliveries of stored answers) run one at a time,
+  in arrival order, by a worker task that exits when its queue is empty; different
+  conversations run at once. A person's next message is answered only after the previous
+  answer was handed over (delivered, or given up), and its prompt includes every earlier
+  question *and its answer* (``recent_messages(before_id=...)``). Each message gets its own
+  answer; several waiting messages are never merged (they may be about different things).
+- Commands count against the same per-person rate and queue limits as messages.
 - LLM calls go through the gate's foreground lane (bounded; summaries yield to replies).
+  Before calling the LLM, a congested transport (the mesh outbox) is asked for room: a full
+  one gets the person a one-packet "busy, try again in N min" and no LLM call.
 - A person over the queue limit or the rate limit gets one polite notice per limit window;
   their message is still stored (status ``limited``) and never answered by the LLM.
-- The stored answer is exactly the text the transport delivers (``transport.fit``), recorded
-  in the same transaction that marks the question answered; the delivery result follows.
-- Notices (LLM unavailable, rate limited) are sent but never stored as something the model
-  said. Commands and their replies are not part of the conversation log.
+- The durable outbox: the model's whole answer (the assistant turn), the question's
+  ``answered`` mark and an outbox row holding exactly what the transport sends
+  (``transport.fit``; on the mesh the rest is kept for ``!more``) are one transaction. The
+  transport reports every part it put out (``record_part``) and the row is finished with the
+  delivery result. Rows the transport could not send (``PENDING``: no link) and rows left by a
+  crash are sent again by ``redeliver`` (at start and on every maintenance tick), only their
+  missing parts; rows older than the transport's ``delivery.max_age`` are marked expired.
+  A row is in flight at most once (``self._in_flight``), so nothing is sent twice.
+- Notices (rate limited, busy, not stored) are sent straight away, never behind a worker or
+  the LLM, and never stored as something the model said. "LLM unavailable" is an outbox row
+  (it settles the question as ``failed`` in the same transaction). Command replies are outbox
+  rows too (except exports, whose files cannot be stored there); commands and their replies
+  are not part of the conversation log.
 - Every background task is owned (``self._workers``) and ``drain`` waits for them with a
   timeout.
 """
@@ -21,25 +37,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from bot.commands import Commands
+from bot.commands import CommandResult, Commands
 from bot.config import BotConfig
-from bot.domain import ConversationKey, Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
+from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import LLMUnavailable
 from bot.llm.port import LLM
 from bot.llm.tokens import TokenCounter
 from bot.memory.context import ContextBuilder
 from bot.memory.indexer import Indexer
 from bot.memory.port import MemoryStore
-from bot.memory.store import ASSISTANT, USER
+from bot.memory.records import OutboxEntry, OutboxRow, StoredAnswer
+from bot.memory.store import USER
 from bot.memory.summary import Summarizer
 from bot.text import clean_inbound
-from bot.transports.base import AnswerStream, Streams, Transport
+from bot.transports.base import (
+    AnswerStream,
+    Congested,
+    KeepsFiles,
+    Paginates,
+    Streams,
+    Transport,
+)
 
 log = logging.getLogger("bot.responder")
 
@@ -48,13 +73,18 @@ INTERNAL_ERROR = "Sorry, something went wrong on my side. Please try again."
 EMPTY = "Your message was empty. Send some text, or {prefix}help for commands."
 TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
+ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
+BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
 RECOVER_WITHIN_SECONDS = 15 * 60
+DEFAULT_MAX_AGE = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
 class _Job:
     inbound: Inbound
-    message_id: int | None  # None for commands (not stored)
+    message_id: int | None = None  # a stored message to answer
+    command: bool = False
+    outbox: OutboxRow | None = None  # a stored delivery to (re)send
 
 
 class Responder:
@@ -69,6 +99,7 @@ class Responder:
         counter: TokenCounter,
         config: BotConfig,
         indexer: Indexer | None = None,
+        max_age: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
@@ -79,10 +110,13 @@ class Responder:
         self._commands = commands
         self._counter = counter
         self._config = config
+        self._max_age = dict(max_age or {})
         self._clock = clock
         self._transports: dict[str, Transport] = {}
-        self._queues: dict[ConversationKey, deque[_Job]] = {}
-        self._workers: dict[ConversationKey, asyncio.Task[None]] = {}
+        self._queues: dict[tuple[str, str, str], deque[_Job]] = {}
+        self._workers: dict[tuple[str, str, str], asyncio.Task[None]] = {}
+        self._in_flight: set[int] = set()  # outbox rows queued or being sent
+        self._delivering: set[tuple[str, str, str]] = set()  # workers waiting on a transport
         self._recent: dict[tuple[str, str], deque[float]] = {}
         self._noticed: dict[tuple[str, str], float] = {}
         self._idle = asyncio.Event()
@@ -100,11 +134,13 @@ class Responder:
         if not text:
             await self._notice(inbound, EMPTY.format(prefix=self._commands.prefix))
             return
-        if self._commands.parse(text) is not None:
-            if self._accepting:  # commands are not stored; during shutdown they are dropped
-                self._enqueue(_Job(inbound, None))
-            return
         limited = self._over_limit(inbound)
+        if self._commands.parse(text) is not None:
+            if limited:  # commands obey the same limits: a flood of them gets one notice
+                await self._notice_once(inbound, limited)
+            elif self._accepting:  # commands are not stored; during shutdown they are dropped
+                self._enqueue(_Job(inbound, command=True))
+            return
         try:
             conv = await self._store.conversation(inbound.key)
             message_id = await self._store.add_message(
@@ -134,7 +170,9 @@ class Responder:
             return None
         who = (inbound.transport, inbound.sender)
         queued = sum(
-            len(q) for key, q in self._queues.items() if (key.transport, key.person) == who
+            sum(1 for job in q if job.outbox is None)
+            for key, q in self._queues.items()
+            if key[:2] == who
         )
         if queued >= self._config.queue_limit:
             return (
@@ -148,6 +186,8 @@ class Responder:
             stamps.popleft()
         for stale in [k for k, v in self._recent.items() if not v and k != who]:
             del self._recent[stale]  # keep the table as small as the set of active people
+        for stale in [k for k, t in self._noticed.items() if now - t > rl.per_seconds]:
+            del self._noticed[stale]
         if len(stamps) >= rl.messages:
             wait = int(rl.per_seconds - (now - stamps[0])) + 1
             return (
@@ -167,30 +207,40 @@ class Responder:
 
     def _enqueue(self, job: _Job) -> None:
         key = job.inbound.key
-        self._queues.setdefault(key, deque()).append(job)
-        if key not in self._workers:
+        qkey = (key.transport, key.person, key.space)
+        if job.outbox is not None:
+            self._in_flight.add(job.outbox.id)
+        self._queues.setdefault(qkey, deque()).append(job)
+        if qkey not in self._workers:
             self._idle.clear()
-            task = asyncio.create_task(self._work(key), name=f"turns {key}")
-            self._workers[key] = task
+            task = asyncio.create_task(self._work(qkey), name=f"turns {key}")
+            self._workers[qkey] = task
 
-    async def _work(self, key: ConversationKey) -> None:
-        queue = self._queues[key]
+    async def _work(self, qkey: tuple[str, str, str]) -> None:
+        queue = self._queues[qkey]
         try:
             while queue:
                 job = queue[0]
+                if not self._accepting and job.outbox is not None:
+                    break  # shutting down: the row stays in the outbox for the next start
                 try:
-                    if job.message_id is None:
+                    if job.outbox is not None:
+                        await self._deliver(job.inbound, job.outbox)
+                    elif job.command:
                         await self._command(job.inbound)
                     else:
+                        assert job.message_id is not None
                         await self._turn(job.inbound, job.message_id)
                 except Exception:  # loop boundary: one bad turn must not stop this person's queue
-                    log.exception("turn failed in %s", key)
+                    log.exception("turn failed in %s", job.inbound.key)
                     await self._after_failure(job)
                 finally:
                     queue.popleft()
+                    if job.outbox is not None:
+                        self._in_flight.discard(job.outbox.id)
         finally:
-            self._queues.pop(key, None)
-            self._workers.pop(key, None)
+            self._queues.pop(qkey, None)
+            self._workers.pop(qkey, None)
             if not self._workers:
                 self._idle.set()
 
@@ -198,18 +248,67 @@ class Responder:
     async def _command(self, inbound: Inbound) -> None:
         parsed = self._commands.parse(inbound.text)
         assert parsed is not None
-        result = await self._commands.run(inbound, *parsed)
         transport = self._transports[inbound.transport]
-        reply = Reply(
-            inbound=inbound,
-            text=transport.fit(result.text),
-            kind=ReplyKind.COMMAND,
-            attachments=result.attachments,
+        if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
+            await self._notice(inbound, _busy(wait))
+            return
+        result = await self._commands.run(inbound, *parsed)
+        if result.forgot and isinstance(transport, KeepsFiles):
+            removed = transport.forget(inbound.sender)
+            if removed:
+                log.info("removed %d file(s) written for %s", removed, inbound.key)
+        if result.attachments:  # files cannot wait in the outbox: sent now, once
+            delivery = await self._send(
+                Reply(
+                    inbound=inbound,
+                    text=transport.fit(result.text),
+                    kind=ReplyKind.COMMAND,
+                    attachments=result.attachments,
+                )
+            )
+            self._after_delivery(result, delivery)
+            return
+        text, rest = self._cut(transport, result.text)
+        entry = OutboxEntry(
+            key=inbound.key,
+            kind="more" if result.more else "command",
+            text=text,
+            reply_to=inbound.message_id,
+            rest=rest,
         )
-        await transport.send(reply)
+        outbox_id = await self._store.queue_delivery(entry)
+        row = await self._store.outbox_row(outbox_id)
+        if row is None:  # the person ran !forget meanwhile
+            return
+        self._in_flight.add(row.id)
+        try:
+            delivery = await self._deliver(inbound, row)
+        finally:
+            self._in_flight.discard(row.id)
+        self._after_delivery(result, delivery)
+
+    @staticmethod
+    def _after_delivery(result: CommandResult, delivery: Delivery) -> None:
+        if result.on_delivered is not None and delivery.status in (
+            DeliveryStatus.DELIVERED,
+            DeliveryStatus.SENT,
+        ):
+            result.on_delivered()
+
+    @staticmethod
+    def _cut(transport: Transport, text: str) -> tuple[str, str | None]:
+        """What goes out now, and the rest for ``!more`` (transports that paginate)."""
+        if isinstance(transport, Paginates):
+            return transport.fit_more(text)
+        return transport.fit(text), None
 
     async def _turn(self, inbound: Inbound, message_id: int) -> None:
         transport = self._transports[inbound.transport]
+        if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
+            log.warning("outbox of %s full; told %s to try later", transport.name, inbound.key)
+            await self._store.set_status(message_id, "limited")
+            await self._notice(inbound, _busy(wait))
+            return
         limits = transport.limits
         conv = await self._store.conversation(inbound.key)
         stream: AnswerStream | None = (
@@ -236,51 +335,115 @@ class Responder:
                 log.warning("no answer for %s: %s", inbound.key, exc)
                 if stream is not None:
                     await stream.abort()
-                await self._store.set_status(message_id, "failed")
-                await self._notice(inbound, UNAVAILABLE)
+                entry = OutboxEntry(
+                    inbound.key, "notice", transport.fit(UNAVAILABLE), question_id=message_id
+                )
+                outbox_id = await self._store.queue_delivery(entry, question_status="failed")
+                row = await self._store.outbox_row(outbox_id)
+                if row is not None:
+                    await self._deliver_now(inbound, row)
                 return
-        text = transport.fit(completion.text)
+        whole = completion.text.strip()
+        text, rest = self._cut(transport, whole)
         trimmed = ctx.trimmed or len(inbound.text) > self._config.max_message_chars
-        reply_id = await self._store.add_message(
-            conv.id,
-            role=ASSISTANT,
-            author=self._config.name,
-            text=text,
-            tokens=self._counter.count(text),
-            status="sending",
-            parent_id=message_id,
-            answers=message_id,
+        entry = OutboxEntry(
+            inbound.key,
+            "answer",
+            text,
+            reply_to=inbound.message_id,
+            question_id=message_id,
+            rest=rest,
         )
-
-        async def record_part(_index: int, platform_id: str) -> None:
-            try:
-                await self._store.add_part_id(reply_id, platform_id)
-            except sqlite3.Error as exc:  # the answer still goes out
-                log.warning("could not record a sent part of %s: %s", inbound.key, exc)
-
-        reply = Reply(
-            inbound=inbound,
-            text=text,
-            note=TRIMMED_NOTE if trimmed else None,
-            progress=record_part,
-        )
-        delivery = await (stream.finish(reply) if stream is not None else self._send(reply))
-        await self._store.set_status(
-            reply_id,
-            delivery.status.value,
-            platform_id=delivery.message_ids[0] if delivery.message_ids else None,
+        try:
+            outbox_id = await self._store.queue_delivery(
+                entry,
+                answer=StoredAnswer(conv.id, self._config.name, whole, self._counter.count(whole)),
+            )
+        except sqlite3.Error as exc:  # disk full: the person still hears why there is no answer
+            log.error("could not store the answer for %s: %s", inbound.key, exc)
+            await self._notice(inbound, ANSWER_NOT_STORED)
+            return
+        row = await self._store.outbox_row(outbox_id)
+        if row is None:
+            return
+        delivery = await self._deliver_now(
+            inbound, row, note=TRIMMED_NOTE if trimmed else None, stream=stream
         )
         log.info(
             "answered %s: %d context tokens (%s), %d answer chars, %s",
             inbound.key,
             ctx.tokens,
             " ".join(f"{b.name}={b.tokens}" for b in ctx.blocks),
-            len(text),
+            len(whole),
             delivery.status.value,
         )
         self._summarizer.maybe_schedule(conv, window_start_id=ctx.window_start_id)
         if self._indexer is not None:  # embeds this turn's messages in the background
             self._indexer.schedule(conv.id)
+
+    async def _deliver_now(
+        self,
+        inbound: Inbound,
+        row: OutboxRow,
+        *,
+        note: str | None = None,
+        stream: AnswerStream | None = None,
+    ) -> Delivery:
+        self._in_flight.add(row.id)
+        try:
+            return await self._deliver(inbound, row, note=note, stream=stream)
+        finally:
+            self._in_flight.discard(row.id)
+
+    async def _deliver(
+        self,
+        inbound: Inbound,
+        row: OutboxRow,
+        *,
+        note: str | None = None,
+        stream: AnswerStream | None = None,
+    ) -> Delivery:
+        """Send one outbox row (its missing parts) and record the outcome. A streamed answer
+        (already on screen) is finished by its stream instead of being sent again."""
+        age = time.time() - row.created_at
+        max_age = self._max_age.get(row.entry.key.transport, DEFAULT_MAX_AGE)
+        if age > max_age:
+            log.warning(
+                "outbox row %d for %s expired (%.0f s old, max_age %.0f s)",
+                row.id,
+                row.entry.key,
+                age,
+                max_age,
+            )
+            await self._store.finish_delivery(row.id, "expired", detail=f"{age:.0f} s old")
+            return Delivery(DeliveryStatus.FAILED, detail="expired")
+
+        async def progress(part: int, platform_id: str) -> None:
+            await self._store.record_part(row.id, part, platform_id)
+
+        kind = {"answer": ReplyKind.ANSWER, "notice": ReplyKind.NOTICE}.get(
+            row.entry.kind, ReplyKind.COMMAND
+        )
+        qkey = (row.entry.key.transport, row.entry.key.person, row.entry.key.space)
+        self._delivering.add(qkey)
+        try:
+            reply = Reply(
+                inbound=inbound,
+                text=row.entry.text,
+                kind=kind,
+                note=note,
+                outbox_id=row.id,
+                done_parts=frozenset(i for i, _ in row.parts),
+                progress=progress,
+            )
+            delivery = await (stream.finish(reply) if stream is not None else self._send(reply))
+        finally:
+            self._delivering.discard(qkey)
+        if delivery.status is DeliveryStatus.PENDING:
+            log.info("outbox row %d for %s waits for its link", row.id, row.entry.key)
+        else:
+            await self._store.finish_delivery(row.id, delivery.status.value, detail=delivery.detail)
+        return delivery
 
     async def _send(self, reply: Reply) -> Delivery:
         transport = self._transports[reply.inbound.transport]
@@ -291,14 +454,24 @@ class Responder:
             return Delivery(DeliveryStatus.FAILED, detail=str(exc))
 
     async def _after_failure(self, job: _Job) -> None:
-        """A turn that crashed: tell the person briefly and mark the message failed, so it is
-        not retried (and crashing again) at every restart."""
+        """A turn that crashed: tell the person briefly (first: the store may be what failed)
+        and mark the message failed, so it is not retried (and crashing again) at every
+        restart."""
+        if job.outbox is not None:  # a delivery that crashed: end the row, never loop on it
+            try:
+                await self._store.finish_delivery(job.outbox.id, "failed", detail="internal error")
+            except Exception:  # loop boundary: the store may be what failed; retried later
+                log.exception("could not mark outbox row %d failed", job.outbox.id)
+            return
+        try:
+            await self._notice(job.inbound, INTERNAL_ERROR)
+        except Exception:  # loop boundary: the transport may be what failed
+            log.exception("could not tell %s about the failed turn", job.inbound.key)
         try:
             if job.message_id is not None:
                 await self._store.set_status(job.message_id, "failed")
-            await self._notice(job.inbound, INTERNAL_ERROR)
-        except Exception:  # loop boundary: the store or transport may be what failed
-            log.exception("could not report the failed turn in %s", job.inbound.key)
+        except Exception:  # loop boundary: the store may be what failed (disk full)
+            log.exception("could not mark the failed turn in %s", job.inbound.key)
 
     async def _notice(self, inbound: Inbound, text: str) -> None:
         transport = self._transports[inbound.transport]
@@ -306,7 +479,9 @@ class Responder:
 
     # --- lifecycle --------------------------------------------------------------------------
     async def recover_pending(self, *, within_seconds: float = RECOVER_WITHIN_SECONDS) -> int:
-        """Queue stored-but-unanswered messages from a crash or shutdown (recent ones only)."""
+        """At start: send what the outbox still holds, then queue stored-but-unanswered
+        messages from a crash or shutdown (recent ones only)."""
+        sent = await self.redeliver()
         jobs = await self._store.pending_messages(
             since=time.time() - within_seconds, transports=tuple(self._transports)
         )
@@ -322,7 +497,31 @@ class Responder:
             self._enqueue(_Job(inbound, msg.id))
         if jobs:
             log.info("answering %d message(s) stored before the last shutdown", len(jobs))
-        return len(jobs)
+        return len(jobs) + sent
+
+    async def redeliver(self) -> int:
+        """Queue every undelivered outbox row that is not already on its way (its person's
+        worker sends it in order; expired rows are marked so). Returns how many."""
+        if not self._accepting:
+            return 0
+        rows = await self._store.undelivered(transports=tuple(self._transports))
+        n = 0
+        for row in rows:
+            if row.id in self._in_flight:
+                continue
+            key = row.entry.key
+            inbound = Inbound(
+                transport=key.transport,
+                sender=key.person,
+                space=key.space,
+                text="",
+                message_id=row.entry.reply_to,
+            )
+            self._enqueue(_Job(inbound, outbox=row))
+            n += 1
+        if n:
+            log.info("sending %d undelivered reply(ies) from the outbox", n)
+        return n
 
     @property
     def idle(self) -> bool:
@@ -332,14 +531,28 @@ class Responder:
         await self._idle.wait()
 
     async def drain(self, *, timeout: float) -> None:
-        """Stop taking new turns; finish the ones in flight (up to ``timeout``)."""
+        """Stop taking new turns; finish the ones in flight (up to ``timeout``). Replies cut
+        off here stay in the outbox and go out after the restart."""
         self._accepting = False
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        # Wait for LLM calls and stores in flight; a worker only waiting for its transport
+        # to deliver is cut at once (its row stays pending, sent at the next start), so a long
+        # mesh queue never makes a shutdown slow.
+        while self._workers and loop.time() < end:
+            if set(self._workers) <= self._delivering:
+                break
+            await asyncio.wait(list(self._workers.values()), timeout=0.05)
         workers = list(self._workers.values())
         if workers:
-            _done, pending = await asyncio.wait(workers, timeout=timeout)
+            _done, pending = await asyncio.wait(workers, timeout=0)
             for task in pending:
                 task.cancel()
             if pending:
                 log.warning("%d conversation(s) cut off at shutdown", len(pending))
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _busy(seconds: float) -> str:
+    return BUSY.format(minutes=max(1, math.ceil(seconds / 60)))

@@ -21,7 +21,8 @@ COMMAND_CALLS = [
     "!remember " + "😀🇳🇴 fact " * 35, "!remember", "!remember " + "long " * 100,
     "!facts", "!unremember 9", "!unremember", "!unremember x", "!unremember 1", "!facts",
     "!forget now", "!nosuch", "!HELP", "!reset", "!history 10", "!forget yes", "!forget",
-    "!forget yes", "!facts", "!export", "!stats", "!stats please",
+    "!forget yes", "!facts", "!export", "!stats", "!stats please", "!more", "!history ²",
+    "!unremember ③", "!history 1000000000000000000000",
 ]  # fmt: skip
 
 
@@ -29,7 +30,11 @@ COMMAND_CALLS = [
 async def test_every_command_reply_fits_a_mesh_packet_and_skips_the_llm(
     tmp_path: Path, fake_llm: FakeLLM, sender: str
 ) -> None:
-    h = await start_harness(tmp_path, fake_llm, extra='bot:\n  operators: ["fake:root"]\n')
+    h = await start_harness(
+        tmp_path,
+        fake_llm,
+        extra='bot:\n  operators: ["fake:root"]\n  rate_limit: {messages: 100, per_seconds: 60}\n',
+    )  # commands count against the rate limit too (see test_commands_obey_the_rate_limit)
     try:
         fake_llm.reply = "答え😀 " * 300  # long multibyte history for !history
         await h.say("שָׁלוֹם 👩‍👩‍👧 " * 200, sender=sender)
@@ -62,7 +67,7 @@ async def test_unknown_and_bad_arguments_say_how_to_fix(harness: Harness) -> Non
     await harness.say("!remember")
     assert _last(harness).startswith("Usage: !remember <fact>")
     await harness.say("!unremember 3")
-    assert _last(harness) == "No facts to remove."
+    assert _last(harness) == "No facts to remove. Add one with !remember <fact>."
 
 
 async def test_remember_facts_unremember(harness: Harness) -> None:
@@ -228,3 +233,28 @@ async def test_forget_in_a_channel_prints_no_counts(harness: Harness) -> None:
     last = _last(harness)
     assert last == "Deleted everything I kept about you. I no longer remember you."
     assert not any(ch.isdigit() for ch in last)
+
+
+def test_channel_trigger_list_names_every_command(harness: Harness) -> None:
+    from bot.commands import COMMAND_NAMES
+
+    assert set(COMMAND_NAMES) == set(harness.app.commands.names)
+
+
+async def test_odd_numbers_get_the_usage_line_never_an_exception(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    h = await start_harness(
+        tmp_path, fake_llm, extra="bot:\n  rate_limit: {messages: 100, per_seconds: 60}\n"
+    )
+    try:
+        await h.say("!unremember 1")  # no facts at all
+        assert _last(h).startswith("No facts to remove.")
+        await h.say("!remember I like tea")
+        for arg in ("③", "²", "-1", "99999999999999999999", "1.5"):
+            await h.say(f"!unremember {arg}")
+            assert _last(h).startswith("Usage: !unremember <n>"), arg
+            await h.say(f"!history {arg}")
+            assert _last(h).startswith("Usage: !history [n]"), arg
+    finally:
+        await h.app.close()

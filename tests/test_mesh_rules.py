@@ -29,7 +29,8 @@ from bot.transports.mesh_rules import (
     space_channel,
     strip_trigger,
 )
-from bot.transports.meshtastic import _Worker, build_meshtastic, default_interface_factory
+from bot.transports.meshtastic import build_meshtastic, default_interface_factory
+from bot.transports.meshtastic_link import _Worker
 
 ME = 0x1234ABCD
 ALICE = 0xA11CE001
@@ -104,10 +105,29 @@ def test_repaired_utf8_is_accepted_and_flagged() -> None:
         ("mail bob@meshsage.org", None),
         ("@meshsagex hi", None),
         ("plain", None),
+        ("!ping", None),  # another bot's command
+        ("!!! storm warning", None),
+        ("!HELP", "!HELP"),
     ],
 )
 def test_strip_trigger(text: str, expected: str | None) -> None:
-    assert strip_trigger(text, mention="@meshsage", command_prefix="!") == expected
+    known = frozenset({"reset", "help"})
+    assert strip_trigger(text, mention="@meshsage", command_prefix="!", commands=known) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("meshsage: what time is it", "what time is it"),
+        ("Meshsage what time", "what time"),
+        ("I asked meshsage yesterday", None),  # the name mid-sentence
+        ("meshsagely", None),
+    ],
+)
+def test_a_plain_word_trigger_counts_only_as_the_first_word(
+    text: str, expected: str | None
+) -> None:
+    assert strip_trigger(text, mention="meshsage", command_prefix=None) == expected
 
 
 def test_node_ids_and_spaces() -> None:
@@ -117,13 +137,14 @@ def test_node_ids_and_spaces() -> None:
     assert space_channel("ch3") == 3 and space_channel(DM_SPACE) is None
 
 
-def test_dedup_by_id_and_by_text_within_window() -> None:
+def test_dedup_by_identity_not_by_text() -> None:
     d = Dedup(window=60)
-    assert not d.is_duplicate(sender=1, packet_id=10, text="Hi", now=0)
-    assert d.is_duplicate(sender=1, packet_id=10, text="other", now=1)  # same id
-    assert d.is_duplicate(sender=1, packet_id=11, text=" hi ", now=2)  # same words
-    assert not d.is_duplicate(sender=2, packet_id=12, text="hi", now=3)  # someone else
-    assert not d.is_duplicate(sender=1, packet_id=13, text="hi", now=61)  # window passed
+    assert not d.is_duplicate(sender=1, packet_id=10, now=0)
+    assert d.is_duplicate(sender=1, packet_id=10, now=1)  # a rebroadcast or MQTT copy
+    assert not d.is_duplicate(sender=1, packet_id=11, now=2)  # same words, new packet: new
+    assert not d.is_duplicate(sender=2, packet_id=10, now=3)  # someone else's id
+    assert not d.is_duplicate(sender=1, packet_id=10, now=61)  # window passed
+    assert not d.is_duplicate(sender=1, packet_id=0, now=62)  # no id: never a copy
 
 
 def test_cooldown() -> None:
@@ -180,7 +201,7 @@ def test_limits_tell_the_model_the_byte_budget() -> None:
     t = build_meshtastic(cfg, bot_name="b", command_prefix="!")
     assert (t.limits.context_tokens, t.limits.max_tokens) == (1536, 120)
     assert "200 bytes" in t.limits.style_hint and "400 bytes" in t.limits.style_hint
-    assert t.fit("x " * 500).endswith(" …")
+    assert t.fit("x " * 500).endswith(" … (!more)")
 
 
 async def test_worker_turns_sys_exit_into_an_error_and_survives() -> None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from bot.transports.mesh_text import (
     MARKER,
     fit,
+    fit_more,
     graphemes,
     normalize,
     reassemble,
@@ -270,3 +271,18 @@ def test_flags_joined_by_zwj_are_separate_clusters() -> None:
     """Regression (hypothesis): regional indicators are not pictographs, so a ZWJ between two
     flags joins nothing and a cut may fall after it, never inside a flag."""
     assert_fits(exactly(201, ["🇫🇷", "\u200d"]), 2)
+
+
+def test_no_wasted_packets_for_a_short_word_before_a_long_one() -> None:
+    text = "Hello, " + "x" * 226  # 233 bytes: went out as 12 + 200 + 45 bytes
+    parts = render_parts(split_parts(text, chunk_bytes=200, max_parts=3))
+    assert len(parts) == 2 and all(len(p.encode()) <= 200 for p in parts)
+    assert len(parts[0].encode()) == 200
+
+
+def test_fit_more_returns_the_rest_for_more() -> None:
+    text = " ".join(f"Sentence {i} is here." for i in range(80))
+    shown, rest = fit_more(text, chunk_bytes=200, max_parts=3, marker=" … (!more)")
+    assert shown.endswith(" … (!more)") and rest is not None
+    assert normalize(shown.removesuffix(" … (!more)") + " " + rest) == normalize(text)
+    assert fit_more("short", chunk_bytes=200, max_parts=3) == ("short", None)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bot.domain import DM_SPACE, DeliveryStatus, Reply
-from bot.transports import meshtastic as meshtastic_transport
+from bot.transports import meshtastic_link
 from tests.fakes.fake_radio import ALICE, BOB, BROADCAST, MY_NUM, STRANGER
 from tests.fakes.mesh_harness import mesh_harness
 
@@ -75,18 +75,16 @@ async def test_channel_trigger_answered_by_dm_when_configured() -> None:
         assert (packet.to, packet.want_ack) == (ALICE, True)
 
 
-async def test_duplicates_never_reach_the_responder_twice() -> None:
+async def test_copies_are_dropped_but_the_same_words_again_are_a_new_message() -> None:
     async with mesh_harness(dedup_seconds=120) as h:
         h.radio.inject_text("same question", pid=501)
         h.radio.inject_text("same question", pid=501)  # mesh rebroadcast: same id
-        h.radio.inject_text("same question", pid=502)  # the app re-sent it: new id
-        h.radio.inject_text("same  QUESTION ", pid=503)
-        h.radio.inject_text("other question", pid=504)
-        await h.message(2)
-        await h.clock.sleep(121)  # after the window the same words are a new message
-        h.radio.inject_text("same question", pid=505)
+        h.radio.inject_text("same question", pid=501, via_mqtt=False)  # another copy
+        h.radio.inject_text("yes", pid=502)
+        h.radio.inject_text("yes", pid=503)  # a second "yes": a new packet, a new message
         await h.message(3)
-        assert [m.message_id for m in h.inbox] == ["501", "504", "505"]
+        await h.clock.sleep(5)
+        assert [m.message_id for m in h.inbox] == ["501", "502", "503"]
 
 
 async def test_packets_that_are_not_for_us_are_ignored_without_crashing(
@@ -108,6 +106,10 @@ async def test_packets_that_are_not_for_us_are_ignored_without_crashing(
         r.inject_text("")
         r.inject_text(b"caf\xc3 ok?", frm=STRANGER)  # mostly text: answered, bytes repaired
         r.inject_text("@meshsage", to=BROADCAST)  # a trigger without a question
+        r.inject_text("!ping", to=BROADCAST)  # another bot's command: quiet
+        r.inject_text("!!! storm warning", to=BROADCAST)
+        r.inject_text("ask meshsage about it", to=BROADCAST)  # the name mid-sentence
+        r.inject_text("on channel 1", to=BROADCAST, channel=1)
         r.inject_text("sentinel")
         await h.message(2)
         await asyncio.sleep(0.05)
@@ -128,6 +130,8 @@ async def test_packets_that_are_not_for_us_are_ignored_without_crashing(
         "trigger without a question",
     ]
     assert any("not text (POSITION_APP)" in r.getMessage() for r in ignored)  # DEBUG only
+    debug = [r.getMessage().split(": ", 1)[1] for r in ignored if r.levelno == logging.DEBUG]
+    assert debug.count("no trigger") == 3 and "channel 1 not enabled" in debug
     info = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.INFO)
     for text in ("echo of myself", "from mqtt", "another bot", "numbered output", "someone else"):
         assert text not in info  # never message text above DEBUG
@@ -146,7 +150,7 @@ async def test_long_reply_is_numbered_and_spaced_on_the_radio_clock() -> None:
         times = [t for t, _ in sent]
         assert [b - a >= 3.0 for a, b in itertools.pairwise(times)] == [True, True]
         stored = h.transport.fit(story)
-        assert stored.endswith(" …")
+        assert stored.endswith(" … (!more)")  # the rest waits for !more
         bodies = [p.decoded.payload.decode()[6:] for _, p in sent]
         assert " ".join(bodies) == stored
 
@@ -243,13 +247,13 @@ async def test_send_that_hangs_is_abandoned_and_the_link_rebuilt() -> None:
         assert [p.decoded.payload[:5] for _, p in h.radio.sent_texts()] == [b"(1/2)", b"(2/2)"]
 
 
-async def test_queued_reply_waits_a_bounded_time() -> None:
+async def test_queued_reply_waits_a_bounded_time_then_goes_back_to_the_outbox() -> None:
     async with mesh_harness(queue_wait=60.0) as h:
         h.radio.inject_text("question")
         inbound = await h.message()
         await h.server_gone()
-        delivery = await h.reply(inbound, "Lost answer.")
-        assert delivery.status is DeliveryStatus.FAILED
+        delivery = await h.reply(inbound, "Not lost: the durable outbox tries again later.")
+        assert delivery.status is DeliveryStatus.PENDING
         assert delivery.detail and "no radio link" in delivery.detail
 
 
@@ -293,7 +297,7 @@ async def test_startup_without_radio_keeps_retrying_with_backoff(
 async def test_connect_finishing_after_its_timeout_is_closed_not_leaked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(meshtastic_transport, "CONNECT_MARGIN", 0.0)
+    monkeypatch.setattr(meshtastic_link, "CONNECT_MARGIN", 0.0)
     release = threading.Event()
 
     def slow_first_connect(attempt: int) -> None:
@@ -356,19 +360,20 @@ async def test_per_person_cooldowns() -> None:
         assert t2 - t1 >= 15.0
 
 
-async def test_send_refuses_when_not_running_or_full() -> None:
+async def test_a_full_outbox_says_busy_and_stopped_replies_stay_pending() -> None:
     async with mesh_harness(outbox_limit=1) as h:
         h.radio.inject_text("q")
         inbound = await h.message()
         await h.server_gone()
+        assert h.transport.busy_for() is None
         waiting = asyncio.ensure_future(h.reply(inbound, "first"))
         await h.until(lambda: len(h.transport._jobs) == 1, "queued reply")
-        full = await h.reply(inbound, "second")
-        assert (full.status, full.detail) == (DeliveryStatus.FAILED, "outbox full")
+        wait = h.transport.busy_for()
+        assert wait is not None and wait > 0  # the responder answers "busy" without the LLM
     stopped = await waiting
-    assert stopped.status is DeliveryStatus.FAILED
+    assert stopped.status is DeliveryStatus.PENDING  # the outbox row waits for the next run
     after = await h.transport.send(Reply(inbound=inbound, text="late"))
-    assert after.status is DeliveryStatus.FAILED
+    assert after.status is DeliveryStatus.PENDING
 
 
 async def test_listeners_are_kept_alive_and_unsubscribed_on_stop() -> None:

@@ -58,7 +58,7 @@ async def test_llm_empty_or_huge_answers(harness: Harness) -> None:
     assert stored[-1] == ("assistant", sent, "delivered")
 
 
-async def test_stored_reply_is_exactly_what_the_transport_sends(
+async def test_memory_keeps_the_whole_answer_and_the_outbox_what_was_sent(
     tmp_path: Path, fake_llm: FakeLLM
 ) -> None:
     transport = FakeTransport(byte_limit=40)
@@ -68,7 +68,9 @@ async def test_stored_reply_is_exactly_what_the_transport_sends(
         await h.say("tell me")
         sent = transport.texts()[0]
         assert len(sent.encode()) <= 40
-        assert (await _messages(h))[-1][1] == sent
+        assert (await _messages(h))[-1][1] == fake_llm.reply  # memory is not cut by the radio
+        rows = await h.store._all("SELECT text, state FROM outbox")
+        assert [tuple(r) for r in rows] == [(sent, "delivered")]
     finally:
         await h.app.close()
 

@@ -13,6 +13,7 @@ import pytest
 
 from bot.domain import ConversationKey
 from bot.memory.port import MemoryStore
+from bot.memory.records import OutboxEntry, StoredAnswer
 from bot.memory.store import SqliteStore
 
 
@@ -161,3 +162,88 @@ async def test_facts_crud(memory: MemoryStore) -> None:
     assert await memory.remove_fact(conv.id, a)
     assert not await memory.remove_fact(conv.id, a)
     assert [f.text for f in await memory.facts(conv.id)] == ["two"]
+
+
+# --- the durable outbox -------------------------------------------------------------------------
+
+
+async def test_answer_and_outbox_row_are_one_write(memory: MemoryStore) -> None:
+    q = await _say(memory, ALICE, "question")
+    conv = await memory.conversation(ALICE)
+    entry = OutboxEntry(ALICE, "answer", "short …", reply_to="77", question_id=q, rest="tail")
+    oid = await memory.queue_delivery(
+        entry, answer=StoredAnswer(conv.id, "bot", "short and the whole tail", 5)
+    )
+    msgs = await memory.all_messages(conv.id)
+    assert [(m.role, m.status, m.text) for m in msgs] == [
+        ("user", "answered", "question"),
+        ("assistant", "sending", "short and the whole tail"),  # the whole answer is memory
+    ]
+    assert msgs[1].parent_id == q
+    [row] = await memory.undelivered(transports=["mesh"])
+    assert (row.id, row.entry, row.state, row.parts, row.answer_id) == (
+        oid, entry, "pending", (), msgs[1].id
+    )  # fmt: skip
+    assert await memory.undelivered(transports=["discord"]) == []
+
+
+async def test_parts_are_recorded_and_finish_sets_the_answer_status(memory: MemoryStore) -> None:
+    q = await _say(memory, ALICE, "question")
+    conv = await memory.conversation(ALICE)
+    oid = await memory.queue_delivery(
+        OutboxEntry(ALICE, "answer", "a", question_id=q), answer=StoredAnswer(conv.id, "b", "a", 1)
+    )
+    await memory.record_part(oid, 1, "202")
+    await memory.record_part(oid, 0, "101")
+    [row] = await memory.undelivered(transports=["mesh"])
+    assert row.parts == ((0, "101"), (1, "202"))
+    await memory.finish_delivery(oid, "delivered")
+    assert await memory.undelivered(transports=["mesh"]) == []
+    answer = (await memory.all_messages(conv.id))[-1]
+    assert (answer.status, answer.platform_id) == ("delivered", "101")
+    row2 = await memory.outbox_row(oid)
+    assert row2 is not None and row2.state == "delivered"
+    with pytest.raises(ValueError):
+        await memory.finish_delivery(oid, "pending")
+
+
+async def test_a_notice_can_settle_its_question(memory: MemoryStore) -> None:
+    q = await _say(memory, ALICE, "question")
+    conv = await memory.conversation(ALICE)
+    await memory.queue_delivery(
+        OutboxEntry(ALICE, "notice", "LLM unavailable", question_id=q), question_status="failed"
+    )
+    assert [m.status for m in await memory.all_messages(conv.id)] == ["failed"]
+    await memory.queue_delivery(OutboxEntry(BOB, "notice", "unsaved"))  # no stored question
+    assert [r.entry.key for r in await memory.undelivered(transports=["mesh"])] == [ALICE, BOB]
+
+
+async def test_take_more_hands_out_the_rest_once(memory: MemoryStore) -> None:
+    assert await memory.take_more(ALICE) is None
+    await memory.queue_delivery(OutboxEntry(ALICE, "answer", "first …", rest="second"))
+    await memory.queue_delivery(OutboxEntry(ALICE, "notice", "rate limited"))  # not an answer
+    assert await memory.take_more(BOB) is None
+    assert await memory.take_more(ALICE) == "second"
+    assert await memory.take_more(ALICE) is None
+
+
+async def test_forget_deletes_the_outbox_rows_of_that_person(memory: MemoryStore) -> None:
+    await memory.queue_delivery(OutboxEntry(ALICE, "answer", "secret", rest="more secret"))
+    await memory.queue_delivery(OutboxEntry(BOB, "answer", "bob's"))
+    await memory.forget_person("mesh", ALICE.person)
+    assert [r.entry.key for r in await memory.undelivered(transports=["mesh"])] == [BOB]
+    assert await memory.take_more(ALICE) is None
+    await memory.record_part(1, 0, "late")  # a part that went out while the row was deleted
+    assert await memory.outbox_row(1) is None
+
+
+async def test_context_for_a_second_question_includes_the_first_answer(
+    memory: MemoryStore,
+) -> None:
+    q1 = await _say(memory, ALICE, "first question")
+    q2 = await _say(memory, ALICE, "second question, sent before the first was answered")
+    conv = await memory.conversation(ALICE)
+    a1 = await memory.add_message(conv.id, role="assistant", author="bot", text="first answer",
+                                  tokens=1, status="sent", parent_id=q1, answers=q1)  # fmt: skip
+    seen = await memory.recent_messages(conv, limit=9, before_id=q2)
+    assert [m.id for m in seen] == [a1, q1]

@@ -9,7 +9,21 @@ Invariants every implementation keeps:
 - Everything at or below a conversation's ``reset_after`` is invisible to ``recent_messages``,
   ``latest_summary``, ``search_terms``, ``outline`` and ``vector_search`` callers (they pass
   the mark), and ``save_summary`` refuses a summary that starts at or before it.
-- ``forget_person`` removes every row about the person, search-index rows and vectors included.
+- ``forget_person`` removes every row about the person, search-index rows, vectors and outbox
+  rows included; the physical erase is crash-safe (finished when the store next opens) and a
+  repeated call erases again even when nothing is left to delete.
+- ``recent_messages(before_id=Q)`` is the conversation as it stands for message Q: everything
+  before Q plus the assistant answers to those messages, even when an answer was stored after
+  Q (a second question sent before the first was answered).
+- The outbox (``queue_delivery`` ... ``take_more``) is the durable list of what must still
+  reach someone. ``queue_delivery(entry, answer=...)`` stores the assistant turn (the model's
+  whole answer, status ``sending``), marks the question ``answered`` and adds the row in ONE
+  transaction; without ``answer``, ``question_status`` is set on ``entry.question_id`` in that
+  transaction. ``record_part`` records a part the platform accepted (never re-sent);
+  ``finish_delivery`` ends a row (``delivered``/``sent``/``failed``/``expired``) and sets the
+  answer message's status to the same value; ``undelivered`` lists ``pending`` rows oldest
+  first with their recorded parts; ``take_more`` returns the ``rest`` of the newest answer (or
+  ``more``) row of a conversation once, then clears it.
 - ``search_terms``, ``outline`` and ``vector_search`` are scoped to one conversation and never
   read other people's rows; ``vector_search`` scores with the cosine similarity, best first.
 - ``add_vectors`` skips messages that no longer exist; a message keeps one vector (the newest
@@ -22,6 +36,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from bot.domain import ConversationKey
+from bot.memory.records import OutboxEntry, OutboxRow, StoredAnswer
 from bot.memory.store import Conversation, Fact, ForgetReport, StoredMessage, Summary
 
 
@@ -61,8 +76,6 @@ class MemoryStore(Protocol):
     async def set_status(
         self, message_id: int, status: str, *, platform_id: str | None = None
     ) -> None: ...
-
-    async def add_part_id(self, message_id: int, platform_id: str) -> None: ...
 
     async def known_platform_ids(
         self, transport: str, platform_ids: Sequence[str], *, since: float
@@ -140,3 +153,24 @@ class MemoryStore(Protocol):
     async def stats(self) -> dict[str, int]: ...
 
     async def prune_older_than(self, cutoff: float, *, batch: int = 500) -> int: ...
+
+    # --- the durable outbox (see the module docstring) ----------------------------------------
+    async def queue_delivery(
+        self,
+        entry: OutboxEntry,
+        *,
+        answer: StoredAnswer | None = None,
+        question_status: str | None = None,
+    ) -> int: ...
+
+    async def record_part(self, outbox_id: int, part: int, platform_id: str) -> None: ...
+
+    async def finish_delivery(
+        self, outbox_id: int, state: str, *, detail: str | None = None
+    ) -> None: ...
+
+    async def undelivered(self, *, transports: Sequence[str]) -> list[OutboxRow]: ...
+
+    async def outbox_row(self, outbox_id: int) -> OutboxRow | None: ...
+
+    async def take_more(self, key: ConversationKey) -> str | None: ...

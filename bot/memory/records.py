@@ -62,6 +62,43 @@ class ForgetReport:
     facts: int
 
 
+OUTBOX_KINDS = ("answer", "notice", "command", "more")
+OUTBOX_STATES = ("pending", "sent", "delivered", "failed", "expired")
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """Text that must reach one person: an answer, a notice that matters, a command's reply, or
+    the next parts of a cut answer (``more``). ``text`` is exactly what the transport sends."""
+
+    key: ConversationKey
+    kind: str  # one of OUTBOX_KINDS
+    text: str
+    reply_to: str | None = None  # platform id of the message this answers
+    question_id: int | None = None  # the stored user message it answers, if any
+    rest: str | None = None  # what a cut answer left for ``!more``
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAnswer:
+    """The model's whole answer, stored as the assistant turn (the radio may send less)."""
+
+    conversation_id: int
+    author: str
+    text: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    entry: OutboxEntry
+    state: str  # one of OUTBOX_STATES
+    parts: tuple[tuple[int, str], ...]  # (part index, platform id) already delivered
+    created_at: float
+    answer_id: int | None  # the assistant message, for answers
+
+
 MSG_COLS = (
     "id, conversation_id, role, author, text, created_at, tokens, platform_id, parent_id, status"
 )

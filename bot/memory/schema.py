@@ -133,19 +133,48 @@ def _m002_message_vectors() -> str:
         """
 
 
-def _m003_message_parts() -> str:
-    # The platform id of every message an answer was sent as (a long Discord answer is several
-    # messages), so a reply to any part finds the answer, after a restart too. The first part
-    # stays in messages.platform_id as before; rows go with their message (cascade).
+def _m003_outbox() -> str:
+    # The durable outbox: what must still reach someone, with per-part progress. Rows are
+    # keyed by (transport, person, space) rather than a conversation id so a notice for a
+    # message that could not be stored still has a row; ``!forget`` deletes them by person.
+    # ``scrub_pending`` records an unfinished ``!forget`` erase (finished at the next open).
     return """
-        CREATE TABLE message_parts (
-            conversation_id INTEGER NOT NULL,
+        CREATE TABLE outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            space TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('answer', 'notice', 'command', 'more')),
+            text TEXT NOT NULL,
+            reply_to TEXT,
+            question_id INTEGER REFERENCES messages (id) ON DELETE SET NULL,
+            answer_id INTEGER REFERENCES messages (id) ON DELETE SET NULL,
+            rest TEXT,
+            state TEXT NOT NULL DEFAULT 'pending'
+                CHECK (state IN ('pending', 'sent', 'delivered', 'failed', 'expired')),
+            detail TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE INDEX outbox_pending ON outbox (transport, id) WHERE state = 'pending';
+        CREATE INDEX outbox_person ON outbox (transport, person, space, id);
+        CREATE TABLE outbox_parts (
+            outbox_id INTEGER NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
+            part INTEGER NOT NULL CHECK (part >= 0),
             platform_id TEXT NOT NULL,
-            message_id INTEGER NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
-            PRIMARY KEY (conversation_id, platform_id)
-        ) WITHOUT ROWID;
-        CREATE INDEX message_parts_message ON message_parts (message_id);
+            PRIMARY KEY (outbox_id, part)
+        );
+        CREATE TABLE scrub_pending (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            since REAL NOT NULL
+        );
         """
+
+
+def _m004_outbox_parts_platform() -> str:
+    # A reply to any part of a multi-message answer (Discord) is resolved by the part's
+    # platform id (bot.memory.sqlite.messages.add_message), after a restart too.
+    return "CREATE INDEX outbox_parts_platform ON outbox_parts (platform_id);"
 
 
 Migration = tuple[str, Callable[[], str]]
@@ -153,7 +182,8 @@ Migration = tuple[str, Callable[[], str]]
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_message_vectors", _m002_message_vectors),
-    ("003_message_parts", _m003_message_parts),
+    ("003_outbox", _m003_outbox),
+    ("004_outbox_parts_platform", _m004_outbox_parts_platform),
 ]
 
 

@@ -6,7 +6,12 @@ Invariants:
   returns once the message is durably stored (the answer comes later through ``send``).
 - ``fit(text)`` is pure and returns exactly what ``send`` will deliver for that text (after
   chunking and shortening), so the responder stores what the person actually receives.
-- ``send`` never raises for platform trouble; it reports it in the returned ``Delivery``.
+- ``send`` never raises for platform trouble; it reports it in the returned ``Delivery``
+  (``PENDING`` when the link is down: the responder's durable outbox tries again later). It
+  skips ``reply.done_parts`` and awaits ``reply.progress(i, platform_id)`` for every part the
+  platform accepted, before sending the next, so a crash never re-sends a recorded part.
+- Optional capabilities are small runtime-checkable Protocols (``Paginates``, ``Congested``,
+  ``KeepsFiles``); the responder uses them when a transport has them.
 - Optional streaming (``Streams``): ``stream(inbound)`` returns an ``AnswerStream`` (or None
   when streaming is off for it); the responder feeds it the growing answer and ends it with
   ``finish`` (the fitted final text, which is what is stored) or ``abort``.
@@ -64,3 +69,30 @@ class Transport(Protocol):
     async def stop(self) -> None: ...
 
     async def wait_closed(self) -> None: ...
+
+
+@runtime_checkable
+class Paginates(Protocol):
+    """A transport that cuts long answers and can send the rest on ``!more``."""
+
+    def fit_more(self, text: str) -> tuple[str, str | None]:
+        """(what ``send`` delivers now, the rest for ``!more`` or None)."""
+        ...
+
+
+@runtime_checkable
+class Congested(Protocol):
+    """A transport whose outbox can fill up (the mesh): asked before calling the LLM."""
+
+    def busy_for(self) -> float | None:
+        """Seconds until the outbox has room again, or None when it has room now."""
+        ...
+
+
+@runtime_checkable
+class KeepsFiles(Protocol):
+    """A transport that writes files for people (console exports)."""
+
+    def forget(self, person: str) -> int:
+        """Delete the files written for ``person``; returns how many."""
+        ...

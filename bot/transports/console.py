@@ -6,7 +6,8 @@ Invariants:
 - Scripted (stdin not a terminal): one message per line; each answer is printed before the
   next line is read; at end of input the transport closes after the last answer.
 - Input bytes that are not valid UTF-8 are replaced (U+FFFD), never fatal.
-- Attachments (``!export``) are written under ``export_dir`` and their paths printed.
+- Attachments (``!export``) are written under ``export_dir`` and their paths printed;
+  ``!forget`` deletes them again (``forget``).
 """
 
 from __future__ import annotations
@@ -142,6 +143,17 @@ class ConsoleTransport:
         except (OSError, ValueError) as exc:
             return Delivery(DeliveryStatus.FAILED, detail=str(exc))
         return Delivery(DeliveryStatus.DELIVERED, message_ids=(f"console-out-{id(reply)}",))
+
+    def forget(self, person: str) -> int:
+        """``!forget``: delete the export files written for the console user."""
+        if person != self._user or not self._export_dir.is_dir():
+            return 0
+        removed = 0
+        for path in self._export_dir.glob("meshsage-export-console.*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed += 1
+        return removed
 
     def _write_attachment(self, filename: str, data: bytes) -> Path:
         self._export_dir.mkdir(parents=True, exist_ok=True)

@@ -246,7 +246,8 @@ class DiscordTransport:
     async def send(self, reply: Reply) -> Delivery:
         client = self._client
         if client is None or client.is_closed():
-            return Delivery(DeliveryStatus.FAILED, detail="discord is not connected")
+            # the durable outbox keeps it and sends it once the gateway is back
+            return Delivery(DeliveryStatus.PENDING, detail="discord is not connected")
         parts = split_message(self.fit(reply.text))
         note = self._note_for(reply)
         if note is not None:
@@ -261,6 +262,8 @@ class DiscordTransport:
             if parts:
                 channel, reference = await self._target(client, reply.inbound)
                 for i, part in enumerate(parts):
+                    if i in reply.done_parts:  # posted before a restart: never twice
+                        continue
                     msg = await post(channel, part, reference if i == 0 else None)
                     sent.append(str(msg.id))
                     if reply.progress is not None:

@@ -10,8 +10,13 @@ Invariants:
   channel that carries the trigger. Our own packets, MQTT-relayed packets (when configured),
   tapback reactions, ignored nodes, numbered bot output, undecryptable packets and empty texts
   are dropped with a reason (logged by the caller at DEBUG/INFO, never with the text).
-- ``Dedup`` drops a repeat of the same packet id from a sender, and the same text from a sender
-  within the window, so the app's re-sends and mesh rebroadcasts never produce a second answer.
+- A channel text triggers only when it starts with the trigger (the first word), carries it as
+  an ``@mention`` anywhere (triggers starting with ``@``), or starts with a *known* command
+  (``!help``, not another bot's ``!ping`` or a line of ``!!!``). The bot's name mid-sentence
+  without ``@`` does not trigger.
+- ``Dedup`` recognises a message by identity, not text: (sender, packet id). Rebroadcasts and
+  MQTT copies carry the same id, so they are dropped; the same words sent again (a new packet
+  id) are a new message. Text floods are the responder's rate limit's business.
 - ``Backoff`` yields ``initial * 2**n`` capped at ``maximum``, with +-20% jitter, forever.
 """
 
@@ -78,6 +83,7 @@ class ReceiveRules:
     command_prefix: str | None  # "!" when a prefix counts as a trigger
     ignore_nodes: frozenset[int]
     ignore_mqtt: bool = True
+    commands: frozenset[str] = frozenset()  # known command names; others do not trigger
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +151,9 @@ def classify(packet: Mapping[str, Any], *, my_num: int, rules: ReceiveRules) -> 
         return Dropped("addressed to another node")
     if channel not in rules.channels:
         return Dropped(f"channel {channel} not enabled")
-    body = strip_trigger(text, mention=rules.mention, command_prefix=rules.command_prefix)
+    body = strip_trigger(
+        text, mention=rules.mention, command_prefix=rules.command_prefix, commands=rules.commands
+    )
     if body is None:
         return Dropped("no trigger")
     if not body:
@@ -153,38 +161,48 @@ def classify(packet: Mapping[str, Any], *, my_num: int, rules: ReceiveRules) -> 
     return Accepted(sender, frm, body, channel_space(channel), channel, pid, reply_to, repaired)
 
 
-def strip_trigger(text: str, *, mention: str, command_prefix: str | None) -> str | None:
-    """The message without its ``@mention``; the whole text for a command; None if untriggered."""
-    pattern = re.compile(rf"(?<!\w){re.escape(mention)}(?!\w)[\s,:;.!?-]*", re.IGNORECASE)
-    if pattern.search(text):
-        return " ".join(pattern.sub(" ", text).split())
+def strip_trigger(
+    text: str,
+    *,
+    mention: str,
+    command_prefix: str | None,
+    commands: frozenset[str] | None = None,
+) -> str | None:
+    """The message without its trigger; the whole text for a known command; None if the text
+    is not addressed to the bot (see the module docstring). ``commands=None`` accepts any
+    alphabetic command name."""
     stripped = text.strip()
-    if (
-        command_prefix
-        and stripped.startswith(command_prefix)
-        and len(stripped) > len(command_prefix)
-    ):
-        return stripped
+    word = rf"{re.escape(mention)}(?!\w)[\s,:;.!?-]*"
+    first = re.match(word, stripped, re.IGNORECASE)
+    if first:
+        return " ".join(stripped[first.end() :].split())
+    if mention.startswith("@"):
+        anywhere = re.compile(rf"(?<!\w){word}", re.IGNORECASE)
+        if anywhere.search(stripped):
+            return " ".join(anywhere.sub(" ", stripped).split())
+    if command_prefix and stripped.startswith(command_prefix):
+        name = stripped[len(command_prefix) :].split(maxsplit=1)
+        if name and name[0].isalpha() and (commands is None or name[0].lower() in commands):
+            return stripped
     return None
 
 
 class Dedup:
-    """Remembers (sender, packet id) and (sender, text) for ``window`` seconds (bounded)."""
+    """Remembers (sender, packet id) for ``window`` seconds (bounded)."""
 
     def __init__(self, *, window: float, capacity: int = 2048) -> None:
         self._window = window
         self._capacity = capacity
-        self._seen: OrderedDict[tuple[int, int | str], float] = OrderedDict()
+        self._seen: OrderedDict[tuple[int, int], float] = OrderedDict()
 
-    def is_duplicate(self, *, sender: int, packet_id: int, text: str, now: float) -> bool:
+    def is_duplicate(self, *, sender: int, packet_id: int, now: float) -> bool:
         self._expire(now)
-        keys: list[tuple[int, int | str]] = [(sender, " ".join(text.split()).casefold())]
-        if packet_id:
-            keys.append((sender, packet_id))
-        if any(k in self._seen for k in keys):
+        if not packet_id:  # no identity to compare: never call it a copy
+            return False
+        key = (sender, packet_id)
+        if key in self._seen:
             return True
-        for k in keys:
-            self._seen[k] = now
+        self._seen[key] = now
         while len(self._seen) > self._capacity:
             self._seen.popitem(last=False)
         return False

@@ -19,7 +19,10 @@ Invariants (checked by property tests):
 - ``fit(text)`` is ``normalize(text)``, shortened at a sentence boundary (else a space, else a
   cluster boundary) with ``MARKER`` when it would need more than ``max_parts`` parts. It is a fixed
   point (``fit(fit(t)) == fit(t)``) and ``split_parts(fit(t))`` needs at most ``max_parts`` parts,
-  so what the responder stores is exactly what the radio sends.
+  so what the outbox holds is exactly what the radio sends. ``fit_more`` also returns the rest
+  (for ``!more``).
+- No wasted packets: a part ends at a space only in the second half of its window; otherwise
+  the long word is cut at a cluster boundary.
 """
 
 from __future__ import annotations
@@ -195,8 +198,10 @@ def _cut(text: str, budget: int) -> tuple[int, int]:
     for i in range(w, half - 1, -1):  # CJK sentences have no space after their full stop
         if 0 < i < len(text) and text[i - 1] in _CJK_FULL_STOPS and is_boundary(text, i):
             return i, i
-    if spaces:
+    if spaces and spaces[-1] >= half:
         return spaces[-1], spaces[-1] + 1
+    # No space in the second half of the window: cutting at an early space would waste a
+    # packet ("Hello, <220-byte link>" went out as 12 + 200 + 45 bytes); cut the long word.
     for i in range(w, 0, -1):
         if is_boundary(text, i):
             return i, i
@@ -278,22 +283,34 @@ def _candidates(text: str, limit: int) -> tuple[list[int], list[int], list[int]]
 
 def fit(text: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_parts: int = 3) -> str:
     """What will be sent for ``text``: normalized, shortened with ``MARKER`` to ``max_parts``."""
+    return fit_more(text, chunk_bytes=chunk_bytes, max_parts=max_parts)[0]
+
+
+def fit_more(
+    text: str,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    max_parts: int = 3,
+    marker: str = MARKER,
+) -> tuple[str, str | None]:
+    """``(what is sent now, the rest)``: like ``fit`` with ``marker`` where it was cut; the
+    rest (normalized, None when nothing was cut) is what ``!more`` sends next."""
     text = normalize(text)
     if len(split_parts(text, chunk_bytes=chunk_bytes, max_parts=max_parts)) <= max_parts:
-        return text
+        return text, None
     if max_parts == 1:
         capacity = chunk_bytes
     else:
         capacity = max_parts * (chunk_bytes - _prefix_len(max(max_parts, 9)))
-    limit = capacity - utf8_len(MARKER)
+    limit = capacity - utf8_len(marker)
     sentence, word, cluster = _candidates(text, limit)
     # A sentence cut is preferred unless it throws away more than half of what would fit.
     sentence = [i for i in sentence if utf8_len(text[:i]) * 2 >= limit]
     for options in (sentence, word, cluster):
         for i in options:
-            shortened = normalize(text[:i]) + MARKER
+            shortened = normalize(text[:i]) + marker
             if len(split_parts(shortened, chunk_bytes=chunk_bytes, max_parts=max_parts)) <= (
                 max_parts
             ):
-                return shortened
-    return MARKER.strip()
+                return shortened, normalize(text[i:]) or None
+    return marker.strip(), text

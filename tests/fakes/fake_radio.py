@@ -11,7 +11,9 @@ What it does:
 - acks every MeshPacket with a QueueStatus; ``report_tx_queue(0)`` announces a full TX queue
   (the library then blocks its next send forever); answers an admin metadata request (the probe);
 - ``routing`` decides the end-to-end answer for a DM sent with want_ack: ACK from the
-  destination by default, or a NAK (``"MAX_RETRANSMIT"``), or nothing (``None``);
+  destination by default, or a NAK (``"MAX_RETRANSMIT"``, ``"NO_CHANNEL"``...), or nothing
+  (``None``: a node that never ACKs), or ``Later(answer, delay, frm)``: a delayed ACK/NAK, or
+  a relay-only implicit ACK when ``frm`` is a neighbour (scheduled on the harness's clock);
 - records every ToRadio with the time of ``clock`` when it was read (``log``), so tests measure
   packet spacing on the same virtual clock the transport uses;
 - ``settle()`` waits until everything the library wrote has been read and handled; the fake
@@ -36,6 +38,7 @@ import threading
 import time
 import tty
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from meshtastic.protobuf import admin_pb2, channel_pb2, mesh_pb2, portnums_pb2, telemetry_pb2
@@ -99,8 +102,19 @@ def check_on_air(radio: _Radio, *, spacing: float | None = None) -> None:
         assert t2 - t1 >= gap, f"texts {t2 - t1:.3f} s apart on air (< {gap} s) at t={t2}"
 
 
-def ack_from_destination(packet: mesh_pb2.MeshPacket, attempt: int) -> str | None:
+def ack_from_destination(packet: mesh_pb2.MeshPacket, attempt: int) -> str | Later | None:
     return "NONE" if packet.want_ack else None
+
+
+@dataclass(frozen=True)
+class Later:
+    """A routing answer that arrives ``delay`` seconds (on the radio's clock) after the packet:
+    a delayed ACK, a NAK after the firmware's retransmissions, or, with ``frm`` set to another
+    node, a relay-only (implicit) ACK. The mesh harness schedules it on its fake clock."""
+
+    answer: str
+    delay: float
+    frm: int | None = None
 
 
 class _Radio:
@@ -111,7 +125,10 @@ class _Radio:
         self.on_air: list[tuple[int, float, mesh_pb2.MeshPacket]] = []
         self.connections = 0  # client connections (TCP accepts, pty plug-ins) so far
         self.min_spacing = FIRMWARE_SPACING  # the harness raises it to the configured spacing
-        self.routing: Callable[[mesh_pb2.MeshPacket, int], str | None] = ack_from_destination
+        self.routing: Callable[[mesh_pb2.MeshPacket, int], str | Later | None] = (
+            ack_from_destination
+        )
+        self.scheduled: list[tuple[int, int, Later]] = []  # (packet id, dest, answer) to schedule
         self.answer_probes = True
         self.frozen = False
         self.channel_utilization: float | None = None
@@ -222,7 +239,10 @@ class _Radio:
             attempt = self._attempts.get(key, 0)
             self._attempts[key] = attempt + 1
             answer = self.routing(packet, attempt)
-            if answer is not None:
+            if isinstance(answer, Later):
+                with self._lock:
+                    self.scheduled.append((packet.id, packet.to, answer))
+            elif answer is not None:
                 self.inject_routing(packet.id, answer, frm=packet.to)
 
     # --- what the library sent ---------------------------------------------------------------

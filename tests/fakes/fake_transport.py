@@ -30,6 +30,8 @@ class FakeTransport:
         )
         self.byte_limit = byte_limit
         self.sent: list[Reply] = []
+        self.refused: list[Reply] = []
+        self.link_down = False
         self.working_for: list[str] = []
         self._on_message: OnMessage | None = None
         self._closed = asyncio.Event()
@@ -48,9 +50,15 @@ class FakeTransport:
         self._on_message = on_message
 
     async def send(self, reply: Reply) -> Delivery:
+        if self.link_down:  # the durable outbox keeps the reply for later
+            self.refused.append(reply)
+            return Delivery(DeliveryStatus.PENDING, detail="link down")
         self.sent.append(reply)
         self._sent_event.set()
-        return Delivery(DeliveryStatus.DELIVERED, message_ids=(f"out-{len(self.sent)}",))
+        pid = f"out-{len(self.sent)}"
+        if reply.progress is not None:
+            await reply.progress(0, pid)
+        return Delivery(DeliveryStatus.DELIVERED, message_ids=(pid,))
 
     async def stop(self) -> None:
         self._closed.set()

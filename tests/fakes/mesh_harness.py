@@ -30,7 +30,7 @@ from bot.config import MeshtasticConfig
 from bot.domain import Delivery, Inbound, Reply
 from bot.transports.meshtastic import MeshtasticTransport, build_meshtastic
 from tests.fakes.fake_clock import FakeClock
-from tests.fakes.fake_radio import FakePtyRadio, FakeTcpRadio, check_on_air
+from tests.fakes.fake_radio import FakePtyRadio, FakeTcpRadio, Later, check_on_air
 
 FAST = {  # small values so failure paths finish quickly in virtual time
     "reconnect_initial": 5.0,
@@ -185,7 +185,28 @@ async def mesh_harness(
             time.sleep(0.002)
         return waited
 
-    clock.settle_hooks += [io_busy, radio.settle, lambda: library_busy(interfaces)]
+    timers: set[asyncio.Task[None]] = set()
+
+    async def answer_later(pid: int, dest: int, later: Later) -> None:
+        await clock.sleep(later.delay)
+        radio.inject_routing(pid, later.answer, frm=later.frm if later.frm is not None else dest)
+
+    def schedule_routing() -> bool:
+        """Delayed routing answers become sleepers on the fake clock (so time stops there)."""
+        with radio._lock:
+            due, radio.scheduled[:] = list(radio.scheduled), []
+        for pid, dest, later in due:
+            task = asyncio.get_running_loop().create_task(answer_later(pid, dest, later))
+            timers.add(task)
+            task.add_done_callback(timers.discard)
+        return bool(due)
+
+    clock.settle_hooks += [
+        io_busy,
+        radio.settle,
+        lambda: library_busy(interfaces),
+        schedule_routing,
+    ]
     harness = Harness(radio, clock, transport, config, interfaces, attempts)
 
     async def on_message(inbound: Inbound) -> None:
@@ -199,6 +220,8 @@ async def mesh_harness(
         yield harness
     finally:
         await transport.stop()
+        for task in list(timers):
+            task.cancel()
         await clock.close()
         if isinstance(radio, FakeTcpRadio):
             radio.stop()

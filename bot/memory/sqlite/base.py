@@ -5,13 +5,15 @@ Invariants:
 - Every write holds ``self._lock`` and multi-statement writes run in one explicit transaction,
   so coroutines sharing the connection never interleave inside each other's transactions.
 - ``open`` refuses a damaged file (header or pages, via ``quick_check``), a read-only file or
-  an unwritable state directory with a ``StorageError`` that says how to fix it.
+  an unwritable state directory with a ``StorageError`` that says how to fix it, and a full
+  disk with ``DiskFull`` (exit code 28), not a generic I/O error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import sqlite3
@@ -22,7 +24,7 @@ from typing import Any, Self
 
 import aiosqlite
 
-from bot.errors import StorageError
+from bot.errors import DiskFull, StorageError
 from bot.memory.schema import migrate
 from bot.memory.vectors import VectorCache
 
@@ -46,6 +48,8 @@ class SqliteBase:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise DiskFull(_disk_full(path)) from None
             raise StorageError(
                 f"cannot create the state directory {path.parent} ({exc.strerror}). "
                 "Fix: create it and make it writable by this user, or set MESHSAGE_STATE_DIR "
@@ -89,11 +93,19 @@ class SqliteBase:
                 raise sqlite3.DatabaseError(f"database disk image is malformed: {problem}")
             await db.execute("BEGIN IMMEDIATE")  # prove we can write before taking messages
             await db.execute("ROLLBACK")
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, OSError) as exc:
             if db is not None:
                 await db.close()
+            if "disk is full" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
+                raise DiskFull(_disk_full(path)) from None
+            if isinstance(exc, OSError):
+                raise
             raise StorageError(_explain_db_error(path, exc)) from None
-        return cls(db=db, path=path)
+        store = cls(db=db, path=path)
+        finish = getattr(store, "finish_scrub", None)
+        if finish is not None and await finish():
+            log.info("finished erasing the text of a !forget a crash interrupted")
+        return store
 
     async def close(self) -> None:
         async with self._lock:
@@ -121,6 +133,15 @@ class SqliteBase:
     async def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
         rows = await self._all(sql, params)
         return rows[0] if rows else None
+
+
+def _disk_full(path: Path) -> str:
+    return (
+        f"the disk holding {path.parent} is full (no space left to open the database {path}). "
+        "Fix: free some space there (check with `df -h`; old logs and journal files are the "
+        "usual suspects), or set MESHSAGE_STATE_DIR to a directory on a disk with room, then "
+        "start again. Nothing was lost: the database is unchanged."
+    )
 
 
 def _explain_db_error(path: Path, exc: sqlite3.DatabaseError) -> str:

@@ -109,9 +109,11 @@ class MessagesMixin(SqliteBase):
                 row = await cur.fetchone()
                 if row is None:  # a later part of a multi-message answer
                     cur = await db.execute(
-                        "SELECT message_id FROM message_parts "
-                        "WHERE conversation_id = ? AND platform_id = ?",
-                        (conversation_id, reply_to_platform_id),
+                        "SELECT m.id FROM outbox_parts p JOIN outbox o ON o.id = p.outbox_id "
+                        "JOIN messages m ON m.id = o.answer_id "
+                        "WHERE p.platform_id = ? AND m.conversation_id = ? "
+                        "ORDER BY m.id DESC LIMIT 1",
+                        (reply_to_platform_id, conversation_id),
                     )
                     row = await cur.fetchone()
                 parent_id = row[0] if row else None
@@ -154,15 +156,6 @@ class MessagesMixin(SqliteBase):
         )
         return [(ConversationKey(r[0], r[1], r[2]), msg_from_row(r[3:])) for r in rows]
 
-    async def add_part_id(self, message_id: int, platform_id: str) -> None:
-        """Record that ``message_id`` was (also) sent as platform message ``platform_id``."""
-        async with self._tx() as db:
-            await db.execute(
-                "INSERT OR IGNORE INTO message_parts (conversation_id, platform_id, message_id) "
-                "SELECT conversation_id, ?, id FROM messages WHERE id = ?",
-                (platform_id, message_id),
-            )
-
     async def known_platform_ids(
         self, transport: str, platform_ids: Sequence[str], *, since: float
     ) -> set[str]:
@@ -203,11 +196,16 @@ class MessagesMixin(SqliteBase):
     async def recent_messages(
         self, conversation: Conversation, *, limit: int, before_id: int | None = None
     ) -> list[StoredMessage]:
-        """Newest first, after the reset mark, at most ``limit``."""
+        """Newest first, after the reset mark, at most ``limit``. With ``before_id`` (the
+        message being answered): the conversation as it stands for that message, i.e. the
+        messages before it plus the answers to them, even when an answer was stored after it
+        (a second question sent before the first was answered)."""
+        before = before_id or FTS_STRIDE
         rows = await self._all(
-            f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = ? AND id > ? AND id < ? "
+            f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = ? AND id > ? AND "
+            "(id < ? OR (role = 'assistant' AND parent_id IS NOT NULL AND parent_id < ?)) "
             "ORDER BY id DESC LIMIT ?",
-            (conversation.id, conversation.reset_after, before_id or FTS_STRIDE, limit),
+            (conversation.id, conversation.reset_after, before, before, limit),
         )
         return [msg_from_row(r) for r in rows]
 

@@ -6,12 +6,17 @@ Invariants:
   index entries, the index is then rewritten so no segment keeps their words, the WAL is
   checkpointed, and ``secure_delete`` overwrites the freed pages: none of their text stays in
   the database files.
+- The erase is crash-safe: the delete and a ``scrub_pending`` mark commit together; the mark is
+  cleared only after the index rewrite and the WAL truncation, and an open store finishes a
+  marked scrub first (``finish_scrub``). A repeated ``!forget`` always scrubs, even when
+  nothing is left to delete. The person's outbox rows go too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from bot.memory.records import ForgetReport
 from bot.memory.sqlite.base import SqliteBase
@@ -43,9 +48,26 @@ class UpkeepMixin(SqliteBase):
                 await db.execute(f"DELETE FROM messages WHERE conversation_id IN ({marks})", ids)
                 await db.execute(f"DELETE FROM conversations WHERE id IN ({marks})", ids)
                 self._vectors.drop(ids)
-        if ids:
-            await self._erase_deleted()
+            await db.execute(
+                "DELETE FROM outbox WHERE transport = ? AND person = ?", (transport, person)
+            )
+            await db.execute(
+                "INSERT OR REPLACE INTO scrub_pending (id, since) VALUES (1, ?)", (time.time(),)
+            )
+        await self.finish_scrub()
         return ForgetReport(len(ids), *counts)
+
+    async def finish_scrub(self) -> bool:
+        """Finish an erase a crash interrupted (called at open); True if there was one."""
+        row = await self._one("SELECT since FROM scrub_pending WHERE id = 1")
+        if row is None:
+            return False
+        await self._erase_deleted()
+        async with self._tx() as db:
+            await db.execute("DELETE FROM scrub_pending WHERE id = 1")
+        async with self._lock:
+            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return True
 
     async def _erase_deleted(self) -> None:
         """Make deletions physical, not just invisible. FTS5 records a delete as a marker and

@@ -1,0 +1,177 @@
+"""The durable outbox: answers and notices that must still reach someone, with progress.
+
+Invariants:
+- ``queue_delivery`` writes the outbox row, the assistant turn (when it carries an answer) and
+  the question's new status in one transaction: after a crash either all of them exist (the
+  answer is delivered from the outbox at the next start) or none (the question is still
+  ``pending`` and is answered again).
+- A part's platform id is recorded as soon as the platform accepted it (``record_part``); a
+  part with a recorded id is never sent again.
+- ``finish_delivery`` ends a row (delivered, sent, failed, expired) and gives the assistant
+  message the same status; finished rows are never listed by ``undelivered`` again.
+- ``take_more`` hands out the rest of a cut answer once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from bot.domain import ConversationKey
+from bot.memory.records import (
+    OUTBOX_KINDS,
+    OUTBOX_STATES,
+    OutboxEntry,
+    OutboxRow,
+    StoredAnswer,
+)
+from bot.memory.sqlite.base import SqliteBase
+
+_COLS = (
+    "id, transport, person, space, kind, text, reply_to, question_id, rest, state, created_at,"
+    " answer_id"
+)
+
+
+class OutboxMixin(SqliteBase):
+    async def queue_delivery(
+        self,
+        entry: OutboxEntry,
+        *,
+        answer: StoredAnswer | None = None,
+        question_status: str | None = None,
+    ) -> int:
+        """Add an outbox row (state ``pending``) and return its id. With ``answer``, the
+        assistant message (status ``sending``, parent: the question) is stored and the question
+        marked ``answered`` in the same transaction; else ``question_status`` (e.g. ``failed``)
+        is set on ``entry.question_id`` in that transaction."""
+        if entry.kind not in OUTBOX_KINDS:
+            raise ValueError(f"unknown outbox kind {entry.kind!r}")
+        now = time.time()
+        async with self._tx() as db:
+            answer_id: int | None = None
+            if answer is not None:
+                cur = await db.execute(
+                    "INSERT INTO messages (conversation_id, role, author, text, created_at,"
+                    " tokens, parent_id, status) VALUES (?, 'assistant', ?, ?, ?, ?, ?, 'sending')",
+                    (
+                        answer.conversation_id,
+                        answer.author,
+                        answer.text,
+                        now,
+                        answer.tokens,
+                        entry.question_id,
+                    ),
+                )
+                answer_id = cur.lastrowid
+                question_status = "answered"
+            if question_status is not None and entry.question_id is not None:
+                await db.execute(
+                    "UPDATE messages SET status = ? WHERE id = ?",
+                    (question_status, entry.question_id),
+                )
+            k = entry.key
+            cur = await db.execute(
+                "INSERT INTO outbox (transport, person, space, kind, text, reply_to, question_id,"
+                " answer_id, rest, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    k.transport,
+                    k.person,
+                    k.space,
+                    entry.kind,
+                    entry.text,
+                    entry.reply_to,
+                    entry.question_id,
+                    answer_id,
+                    entry.rest,
+                    now,
+                    now,
+                ),
+            )
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    async def record_part(self, outbox_id: int, part: int, platform_id: str) -> None:
+        """Part ``part`` (0-based) of the row went out with ``platform_id``. A row deleted
+        meanwhile (``!forget``) is left alone."""
+        async with self._tx() as db:
+            await db.execute(
+                "INSERT OR REPLACE INTO outbox_parts (outbox_id, part, platform_id) "
+                "SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM outbox WHERE id = ?)",
+                (outbox_id, part, platform_id, outbox_id),
+            )
+            await db.execute(
+                "UPDATE outbox SET updated_at = ? WHERE id = ?", (time.time(), outbox_id)
+            )
+
+    async def finish_delivery(
+        self, outbox_id: int, state: str, *, detail: str | None = None
+    ) -> None:
+        """End the row in ``state`` (not ``pending``); the answer message follows."""
+        if state not in OUTBOX_STATES or state == "pending":
+            raise ValueError(f"not a final outbox state: {state!r}")
+        async with self._tx() as db:
+            await db.execute(
+                "UPDATE outbox SET state = ?, detail = ?, updated_at = ? WHERE id = ?",
+                (state, detail, time.time(), outbox_id),
+            )
+            await db.execute(
+                "UPDATE messages SET status = ?, platform_id = coalesce(platform_id,"
+                " (SELECT platform_id FROM outbox_parts WHERE outbox_id = ? ORDER BY part"
+                " LIMIT 1)) WHERE id = (SELECT answer_id FROM outbox WHERE id = ?)",
+                (state, outbox_id, outbox_id),
+            )
+
+    async def undelivered(self, *, transports: Sequence[str]) -> list[OutboxRow]:
+        """Rows still ``pending`` on these transports, oldest first, with their progress."""
+        if not transports:
+            return []
+        marks = ",".join("?" * len(transports))
+        rows = await self._all(
+            f"SELECT {_COLS} FROM outbox WHERE state = 'pending' AND transport IN ({marks}) "
+            "ORDER BY id",
+            tuple(transports),
+        )
+        return [await self._outbox_row(r) for r in rows]
+
+    async def outbox_row(self, outbox_id: int) -> OutboxRow | None:
+        row = await self._one(f"SELECT {_COLS} FROM outbox WHERE id = ?", (outbox_id,))
+        return None if row is None else await self._outbox_row(row)
+
+    async def take_more(self, key: ConversationKey) -> str | None:
+        """The rest of the newest cut answer in ``key`` (once), or None."""
+        async with self._tx() as db:
+            cur = await db.execute(
+                "SELECT id, rest FROM outbox WHERE transport = ? AND person = ? AND space = ? "
+                "AND kind IN ('answer', 'more') ORDER BY id DESC LIMIT 1",
+                (key.transport, key.person, key.space),
+            )
+            row = await cur.fetchone()
+            if row is None or not row[1]:
+                return None
+            await db.execute("UPDATE outbox SET rest = NULL WHERE id = ?", (row[0],))
+            return str(row[1])
+
+    async def _outbox_row(self, r: Any) -> OutboxRow:
+        parts = await self._all(
+            "SELECT part, platform_id FROM outbox_parts WHERE outbox_id = ? ORDER BY part",
+            (r[0],),
+        )
+        entry = OutboxEntry(
+            key=ConversationKey(r[1], r[2], r[3]),
+            kind=r[4],
+            text=r[5],
+            reply_to=r[6],
+            question_id=r[7],
+            rest=r[8],
+        )
+        return OutboxRow(
+            id=r[0],
+            entry=entry,
+            state=r[9],
+            parts=tuple((int(p[0]), str(p[1])) for p in parts),
+            created_at=float(r[10]),
+            answer_id=r[11],
+        )
