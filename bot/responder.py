@@ -28,6 +28,11 @@ Invariants:
   (it settles the question as ``failed`` in the same transaction). Command replies are outbox
   rows too (except exports, whose files cannot be stored there); commands and their replies
   are not part of the conversation log.
+- Streaming (transports with ``Streams``, Discord): the growing answer is shown while the LLM
+  writes; once the outbox row exists, the stream finishes it (exactly the row's text, parts
+  recorded through ``progress``) instead of a second send. An LLM failure aborts the stream
+  (what was shown is removed) before the notice. Images (``Inbound.images``) go to the model
+  with the new message only; they are never stored.
 - Every background task is owned (``self._workers``) and ``drain`` waits for them with a
   timeout.
 """
