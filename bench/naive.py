@@ -8,9 +8,10 @@ responder runs it unchanged.
 
 from __future__ import annotations
 
+from bench.legacy_context import _alternate, _turn_cost
 from bot.llm.port import ChatMessage
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
-from bot.memory.context import AssembledContext, Block, _alternate, _turn_cost, group_turns
+from bot.memory.context import AssembledContext, Block, group_turns
 from bot.memory.store import Conversation, SqliteStore, StoredMessage
 
 WHOLE_CONVERSATION = 1 << 62

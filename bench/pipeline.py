@@ -61,7 +61,7 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM, ChatMessage, Completion, OnText
 from bot.memory.context import ContextBuilder
-from bot.memory.summary import PROMPT as SUMMARY_PROMPT
+from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.transports.base import OnMessage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +75,7 @@ REPLY_MAX_CHARS = 2000
 DB_NAME = "meshsage.db"  # Config.database_path's file name inside state_dir
 MARK_START = "<!-- bench:pipeline:start -->"
 MARK_END = "<!-- bench:pipeline:end -->"
-_SUMMARY_PREFIX = SUMMARY_PROMPT.split("{", 1)[0]
+_SUMMARY_PREFIXES = tuple(p.split("{", 1)[0] for p in (CHAPTER_PROMPT, MERGE_PROMPT))
 
 
 # --- the in-process transport and the timing LLM wrapper ------------------------------------
@@ -140,7 +140,7 @@ class TimingLLM:
             return await self.inner.complete(messages, max_tokens=max_tokens, on_text=on_text)
         finally:
             ended = time.perf_counter()
-            if messages and messages[0].content.startswith(_SUMMARY_PREFIX):
+            if messages and messages[0].content.startswith(_SUMMARY_PREFIXES):
                 self.background_calls += 1
             else:
                 self.foreground.append((started, ended))

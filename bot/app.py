@@ -165,7 +165,8 @@ async def build(
         if llm is None:
             real_llm = OpenAICompatLLM(config=config.llm, env=env)
             llm = real_llm
-        gate = LLMGate(llm=llm, limit=config.llm.concurrency)
+        # Background LLM work waits while any turn is in progress (bound late: responder below).
+        gate = LLMGate(llm=llm, limit=config.llm.concurrency, busy=lambda: not responder.idle)
         embedder: Embedder | None = None
         real_embedder = None
         indexer = None

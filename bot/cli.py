@@ -23,6 +23,7 @@ from bot.app import build
 from bot.config import Config, load_config
 from bot.domain import DM_SPACE, ConversationKey
 from bot.errors import ConfigError, MeshsageError
+from bot.llm.port import merge_system
 
 log = logging.getLogger("bot.cli")
 
@@ -109,16 +110,28 @@ async def _serve(config: Config, *, only: list[str] | None) -> int:
 
 
 async def _memory_show(config: Config, args: argparse.Namespace) -> int:
-    app = await build(config, env=os.environ, transports=[])
+    """Print the messages a real turn would send now, style hint and template merge included
+    (built by the same code as a reply, for a message not stored)."""
+    section = getattr(config, args.transport, None) or config.console_config()
+    try:  # the transport is built (never started) for its limits: budget and style hint
+        app = await build(config, env=os.environ, only=[args.transport])
+    except MeshsageError as exc:
+        print(f"note: transport {args.transport} not built ({exc}); no style hint", file=sys.stderr)
+        app = await build(config, env=os.environ, transports=[])
+    limits = app.transports[0].limits if app.transports else None
+    app.transports = []  # built, not started: nothing to stop
     try:
         key = ConversationKey(args.transport, args.person, args.space)
         conv = await app.store.find_conversation(key)
         if conv is None:
             print(f"no conversation for {key}", file=sys.stderr)
             return 1
-        section = getattr(config, args.transport, None) or config.console_config()
         ctx = await app.context.build(
-            conv, new_text=args.message, new_message_id=None, budget=section.context_tokens
+            conv,
+            new_text=args.message,
+            new_message_id=None,
+            budget=limits.context_tokens if limits else section.context_tokens,
+            style_hint=limits.style_hint if limits else "",
         )
         print(f"# context for {key}: {ctx.tokens}/{ctx.budget} tokens")
         for block in ctx.blocks:
@@ -128,7 +141,14 @@ async def _memory_show(config: Config, args: argparse.Namespace) -> int:
             for m in ctx.retrieved:
                 why = ctx.retrieved_reasons.get(m.id, "?")
                 print(f"- message {m.id} ({m.author}): {why}")
-        for msg in ctx.messages[1:]:
+        sent = ctx.messages if config.llm.system_role else merge_system(ctx.messages)
+        print(f"\n# the {len(sent)} messages sent to {config.llm.model}")
+        if app.context.recall == "notes":
+            print(
+                "(recall notes that earlier turns carried live in the running bot's memory; "
+                "a fresh process shows those turns without them)"
+            )
+        for msg in sent:
             print(f"\n## {msg.role}\n{msg.content}")
         return 0
     finally:

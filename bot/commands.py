@@ -1,8 +1,10 @@
 """User and operator commands, answered without the LLM.
 
 Invariants:
-- Every reply fits one 200-byte mesh packet (``fit_bytes``), whatever the transport and
-  whatever the stored text it quotes (facts, summary, history).
+- Every reply fits ``room`` UTF-8 bytes (``fit_bytes``), whatever stored text it quotes (facts,
+  summary, history). The responder passes the transport's own size: one 200-byte packet on
+  the mesh, what one Discord answer carries (2,000 characters), and ``UNLIMITED_ROOM`` on the
+  console; the default is the mesh packet.
 - ``!reset`` says exactly what it keeps: pinned facts, and the log (stored, no longer used).
 - Commands act only on the conversation of the person who sent them (``!forget`` on all of that
   person's spaces on that transport), never on anyone else's.
@@ -26,7 +28,7 @@ from bot.domain import DM_SPACE, Attachment, Inbound
 from bot.llm.tokens import TokenCounter
 from bot.memory.export import export_person
 from bot.memory.port import MemoryStore
-from bot.text import fit_bytes
+from bot.text import MESH_COMMAND_BYTES, fit_bytes
 
 FORGET_CONFIRM_SECONDS = 60.0
 # Every command name (user, then operator): on shared channels only these trigger the bot.
@@ -46,7 +48,8 @@ class CommandResult:
     on_delivered: Callable[[], None] | None = None  # run once the reply reached the person
 
 
-Handler = Callable[[Inbound, str], Awaitable[CommandResult]]
+Handler = Callable[[Inbound, str, int], Awaitable[CommandResult]]
+UNLIMITED_ROOM = 20_000
 
 
 class Commands:
@@ -107,22 +110,25 @@ class Commands:
             self._operators
         )
 
-    async def run(self, inbound: Inbound, name: str, arg: str) -> CommandResult:
+    async def run(
+        self, inbound: Inbound, name: str, arg: str, *, room: int = MESH_COMMAND_BYTES
+    ) -> CommandResult:
         handler = self._handlers.get(name)
         if handler is None and self.is_operator(inbound):
             handler = self._operator_handlers.get(name)
         if handler is None:
-            return self._say(f"Unknown command {self.prefix}{name}. Send {self.prefix}help.")
-        result = await handler(inbound, arg)
+            unknown = f"Unknown command {self.prefix}{name}. Send {self.prefix}help."
+            return CommandResult(fit_bytes(unknown, room))
+        result = await handler(inbound, arg, room)
         if result.more:
             return result
-        return replace(result, text=fit_bytes(result.text))
+        return replace(result, text=fit_bytes(result.text, room))
 
     def _say(self, text: str) -> CommandResult:
-        return CommandResult(fit_bytes(text))
+        return CommandResult(text)  # ``run`` fits it to the transport
 
     # --- handlers ---------------------------------------------------------------------------
-    async def _help(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _help(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         p = self.prefix
         names = ["help", "reset", "forget", "history [n]", "summary", "remember <fact>",
                  "facts", "unremember <n>", "status", "export", "more"]  # fmt: skip
@@ -131,7 +137,7 @@ class Commands:
             text += f" | operator: {p}stats"
         return self._say(text)
 
-    async def _reset(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _reset(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.conversation(inbound.key)
         await self._store.reset(conv.id)
         n = len(await self._store.facts(conv.id))
@@ -142,7 +148,7 @@ class Commands:
             f"turns). Kept: {facts}; old messages stay stored ({p}forget deletes them)."
         )
 
-    async def _forget(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _forget(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         who = (inbound.transport, inbound.sender)
         now = self._clock()
         asked = self._forget_pending.get(who)
@@ -177,7 +183,7 @@ class Commands:
             on_delivered=opened,
         )
 
-    async def _history(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _history(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         n = HISTORY_DEFAULT
         if arg:
             number = _number(arg)
@@ -189,21 +195,21 @@ class Commands:
         if not msgs:
             return self._say("No messages since the last reset.")
         msgs.reverse()
-        room = max(20, 190 // len(msgs))
+        each = max(20, (room - 10) // len(msgs))
         lines = [
-            f"{'you' if m.role == 'user' else 'me'}: " + fit_bytes(" ".join(m.text.split()), room)
+            f"{'you' if m.role == 'user' else 'me'}: " + fit_bytes(" ".join(m.text.split()), each)
             for m in msgs
         ]
         return self._say("\n".join(lines))
 
-    async def _summary(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _summary(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
-        summary = None if conv is None else await self._store.latest_summary(conv)
-        if summary is None:
+        chapters = [] if conv is None else await self._store.summaries(conv)
+        if not chapters:
             return self._say("No summary yet: our conversation is still short.")
-        return self._say("Summary: " + summary.text)
+        return self._say("Summary: " + " ".join(c.text for c in chapters))
 
-    async def _remember(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _remember(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         fact = " ".join(arg.split())
         if not fact:
             return self._say(
@@ -223,17 +229,17 @@ class Commands:
         await self._store.add_fact(conv.id, text=fact, tokens=self._counter.count(fact))
         return self._say(f"Noted as fact {len(facts) + 1}. I'll keep it in mind in this chat.")
 
-    async def _facts(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _facts(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         facts = [] if conv is None else await self._store.facts(conv.id)
         if not facts:
             return self._say(f"No facts yet. Add one with {self.prefix}remember <fact>.")
-        room = max(16, 190 // len(facts))
+        each = max(16, (room - 10) // len(facts))
         return self._say(
-            " ".join(f"{i}) {fit_bytes(f.text, room)}" for i, f in enumerate(facts, 1))
+            " ".join(f"{i}) {fit_bytes(f.text, each)}" for i, f in enumerate(facts, 1))
         )
 
-    async def _unremember(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _unremember(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         facts = [] if conv is None else await self._store.facts(conv.id)
         if conv is None or not facts:
@@ -248,13 +254,13 @@ class Commands:
         await self._store.remove_fact(conv.id, fact.id)
         return self._say(f"Removed fact {number}: {fact.text}")
 
-    async def _more(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _more(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         rest = await self._store.take_more(inbound.key)
         if not rest:
             return self._say("Nothing more: my last answer was complete.")
         return CommandResult(rest, more=True)
 
-    async def _status(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _status(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         up = int(self._clock() - self._started)
         if inbound.space == DM_SPACE:  # private: the whole picture on this transport
             count = await self._store.count_person_messages(inbound.transport, inbound.sender)
@@ -268,7 +274,7 @@ class Commands:
             f"Model {self._model_name()}, up {_duration(up)}, you sent {count} messages{where}."
         )
 
-    async def _export(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _export(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         markdown, doc = await export_person(self._store, inbound.transport, inbound.sender)
         stem = f"meshsage-export-{inbound.transport}"
         return CommandResult(
@@ -279,7 +285,7 @@ class Commands:
             ),
         )
 
-    async def _stats(self, inbound: Inbound, arg: str) -> CommandResult:
+    async def _stats(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         stats = dict(await self._store.stats())
         for source in self.stat_sources:
             stats.update(source())

@@ -59,6 +59,9 @@ class Endpoint(_Strict):
     base_url: str = "http://localhost:11434/v1"
     model: str = "llama3.2:3b"
     api_key_env: str | None = "OPENAI_API_KEY"
+    # False for chat templates without a system role (Gemma): the system text then opens the
+    # first user message (the turns already alternate strictly, user first and last).
+    system_role: bool = True
 
     @field_validator("base_url")
     @classmethod

@@ -11,7 +11,9 @@ Invariants:
   answer; several waiting messages are never merged (they may be about different things).
 - Commands count against the same per-person rate and queue limits as messages.
 - LLM calls go through the gate's foreground lane (bounded; summaries yield to replies).
-  Before calling the LLM, a congested transport (the mesh outbox) is asked for room: a full
+  A server that refuses the prompt as too long (``ContextTooLong``) gets it once more at two
+  thirds of the tokens; its message and the fix are logged. Before calling the LLM, a
+  congested transport (the mesh outbox) is asked for room: a full
   one gets the person a one-packet "busy, try again in N min" and no LLM call.
 - A person over the queue limit or the rate limit gets one polite notice per limit window;
   their message is still stored (status ``limited``) and never answered by the LLM.
@@ -49,11 +51,11 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from bot.commands import CommandResult, Commands
+from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import LLMUnavailable
-from bot.llm.port import LLM
+from bot.llm.port import LLM, ContextTooLong
 from bot.llm.tokens import TokenCounter
 from bot.memory.context import ContextBuilder
 from bot.memory.indexer import Indexer
@@ -61,7 +63,7 @@ from bot.memory.port import MemoryStore
 from bot.memory.records import OutboxEntry, OutboxRow, StoredAnswer
 from bot.memory.store import USER
 from bot.memory.summary import Summarizer
-from bot.text import clean_inbound
+from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import (
     AnswerStream,
     Congested,
@@ -82,6 +84,15 @@ ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try ag
 BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
 RECOVER_WITHIN_SECONDS = 15 * 60
 DEFAULT_MAX_AGE = 3600.0
+MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
+
+
+def _command_room(transport: Transport) -> int:
+    """Bytes a command reply may use: one packet on the mesh (airtime), otherwise what one
+    answer carries on the transport (``fit`` of a long text: Discord 2,000 characters)."""
+    if transport.name == "meshtastic":
+        return MESH_COMMAND_BYTES
+    return len(transport.fit("x" * UNLIMITED_ROOM).encode("utf-8"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +268,7 @@ class Responder:
         if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
             await self._notice(inbound, _busy(wait))
             return
-        result = await self._commands.run(inbound, *parsed)
+        result = await self._commands.run(inbound, *parsed, room=_command_room(transport))
         if result.forgot and isinstance(transport, KeepsFiles):
             removed = transport.forget(inbound.sender)
             if removed:
@@ -331,11 +342,27 @@ class Responder:
             if inbound.images:  # for the model only, with the new message (never stored)
                 messages = [*messages[:-1], replace(messages[-1], images=inbound.images)]
             try:
-                completion = await self._llm.complete(
-                    messages,
-                    max_tokens=limits.max_tokens,
-                    on_text=stream.update if stream is not None else None,
-                )
+                on_text = stream.update if stream is not None else None
+                try:
+                    completion = await self._llm.complete(
+                        messages, max_tokens=limits.max_tokens, on_text=on_text
+                    )
+                except ContextTooLong as exc:  # the server counts more tokens than we do
+                    smaller = max(MIN_RETRY_BUDGET, ctx.tokens * 2 // 3)
+                    log.warning("%s Retrying this turn once with %d tokens.", exc, smaller)
+                    ctx = await self._context.build(
+                        conv,
+                        new_text=inbound.text[: self._config.max_message_chars],
+                        new_message_id=message_id,
+                        budget=smaller,
+                        style_hint=limits.style_hint,
+                    )
+                    messages = ctx.messages
+                    if inbound.images:
+                        messages = [*messages[:-1], replace(messages[-1], images=inbound.images)]
+                    completion = await self._llm.complete(
+                        messages, max_tokens=limits.max_tokens, on_text=on_text
+                    )
             except LLMUnavailable as exc:
                 log.warning("no answer for %s: %s", inbound.key, exc)
                 if stream is not None:

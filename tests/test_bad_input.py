@@ -191,8 +191,8 @@ async def test_fts5_and_sql_syntax_in_a_question_still_retrieves(
     long_chat.llm.reply = "answer"
     await long_chat.say(question)
     assert long_chat.transport.texts()[-1] == "answer"
-    system = long_chat.llm.chat_requests()[-1]["messages"][0]["content"]
-    assert "my kayak is named Bluebird" in system
+    final = long_chat.llm.chat_requests()[-1]["messages"][-1]["content"]  # recalled turns
+    assert "my kayak is named Bluebird" in final
     assert (await _user_texts(long_chat))[-1] == question  # stored exactly
     assert (await long_chat.store.stats())["messages"] == 2 * (FILLER_TURNS + 4)
 
@@ -200,8 +200,8 @@ async def test_fts5_and_sql_syntax_in_a_question_still_retrieves(
 @pytest.mark.parametrize("question", ["what about مرحبا?", "where is my 🚲 bike"])
 async def test_rtl_and_emoji_words_are_searchable(long_chat: Harness, question: str) -> None:
     await long_chat.say(question)
-    system = long_chat.llm.chat_requests()[-1]["messages"][0]["content"]
-    assert "and my bike is called مرحبا 🚲" in system
+    final = long_chat.llm.chat_requests()[-1]["messages"][-1]["content"]  # recalled turns
+    assert "and my bike is called مرحبا 🚲" in final
 
 
 # --- the LLM ----------------------------------------------------------------------------------

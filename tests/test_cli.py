@@ -170,3 +170,27 @@ async def test_memory_show_prints_blocks(tmp_path: Path, fake_llm: FakeLLM) -> N
     assert "## window (" in out
     why = out.split("## why these older turns were retrieved\n", 1)[1].split("\n\n")[0]
     assert f"({user}): ranked #1, score " in why  # the planted turn is the best match
+
+
+async def test_memory_show_prints_exactly_what_a_turn_sends(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    fake_llm.reply = "Noted."
+    env = _env(tmp_path, fake_llm)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("console:\n  user: tester\n")
+    rc, _, _ = await _meshsage("chat", "--config", str(cfg), env=env,
+                               stdin=b"my kayak is red\nit has two seats\n")  # fmt: skip
+    assert rc == 0
+    rc, out, _ = await _meshsage(
+        "memory", "show", "tester", "--message", "what colour is it?", "--config", str(cfg),
+        env=env,
+    )  # fmt: skip
+    assert rc == 0
+    shown = out.split("messages sent to", 1)[1].split("\n## ")[1:]
+    rc, _, _ = await _meshsage("chat", "--config", str(cfg), env=env,
+                               stdin=b"what colour is it?\n")  # fmt: skip
+    sent = fake_llm.chat_requests()[-1]["messages"]
+    assert [s.split("\n", 1)[0] for s in shown] == [m["role"] for m in sent]
+    assert [s.split("\n", 1)[1].rstrip("\n") for s in shown] == [m["content"] for m in sent]
+    assert "few short paragraphs" in sent[0]["content"]  # the console's style hint is in both

@@ -1,4 +1,5 @@
-"""Commands: answered without the LLM, each reply fits one 200-byte mesh packet."""
+"""Commands: answered without the LLM, each reply sized by its transport (one 200-byte packet
+on the mesh, one Discord message, the console unlimited)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from bot.domain import ReplyKind
 from tests.conftest import Harness, start_harness
 from tests.fakes.fake_llm import FakeLLM
+from tests.fakes.fake_transport import FakeTransport
 
 
 def _last(h: Harness) -> str:
@@ -33,7 +35,9 @@ async def test_every_command_reply_fits_a_mesh_packet_and_skips_the_llm(
     h = await start_harness(
         tmp_path,
         fake_llm,
-        extra='bot:\n  operators: ["fake:root"]\n  rate_limit: {messages: 100, per_seconds: 60}\n',
+        extra='bot:\n  operators: ["meshtastic:root"]\n'
+        "  rate_limit: {messages: 100, per_seconds: 60}\n",
+        transport=FakeTransport(name="meshtastic"),
     )  # commands count against the rate limit too (see test_commands_obey_the_rate_limit)
     try:
         fake_llm.reply = "答え😀 " * 300  # long multibyte history for !history
@@ -233,6 +237,30 @@ async def test_forget_in_a_channel_prints_no_counts(harness: Harness) -> None:
     last = _last(harness)
     assert last == "Deleted everything I kept about you. I no longer remember you."
     assert not any(ch.isdigit() for ch in last)
+
+
+@pytest.mark.parametrize(("name", "limit"), [("discord", 2000), ("console", None)])
+async def test_command_replies_use_the_transports_own_size(
+    tmp_path: Path, fake_llm: FakeLLM, name: str, limit: int | None
+) -> None:
+    h = await start_harness(
+        tmp_path, fake_llm, transport=FakeTransport(name=name, byte_limit=limit)
+    )
+    try:
+        await h.say("hello")
+        conv = await h.store.conversation(h.transport_key("alice"))
+        summary = "They planned a long trip along the coast. " * 30  # about 1,300 bytes
+        await h.store.save_summary(conv.id, text=summary.strip(), first_message_id=1,
+                                   last_message_id=2, tokens=300)  # fmt: skip
+        await h.say("!summary")
+        assert h.transport.sent[-1].text == "Summary: " + summary.strip()  # not cut to 200
+        await h.store.save_summary(conv.id, text="x " * 3000, first_message_id=1,
+                                   last_message_id=2, tokens=3000)  # fmt: skip
+        await h.say("!summary")
+        size = len(h.transport.sent[-1].text.encode("utf-8"))
+        assert size <= (limit or 20_000) and size > 2000 - 10
+    finally:
+        await h.app.close()
 
 
 def test_channel_trigger_list_names_every_command(harness: Harness) -> None:

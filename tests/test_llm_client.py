@@ -92,7 +92,10 @@ async def test_empty_answer_is_a_failure(fake_llm: FakeLLM) -> None:
     [
         ("<think>plan</think>Answer", "Answer"),
         ("reasoning without open tag</think>\nAnswer", "Answer"),
-        ("Answer<think>unfinished", "Answer"),
+        ("<think>still thinking when max_tokens hit", ""),
+        # A tag the answer talks about is not reasoning (issue 9): it stays.
+        ("Write <think> before your plan.", "Write <think> before your plan."),
+        ("Answer: the <think> tag opens reasoning", "Answer: the <think> tag opens reasoning"),
         ("<THINK>a</THINK>x<think>b</think>y", "xy"),
         ("no thinking", "no thinking"),
     ],

@@ -117,6 +117,26 @@ async def test_summary_refused_when_it_starts_before_the_reset(memory: MemorySto
     assert await memory.latest_summary(await memory.conversation(ALICE)) is None
 
 
+async def test_summary_chapters_append_and_a_merge_replaces_what_it_covers(
+    memory: MemoryStore,
+) -> None:
+    ids = [await _say(memory, ALICE, f"m{i}") for i in range(6)]
+    conv = await memory.conversation(ALICE)
+    for text, first, last in (("c1", 0, 1), ("c2", 2, 3), ("c3", 4, 5)):
+        assert await memory.save_summary(conv.id, text=text, first_message_id=ids[first],
+                                         last_message_id=ids[last], tokens=1)  # fmt: skip
+    assert [c.text for c in await memory.summaries(conv)] == ["c1", "c2", "c3"]
+    assert (await memory.latest_summary(conv)).text == "c3"  # type: ignore[union-attr]
+    assert await memory.save_summary(conv.id, text="c1+c2", first_message_id=ids[0],
+                                     last_message_id=ids[3], tokens=1)  # fmt: skip
+    chapters = await memory.summaries(conv)
+    assert [(c.text, c.first_message_id, c.last_message_id) for c in chapters] == [
+        ("c1+c2", ids[0], ids[3]),
+        ("c3", ids[4], ids[5]),
+    ]
+    assert (await memory.latest_summary(conv)).text == "c3"  # type: ignore[union-attr]
+
+
 async def test_forget_removes_every_row_of_that_person_only(memory: MemoryStore) -> None:
     await _say(memory, ALICE, "alice kumquat")
     await _say(memory, ConversationKey("mesh", ALICE.person, "ch0"), "channel kumquat")

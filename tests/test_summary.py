@@ -1,4 +1,5 @@
-"""Rolling summaries: incremental, in the background, never delaying a reply."""
+"""Summary chapters: one per fold, appended, merged when long; in the background, never
+delaying a reply."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ async def _log(store: SqliteStore, n: int) -> list[int]:
     ]  # fmt: skip
 
 
-async def test_incremental_fold_records_coverage(store: SqliteStore, fake_llm: FakeLLM) -> None:
+async def test_folds_append_chapters_with_their_ranges(
+    store: SqliteStore, fake_llm: FakeLLM
+) -> None:
     ids = await _log(store, 20)
     llm = _llm(fake_llm)
     summ = Summarizer(store=store, llm=llm, counter=make_counter(),
@@ -52,9 +55,62 @@ async def test_incremental_fold_records_coverage(store: SqliteStore, fake_llm: F
     assert await summ.refresh(conv, window_start_id=ids[16])
     second = await store.latest_summary(conv)
     assert second is not None and second.text == "S2"
-    assert (second.first_message_id, second.last_message_id) == (ids[0], ids[15])
+    # A chapter of its own, after the first one (which stays: the prefix up to it survives).
+    assert (second.first_message_id, second.last_message_id) == (ids[8], ids[15])
+    chapters = await store.summaries(conv)
+    assert [(c.text, c.first_message_id, c.last_message_id) for c in chapters] == [
+        ("S1", ids[0], ids[7]),
+        ("S2", ids[8], ids[15]),
+    ]
     prompt = fake_llm.chat_requests()[-1]["messages"][1]["content"]
-    assert "Existing summary: S1" in prompt and "message 8" in prompt and "message 7" not in prompt
+    assert "Earlier chapter (context only): S1" in prompt
+    assert "message 8" in prompt and "message 7" not in prompt
+    await llm.close()
+
+
+async def test_chapters_merge_into_one_when_too_long(store: SqliteStore, fake_llm: FakeLLM) -> None:
+    ids = await _log(store, 40)
+    llm = _llm(fake_llm)
+    cfg = SummaryConfig(min_evicted=6, max_tokens=40)  # merge above 60 tokens of chapters
+    summ = Summarizer(store=store, llm=llm, counter=make_counter(), config=cfg)
+    conv = await store.conversation(KEY)
+    fake_llm.reply = "word " * 25  # ~25 tokens a chapter
+    assert await summ.refresh(conv, window_start_id=ids[8])
+    assert await summ.refresh(conv, window_start_id=ids[16])
+    assert len(await store.summaries(conv)) == 2
+    fake_llm.script = [("reply", "word " * 25), ("reply", "merged summary")]
+    assert await summ.refresh(conv, window_start_id=ids[24])  # third chapter: over 60 tokens
+    chapters = await store.summaries(conv)
+    assert [(c.text, c.first_message_id, c.last_message_id) for c in chapters] == [
+        ("merged summary", ids[0], ids[23])
+    ]
+    assert (
+        "Merge these consecutive summary chapters"
+        in (fake_llm.chat_requests()[-1]["messages"][0]["content"])
+    )
+    await llm.close()
+
+
+async def test_cut_summary_is_asked_shorter_and_never_saved_as_complete(
+    store: SqliteStore, fake_llm: FakeLLM
+) -> None:
+    ids = await _log(store, 20)
+    llm = _llm(fake_llm)
+    summ = Summarizer(store=store, llm=llm, counter=make_counter(),
+                      config=SummaryConfig(min_evicted=6))  # fmt: skip
+    conv = await store.conversation(KEY)
+    fake_llm.script = [("length", "Alice likes tea. She plans a trip to"), ("length", "Alice lik")]
+    assert await summ.refresh(conv, window_start_id=ids[8])
+    asks = fake_llm.chat_requests()
+    assert len(asks) == 2  # asked once more, shorter
+    first_words = int(asks[0]["messages"][0]["content"].split("at most ")[1].split()[0])
+    second_words = int(asks[1]["messages"][0]["content"].split("at most ")[1].split()[0])
+    assert second_words < first_words
+    chapter = (await store.summaries(conv))[0]
+    assert chapter.text.endswith("[…]")  # visibly incomplete, not passed off as whole
+    fake_llm.script = [("length", "Alice likes tea. She plans a trip to"), ("reply", "Short.")]
+    assert await summ.refresh(conv, window_start_id=ids[16])
+    assert (await store.summaries(conv))[-1].text == "Short."
     await llm.close()
 
 
@@ -114,13 +170,13 @@ async def test_background_call_yields_to_a_reply(fake_llm: FakeLLM) -> None:
 
 
 async def test_summary_runs_after_turns_leave_the_window(tmp_path: Path, fake_llm: FakeLLM) -> None:
-    extra = "memory:\n  summary: {min_evicted: 4}\n"
+    extra = "memory:\n  summary: {min_evicted: 4}\nbot:\n  rate_limit: {messages: 100}\n"
     h = await start_harness(
         tmp_path, fake_llm, extra=extra, transport=FakeTransport(context_tokens=300)
     )
     try:
         fake_llm.reply_fn = lambda body: (
-            "SUMMARY" if "running summary" in body["messages"][0]["content"] else "answer " * 20
+            "SUMMARY" if "summar" in body["messages"][0]["content"][:60] else "answer " * 20
         )
         for i in range(12):
             await h.say(f"question number {i} " + "padding " * 15)
@@ -131,6 +187,7 @@ async def test_summary_runs_after_turns_leave_the_window(tmp_path: Path, fake_ll
         summary = await h.store.latest_summary(conv)
         assert summary is not None and summary.text == "SUMMARY"
         await h.say("and now?")
-        assert "SUMMARY" in fake_llm.chat_requests()[-1]["messages"][0]["content"]
+        reply = [r for r in fake_llm.chat_requests() if "and now?" in r["messages"][-1]["content"]]
+        assert "SUMMARY" in reply[-1]["messages"][0]["content"]
     finally:
         await h.app.close()

@@ -2,19 +2,26 @@
 
 Invariants:
 - At most ``limit`` calls run at once (a Pi serves one generation at a time).
-- A background call starts only when a slot is free and no reply is waiting; when a reply needs
-  a slot that a background call holds, the background call is cancelled (its HTTP request is
-  dropped, which also stops generation on Ollama/llama.cpp) and retried later by its owner.
-  So a summary never delays a reply by more than the time to cancel a request.
+- A background call starts only when a slot is free, no reply is waiting for the LLM and
+  ``busy()`` is false (the app passes "a turn is in progress", so a summary does not start
+  between a message's arrival and its reply's LLM call).
+- A running background call is cancelled as soon as a reply needs the LLM or ``busy()``
+  turns true (checked every ``BUSY_POLL`` seconds). The adapter streams, so cancelling closes
+  the connection, which stops generation on llama.cpp, Ollama and vLLM; the owner retries
+  later (``BackgroundPreempted``). A summary therefore never delays a reply by more than the
+  time to close a request.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 
 from bot.errors import LLMUnavailable
 from bot.llm.port import LLM, ChatMessage, Completion, OnText
+
+BUSY_POLL = 0.05
 
 
 class BackgroundPreempted(LLMUnavailable):
@@ -25,13 +32,15 @@ class BackgroundPreempted(LLMUnavailable):
 
 
 class LLMGate:
-    def __init__(self, *, llm: LLM, limit: int) -> None:
+    def __init__(self, *, llm: LLM, limit: int, busy: Callable[[], bool] = lambda: False) -> None:
         self._llm = llm
         self._limit = limit
+        self._busy = busy
         self._running = 0
         self._fg_waiting = 0
         self._background: set[asyncio.Task[Completion]] = set()
         self._changed = asyncio.Condition()
+        self.preempted = 0  # background calls cancelled for a reply (for logs and benchmarks)
 
     @property
     def model_name(self) -> str:
@@ -57,34 +66,53 @@ class LLMGate:
             if not background:
                 self._fg_waiting += 1
                 try:
+                    for task in list(self._background):
+                        task.cancel()  # the person waiting comes first (and frees the server)
                     while self._running >= self._limit:
-                        for task in list(self._background):
-                            task.cancel()  # give the slot to the person waiting
                         await self._changed.wait()
                 finally:
                     self._fg_waiting -= 1
             else:
-                while self._running >= self._limit or self._fg_waiting:
-                    await self._changed.wait()
+                while self._running >= self._limit or self._fg_waiting or self._busy():
+                    with contextlib.suppress(TimeoutError):  # busy() has no event: poll it
+                        await asyncio.wait_for(
+                            self._changed.wait(), BUSY_POLL if self._busy() else None
+                        )
             self._running += 1
         try:
             if not background:
                 return await self._llm.complete(messages, max_tokens=max_tokens, on_text=on_text)
-            task = asyncio.ensure_future(self._llm.complete(messages, max_tokens=max_tokens))
-            self._background.add(task)
-            try:
-                return await asyncio.shield(task)
-            except asyncio.CancelledError:
-                if task.cancelled() and not _current_cancelling():
-                    raise BackgroundPreempted() from None
-                task.cancel()
-                raise
-            finally:
-                self._background.discard(task)
+            return await self._background_call(messages, max_tokens=max_tokens)
         finally:
             async with self._changed:
                 self._running -= 1
                 self._changed.notify_all()
+
+    async def _background_call(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int
+    ) -> Completion:
+        task = asyncio.ensure_future(self._llm.complete(messages, max_tokens=max_tokens))
+        self._background.add(task)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=BUSY_POLL)
+                if not task.done() and self._busy():
+                    task.cancel()
+                    break
+            try:
+                return await task
+            except asyncio.CancelledError:
+                if _current_cancelling():
+                    raise  # our owner is cancelling us (shutdown)
+                self.preempted += 1
+                raise BackgroundPreempted() from None
+        except asyncio.CancelledError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task  # let the adapter close its stream before we go
+            raise
+        finally:
+            self._background.discard(task)
 
 
 def _current_cancelling() -> int:

@@ -1,16 +1,26 @@
 """The LLM port: one method. Retries, timeouts, fallbacks and error mapping live in adapters.
 
-Invariant: ``complete`` either returns non-empty text or raises ``LLMUnavailable``. With
-``on_text`` the answer is streamed: ``on_text`` gets the visible text so far (reasoning
-stripped) as it grows; a retry or a fallback starts again from "" (so the text may shrink);
-the returned ``Completion`` is what counts. Adapters that cannot stream ignore ``on_text``.
+Invariants:
+- ``complete`` either returns non-empty text or raises ``LLMUnavailable``.
+- A completion the server cut at ``max_tokens`` has ``truncated`` set and its text ends with
+  ``TRUNCATED_MARK``, so the person sees that the answer stops early.
+- ``ContextTooLong`` means the server refused the prompt as longer than its context; the
+  caller may retry once with a smaller budget.
+- With ``on_text`` the answer is streamed: ``on_text`` gets the visible text so far
+  (reasoning stripped) as it grows; a retry or a fallback starts again from "" (so the text
+  may shrink); the returned ``Completion`` is what counts. Adapters that cannot stream
+  ignore ``on_text``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
+
+from bot.errors import LLMUnavailable
+
+TRUNCATED_MARK = " […]"
 
 Role = Literal["system", "user", "assistant"]
 OnText = Callable[[str], Awaitable[None]]
@@ -37,3 +47,27 @@ class LLM(Protocol):
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
     ) -> Completion: ...
+
+
+class ContextTooLong(LLMUnavailable):
+    """HTTP 400 context_length_exceeded: the prompt is longer than the server's context."""
+
+    def __init__(self, server_message: str) -> None:
+        super().__init__(
+            f"the LLM server refused the prompt as too long ({server_message}). Fix: lower "
+            "context_tokens for this transport, or raise the server's context size "
+            "(llama.cpp --n_ctx / -c, Ollama num_ctx)."
+        )
+        self.server_message = server_message
+
+
+def merge_system(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """For chat templates without a system role (Gemma): the system text opens the first user
+    message. The result is as stable between turns as the input (the first user message only
+    changes at a fold)."""
+    if not messages or messages[0].role != "system":
+        return list(messages)
+    system, rest = messages[0].content, list(messages[1:])
+    if rest and rest[0].role == "user":
+        return [replace(rest[0], content=f"{system}\n\n{rest[0].content}"), *rest[1:]]
+    return [ChatMessage("user", system), *rest]

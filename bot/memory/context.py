@@ -1,21 +1,49 @@
-"""Context assembly under a per-transport token budget.
+"""Context assembly under a per-transport token budget, laid out so the prompt only grows.
 
-Order (so the prompt prefix stays stable between turns and llama.cpp/Ollama reuse their KV
-cache): system prompt -> pinned facts -> rolling summary -> retrieved older turns (dated,
-chronological) -> recent window -> the new message.
+Layout (one message per line; on a one-slot llama.cpp/Ollama server everything up to the
+first byte that differs from the previous request is reused from the KV cache):
+
+    system   system prompt + the transport's style hint
+             + pinned facts that are older than the window ("stable" facts)
+             + summary chapters, oldest first
+    window   user/assistant turns since the last fold, verbatim, strictly alternating
+    final    [facts added since the window began] [recalled older turns, marked and dated]
+             the new message
+
+The fold rule (what keeps the prefix stable):
+- The window starts right after the newest summary chapter (or the reset mark) and is cut only
+  at *fold points*: walking the turns from that base, each fold point lies past a block of at
+  least ``FOLD_SHARE`` of the window's cap, counted once a turn follows the block. The window
+  starts at the first fold point from which the turns fit the cap. Fold points depend only on
+  the log after the base, the budget and the chapters (which change only at a fold), never on
+  the new message, retrieval or facts, so between two folds each request is a byte-identical
+  extension of the previous one up to the end of its window. Only when even the whole window
+  without a complete block leaves no room does it drop its oldest turns (a small budget).
+- A fold moves a large block of the oldest turns out of the window at once. The summarizer
+  writes that block as a new chapter appended after the earlier ones (so the prefix up to the
+  last chapter survives), and the base moves to the end of the chapter: the same fold point.
+  Until the chapter exists the window keeps those turns (``pending_fold``), as long as the
+  whole prompt still fits, so the prompt changes once per fold, not twice.
+- Facts added after the window began ride in the final message until the next fold, where they
+  join the system message.
+- Retrieved older turns (only turns older than the window) go in the final message
+  (``recall="inline"``), or as notes kept at the turn where they were recalled (``"notes"``,
+  the default, measured better by ``bench.prefix``: the note is remembered in this process and
+  shown again with that turn until it folds, so the whole prompt is append-only; all notes of
+  one window share ``NOTES_SHARE`` of the budget, one turn adds at most ``NOTE_TURN_SHARE``;
+  after a restart old notes are gone and the window is evaluated once more).
 
 Invariants:
-- The assembled prompt never exceeds the budget as counted by the injected counter (each part's
-  tokens plus per-message and per-join overheads are summed conservatively).
+- The assembled prompt never exceeds the budget as counted by the injected counter (each
+  part's tokens plus per-message and per-join overheads are summed conservatively).
 - History turns are never split: a turn is a run of user messages with the assistant messages
-  that answered them; the window holds whole turns, newest first, and is contiguous.
+  that answered them; the window holds whole turns and is contiguous up to the new message.
 - Nothing before the conversation's reset mark is used (store queries are bounded by it).
-- Retrieval only looks at turns older than the window, so nothing appears twice; when it finds
-  nothing good, its share of the budget goes to a longer window.
 - A reply to an older message (Discord reply, ``parent_id``) brings its reply chain (up to
-  ``THREAD_HOPS``, after the reset mark, older than the window) into the retrieved block first.
+  ``THREAD_HOPS``, after the reset mark, older than the window) into the recalled turns first.
 - Only the new message may be cut (a 100 KB paste); the stored copy stays whole, and
-  ``trimmed`` tells the responder to say so.
+  ``trimmed`` tells the responder to say so. Chapters or facts that do not fit their share
+  are left out (oldest first) without blaming the message.
 """
 
 from __future__ import annotations
@@ -23,23 +51,37 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Literal
 
-from bot.llm.port import ChatMessage, Role
+from bot.llm.port import ChatMessage, Role, merge_system
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
 from bot.memory.port import MemoryStore
 from bot.memory.retrieval import RetrievedBlock, Retriever
-from bot.memory.store import ASSISTANT, USER, Conversation, StoredMessage
+from bot.memory.store import ASSISTANT, USER, Conversation, Fact, StoredMessage, Summary
 from bot.text import fill_prompt
 
 FACTS_HEADER = "Notes this person asked you to remember:"
+NEW_FACTS_HEADER = "(New notes this person asked you to remember:"
 SUMMARY_HEADER = "Summary of the earlier conversation:"
-RETRIEVED_HEADER = "Earlier messages that may be relevant (dated):"
+RETRIEVED_HEADER = "(Earlier messages that may be relevant, dated:"
+NOTE_END = ")"
 JOIN_OVERHEAD = 2  # tokens a "\n\n" join and header line break may add
-WINDOW_FETCH_MAX = 400
 MIN_NEW_MESSAGE_TOKENS = 16
-FACTS_MAX_SHARE = 0.25
+FACTS_MAX_SHARE = 0.15  # of the budget left after the system prompt
 SUMMARY_MAX_SHARE = 0.25
+WINDOW_SHARE = 0.6  # of what chapters leave: the window's cap (the rest: message, facts, notes)
+FOLD_SHARE = 0.95  # a fold moves at least this share of the window's cap into a chapter
+FOLD_MARGIN = 16  # tokens a held window leaves spare (joins; recall may get nothing that turn)
+FETCH_ANCHOR = 500  # a lagging summarizer: fold points restart every this many messages
 THREAD_HOPS = 4  # how far up a reply chain the context follows (answer, question, ...)
+NOTES_SHARE = 0.2  # "notes": all notes in the window together (at most retrieval.share)
+NOTE_TURN_SHARE = 0.1  # "notes": what one turn may add
+MIN_RECALL_TOKENS = 64  # "notes": small budgets still recall a turn or two
+LATE_ANSWERS = 16  # answers stored after the message being answered that may belong before it
+NOTES_KEPT = 2000  # recall notes remembered per process (oldest forgotten first)
+
+RecallMode = Literal["inline", "notes"]
+__all__ = ["AssembledContext", "Block", "ContextBuilder", "group_turns", "merge_system"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +100,17 @@ class AssembledContext:
     window: list[StoredMessage] = field(default_factory=list)
     retrieved: list[StoredMessage] = field(default_factory=list)
     retrieved_reasons: dict[int, str] = field(default_factory=dict)  # id -> why (memory show)
-    trimmed: bool = False  # the new message, facts or summary had to be cut
+    trimmed: bool = False  # the new message had to be cut
+    chapters: list[Summary] = field(default_factory=list)  # the summary chapters used
+    folded_up_to: int = 0  # last message id before the window (chapter end or reset mark)
+    pending_fold: int | None = None  # first message the window keeps once its fold is written
 
     @property
     def window_start_id(self) -> int | None:
+        """Where the window starts once its pending fold has a chapter: the summarizer writes
+        everything before this id."""
+        if self.pending_fold is not None:
+            return self.pending_fold
         return self.window[0].id if self.window else None
 
 
@@ -80,6 +129,24 @@ def group_turns(messages: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
     return turns
 
 
+def fold_start(costs: Sequence[int], *, cap: int) -> int:
+    """Index of the first turn of the window: the first fold point from which ``costs`` fit
+    ``cap``. Fold points are found from the front in blocks of at least ``FOLD_SHARE * cap``;
+    a block only counts once a turn follows it. So fold points never move when turns are
+    appended (the window is stable between folds) and a fold always keeps the newest turn."""
+    block = max(1, int(cap * FOLD_SHARE))
+    start, total = 0, sum(costs)
+    while total > cap:
+        moved, end = 0, start
+        while end < len(costs) and moved < block:
+            moved += costs[end]
+            end += 1
+        if end >= len(costs):
+            break  # the block is not complete yet
+        start, total = end, total - moved
+    return start
+
+
 class ContextBuilder:
     def __init__(
         self,
@@ -89,15 +156,18 @@ class ContextBuilder:
         counter: TokenCounter,
         system_prompt: str,
         retrieval_share: float,
+        recall: RecallMode = "notes",
     ) -> None:
         self._store = store
         self._retriever = retriever
         self._counter = counter
         self._system_prompt = system_prompt
         self._share = retrieval_share
+        self.recall: RecallMode = recall
+        self._notes: dict[int, str] = {}  # user message id -> note sent with it ("notes")
         self._header_tokens = {
             h: counter.count(h) + JOIN_OVERHEAD
-            for h in (FACTS_HEADER, SUMMARY_HEADER, RETRIEVED_HEADER)
+            for h in (FACTS_HEADER, NEW_FACTS_HEADER, SUMMARY_HEADER, RETRIEVED_HEADER)
         }
 
     async def build(
@@ -113,58 +183,99 @@ class ContextBuilder:
         prompt = fill_prompt(self._system_prompt, datetime.now(UTC))
         system = f"{prompt} {style_hint}".strip()
         system_tokens = self._counter.count(system) + MESSAGE_OVERHEAD
-        blocks = [Block("system", system_tokens, system)]
         free = budget - system_tokens
-
-        # The new message: always present, cut only if it alone would not leave room.
-        new_tokens = self._counter.count(new_text) + MESSAGE_OVERHEAD
-        if new_tokens > free:
-            new_text = self._cut(new_text, max(free - MESSAGE_OVERHEAD - 4, 0)) + " […]"
-            new_tokens = self._counter.count(new_text) + MESSAGE_OVERHEAD
-            trimmed = True
-        if new_tokens > free:  # even the system prompt leaves no room: send the message alone
+        if free < MIN_NEW_MESSAGE_TOKENS + MESSAGE_OVERHEAD:
             raise ValueError(f"budget {budget} cannot hold the system prompt and a message")
-        free -= new_tokens
+        chapters = await self._store.summaries(conversation)
+        chapters, chapter_text, chapter_tokens = self._chapters(chapters, free)
+        # Chapters change only at a fold, so the cap (and the fold points) stay put between.
+        window_cap = int((free - chapter_tokens) * WINDOW_SHARE)
+        base = chapters[-1].last_message_id if chapters else conversation.reset_after
+        base = max(base, conversation.reset_after)
+        turns, fold, anchored = await self._window(conversation, base, new_message_id, window_cap)
 
-        facts_text, facts_tokens, cut = await self._facts(conversation, free)
-        trimmed |= cut
-        free -= facts_tokens
-        if facts_text:
-            blocks.append(Block("facts", facts_tokens, facts_text))
+        # Facts: the newest that fit their share; those older than the window are stable.
+        facts = await self._store.facts(conversation.id)
+        kept: list[Fact] = []
+        fact_tokens = self._header_tokens[FACTS_HEADER]
+        for fact in reversed(facts):
+            if fact_tokens + fact.tokens + 2 > int(free * FACTS_MAX_SHARE):
+                continue
+            kept.insert(0, fact)
+            fact_tokens += fact.tokens + 2
 
-        summary_text = ""
-        summary = await self._store.latest_summary(conversation)
-        if summary is not None:
-            cost = summary.tokens + self._header_tokens[SUMMARY_HEADER]
-            if cost <= free * SUMMARY_MAX_SHARE:
-                summary_text = f"{SUMMARY_HEADER}\n{summary.text}"
-                free -= cost
-                blocks.append(Block("summary", cost, summary_text))
-            else:
-                trimmed = True
+        # A pending fold waits for its chapter (so the prompt changes once, not twice) while
+        # the whole window still leaves room for everything else; then it folds regardless.
+        room = free - chapter_tokens - fact_tokens - FOLD_MARGIN
+        room -= self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
+        pending_fold = turns[fold][0].id if 0 < fold < len(turns) else None
+        if (
+            fold
+            and not anchored
+            and sum(self._turn_cost(t) + self._noted(t) for t in turns) <= room
+        ):
+            fold = 0
+        while fold < len(turns) and sum(self._turn_cost(t) for t in turns[fold:]) > room:
+            fold += 1  # no complete fold block yet and no room: drop the oldest turns (rare)
+        window = turns[fold:]
+        folded = anchored or fold > 0
+        flat = [m for turn in window for m in turn]
+        # Notes recalled earlier in this window stay with their turns (append-only prompt) and
+        # spend one recall budget per window; if they no longer fit, they are dropped.
+        recall_cap = int(free * self._share)
+        notes: dict[int, str] = {}
+        if self.recall == "notes":
+            notes = {m.id: self._notes[m.id] for m in flat if m.id in self._notes}
+            noted = sum(self._noted(t) for t in window)
+            room = free - chapter_tokens - fact_tokens - FOLD_MARGIN
+            room -= self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
+            if sum(self._turn_cost(t) for t in window) + noted > room:
+                notes, noted = {}, 0
+            notes_cap = max(int(free * min(self._share, NOTES_SHARE)), 2 * MIN_RECALL_TOKENS)
+            turn_cap = max(int(free * NOTE_TURN_SHARE), MIN_RECALL_TOKENS)
+            recall_cap = max(0, min(notes_cap - noted, turn_cap, recall_cap))
+        since = flat[0].created_at if flat else float("inf")
+        stable = [f for f in kept if f.created_at < since]
+        fresh = [f for f in kept if f.created_at >= since]
 
-        # Recent window (first pass), then retrieval over what is older, then more window.
-        fetch = min(WINDOW_FETCH_MAX, max(free // 8, 8))
-        recent = await self._store.recent_messages(
-            conversation, limit=fetch, before_id=new_message_id
-        )
-        everything_fetched = len(recent) < fetch  # nothing older since the reset mark
-        turns = group_turns(list(reversed(recent)))
-        window: list[list[StoredMessage]] = []
-        used = 0
-        first_cap = int(free * (1 - self._share))
-        while turns:
-            cost = _turn_cost(turns[-1])
-            if used + cost > first_cap:
-                break
-            window.insert(0, turns.pop())
-            used += cost
+        blocks = [Block("system", system_tokens, system)]
+        if stable:
+            text = FACTS_HEADER + "\n" + "\n".join(f"- {f.text}" for f in stable)
+            blocks.append(Block("facts", self._measure(text), text))
+        if chapter_text:
+            blocks.append(Block("summary", chapter_tokens, chapter_text))
+        system_text = "\n\n".join(b.text for b in blocks)
+        messages = [ChatMessage("system", system_text)]
+        window_msgs = _alternate(flat, notes=notes)
+        window_tokens = sum(self._counter.count(m.content) + MESSAGE_OVERHEAD for m in window_msgs)
+        blocks.append(Block("window", window_tokens, f"{len(flat)} messages"))
+        fixed = sum(b.tokens for b in blocks) + JOIN_OVERHEAD * len(blocks)
+        left = budget - fixed
+
+        # The final message: new facts, recalled turns, then the new message (cut to fit).
+        extras: list[str] = []
+        fresh_text = ""
+        if fresh:
+            noted_text = " ".join(notes.values())
+            lines = [f"- {f.text}" for f in fresh if f.text not in noted_text]
+            if lines:
+                fresh_text = NEW_FACTS_HEADER + "\n" + "\n".join(lines) + NOTE_END
+                extras.append(fresh_text)
+        extra_tokens = self._measure(fresh_text) if fresh_text else 0
+        new_tokens = self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
+        room = left - extra_tokens
+        if new_tokens > room:
+            new_text = self._cut(new_text, max(room - MESSAGE_OVERHEAD - JOIN_OVERHEAD - 4, 0))
+            new_text += " […]"
+            new_tokens = self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
+            trimmed = True
+        left -= extra_tokens + new_tokens
 
         block = RetrievedBlock()
-        retrieve_budget = free - used - self._header_tokens[RETRIEVED_HEADER]
-        # A short conversation that fits the window whole has nothing older to search.
-        if retrieve_budget > 0 and not (everything_fetched and not turns):
-            before = window[0][0].id if window else (new_message_id or 1 << 62)
+        retrieve_budget = min(left, recall_cap) - self._header_tokens[RETRIEVED_HEADER]
+        older = folded or base > conversation.reset_after  # anything older than the window
+        if retrieve_budget > 0 and older:
+            before = flat[0].id if flat else (new_message_id or 1 << 62)
             thread: list[StoredMessage] = []
             if new_message_id is not None:  # a reply: the chain it answers, if out of the window
                 chain = await self._store.ancestors(new_message_id, limit=THREAD_HOPS)
@@ -176,27 +287,26 @@ class ContextBuilder:
                 before_id=before,
                 thread=thread,
             )
-        retrieved_tokens = (
-            block.tokens + self._header_tokens[RETRIEVED_HEADER] if block.turns else 0
-        )
-        retrieved_ids = {m.id for m in block.turns}
-        while turns:  # leftover budget lengthens the window, stopping at a retrieved turn
-            turn = turns[-1]
-            cost = _turn_cost(turn)
-            if used + retrieved_tokens + cost > free or any(m.id in retrieved_ids for m in turn):
-                break
-            window.insert(0, turns.pop())
-            used += cost
+        recalled_text = ""
         if block.turns:
-            blocks.append(Block("retrieved", retrieved_tokens, f"{RETRIEVED_HEADER}\n{block.text}"))
-
-        system_text = "\n\n".join(b.text for b in blocks)
-        messages = [ChatMessage("system", system_text)]
-        flat = [m for turn in window for m in turn]
-        messages.extend(_alternate(flat, new_text))
-        blocks.append(Block("window", used, f"{len(flat)} messages"))
-        blocks.append(Block("new", new_tokens, new_text))
-        total = sum(b.tokens for b in blocks)
+            recalled_text = f"{RETRIEVED_HEADER}\n{block.text}{NOTE_END}"
+            extras.append(recalled_text)
+        tail: list[Block] = []
+        if fresh_text:
+            tail.append(Block("new facts", extra_tokens, fresh_text))
+        if recalled_text:
+            cost = block.tokens + self._header_tokens[RETRIEVED_HEADER]
+            tail.append(Block("retrieved", cost, recalled_text))
+        note = "\n\n".join(extras)
+        if note and self.recall == "notes" and new_message_id is not None:
+            self._notes[new_message_id] = note
+            while len(self._notes) > NOTES_KEPT:
+                del self._notes[next(iter(self._notes))]
+        final = f"{note}\n\n{new_text}" if note else new_text
+        messages.extend(_join_final(window_msgs, final))
+        tail.append(Block("new", new_tokens, new_text))
+        blocks.extend(tail)
+        total = fixed + sum(b.tokens for b in blocks[len(blocks) - len(tail) :])
         return AssembledContext(
             messages=messages,
             blocks=blocks,
@@ -206,26 +316,56 @@ class ContextBuilder:
             retrieved=list(block.turns),
             retrieved_reasons=dict(block.reasons),
             trimmed=trimmed,
+            chapters=chapters,
+            folded_up_to=base,
+            pending_fold=pending_fold,
         )
 
-    async def _facts(self, conversation: Conversation, free: int) -> tuple[str, int, bool]:
-        facts = await self._store.facts(conversation.id)
-        if not facts:
-            return "", 0, False
-        cap = int(free * FACTS_MAX_SHARE)
-        lines: list[str] = []
-        used = self._header_tokens[FACTS_HEADER]
-        cut = False
-        for fact in reversed(facts):  # newest facts win when they do not all fit
-            cost = fact.tokens + 2
+    async def _window(
+        self, conversation: Conversation, base: int, new_message_id: int | None, cap: int
+    ) -> tuple[list[list[StoredMessage]], int, bool]:
+        """Turns since the base, the index of the fold point the window starts at, and whether
+        the turns were re-anchored (older ones since the base left out)."""
+        up_to = (new_message_id - 1) if new_message_id is not None else 1 << 62
+        msgs = await self._store.messages_between(conversation.id, after_id=base, up_to_id=up_to)
+        if new_message_id is not None:  # answers stored after this message to ones before it
+            recent = await self._store.recent_messages(
+                conversation, limit=LATE_ANSWERS, before_id=new_message_id
+            )
+            msgs += [m for m in recent if m.id > up_to and base < (m.parent_id or 0)]
+        # Each answer right after its question, so a late answer keeps the order stable.
+        msgs.sort(key=lambda m: (_anchor(m), m.id))
+        anchored = len(msgs) > 2 * FETCH_ANCHOR
+        if anchored:  # summaries far behind (or off): a nearer anchor keeps this cheap
+            msgs = msgs[(len(msgs) // FETCH_ANCHOR - 1) * FETCH_ANCHOR :]
+        turns = group_turns(msgs)
+        return turns, fold_start([self._turn_cost(t) for t in turns], cap=cap), anchored
+
+    def _noted(self, turn: Sequence[StoredMessage]) -> int:
+        if self.recall != "notes":
+            return 0
+        return sum(self._measure(self._notes[m.id]) for m in turn if m.id in self._notes)
+
+    def _turn_cost(self, turn: Sequence[StoredMessage]) -> int:
+        return sum(m.tokens + MESSAGE_OVERHEAD for m in turn)
+
+    def _chapters(self, chapters: list[Summary], free: int) -> tuple[list[Summary], str, int]:
+        """The newest chapters that fit their share, oldest first, and their rendered text."""
+        cap = int(free * SUMMARY_MAX_SHARE)
+        used = self._header_tokens[SUMMARY_HEADER]
+        kept: list[Summary] = []
+        for chapter in reversed(chapters):
+            cost = chapter.tokens + JOIN_OVERHEAD
             if used + cost > cap:
-                cut = True
-                continue
-            lines.insert(0, f"- {fact.text}")
+                break
+            kept.insert(0, chapter)
             used += cost
-        if not lines:
-            return "", 0, cut
-        return FACTS_HEADER + "\n" + "\n".join(lines), used, cut
+        if not kept:
+            return [], "", 0
+        return kept, SUMMARY_HEADER + "\n" + "\n\n".join(c.text for c in kept), used
+
+    def _measure(self, text: str) -> int:
+        return self._counter.count(text) + JOIN_OVERHEAD
 
     def _cut(self, text: str, tokens: int) -> str:
         """Longest prefix of ``text`` within ``tokens`` (binary search on characters)."""
@@ -239,22 +379,29 @@ class ContextBuilder:
         return text[:lo]
 
 
-def _turn_cost(turn: Sequence[StoredMessage]) -> int:
-    return sum(m.tokens + MESSAGE_OVERHEAD for m in turn)
+def _anchor(msg: StoredMessage) -> int:
+    return msg.parent_id if msg.role == ASSISTANT and msg.parent_id else msg.id
 
 
-def _alternate(window: Sequence[StoredMessage], new_text: str) -> list[ChatMessage]:
-    """Window + new message as strictly alternating user/assistant messages, user first and
-    last (some chat templates reject anything else): runs of one role are joined."""
+def _alternate(window: Sequence[StoredMessage], *, notes: dict[int, str]) -> list[ChatMessage]:
+    """The window as strictly alternating user/assistant messages, user first (some chat
+    templates reject anything else): runs of one role are joined; a user message that carried
+    a recall note is shown with it again."""
     out: list[tuple[Role, str]] = []
-    for msg in [*window]:
+    for msg in window:
         role: Role = "user" if msg.role == USER else "assistant"
+        text = msg.text
+        if role == "user" and msg.id in notes:
+            text = f"{notes[msg.id]}\n\n{text}"
         if out and out[-1][0] == role:
-            out[-1] = (role, out[-1][1] + "\n\n" + msg.text)
+            out[-1] = (role, out[-1][1] + "\n\n" + text)
         else:
-            out.append((role, msg.text))
-    if out and out[-1][0] == "user":
-        out[-1] = ("user", out[-1][1] + "\n\n" + new_text)
-    else:
-        out.append(("user", new_text))
+            out.append((role, text))
     return [ChatMessage(role, text) for role, text in out]
+
+
+def _join_final(window: list[ChatMessage], final: str) -> list[ChatMessage]:
+    """Append the final user message (joined to a trailing user run: strict alternation)."""
+    if window and window[-1].role == "user":
+        return [*window[:-1], ChatMessage("user", window[-1].content + "\n\n" + final)]
+    return [*window, ChatMessage("user", final)]

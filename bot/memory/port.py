@@ -9,6 +9,8 @@ Invariants every implementation keeps:
 - Everything at or below a conversation's ``reset_after`` is invisible to ``recent_messages``,
   ``latest_summary``, ``search_terms``, ``outline`` and ``vector_search`` callers (they pass
   the mark), and ``save_summary`` refuses a summary that starts at or before it.
+- Summaries are chapters: a saved summary replaces only the rows whose message range it
+  covers, so folds append chapters and a merge (one row over several ranges) replaces them.
 - ``forget_person`` removes every row about the person, search-index rows, vectors and outbox
   rows included; the physical erase is crash-safe (finished when the store next opens) and a
   repeated call erases again even when nothing is left to delete.
@@ -133,6 +135,10 @@ class MemoryStore(Protocol):
     ) -> list[tuple[int, float]]: ...
 
     async def latest_summary(self, conversation: Conversation) -> Summary | None: ...
+
+    async def summaries(self, conversation: Conversation) -> list[Summary]:
+        """Summary chapters after the reset mark, oldest first (non-overlapping ranges)."""
+        ...
 
     async def save_summary(
         self,

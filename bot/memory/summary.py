@@ -1,12 +1,24 @@
-"""Rolling summary: old turns that left the recent window are folded into the summary.
+"""Summary chapters: each fold of the context window becomes one chapter, appended.
+
+The context builder (``bot.memory.context``) folds a large block of the oldest window turns at
+once; this module writes that block as a chapter covering exactly those messages, after the
+earlier chapters, so the prompt prefix up to the last chapter survives the fold. When the
+chapters together outgrow ``MERGE_FACTOR * max_tokens`` they are merged into one (``merge``,
+also the entry point for a session's end or an idle person).
 
 Invariants:
-- Incremental: new summary = LLM(old summary + newly evicted turns); the saved row covers
-  ``first_message_id``..``last_message_id`` (the old summary's first id, or the first folded
-  message), so what a summary dropped can always be checked against the log.
+- A chapter covers ``first_message_id``..``last_message_id`` of the log, starting right after
+  the previous chapter (or the reset mark) and ending on a turn boundary, so the window that
+  follows starts with the person speaking; a merge covers the union of the chapters it
+  replaces (the store deletes the covered rows in the same transaction).
+- Bounded: a chapter's input is at most ``FOLD_INPUT_TOKENS`` of messages (a summarizer that
+  fell behind catches up chapter by chapter) and its output at most ``summary.max_tokens``.
 - Runs in owned background tasks (one per conversation at most) through the LLM gate's
-  background lane: it never delays a reply. A failure keeps the last good summary and the
-  conversation is retried after ``retry_seconds``.
+  background lane: it never delays a reply, and a preempted call (a reply came) is retried at
+  the next turn. A failure keeps the chapters so far and is retried after ``retry_seconds``.
+- Never saved as complete when cut by ``max_tokens``: it is asked again shorter; if still cut,
+  it is saved up to its last full sentence with a visible "[…]" and a warning. Nothing is
+  dropped silently: the log stays the record, and every skip is logged.
 - A summary begun before a ``!reset`` is refused by the store at save time.
 """
 
@@ -15,26 +27,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from bot.config import SummaryConfig
 from bot.errors import LLMUnavailable
 from bot.llm.gate import BackgroundPreempted
-from bot.llm.port import LLM, ChatMessage
+from bot.llm.port import LLM, TRUNCATED_MARK, ChatMessage
 from bot.llm.tokens import TokenCounter
 from bot.memory.port import MemoryStore
-from bot.memory.store import Conversation, StoredMessage
+from bot.memory.store import USER, Conversation, StoredMessage, Summary
 
 log = logging.getLogger("bot.memory.summary")
 
-PROMPT = (
-    "You maintain a short running summary of a chat between a person and an assistant. "
-    "Merge the existing summary with the new messages into one summary of at most {words} "
-    "words. Keep names, dates, decisions, preferences and open questions; drop small talk. "
-    "Write plain sentences, no preamble."
+CHAPTER_PROMPT = (
+    "You summarize one stretch of a chat between a person and an assistant, as a chapter "
+    "that follows the earlier ones. In at most {words} words keep names, dates, decisions, "
+    "preferences and open questions; drop small talk and anything the earlier chapters "
+    "already say. Write plain sentences, no preamble."
+)
+MERGE_PROMPT = (
+    "Merge these consecutive summary chapters of one chat into a single summary of at most "
+    "{words} words. Keep names, dates, decisions, preferences and open questions; drop what "
+    "later chapters superseded. Write plain sentences, no preamble."
 )
 MAX_FOLD_MESSAGES = 60
+FOLD_INPUT_TOKENS = 1500
+CHAPTER_WORDS_SHARE = 0.3  # words per chapter = this share of summary.max_tokens
+MERGE_FACTOR = 1.5  # chapters merge when together over this many times summary.max_tokens
+_SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)")
 
 
 class Summarizer:
@@ -57,7 +79,7 @@ class Summarizer:
         self._closed = False
 
     def maybe_schedule(self, conversation: Conversation, *, window_start_id: int | None) -> bool:
-        """Start a background refresh if enough turns left the window; never blocks."""
+        """Start a background fold if enough turns left the window; never blocks."""
         if not self._config.enabled or self._closed or window_start_id is None:
             return False
         cid = conversation.id
@@ -72,7 +94,7 @@ class Summarizer:
         try:
             await self.refresh(conversation, window_start_id=window_start_id)
         except BackgroundPreempted:
-            pass  # a reply needed the LLM; the next turn schedules this again
+            log.debug("summary for conversation %d preempted by a reply", conversation.id)
         except LLMUnavailable as exc:
             self._retry_at[conversation.id] = self._clock() + self._config.retry_seconds
             log.info("summary for conversation %d postponed: %s", conversation.id, exc)
@@ -81,35 +103,71 @@ class Summarizer:
             log.exception("summary for conversation %d failed", conversation.id)
 
     async def refresh(self, conversation: Conversation, *, window_start_id: int) -> bool:
-        """Fold unsummarized messages older than the window into the summary, if enough."""
-        old = await self._store.latest_summary(conversation)
-        after = max(conversation.reset_after, old.last_message_id if old else 0)
+        """Write the messages between the last chapter and the window as a new chapter (if
+        there are at least ``min_evicted``); merge the chapters when they grew too long."""
+        chapters = await self._store.summaries(conversation)
+        after = max(conversation.reset_after, chapters[-1].last_message_id if chapters else 0)
         pending = await self._store.messages_between(
             conversation.id, after_id=after, up_to_id=window_start_id - 1
         )
         if len(pending) < self._config.min_evicted:
             return False
-        pending = pending[:MAX_FOLD_MESSAGES]
-        words = max(20, int(self._config.max_tokens * 0.6))
-        prompt = [
-            ChatMessage("system", PROMPT.format(words=words)),
-            ChatMessage("user", _fold_input(old.text if old else "", pending)),
-        ]
-        completion = await self._llm.complete(prompt, max_tokens=self._config.max_tokens)
-        text = completion.text.strip()
+        pending = _bounded(pending, self._counter)
+        words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
+        before = chapters[-1].text if chapters else ""
+        text = await self._write(CHAPTER_PROMPT, _fold_input(before, pending), words)
         saved = await self._store.save_summary(
             conversation.id,
             text=text,
-            first_message_id=old.first_message_id if old else pending[0].id,
+            first_message_id=pending[0].id,
             last_message_id=pending[-1].id,
             tokens=self._counter.count(text),
         )
         self._retry_at.pop(conversation.id, None)
+        if not saved:
+            return False
+        log.debug("conversation %d: chapter up to message %d", conversation.id, pending[-1].id)
+        total = sum(c.tokens for c in chapters) + self._counter.count(text)
+        if total > self._config.max_tokens * MERGE_FACTOR:
+            await self.merge(conversation)
+        return True
+
+    async def merge(self, conversation: Conversation) -> bool:
+        """Merge every chapter into one longer-term summary (session end, idle, or too long)."""
+        chapters = await self._store.summaries(conversation)
+        if len(chapters) < 2:
+            return False
+        words = max(20, int(self._config.max_tokens * 0.6))
+        text = await self._write(MERGE_PROMPT, _merge_input(chapters), words)
+        saved = await self._store.save_summary(
+            conversation.id,
+            text=text,
+            first_message_id=chapters[0].first_message_id,
+            last_message_id=chapters[-1].last_message_id,
+            tokens=self._counter.count(text),
+        )
         if saved:
-            log.debug(
-                "summary for conversation %d now covers up to %d", conversation.id, pending[-1].id
-            )
+            log.debug("conversation %d: %d chapters merged", conversation.id, len(chapters))
         return saved
+
+    async def _write(self, instruction: str, material: str, words: int) -> str:
+        """Ask for a summary of ``words`` words; once more at half if the answer was cut or
+        too long; a second cut answer is kept to its last full sentence and marked."""
+        limit = self._config.max_tokens
+        for attempt in range(2):
+            prompt = [
+                ChatMessage("system", instruction.format(words=words)),
+                ChatMessage("user", material),
+            ]
+            completion = await self._llm.complete(prompt, max_tokens=limit)
+            text = completion.text.strip()
+            if not completion.truncated and self._counter.count(text) <= limit:
+                return text
+            log.info("summary cut or too long (attempt %d); asking for a shorter one", attempt + 1)
+            words = max(10, words // 2)
+        text = _last_sentence(text.removesuffix(TRUNCATED_MARK).rstrip())
+        log.warning("summary still cut by max_tokens; saved up to its last full sentence")
+        return text + TRUNCATED_MARK
 
     async def stop(self, *, timeout: float = 5.0) -> None:
         self._closed = True
@@ -124,8 +182,35 @@ class Summarizer:
     def running(self) -> int:
         return len(self._tasks)
 
+    async def wait_quiet(self) -> None:
+        """Until no summary task runs (benchmarks and tests pacing a conversation)."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks.values()))
 
-def _fold_input(old_summary: str, messages: list[StoredMessage]) -> str:
-    lines = [f"Existing summary: {old_summary or '(none yet)'}", "", "New messages:"]
+
+def _bounded(pending: list[StoredMessage], counter: TokenCounter) -> list[StoredMessage]:
+    """A front part of ``pending`` within the input bounds that ends on a turn boundary."""
+    used, n = 0, 0
+    for msg in pending[:MAX_FOLD_MESSAGES]:
+        if n and used + msg.tokens > FOLD_INPUT_TOKENS:
+            break
+        used += msg.tokens
+        n += 1
+    while 1 < n < len(pending) and pending[n].role != USER:
+        n -= 1  # the next window must start with the person speaking
+    return pending[:n]
+
+
+def _last_sentence(text: str) -> str:
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    return text[: ends[-1]] if ends else text
+
+
+def _fold_input(before: str, messages: Sequence[StoredMessage]) -> str:
+    lines = [f"Earlier chapter (context only): {before or '(none yet)'}", "", "New messages:"]
     lines += [f"{m.author}: {m.text}" for m in messages]
     return "\n".join(lines)
+
+
+def _merge_input(chapters: Sequence[Summary]) -> str:
+    return "\n\n".join(f"Chapter {i}: {c.text}" for i, c in enumerate(chapters, 1))

@@ -1,7 +1,18 @@
 """Fake OpenAI-compatible server on 127.0.0.1 (aiohttp.web): real HTTP for the real openai client.
 
-Scripted behaviour per request (consumed in order, then ``default``):
-  "ok" | "stream" | ("status", code, body) | ("sleep", seconds) | ("reply", text)
+Every chat request is logged (``requests``, in arrival order; ``events``: ("start" | "end" |
+"disconnect", index)). A request with ``"stream": true`` is answered as server-sent events, one
+chunk per word, like llama.cpp; otherwise as one JSON completion. A client that hangs up before
+the answer is complete is counted (``cancelled``, ``disconnected`` indices): that is what stops
+generation on a real streaming server.
+
+Scripted behaviour per request (consumed in order, then "ok"):
+  "ok" | "stream" (force SSE) | ("status", code, body) | ("sleep", seconds) | ("reply", text)
+  | ("length", text): finish_reason "length" (cut by max_tokens)
+  | ("slow", seconds): that long between streamed words (or before a JSON answer)
+  | "context_exceeded": HTTP 400 context_length_exceeded, as llama.cpp/OpenAI send it
+  | "html": an HTML error page with status 200 | "not_json" | "no_choices" | "no_message"
+  | ("raw", content_type, body_bytes)
 ``reply_fn`` (if set) computes the answer from the request body, e.g. to echo the prompt.
 
 ``/v1/embeddings`` answers with ``hashed_vector``: a bag of lower-cased words hashed into
@@ -40,6 +51,25 @@ def hashed_vector(text: str, dim: int = EMBED_DIM) -> list[float]:
     return [x / norm for x in vec] if norm else vec
 
 
+CONTEXT_EXCEEDED = {
+    "error": {
+        "message": "Requested tokens (5000) exceed context window of 4096",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+}
+MALFORMED: dict[str, tuple[str, bytes]] = {
+    "html": ("text/html", b"<html><body><h1>502 Bad Gateway</h1></body></html>"),
+    "not_json": ("text/plain", b"Internal error, please retry"),
+    "no_choices": ("application/json", b'{"id": "c1", "object": "chat.completion", "choices": []}'),
+    "no_message": (
+        "application/json",
+        b'{"id": "c1", "choices": [{"index": 0, "finish_reason": "stop"}]}',
+    ),
+}
+
+
 class FakeLLM:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
@@ -49,6 +79,8 @@ class FakeLLM:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.cancelled = 0
+        self.disconnected: list[int] = []  # indices into ``requests`` whose client hung up
+        self.events: list[tuple[str, int]] = []
         self.embed_requests: list[dict[str, Any]] = []
         self.embed_script: list[Behaviour] = []
         self.embeds_answered = 0
@@ -65,44 +97,73 @@ class FakeLLM:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        index = -1
         try:
-            return await self._answer(request)
-        except asyncio.CancelledError:
-            self.cancelled += 1  # the client went away (as Ollama sees a dropped request)
+            body = await request.json()
+            self.requests.append(body)
+            index = len(self.requests) - 1
+            self.events.append(("start", index))
+            resp = await self._answer(request, body)
+            self.events.append(("end", index))
+            return resp
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cancelled += 1  # the client went away (a real server stops generating)
+            self.disconnected.append(index)
+            self.events.append(("disconnect", index))
             raise
         finally:
             self.in_flight -= 1
 
-    async def _answer(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.requests.append(body)
-        beh = self.script.pop(0) if self.script else ("stream" if body.get("stream") else "ok")
+    async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        beh: Any = self.script.pop(0) if self.script else "ok"
         text = self.reply_fn(body) if self.reply_fn else self.reply
-        if isinstance(beh, tuple) and beh[0] == "status":
+        finish = "stop"
+        pause = 0.0
+        kind: Any = beh[0] if isinstance(beh, tuple) else beh
+        if kind == "status":
             return web.json_response(beh[2], status=beh[1])
-        if isinstance(beh, tuple) and beh[0] == "sleep":
+        if kind == "context_exceeded":
+            return web.json_response(CONTEXT_EXCEEDED, status=400)
+        if kind == "raw":
+            return web.Response(body=beh[2], content_type=beh[1])
+        if kind in MALFORMED:
+            ctype, raw = MALFORMED[kind]
+            return web.Response(body=raw, content_type=ctype)
+        if kind == "sleep":
             await asyncio.sleep(beh[1])
-        if isinstance(beh, tuple) and beh[0] == "reply":
+        if kind == "reply":
             text = beh[1]
+        if kind == "length":
+            text, finish = beh[1], "length"
+        if kind == "slow":
+            pause = beh[1]
         created = int(time.time())
-        if beh == "stream":
+        if beh == "stream" or body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            for i, piece in enumerate(text.split(" ")):
+            pieces = text.split(" ")
+            for i, piece in enumerate(pieces):
+                if pause:
+                    await asyncio.sleep(pause)
                 delta = ({"role": "assistant"} if i == 0 else {}) | {
                     "content": (" " if i else "") + piece
                 }
+                last = i == len(pieces) - 1
                 chunk = {
                     "id": "c1",
                     "object": "chat.completion.chunk",
                     "created": created,
                     "model": body["model"],
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+                    "choices": [
+                        {"index": 0, "delta": delta, "finish_reason": finish if last else None}
+                    ],
                 }
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
+        if pause:
+            await asyncio.sleep(pause)
         return web.json_response(
             {
                 "id": "c1",
@@ -113,7 +174,7 @@ class FakeLLM:
                     {
                         "index": 0,
                         "message": {"role": "assistant", "content": text},
-                        "finish_reason": "stop",
+                        "finish_reason": finish,
                     }
                 ],
                 "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},

@@ -2,6 +2,8 @@
 
 Invariants:
 - A summary computed before a ``!reset`` is refused at save time, inside the same transaction.
+- Summaries are chapters: saving one deletes only the rows whose message range it covers, so
+  folds append chapters and a merge (one row over their union) replaces them.
 """
 
 from __future__ import annotations
@@ -15,13 +17,24 @@ from bot.memory.sqlite.base import SqliteBase
 class DerivedMixin(SqliteBase):
     # --- summaries --------------------------------------------------------------------------
     async def latest_summary(self, conversation: Conversation) -> Summary | None:
+        """The newest chapter (the one reaching furthest into the log)."""
         row = await self._one(
             "SELECT id, text, first_message_id, last_message_id, tokens, created_at "
             "FROM summaries WHERE conversation_id = ? AND first_message_id > ? "
-            "ORDER BY id DESC LIMIT 1",
+            "ORDER BY last_message_id DESC, id DESC LIMIT 1",
             (conversation.id, conversation.reset_after),
         )
         return None if row is None else Summary(*row)
+
+    async def summaries(self, conversation: Conversation) -> list[Summary]:
+        """Summary chapters after the reset mark, oldest first."""
+        rows = await self._all(
+            "SELECT id, text, first_message_id, last_message_id, tokens, created_at "
+            "FROM summaries WHERE conversation_id = ? AND first_message_id > ? "
+            "ORDER BY first_message_id, id",
+            (conversation.id, conversation.reset_after),
+        )
+        return [Summary(*r) for r in rows]
 
     async def save_summary(
         self,
@@ -45,10 +58,11 @@ class DerivedMixin(SqliteBase):
                 "last_message_id, tokens, created_at) VALUES (?, ?, ?, ?, ?, ?)",
                 (conversation_id, text, first_message_id, last_message_id, tokens, time.time()),
             )
-            # Older summaries are superseded; keep the log as the record, not stale digests.
+            # Chapters this one covers are superseded (a merge); earlier chapters stay.
             await db.execute(
-                "DELETE FROM summaries WHERE conversation_id = ? AND id < last_insert_rowid()",
-                (conversation_id,),
+                "DELETE FROM summaries WHERE conversation_id = ? AND id < last_insert_rowid() "
+                "AND first_message_id >= ? AND last_message_id <= ?",
+                (conversation_id, first_message_id, last_message_id),
             )
             return True
 

@@ -1,0 +1,397 @@
+"""How much of each prompt a KV-cache server can reuse: old context layout against the new.
+
+    python -m bench.prefix [--turns 64] [--write-docs]
+
+A scripted conversation (``--turns`` turns per person, at least 60: statements of details,
+small talk, and questions about details said long before, so that there are several folds,
+summary chapters and retrievals) goes through the real app (``bot.app.build``: responder,
+context builder, summarizer, LLM gate, the real OpenAI-compatible adapter over HTTP) to the
+fake LLM server (``tests/fakes/fake_llm.py``) on 127.0.0.1, at the mesh defaults (1,536-token
+budget, 120 completion tokens, the Meshtastic style hint, answers of about 300 bytes, one
+pinned fact at the start and one added midway). The fake's request log is then read back.
+
+Scenarios: one person; two people interleaved (A, B, A, B, ...). After each reply the
+benchmark waits until background work (summaries) is done, as a person typing the next
+message would give it time to.
+
+Layouts, each on a fresh database in the same run:
+- ``old``: the context builder and summarizer before this change (``bench/legacy_context.py``,
+  ``bench/legacy_summary.py``, kept verbatim): sliding window, retrieved turns in the system
+  message, one rolling summary rewritten at each refresh.
+- ``new-inline``: the cache-stable layout (``bot.memory.context``) with recalled turns in the
+  final user message.
+- ``new-notes``: the same, with recall notes kept at the turn where they were recalled.
+
+Measures (requests rendered as a ChatML prompt, tokens counted with cl100k):
+- prefix share: for each reply request after a person's first, the identical prefix it shares
+  with that person's previous reply request, as a share of its own length (what a server
+  with one cache per person could reuse); mean, median, minimum.
+- re-evaluated tokens per turn on a one-slot server: every request in arrival order (both
+  people's replies and every summary call, cancelled or not) costs the tokens after its
+  common prefix with the request just before it; the total divided by the number of turns.
+- prompt tokens per turn (mean) and summary calls.
+
+Nothing is timed: the figures are exact counts of what was sent. README's table is rewritten
+only with ``--write-docs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from bench.legacy_context import ContextBuilder as LegacyContextBuilder
+from bench.legacy_summary import PROMPT as LEGACY_SUMMARY_PROMPT
+from bench.legacy_summary import Summarizer as LegacySummarizer
+from bot.app import App, build
+from bot.config import (
+    BotConfig,
+    Config,
+    LLMConfig,
+    MemoryConfig,
+    RateLimit,
+)
+from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
+from bot.llm.tokens import TokenCounter, make_counter
+from bot.memory.context import ContextBuilder
+from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT, Summarizer
+from bot.transports.base import OnMessage
+from bot.transports.mesh_text import fit
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+MARK_START = "<!-- bench:prefix:start -->"
+MARK_END = "<!-- bench:prefix:end -->"
+TRANSPORT = "bench"
+CONTEXT_TOKENS = 1536  # meshtastic.context_tokens default
+MAX_TOKENS = 120  # meshtastic.max_tokens default
+CHUNK_BYTES = 200
+MAX_PARTS = 3
+STYLE_HINT = (  # what MeshtasticTransport sends with the default chunk_bytes and max_parts
+    "You are answering over LoRa radio: reply in plain text, no markdown or lists, "
+    f"ideally under {CHUNK_BYTES} bytes (about {CHUNK_BYTES // 6} words) "
+    f"and never more than {CHUNK_BYTES * MAX_PARTS} bytes."
+)
+ANSWER_BYTES = 300
+LAYOUTS = ("old", "new-inline", "new-notes")
+SUMMARY_PREFIXES = tuple(
+    p.split("{", 1)[0] for p in (LEGACY_SUMMARY_PROMPT, CHAPTER_PROMPT, MERGE_PROMPT)
+)
+
+DETAILS = [
+    ("My boat is called Osprey and she is moored at the north pier.", "What is my boat called?"),
+    ("My sister Ingrid lives in Bergen and works as a nurse.", "Where does my sister live?"),
+    ("I run the repeater on Mount Storsteinen at 433 MHz.", "Which frequency is my repeater on?"),
+    ("Our club meets every second Thursday in the old fire station.", "When does our club meet?"),
+    ("My dog Pepper is afraid of thunderstorms.", "What is my dog afraid of?"),
+    ("I am saving for a new solar panel, the 100 watt one.", "What panel was I saving for?"),
+    ("The antenna on the shed is a 5/8 wave vertical I built myself.", "What antenna did I build?"),
+    ("My daughter Mia starts school in August.", "When does Mia start school?"),
+    ("I keep the spare battery in the blue toolbox.", "Where is the spare battery?"),
+    ("The node in the cabin runs on firmware 2.5 and a RAK board.", "What board is in the cabin?"),
+    ("My favourite soup is fish soup with saffron.", "Which soup do I like best?"),
+    ("Next week I drive to Lyngen to hike with Tor.", "Who am I hiking with?"),
+]
+SMALL_TALK = [
+    "How is the weather looking for tomorrow around here?",
+    "Any tips for keeping batteries warm in winter?",
+    "What is a good way to waterproof a small enclosure?",
+    "Tell me something interesting about radio propagation.",
+    "Should I use a longer antenna cable or move the node?",
+    "How often should I check the solar charge controller?",
+    "What makes LoRa work so well over long distances?",
+    "Can you suggest a simple dinner for a cold evening?",
+    "How do I explain mesh networks to my neighbour?",
+    "What should go in an emergency kit for the cabin?",
+]
+FILLER = (
+    "That depends on the conditions and the hardware, but a careful setup usually works well. "
+    "Keep connections dry, check the power budget, and test one change at a time. "
+    "Write down what you changed so you can go back if it gets worse. "
+    "Ask the club if someone has tried the same thing before. "
+)
+
+
+def script(turns: int, *, seed: int) -> list[str]:
+    """``turns`` user messages (plus two ``!remember`` commands: one first, one midway):
+    details early, questions about them much later, small talk between."""
+    rng = random.Random(seed)
+    order = list(range(len(DETAILS)))
+    rng.shuffle(order)
+    said: list[int] = []
+    out: list[str] = ["!remember I live in Tromsø and my callsign is LA9XYZ."]
+    for n in range(1, turns + 1):
+        if n == turns // 2:
+            out.append("!remember I prefer answers in metric units.")
+        r = rng.random()
+        if order and (r < 0.3 or not said):
+            said.append(order.pop())
+            out.append(DETAILS[said[-1]][0])
+        elif len(said) > 3 and r < 0.6:
+            out.append(DETAILS[rng.choice(said[:-3])][1])  # asked long after it was said
+        else:
+            out.append(rng.choice(SMALL_TALK) + f" ({n})")
+    return out
+
+
+def answer(body: dict[str, Any]) -> str:
+    """The fake's deterministic answer: ~300 bytes for a reply, ~50 words for a summary."""
+    messages = body["messages"]
+    if str(messages[0]["content"]).startswith(SUMMARY_PREFIXES):
+        words = str(messages[-1]["content"]).split()
+        return "The person talked about " + " ".join(words[-40:])[:300] + "."
+    question = str(messages[-1]["content"]).rsplit("\n\n", 1)[-1]
+    head = " ".join(question.split()[:6])
+    return (f"About '{head}': " + FILLER)[:ANSWER_BYTES]
+
+
+class MeshLikeTransport:
+    """A transport twin with the Meshtastic defaults: budget, style hint and ``fit``."""
+
+    name = TRANSPORT
+
+    def __init__(self, *, max_tokens: int = MAX_TOKENS) -> None:
+        self.limits = TransportLimits(
+            context_tokens=CONTEXT_TOKENS, max_tokens=max_tokens, style_hint=STYLE_HINT
+        )
+        self.sent: list[Reply] = []
+        self._on_message: OnMessage | None = None
+        self._closed = asyncio.Event()
+
+    def fit(self, text: str) -> str:
+        return fit(text, chunk_bytes=CHUNK_BYTES, max_parts=MAX_PARTS)
+
+    @contextlib.asynccontextmanager
+    async def working(self, inbound: Inbound) -> AsyncIterator[None]:
+        yield
+
+    async def start(self, on_message: OnMessage) -> None:
+        self._on_message = on_message
+
+    async def send(self, reply: Reply) -> Delivery:
+        self.sent.append(reply)
+        return Delivery(DeliveryStatus.SENT, message_ids=(f"bench-{len(self.sent)}",))
+
+    async def inject(self, inbound: Inbound) -> None:
+        assert self._on_message is not None
+        await self._on_message(inbound)
+
+    async def stop(self) -> None:
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+
+def bench_config(state_dir: Path, base_url: str) -> Config:
+    return Config(
+        state_dir=state_dir,
+        llm=LLMConfig(base_url=base_url, model="fake", api_key_env=None, retries=0),
+        bot=BotConfig(rate_limit=RateLimit(messages=10_000, per_seconds=1.0), queue_limit=100),
+        memory=MemoryConfig(),
+    )
+
+
+def use_layout(app: App, layout: str) -> None:
+    """Swap the old builder and summarizer into a built app, or pick the recall mode."""
+    responder: Any = app.responder
+    assert isinstance(getattr(responder, "_context", None), ContextBuilder), (
+        "Responder no longer keeps its context builder in _context; update bench.prefix"
+    )
+    if layout == "old":
+        cfg = app.config.memory
+        context = LegacyContextBuilder(
+            store=app.store,
+            retriever=app.context._retriever,
+            counter=app.counter,
+            system_prompt=app.config.bot.system_prompt,
+            retrieval_share=cfg.retrieval.share,
+        )
+        summarizer = LegacySummarizer(
+            store=app.store, llm=app.gate.background, counter=app.counter, config=cfg.summary
+        )
+        responder._context = context
+        responder._summarizer = summarizer
+        app.context = cast(ContextBuilder, context)
+        app.summarizer = cast(Summarizer, summarizer)
+    else:
+        app.context.recall = "notes" if layout == "new-notes" else "inline"
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    scenario: str
+    layout: str
+    turns: int
+    summaries: int
+    cancelled: int
+    share_mean: float
+    share_median: float
+    share_min: float
+    reeval_per_turn: float
+    prompt_per_turn: float
+
+
+def render(body: dict[str, Any]) -> str:
+    """A request as a ChatML prompt (what a llama.cpp server evaluates, near enough)."""
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in body["messages"])
+
+
+def common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def measure(
+    requests: Sequence[dict[str, Any]], owners: Sequence[str | None], counter: TokenCounter
+) -> tuple[list[float], float, float, int]:
+    """(same-person prefix shares, re-evaluated tokens, prompt tokens of replies, summaries)
+    for requests in arrival order; ``owners`` names the person of each reply (None: a
+    summary)."""
+    shares: list[float] = []
+    last_of: dict[str, str] = {}
+    previous = ""
+    reeval = 0.0
+    prompt = 0.0
+    summaries = 0
+    for body, owner in zip(requests, owners, strict=True):
+        text = render(body)
+        reeval += counter.count(text[common_prefix(previous, text) :])
+        previous = text
+        if owner is None:
+            summaries += 1
+            continue
+        tokens = counter.count(text)
+        prompt += tokens
+        if owner in last_of:
+            shared = counter.count(text[: common_prefix(last_of[owner], text)])
+            shares.append(shared / tokens)
+        last_of[owner] = text
+    return shares, reeval, prompt, summaries
+
+
+async def run(layout: str, scenario: str, turns: int, seed: int, counter: TokenCounter) -> Result:
+    from tests.fakes.fake_llm import FakeLLM
+
+    fake = FakeLLM()
+    fake.reply_fn = answer
+    await fake.start()
+    people = ["alice"] if scenario == "one person" else ["alice", "bob"]
+    scripts = {p: script(turns, seed=seed + i) for i, p in enumerate(people)}
+    with tempfile.TemporaryDirectory() as d:
+        transport = MeshLikeTransport()
+        app = await build(bench_config(Path(d), fake.base_url), env={}, transports=[transport])
+        use_layout(app, layout)
+        owners: list[str | None] = []
+        try:
+            await app.start()
+            for n in range(len(scripts[people[0]])):
+                for person in people:
+                    text = scripts[person][n]
+                    before = len(fake.requests)
+                    await transport.inject(
+                        Inbound(
+                            transport=TRANSPORT,
+                            sender=person,
+                            text=text,
+                            message_id=f"{person}-{n}",
+                            sender_name=person.title(),
+                        )
+                    )
+                    await app.responder.wait_idle()
+                    # The person types; summaries may run (the old summarizer has no event).
+                    while app.summarizer.running:  # noqa: ASYNC110
+                        await asyncio.sleep(0.01)
+                    for body in fake.requests[before:]:
+                        first = str(body["messages"][0]["content"])
+                        owners.append(None if first.startswith(SUMMARY_PREFIXES) else person)
+        finally:
+            await app.close()
+            await fake.stop()
+    replies = sum(1 for o in owners if o is not None)
+    shares, reeval, prompt, summaries = measure(fake.requests, owners, counter)
+    return Result(
+        scenario=scenario,
+        layout=layout,
+        turns=replies,
+        summaries=summaries,
+        cancelled=fake.cancelled,
+        share_mean=statistics.mean(shares),
+        share_median=statistics.median(shares),
+        share_min=min(shares),
+        reeval_per_turn=reeval / replies,
+        prompt_per_turn=prompt / replies,
+    )
+
+
+def table(results: Sequence[Result]) -> str:
+    lines = [
+        "| scenario | layout | replies | summary calls | prefix share mean | median | min "
+        "| re-evaluated tokens/turn (one slot) | prompt tokens/turn |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.scenario} | {r.layout} | {r.turns} | {r.summaries} | {r.share_mean:.1%} "
+            f"| {r.share_median:.1%} | {r.share_min:.1%} | {r.reeval_per_turn:.0f} "
+            f"| {r.prompt_per_turn:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_docs(path: Path, command: str, results: Sequence[Result]) -> None:
+    block = "\n".join(
+        [
+            MARK_START,
+            f"Command: `{command}`. Date: {time.strftime('%Y-%m-%d')}. Exact counts of what was "
+            "sent (cl100k tokens of the ChatML-rendered requests), not timings.",
+            "",
+            table(results),
+            MARK_END,
+        ]
+    )
+    text = path.read_text()
+    if MARK_START not in text:
+        raise SystemExit(f"{path} has no {MARK_START} marker; add one where the table goes")
+    head, rest = text.split(MARK_START, 1)
+    tail = rest.split(MARK_END, 1)[1] if MARK_END in rest else ""
+    path.write_text(head + block + tail)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.prefix", description=__doc__.split("\n")[0])
+    p.add_argument("--turns", type=int, default=64, help="turns per person (at least 60)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--layouts", default=",".join(LAYOUTS))
+    p.add_argument("--write-docs", action="store_true", help="rewrite README's prefix table")
+    args = p.parse_args(argv)
+    counter = make_counter()
+    results: list[Result] = []
+    for scenario in ("one person", "two people"):
+        for layout in args.layouts.split(","):
+            if layout not in LAYOUTS:
+                p.error(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
+            results.append(asyncio.run(run(layout, scenario, args.turns, args.seed, counter)))
+            print(table(results[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(table(results))
+    if args.write_docs:
+        command = f"python -m bench.prefix --turns {args.turns} --seed {args.seed}"
+        write_docs(README, command, results)
+        print(f"wrote {README}")
+
+
+if __name__ == "__main__":
+    main()
