@@ -143,3 +143,11 @@ async def test_streamed_answer_grows_and_a_retry_starts_over(fake_llm: FakeLLM) 
     assert all(b.startswith(a) for a, b in itertools.pairwise(grown))
     assert not any("think" in s or "hmm" in s for s in seen)
     await llm.close()
+
+
+def test_merge_system_keeps_the_images_of_the_first_user_message() -> None:
+    from bot.llm.port import merge_system
+
+    msgs = [ChatMessage("system", "be brief"), ChatMessage("user", "what is this?", ("data:x",))]
+    [merged] = merge_system(msgs)
+    assert (merged.content, merged.images) == ("be brief\n\nwhat is this?", ("data:x",))
