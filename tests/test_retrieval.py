@@ -293,11 +293,11 @@ async def test_outline_cache_follows_new_and_deleted_messages(store: SqliteStore
     ids = await _conversation(store, ALICE, [(USER, "my kayak is red"), (ASSISTANT, "nice")])
     conv = await store.conversation(ALICE)
     retriever = _retriever(store)
-    assert (await retriever.outline(conv.id)).ids == ids
+    assert list((await retriever.outline(conv.id)).ids) == ids
     more = await _conversation(store, ALICE, [(USER, "the kayak leaks")], start=START + DAY)
-    assert (await retriever.outline(conv.id)).ids == ids + more  # grown, not rebuilt
+    assert list((await retriever.outline(conv.id)).ids) == ids + more  # grown, not rebuilt
     await store.prune_older_than(START + 1.0)  # retention deletes the first message
-    assert (await retriever.outline(conv.id)).ids == ids[1:] + more
+    assert list((await retriever.outline(conv.id)).ids) == ids[1:] + more
     block = await retriever.retrieve(conv, "kayak", budget_tokens=500, before_id=10**9)
     assert [m.id for m in block.turns] == [ids[1], *more]
 
@@ -362,3 +362,21 @@ async def test_embedding_server_down_falls_back_to_words(
         assert any("embeddings again" in r.getMessage() for r in caplog.records)
     finally:
         await embedder.close()
+
+
+async def test_outline_cache_is_bounded_by_messages_not_only_conversations(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The soak's RSS grew with every message: each cached outline grows with its conversation,
+    so the cache is bounded by the messages it holds, newest conversations kept."""
+    import bot.memory.retrieval as retrieval
+
+    monkeypatch.setattr(retrieval, "OUTLINE_CACHE_MESSAGES", 5)
+    retriever = _retriever(store)
+    people = [ConversationKey("mesh", f"!p{i}") for i in range(3)]
+    for key in people:
+        await _conversation(store, key, [(USER, "one"), (ASSISTANT, "two"), (USER, "three")])
+        await retriever.outline((await store.conversation(key)).id)
+    cached = retriever._outlines
+    assert sum(len(o) for o in cached.values()) <= 5
+    assert list(cached) == [(await store.conversation(people[-1])).id]  # the newest stays

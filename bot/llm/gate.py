@@ -10,6 +10,12 @@ Invariants:
   the connection, which stops generation on llama.cpp, Ollama and vLLM; the owner retries
   later (``BackgroundPreempted``). A summary therefore never delays a reply by more than the
   time to close a request.
+- An outage is shared, not queued: when a reply's call fails as unavailable (every endpoint
+  and fallback tried), the replies waiting behind it fail at that moment instead of each
+  waiting out its own timeout, and until a call succeeds again one probe runs at a time while
+  other replies fail at once. So a person's "LLM unavailable" notice never waits behind another
+  person's hung call once the outage is known. ``ContextTooLong`` is about one prompt, not the
+  server, and does not count.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 
 from bot.errors import LLMUnavailable
-from bot.llm.port import LLM, ChatMessage, Completion, OnText
+from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, OnText
 
 BUSY_POLL = 0.05
 
@@ -41,6 +47,9 @@ class LLMGate:
         self._background: set[asyncio.Task[Completion]] = set()
         self._changed = asyncio.Condition()
         self.preempted = 0  # background calls cancelled for a reply (for logs and benchmarks)
+        self._outages = 0  # foreground failures as unavailable, ever (waiters compare it)
+        self._fg_running = 0
+        self._down = False  # the last foreground call failed as unavailable; none succeeded since
 
     @property
     def model_name(self) -> str:
@@ -64,12 +73,17 @@ class LLMGate:
     ) -> Completion:
         async with self._changed:
             if not background:
+                seen = self._outages
+                if self._down and self._fg_running:
+                    raise LLMUnavailable("the LLM server is down; a probe request is running")
                 self._fg_waiting += 1
                 try:
                     for task in list(self._background):
                         task.cancel()  # the person waiting comes first (and frees the server)
                     while self._running >= self._limit:
                         await self._changed.wait()
+                        if self._outages != seen:
+                            raise LLMUnavailable("the LLM server failed the request ahead")
                 finally:
                     self._fg_waiting -= 1
             else:
@@ -81,12 +95,31 @@ class LLMGate:
             self._running += 1
         try:
             if not background:
-                return await self._llm.complete(messages, max_tokens=max_tokens, on_text=on_text)
+                return await self._foreground_call(messages, max_tokens=max_tokens, on_text=on_text)
             return await self._background_call(messages, max_tokens=max_tokens)
         finally:
             async with self._changed:
                 self._running -= 1
                 self._changed.notify_all()
+
+    async def _foreground_call(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+    ) -> Completion:
+        self._fg_running += 1
+        try:
+            completion = await self._llm.complete(messages, max_tokens=max_tokens, on_text=on_text)
+        except ContextTooLong:
+            raise  # this prompt's problem, not the server's
+        except LLMUnavailable:
+            async with self._changed:
+                self._outages += 1
+                self._down = True
+                self._changed.notify_all()
+            raise
+        finally:
+            self._fg_running -= 1
+        self._down = False
+        return completion
 
     async def _background_call(
         self, messages: Sequence[ChatMessage], *, max_tokens: int

@@ -38,6 +38,8 @@ import heapq
 import logging
 import math
 import re
+import sys
+from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,7 +75,8 @@ NEIGHBOUR_REACH = 2  # turns on each side a turn borrows from (halving with dist
 QUALIFIED_PER_RESULT = 3  # lexical seeds kept per wanted result on very common queries
 VECTOR_POOL = 2000  # vector matches considered per query (weak ones still lend to neighbours)
 MAX_QUERY_CHARS = 2000  # of the new message, embedded for vector search
-OUTLINE_CACHE = 256  # conversations whose outline stays in memory (about 40 bytes a message)
+OUTLINE_CACHE = 256  # conversations whose outline stays in memory (about 33 bytes a message)
+OUTLINE_CACHE_MESSAGES = 300_000  # and at most this many messages in all (~10 MB): RSS plateaus
 
 
 def query_terms(text: str) -> list[str]:
@@ -121,25 +124,35 @@ class Ranked:
 
 class Outline:
     """The shape of one conversation's log, in order: ids, roles and token counts (with prefix
-    sums), which ranking needs for every turn but never the text. Grown as messages arrive."""
+    sums), which ranking needs for every turn but never the text. Grown as messages arrive.
+
+    Compact on purpose (about 33 bytes a message: three int64 arrays and a list of two shared
+    role strings; ids are sorted, so a message's index is a binary search, not a dict): the
+    cache holds the outlines of many long conversations on a Pi."""
 
     def __init__(self, rows: Sequence[tuple[int, str, int]] = ()) -> None:
-        self.ids: list[int] = []
+        self.ids = array("q")
         self.roles: list[str] = []
-        self.tokens: list[int] = []
-        self.prefix: list[int] = [0]
-        self.position: dict[int, int] = {}
+        self.tokens = array("q")
+        self.prefix = array("q", [0])
         self.extend(rows)
 
     def extend(self, rows: Sequence[tuple[int, str, int]]) -> None:
         for mid, role, tokens in rows:
             if self.ids and mid <= self.ids[-1]:
                 raise ValueError("outline rows must arrive in id order")
-            self.position[mid] = len(self.ids)
             self.ids.append(mid)
-            self.roles.append(role)
+            self.roles.append(USER if role == USER else sys.intern(role))
             self.tokens.append(tokens)
             self.prefix.append(self.prefix[-1] + tokens)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def index(self, message_id: int) -> int | None:
+        """Position of ``message_id`` in the outline, or None."""
+        i = bisect.bisect_left(self.ids, message_id)
+        return i if i < len(self.ids) and self.ids[i] == message_id else None
 
     @property
     def last_id(self) -> int:
@@ -187,7 +200,7 @@ def bm25_rank(
     avgdl = max((outline.prefix[hi] - outline.prefix[lo]) / n, 1.0)
     terms: list[tuple[float, list[int]]] = []  # (idf, positions in the span)
     for ids in postings:
-        hits = [i for i in (outline.position.get(m) for m in ids) if i is not None and lo <= i < hi]
+        hits = [i for i in (outline.index(m) for m in ids) if i is not None and lo <= i < hi]
         df = len(hits)
         terms.append((math.log(1.0 + (n - df + 0.5) / (df + 0.5)), hits))
     possible = sum(idf for idf, _hits in terms)
@@ -212,7 +225,7 @@ def bm25_rank(
     near: dict[int, float] = {}  # position -> similarity, for the vector matches in the span
     if similarity and weight > 0:
         for mid, sim in similarity.items():
-            i = outline.position.get(mid)
+            i = outline.index(mid)
             if i is not None and lo <= i < hi and sim > 0:
                 near[i] = sim
                 if sim >= min_similarity:
@@ -265,7 +278,7 @@ def partners(
     taken = set(chosen)
     out: list[int] = []
     for mid in chosen:
-        i = outline.position.get(mid)
+        i = outline.index(mid)
         if i is None:
             continue
         role = outline.roles[i]
@@ -303,6 +316,7 @@ class Retriever:
         self._query_timeout = query_timeout
         self._embedder_down = False
         self._outlines: OrderedDict[int, Outline] = OrderedDict()
+        self._cached_messages = 0  # messages in all cached outlines
 
     async def _similar(
         self, conversation: Conversation, query: str, *, before_id: int
@@ -338,6 +352,7 @@ class Retriever:
     async def outline(self, conversation_id: int) -> Outline:
         """This conversation's whole outline, current as of now."""
         cached = self._outlines.pop(conversation_id, None) or Outline()
+        before = len(cached)
         rows = await self._store.outline(
             conversation_id, after_id=cached.last_id, before_id=1 << 62
         )
@@ -347,8 +362,12 @@ class Retriever:
                 await self._store.outline(conversation_id, after_id=0, before_id=1 << 62)
             )
         self._outlines[conversation_id] = cached
-        while len(self._outlines) > OUTLINE_CACHE:
-            self._outlines.popitem(last=False)
+        self._cached_messages += len(cached) - before
+        while len(self._outlines) > 1 and (
+            len(self._outlines) > OUTLINE_CACHE or self._cached_messages > OUTLINE_CACHE_MESSAGES
+        ):
+            _, evicted = self._outlines.popitem(last=False)
+            self._cached_messages -= len(evicted)
         return cached
 
     async def rank(
@@ -417,7 +436,8 @@ class Retriever:
             if expected > 2 * budget_tokens:
                 break
             pool.append(r.id)
-            expected += outline.tokens[outline.position[r.id]] + 1
+            at = outline.index(r.id)  # ranked ids come from this outline
+            expected += (outline.tokens[at] if at is not None else 0) + 1
         ranked = ranked[: len(pool)]
         pool += partners(outline, pool[: cfg.max_turns], span=span)
         by_id = {m.id: m for m in await self._store.messages_by_ids(pool)}
