@@ -1,27 +1,40 @@
 # Every target works on a fresh machine with only python3 and make.
+# `make run`/`make chat` install the runtime dependencies only (pinned by constraints.txt);
+# `make test` (CI's entry point, .ci/run) adds the dev tools.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUNTIME := $(VENV)/.runtime
+# Runtime extras for `make run`; add embeddings (numpy) when memory.embeddings is on:
+#   make run EXTRAS=meshtastic,discord,embeddings
+EXTRAS ?= meshtastic,discord
+SOURCES := bot tests bench tools
 
-.PHONY: run chat test lint typecheck unit bench-pipeline bench-recall bench-deps-embed \
-	bench-prefix bench-real-llm bench-deps-llm clean
+.PHONY: run chat test lint typecheck unit constraints bench-pipeline bench-recall \
+	bench-deps-embed bench-prefix bench-real-llm bench-deps-llm clean
 
-$(STAMP): pyproject.toml
-	$(PY) -m venv $(VENV)
+$(BIN)/python:
+	$(PY) -m venv $(VENV) || { rm -rf $(VENV); echo "python3 -m venv failed: install python3-venv (Debian: sudo apt install python3-venv)"; exit 1; }
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
 
-run: $(STAMP)  ## run the configured transports (console chat when there is no config)
+$(RUNTIME): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
+	touch $(RUNTIME)
+
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP) $(RUNTIME)
+
+run: $(RUNTIME)  ## run the configured transports
 	$(BIN)/meshsage run $(if $(CONFIG),--config $(CONFIG),)
 
-chat: $(STAMP)
-	$(BIN)/meshsage chat
+chat: $(RUNTIME)  ## chat in this terminal
+	$(BIN)/meshsage chat $(if $(CONFIG),--config $(CONFIG),)
 
 lint: $(STAMP)
-	$(BIN)/ruff check bot tests bench
-	$(BIN)/ruff format --check bot tests bench
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -31,8 +44,11 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-bench-pipeline: $(STAMP)
-	$(BIN)/python -m bench.pipeline
+constraints: $(STAMP)  ## re-pin constraints.txt after changing dependencies in pyproject.toml
+	$(BIN)/python tools/constraints.py
+
+bench-pipeline: $(STAMP)  ## add --write-docs via ARGS to publish the tables (full run only)
+	$(BIN)/python -m bench.pipeline $(ARGS)
 
 bench-recall: $(STAMP)
 	$(BIN)/python -m bench.recall ../shared/bench/locomo-dev.json

@@ -61,6 +61,9 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM, ChatMessage, Completion, OnText
 from bot.memory.context import ContextBuilder
+from bot.memory.facts import PROMPT as FACTS_PROMPT
+from bot.memory.layers import LayeredContext
+from bot.memory.sessions import LONGTERM_PROMPT, SESSION_PROMPT
 from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.transports.base import OnMessage
 
@@ -75,7 +78,13 @@ REPLY_MAX_CHARS = 2000
 DB_NAME = "meshsage.db"  # Config.database_path's file name inside state_dir
 MARK_START = "<!-- bench:pipeline:start -->"
 MARK_END = "<!-- bench:pipeline:end -->"
-_SUMMARY_PREFIXES = tuple(p.split("{", 1)[0] for p in (CHAPTER_PROMPT, MERGE_PROMPT))
+# Background work (summary chapters and merges, session summaries, long-term summary, fact
+# extraction) is told apart from replies by its system prompt: this wrapper sits below the
+# gate's lanes.
+_BACKGROUND_PREFIXES = tuple(
+    p.split("{", 1)[0][:60]
+    for p in (CHAPTER_PROMPT, MERGE_PROMPT, SESSION_PROMPT, LONGTERM_PROMPT, FACTS_PROMPT)
+)
 
 
 # --- the in-process transport and the timing LLM wrapper ------------------------------------
@@ -140,7 +149,7 @@ class TimingLLM:
             return await self.inner.complete(messages, max_tokens=max_tokens, on_text=on_text)
         finally:
             ended = time.perf_counter()
-            if messages and messages[0].content.startswith(_SUMMARY_PREFIXES):
+            if messages and messages[0].content.startswith(_BACKGROUND_PREFIXES):
                 self.background_calls += 1
             else:
                 self.foreground.append((started, ended))
@@ -202,12 +211,11 @@ def bench_config(*, state_dir: Path, base_url: str, strategy: str) -> Config:
 
 def use_context(app: App, context: NaiveContextBuilder) -> None:
     """Wire an alternative context builder into a built app (the responder holds it)."""
-    responder = app.responder
-    assert isinstance(getattr(responder, "_context", None), ContextBuilder), (
-        "Responder no longer keeps its context builder in _context; update bench.pipeline"
+    layered = getattr(app.responder, "_context", None)
+    assert isinstance(layered, LayeredContext) and layered is app.context, (
+        "Responder no longer keeps its layered context in _context; update bench.pipeline"
     )
-    responder._context = cast(ContextBuilder, context)
-    app.context = cast(ContextBuilder, context)
+    layered.inner = cast(ContextBuilder, context)
 
 
 def pick_people(db_path: Path, *, count: int, seed: int) -> tuple[list[str], int]:
@@ -571,10 +579,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--db", help="generated database file (default: cached in bench/results/)")
     p.add_argument("--keep", action="store_true", help="keep the per-strategy working copies")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
-    p.add_argument("--docs", default=str(DOCS), help="Markdown file to update ('' = none)")
     p.add_argument(
-        "--readme", default=str(README), help="README whose Performance table to update ('' = none)"
+        "--write-docs",
+        action="store_true",
+        help="publish the tables into --docs and --readme (only from a full run: the default "
+        "sizes and every strategy); without it nothing is written",
     )
+    p.add_argument("--docs", default=str(DOCS), help="Markdown file --write-docs updates")
+    p.add_argument("--readme", default=str(README), help="README whose table --write-docs updates")
     p.add_argument("--step", default="all", help=argparse.SUPPRESS)
     p.add_argument("--strategy", help=argparse.SUPPRESS)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
@@ -583,7 +595,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for s in args.strategies.split(","):
         if s not in STRATEGIES:
             p.error(f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
+    if args.write_docs and args.step == "all":
+        partial = not_full_run(args, p)
+        if partial:
+            p.error(
+                "--write-docs publishes README's figures, so it needs a full run; these options "
+                f"differ from it: {', '.join(partial)}. Fix: drop them, or drop --write-docs."
+            )
     return args
+
+
+FULL_RUN_KEYS = ("messages", "conversations", "turns", "active", "warmup", "seed",
+                 "context_tokens", "strategies")  # fmt: skip
+
+
+def not_full_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """The options of ``args`` that make it smaller or different from the published run."""
+    return [
+        "--" + key.replace("_", "-")
+        for key in FULL_RUN_KEYS
+        if getattr(args, key) != parser.get_default(key)
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -621,6 +653,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "overhead = turn time (handle() until the reply is stored, sent and its delivery "
             "recorded) minus the foreground LLM call; see the module docstring."
         )
+        if not args.write_docs:
+            print("docs not changed (pass --write-docs on a full run to publish these tables)")
+            return
         if args.docs:
             write_docs(Path(args.docs), args, results)
             print(f"wrote {args.docs}")

@@ -63,6 +63,7 @@ from bot.config import (
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.tokens import TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
+from bot.memory.layers import LayeredContext
 from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT, Summarizer
 from bot.transports.base import OnMessage
 from bot.transports.mesh_text import fit
@@ -204,14 +205,15 @@ def bench_config(state_dir: Path, base_url: str) -> Config:
 def use_layout(app: App, layout: str) -> None:
     """Swap the old builder and summarizer into a built app, or pick the recall mode."""
     responder: Any = app.responder
-    assert isinstance(getattr(responder, "_context", None), ContextBuilder), (
-        "Responder no longer keeps its context builder in _context; update bench.prefix"
+    layered = getattr(responder, "_context", None)
+    assert isinstance(layered, LayeredContext) and layered is app.context, (
+        "Responder no longer keeps its layered context in _context; update bench.prefix"
     )
     if layout == "old":
         cfg = app.config.memory
         context = LegacyContextBuilder(
             store=app.store,
-            retriever=app.context._retriever,
+            retriever=layered.inner._retriever,
             counter=app.counter,
             system_prompt=app.config.bot.system_prompt,
             retrieval_share=cfg.retrieval.share,
@@ -219,12 +221,11 @@ def use_layout(app: App, layout: str) -> None:
         summarizer = LegacySummarizer(
             store=app.store, llm=app.gate.background, counter=app.counter, config=cfg.summary
         )
-        responder._context = context
+        layered.inner = cast(ContextBuilder, context)  # the memory tiers stay around it
         responder._summarizer = summarizer
-        app.context = cast(ContextBuilder, context)
         app.summarizer = cast(Summarizer, summarizer)
     else:
-        app.context.recall = "notes" if layout == "new-notes" else "inline"
+        layered.inner.recall = "notes" if layout == "new-notes" else "inline"
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,11 @@ Methods:
 - ``fts5-bm25``: the real FTS5 index ranked by FTS5's own ``bm25()`` for an OR of the query
   words (what meshsage did before this benchmark).
 - ``ours``: the bot's ``Retriever`` (``bot.memory.retrieval``), the exact code path of a reply.
+- ``ours+sessions``: retrieval over the tiers (issue 12, MemForest's hierarchy): the sessions
+  whose summaries best match the question (BM25 over LoCoMo's own session summaries, standing
+  in for the bot's LLM-written ones) are searched first with the bot's ``Retriever`` limited to
+  each session's message range (half the budget), then today's turn-level ranking fills the
+  rest.
 - ``ours+vectors``: the same with embeddings on: every message embedded by the bot's own
   ``Indexer`` into the store, the question embedded on each query, hybrid ranking with the
   default ``memory.embeddings`` weights. The embedder is ``bench.embed_local.LocalEmbedder``
@@ -43,7 +48,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -58,7 +63,7 @@ from bot.memory.store import ASSISTANT, USER, Conversation, SqliteStore, StoredM
 
 BUDGETS = (256, 512, 1024, 2048)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
-METHODS = ("window", "bm25-stdlib", "fts5-bm25", "ours", "ours+vectors")
+METHODS = ("window", "bm25-stdlib", "fts5-bm25", "ours", "ours+vectors", "ours+sessions")
 DEFAULT_METHODS = ("window", "bm25-stdlib", "fts5-bm25", "ours")
 DAY = 86_400.0
 
@@ -84,6 +89,7 @@ class Dialogue:
     speaker_a: str
     turns: list[Turn]
     questions: list[Question]
+    session_summaries: dict[int, str] = field(default_factory=dict)
 
 
 class CharCounter:
@@ -135,7 +141,14 @@ def load(path: Path) -> list[Dialogue]:
             evidence = _evidence_ids(q.get("evidence") or [], valid)
             if evidence:
                 questions.append(Question(q["question"], evidence, int(q["category"])))
-        dialogues.append(Dialogue(item["sample_id"], conv["speaker_a"], turns, questions))
+        summaries = {
+            int(k.split("_")[1]): v
+            for k, v in (item.get("session_summary") or {}).items()
+            if re.fullmatch(r"session_\d+_summary", k) and isinstance(v, str)
+        }
+        dialogues.append(
+            Dialogue(item["sample_id"], conv["speaker_a"], turns, questions, summaries)
+        )
     return dialogues
 
 
@@ -285,6 +298,8 @@ async def _one(
     by_id = {m.id: m for m in messages}
     info["turns"] += len(messages)
     retrievers = {"ours": Retriever(store=store, counter=CHARS4, config=config)}
+    retrievers["ours+sessions"] = retrievers["ours"]
+    sessions = _sessions(dlg, id_of) if "ours+sessions" in tallies else None
     if embedder is not None:
         await Indexer(store=store, embedder=embedder, batch=64).index_conversation(conv.id)
         defaults = EmbeddingsConfig()
@@ -308,7 +323,7 @@ async def _one(
                     got, used = await _select(
                         method, q.text, budget, conv=conv, store=store,
                         retriever=retrievers.get(method), stdlib=stdlib, raw=raw, by_id=by_id,
-                        end=end,
+                        end=end, sessions=sessions,
                     )  # fmt: skip
                     ms = (time.perf_counter() - t0) * 1000
                     if used > budget:
@@ -332,7 +347,12 @@ async def _select(
     raw: sqlite3.Connection,
     by_id: dict[int, StoredMessage],
     end: int,
+    sessions: SessionIndex | None = None,
 ) -> tuple[set[int], int]:
+    if method == "ours+sessions":
+        assert retriever is not None and sessions is not None
+        return await _tiered(question, budget, conv=conv, retriever=retriever,
+                             sessions=sessions, end=end)  # fmt: skip
     if method.startswith("ours"):
         assert retriever is not None
         block = await retriever.retrieve(conv, question, budget_tokens=budget, before_id=end)
@@ -356,6 +376,58 @@ async def _select(
         chosen, used = pack_plain([by_id[i] for i in fts5_bm25(raw, conv, question)], budget)
         return {m.id for m in chosen}, used
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+
+
+# --- retrieval over the tiers (sessions, then turns) -------------------------------------------
+SESSIONS_SEARCHED = 2
+SESSION_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class SessionIndex:
+    ranges: list[tuple[int, int]]  # (first message id, last message id), one per summary
+    bm25: StdlibBM25
+
+
+def _sessions(dlg: Dialogue, id_of: dict[str, int]) -> SessionIndex:
+    spans: dict[int, list[int]] = defaultdict(list)
+    for t in dlg.turns:
+        spans[int(t.dia_id[1:].split(":")[0])].append(id_of[t.dia_id])
+    ranges: list[tuple[int, int]] = []
+    docs: list[StoredMessage] = []
+    for n, text in sorted(dlg.session_summaries.items()):
+        if spans.get(n):
+            ranges.append((min(spans[n]), max(spans[n])))
+            # StdlibBM25 ranks StoredMessages; a summary is one, its id the session's index.
+            docs.append(StoredMessage(len(docs), 0, USER, "summary", text, 0.0, 0, None, None, ""))
+    return SessionIndex(ranges, StdlibBM25(docs))
+
+
+async def _tiered(
+    question: str,
+    budget: int,
+    *,
+    conv: Conversation,
+    retriever: Retriever,
+    sessions: SessionIndex,
+    end: int,
+) -> tuple[set[int], int]:
+    chosen: set[int] = set()
+    used = 0
+    top = sessions.bm25.rank(question)[:SESSIONS_SEARCHED]
+    for doc in top:
+        first, last = sessions.ranges[doc.id]
+        scoped = Conversation(conv.id, conv.key, reset_after=first - 1)
+        share = int(budget * SESSION_SHARE / len(top))
+        block = await retriever.retrieve(scoped, question, budget_tokens=share, before_id=last + 1)
+        if block.lines:
+            chosen |= {m.id for m in block.turns}
+            used += CHARS4.count(block.text)
+    rest = await retriever.retrieve(conv, question, budget_tokens=budget - used, before_id=end)
+    if rest.lines:
+        chosen |= {m.id for m in rest.turns}
+        used += CHARS4.count(rest.text)
+    return chosen, used
 
 
 # --- latency at scale -------------------------------------------------------------------------

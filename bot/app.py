@@ -8,6 +8,12 @@ Invariants:
 - Shutdown order: stop taking turns and finish the ones in flight (replies still go out),
   stop transports, stop background summaries and indexing, close the LLM and embedding
   clients, close the database.
+- Operations: once the transports run, a ``Monitor`` task checks health, pings the systemd
+  watchdog only while healthy, sends STATUS= lines and rewrites the status file in the state
+  dir; READY=1 follows the transports' start, STOPPING=1 opens the shutdown. The LLM the gate
+  uses is wrapped in ``TimedLLM`` for the latency figures.
+- Sessions (close, summarize, extract facts) run in their own owned task through the gate's
+  background lane, only while no turn runs; forgetting by use runs in the maintenance loop.
 - Embeddings (``memory.embeddings``) are built only when enabled: the embedder goes to the
   retriever (query vectors) and to the indexer (message vectors, in the background).
 """
@@ -32,10 +38,18 @@ from bot.llm.port import LLM
 from bot.llm.tokens import TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.embeddings import Embedder, OpenAICompatEmbedder
+from bot.memory.facts import FactExtractor
 from bot.memory.indexer import Indexer
+from bot.memory.layers import LayeredContext
+from bot.memory.links import LinkCodes
 from bot.memory.retrieval import Retriever
+from bot.memory.sessions import SessionKeeper
 from bot.memory.store import SqliteStore
 from bot.memory.summary import Summarizer
+from bot.ops.metrics import LastError, Latencies, TimedLLM
+from bot.ops.monitor import Monitor
+from bot.ops.sdnotify import Notifier
+from bot.ops.status import STATUS_FILE
 from bot.responder import Responder
 from bot.transports.base import Transport
 
@@ -53,12 +67,19 @@ class App:
     llm: LLM
     gate: LLMGate
     counter: TokenCounter
-    context: ContextBuilder
+    context: LayeredContext
     summarizer: Summarizer
     commands: Commands
     responder: Responder
     transports: list[Transport] = field(default_factory=list)
     indexer: Indexer | None = None  # memory.embeddings enabled
+    notifier: Notifier = field(default_factory=lambda: Notifier(env={}))
+    latencies: Latencies = field(default_factory=Latencies)
+    last_error: LastError = field(default_factory=LastError)
+    monitor: Monitor | None = None
+    _monitor_task: asyncio.Task[None] | None = None
+    _hurry: asyncio.Event = field(default_factory=asyncio.Event)
+    sessions: SessionKeeper | None = None
     _close_llm: OpenAICompatLLM | None = None
     _close_embedder: OpenAICompatEmbedder | None = None
     _maintenance: asyncio.Task[None] | None = None
@@ -82,8 +103,24 @@ class App:
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="maintenance")
         if self.indexer is not None:
             self.indexer.start()
+        if self.sessions is not None:
+            self.sessions.start()
         await self.responder.recover_pending()
+        self._start_monitor()
+        self.notifier.ready("serving on " + ", ".join(t.name for t in running))
         return running
+
+    def _start_monitor(self) -> None:
+        logging.getLogger("bot").addHandler(self.last_error)
+        self.monitor = Monitor(
+            notifier=self.notifier,
+            store=self.store,
+            transports=lambda: self.transports,
+            status_path=self.config.database_path.parent / STATUS_FILE,
+            latencies=self.latencies,
+            last_error=self.last_error,
+        )
+        self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
 
     async def _maintenance_loop(self) -> None:
         """Database upkeep off the reply path: WAL checkpoints and small FTS merges while no
@@ -98,6 +135,13 @@ class App:
                     if pruned:
                         log.info("retention: deleted %d message(s) older than %d days", pruned,
                                  self.config.memory.retention_days)  # fmt: skip
+                if self.config.memory.max_turns_per_person > 0 and self.responder.idle:
+                    forgotten = await self.store.prune_by_use(
+                        self.config.memory.max_turns_per_person
+                    )
+                    if forgotten:
+                        log.info("forgetting by use: deleted %d little-used old message(s)",
+                                 forgotten)  # fmt: skip
                 await self.responder.redeliver()  # replies whose link was down
                 if self.responder.idle:
                     await self.store.tidy()
@@ -105,8 +149,9 @@ class App:
                 log.exception("database maintenance failed")
             await asyncio.sleep(MAINTENANCE_INTERVAL)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Start, serve until ``stop`` is set or every transport ends, then shut down."""
+    async def run(self, stop: asyncio.Event) -> bool:
+        """Start, serve until ``stop`` is set or every transport ends, then shut down.
+        Returns True when the transports ended by themselves (nobody asked to stop)."""
         try:
             await self.start()
             stopper = asyncio.create_task(stop.wait())
@@ -116,18 +161,43 @@ class App:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(stopper, all_closed, return_exceptions=True)
+            return not stop.is_set()
         finally:
             await self.close()
+
+    def hurry(self) -> None:
+        """Stop waiting for turns in flight (a second Ctrl-C); they are cut off and answered
+        at the next start (their messages stay pending)."""
+        self._hurry.set()
+
+    async def _drain(self) -> None:
+        drainer = asyncio.create_task(self.responder.drain(timeout=DRAIN_SECONDS))
+        hurry = asyncio.create_task(self._hurry.wait())
+        await asyncio.wait([drainer, hurry], return_when=asyncio.FIRST_COMPLETED)
+        hurry.cancel()
+        if not drainer.done():
+            await self.responder.drain(timeout=0)  # cancels what is still running
+        await drainer
 
     async def _all_closed(self) -> None:
         await asyncio.gather(*(t.wait_closed() for t in self.transports))
 
     async def close(self) -> None:
+        self.notifier.stopping()
+        if self._monitor_task is not None:
+            if self.monitor is not None:
+                self.monitor.stop()
+            self._monitor_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor_task
+            logging.getLogger("bot").removeHandler(self.last_error)
+            with contextlib.suppress(OSError):  # a stopped bot has no status to report
+                (self.config.database_path.parent / STATUS_FILE).unlink()
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
-        await self.responder.drain(timeout=DRAIN_SECONDS)
+        await self._drain()
         if self.bridge is not None:
             await self.bridge.close()
         for transport in self.transports:
@@ -136,6 +206,8 @@ class App:
             except Exception:  # shutdown boundary: keep closing the rest
                 log.exception("stopping %s failed", transport.name)
         await self.summarizer.stop()
+        if self.sessions is not None:
+            await self.sessions.stop()
         if self.indexer is not None:
             await self.indexer.stop()
         if self._close_llm is not None:
@@ -143,6 +215,7 @@ class App:
         if self._close_embedder is not None:
             await self._close_embedder.close()
         await self.store.close()
+        self.notifier.close()
         log.info("stopped cleanly")
 
 
@@ -165,8 +238,13 @@ async def build(
         if llm is None:
             real_llm = OpenAICompatLLM(config=config.llm, env=env)
             llm = real_llm
+        latencies = Latencies()
         # Background LLM work waits while any turn is in progress (bound late: responder below).
-        gate = LLMGate(llm=llm, limit=config.llm.concurrency, busy=lambda: not responder.idle)
+        gate = LLMGate(
+            llm=TimedLLM(llm=llm, latencies=latencies),
+            limit=config.llm.concurrency,
+            busy=lambda: not responder.idle,
+        )
         embedder: Embedder | None = None
         real_embedder = None
         indexer = None
@@ -191,12 +269,32 @@ async def build(
             min_similarity=config.memory.embeddings.min_similarity,
             query_timeout=config.memory.embeddings.query_timeout,
         )
-        context = ContextBuilder(
+        context = LayeredContext(
+            inner=ContextBuilder(
+                store=store,
+                retriever=retriever,
+                counter=counter,
+                system_prompt=config.bot.system_prompt,
+                retrieval_share=config.memory.retrieval.share,
+            ),
             store=store,
-            retriever=retriever,
             counter=counter,
-            system_prompt=config.bot.system_prompt,
-            retrieval_share=config.memory.retrieval.share,
+        )
+        extractor = None
+        if config.memory.extract_facts:
+            extractor = FactExtractor(
+                store=store,
+                llm=gate.background,
+                counter=counter,
+                max_facts=config.memory.max_facts,
+            )
+        sessions = SessionKeeper(
+            store=store,
+            llm=gate.background,
+            counter=counter,
+            gap=config.memory.session_gap,
+            extractor=extractor,
+            idle=lambda: responder.idle,  # bound late: the responder is below
         )
         summarizer = Summarizer(
             store=store, llm=gate.background, counter=counter, config=config.memory.summary
@@ -208,6 +306,7 @@ async def build(
             operators=config.bot.operators,
             max_facts=config.memory.max_facts,
             model_name=lambda: gate.model_name,
+            links=LinkCodes(),
         )
         responder = Responder(
             store=store,
@@ -239,6 +338,9 @@ async def build(
             commands=commands,
             responder=responder,
             indexer=indexer,
+            notifier=Notifier(env=env),
+            latencies=latencies,
+            sessions=sessions,
             _close_llm=real_llm,
             _close_embedder=real_embedder,
         )
@@ -298,6 +400,7 @@ def _build_transport(
             max_tokens=cc.max_tokens,
             wait_idle=app.responder.wait_idle,
             export_dir=config.database_path.parent / "exports",
+            history_file=config.database_path.parent / "console_history",
             stdin=stdin,
             stdout=stdout,
         )

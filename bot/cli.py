@@ -1,88 +1,233 @@
-"""Command line: ``meshsage run | chat | check-config | memory show | memory reindex``.
+"""Command line: ``meshsage run | chat | check-config | doctor | status | backup | restore |
+memory show | memory reindex | memory rebuild | export | import``.
 
 Invariants:
-- This is the only place that configures logging (stderr) and reads the process environment.
+- This is the only place that configures logging (stderr), sets the umask (0077: state files
+  are private) and reads the process environment.
+- ``run``, ``chat`` and ``check-config`` judge a config with the same ``preflight.check``; what
+  ``check-config`` passes, ``run`` starts (given the same environment and terminal).
 - Domain errors become one line on stderr and the error's exit code; no tracebacks for
   problems the operator can fix.
 - SIGINT/SIGTERM set a stop event; the app then finishes in-flight turns and closes cleanly.
+  A second SIGINT stops at once (unanswered messages are answered on the next start).
+- ``-v`` works before or after the subcommand.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from bot import __version__
-from bot.app import build
+from bot.app import DRAIN_SECONDS, build
 from bot.config import Config, load_config
 from bot.domain import DM_SPACE, ConversationKey
-from bot.errors import ConfigError, MeshsageError
+from bot.errors import ConfigError, MeshsageError, TransportError
 from bot.llm.port import merge_system
+from bot.memory.export import FORMATS, import_document, person_document, read_import, render
+from bot.memory.store import SqliteStore
+from bot.ops import preflight
 
 log = logging.getLogger("bot.cli")
 
 
 def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
+    )
+    cfg = argparse.ArgumentParser(add_help=False, parents=[common])
+    cfg.add_argument("--config", help="config file (default: $MESHSAGE_CONFIG, else defaults)")
+    envf = argparse.ArgumentParser(add_help=False)
+    envf.add_argument(
+        "--env-file",
+        help="read KEY=value secrets from this file too (e.g. /etc/meshsage/env, as systemd does)",
+    )
     p = argparse.ArgumentParser(prog="meshsage", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"meshsage {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the configured transports until SIGINT/SIGTERM")
-    run.add_argument("--config", help="config file (default: $MESHSAGE_CONFIG or defaults)")
-    chat = sub.add_parser("chat", help="chat with the bot in this terminal")
-    chat.add_argument("--config")
-    check = sub.add_parser("check-config", help="validate a config file and exit")
-    check.add_argument("file")
+    run = sub.add_parser("run", parents=[cfg], help="run the configured transports until SIGTERM")
+    run.add_argument(
+        "--hold-on-config-error",
+        action="store_true",
+        help="on a bad config, print the fix and wait for SIGTERM instead of exiting "
+        "(containers: no restart loop)",
+    )
+    sub.add_parser("chat", parents=[cfg], help="chat with the bot in this terminal")
+    check = sub.add_parser(
+        "check-config", parents=[common, envf], help="validate a config the way `run` would"
+    )
+    check.add_argument("file", nargs="?", help="config file (default: $MESHSAGE_CONFIG)")
+    check.add_argument(
+        "--service",
+        action="store_true",
+        help="judge it as a service would run it: no terminal (systemd, a container)",
+    )
+    sub.add_parser(
+        "doctor", parents=[cfg, envf], help="check config, database, LLM, radio, Discord, disk"
+    )
+    status = sub.add_parser("status", parents=[cfg], help="what the running bot reports")
+    status.add_argument("--json", action="store_true", help="print the raw status file")
+    backup = sub.add_parser("backup", parents=[cfg], help="copy the database (safe while running)")
+    backup.add_argument("file", help="backup file (or a directory for a dated name)")
+    restore = sub.add_parser("restore", parents=[cfg], help="replace the database from a backup")
+    restore.add_argument("file", help="a file written by `meshsage backup`")
     mem = sub.add_parser("memory", help="inspect memory")
     mem_sub = mem.add_subparsers(dest="memory_command", required=True)
-    show = mem_sub.add_parser("show", help="print the context assembled for a message")
+    show = mem_sub.add_parser(
+        "show", parents=[cfg], help="print the context assembled for a message"
+    )
     show.add_argument("person", help="person id (e.g. !1234abcd, a Discord user id, alice)")
     show.add_argument("--message", required=True, help="the new message to assemble for")
     show.add_argument("--transport", default="console")
     show.add_argument("--space", default=DM_SPACE)
-    show.add_argument("--config")
-    reindex = mem_sub.add_parser(
-        "reindex", help="embed every message that has no vector yet (memory.embeddings)"
+    mem_sub.add_parser(
+        "reindex",
+        parents=[cfg],
+        help="embed every message that has no vector yet (memory.embeddings)",
     )
-    reindex.add_argument("--config")
+    rebuild = mem_sub.add_parser(
+        "rebuild",
+        parents=[cfg],
+        help="redo a person's sessions and summaries from the raw log (uses the LLM)",
+    )
+    rebuild.add_argument("person")
+    rebuild.add_argument("--transport", default="console")
+    rebuild.add_argument("--space", default=DM_SPACE)
+    export = sub.add_parser("export", parents=[cfg], help="write a person's memory to stdout")
+    export.add_argument("person")
+    export.add_argument("--transport", default="console")
+    export.add_argument("--format", choices=FORMATS, default="json")
+    imp = sub.add_parser(
+        "import", parents=[cfg], help="load a JSON export (one transaction; all or nothing)"
+    )
+    imp.add_argument("file")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    os.umask(0o077)
     try:
+        env = dict(os.environ)
+        if getattr(args, "env_file", None):
+            env.update(read_env_file(Path(args.env_file)))
         if args.command == "check-config":
-            config = load_config(args.file)
-            print(
-                f"{args.file}: OK (transports: {', '.join(config.enabled_transports())}; "
-                f"database: {config.database_path})"
+            return _check_config(args, env)
+        if args.command == "doctor":
+            from bot.ops.doctor import run_doctor
+
+            return asyncio.run(
+                run_doctor(
+                    config_path=args.config, env=env, out=print, interactive=_isatty(sys.stdin)
+                )
             )
-            return 0
-        config = load_config(args.config)
+        config = load_config(args.config, env=env)
+        interactive = _isatty(sys.stdin)
+        if args.command in ("run", "chat"):
+            only = ["console"] if args.command == "chat" else None
+            preflight.check(
+                config, env=env, interactive=interactive, only=only,
+                scripted_console=args.command == "chat",
+            )  # fmt: skip
+            names = only or config.enabled_transports()
+            quiet = interactive and "console" in names and not args.verbose
+            _setup_logging("DEBUG" if args.verbose else config.log_level, quiet=quiet)
+            return _serve_locked(config, env=env, only=only, console=interactive)
         _setup_logging("DEBUG" if args.verbose else config.log_level)
-        if args.command == "run":
-            return asyncio.run(_serve(config, only=None))
-        if args.command == "chat":
-            return asyncio.run(_serve(config, only=["console"]))
+        if args.command == "status":
+            return _status(config, as_json=args.json)
+        if args.command == "backup":
+            return _backup(config, Path(args.file))
+        if args.command == "restore":
+            return _restore(config, Path(args.file))
         if args.command == "memory" and args.memory_command == "reindex":
             return asyncio.run(_memory_reindex(config, args))
+        if args.command == "memory" and args.memory_command == "rebuild":
+            return asyncio.run(_memory_rebuild(config, args))
+        if args.command == "export":
+            return asyncio.run(_export(config, args))
+        if args.command == "import":
+            return asyncio.run(_import(config, args))
         if args.command == "memory":
             return asyncio.run(_memory_show(config, args))
     except MeshsageError as exc:
-        print(f"meshsage: {exc}", file=sys.stderr)
+        print(f"meshsage: {exc}", file=sys.stderr, flush=True)
+        if isinstance(exc, ConfigError) and getattr(args, "hold_on_config_error", False):
+            _hold()
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
     return 2
 
 
-def _setup_logging(level: str) -> None:
+def _hold() -> None:
+    """Wait for SIGTERM/SIGINT after a config error (a container would otherwise restart-loop,
+    repeating the message until it scrolls away)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(ConfigError.exit_code))
+    print(
+        "meshsage: waiting; fix the config, then restart the container (docker restart ...)",
+        file=sys.stderr,
+        flush=True,
+    )
+    while True:
+        signal.pause()
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=value lines as systemd's EnvironmentFile= reads them (comments, optional quotes)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"{path}: cannot read the environment file ({exc.strerror}). Fix: run as a user "
+            "that can read it (e.g. sudo), or leave out --env-file."
+        ) from None
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[key.strip().removeprefix("export ").strip()] = value
+    return out
+
+
+def _check_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    path = args.file or env.get("MESHSAGE_CONFIG") or None
+    config = load_config(path, env=env)
+    interactive = not args.service and _isatty(sys.stdin)
+    preflight.check(config, env=env, interactive=interactive)
+    print(
+        f"{config.source}: OK (transports: {', '.join(config.enabled_transports())}; "
+        f"database: {config.database_path})"
+    )
+    return 0
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _setup_logging(level: str, *, quiet: bool = False) -> None:
+    if quiet and logging.getLevelName(level) < logging.WARNING:
+        level = "WARNING"  # a person chatting in the terminal sees answers, not INFO lines
     logging.basicConfig(
         level=level,
         stream=sys.stderr,
@@ -92,12 +237,56 @@ def _setup_logging(level: str) -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-async def _serve(config: Config, *, only: list[str] | None) -> int:
+def _serve_locked(
+    config: Config, *, env: Mapping[str, str], only: list[str] | None, console: bool
+) -> int:
+    from bot.ops.backup import RunLock
+
+    with RunLock(config.database_path.parent):
+        return asyncio.run(_serve(config, env=env, only=only, console=console))
+
+
+async def _serve(
+    config: Config, *, env: Mapping[str, str], only: list[str] | None, console: bool
+) -> int:
+    started = time.monotonic()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    app = await build(config, env=os.environ, only=only)
+    # Opening (and migrating) the database can take longer than WatchdogSec on an SD card:
+    # keep systemd's watchdog fed while the event loop runs; TimeoutStartSec bounds a stuck start.
+    keepalive = asyncio.create_task(_starting_pings(env))
+    try:
+        app = await build(config, env=env, only=only)
+    finally:
+        keepalive.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keepalive
+    interrupts = 0
+    hurried = asyncio.Event()
+
+    def on_sigint() -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts == 1:
+            stop.set()
+            if console and not app.responder.idle:
+                print(
+                    f"\n(waiting up to {DRAIN_SECONDS:.0f} s for the answer being written; "
+                    "press Ctrl-C again to stop now)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        else:
+            print(
+                "\n(stopping now; unanswered messages are answered at the next start)",
+                file=sys.stderr,
+                flush=True,
+            )
+            app.hurry()
+            hurried.set()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
     log.info(
         "meshsage %s: model %s at %s, database %s",
         __version__,
@@ -105,7 +294,74 @@ async def _serve(config: Config, *, only: list[str] | None) -> int:
         config.llm.base_url,
         config.database_path,
     )
-    await app.run(stop)
+    ended = await app.run(stop)
+    if hurried.is_set():
+        return 130
+    names = [t.name for t in app.transports]
+    log.info("ran for %.1f s", time.monotonic() - started)
+    if ended and "console" not in names:
+        raise TransportError(
+            f"every transport stopped by itself ({', '.join(names)}); see the errors above. "
+            "Fix: correct what they name, then start again (systemd restarts the service)."
+        )
+    return 0
+
+
+async def _starting_pings(env: Mapping[str, str]) -> None:
+    from bot.ops.sdnotify import Notifier
+
+    notifier = Notifier(env=env)
+    if notifier.watchdog_interval is None:
+        notifier.close()
+        return
+    try:
+        notifier.status("starting: opening the database (a migration may take a while)")
+        while True:
+            notifier.watchdog()
+            await asyncio.sleep(notifier.watchdog_interval / 3)
+    finally:
+        notifier.close()
+
+
+def _status(config: Config, *, as_json: bool) -> int:
+    from bot.ops import status as status_file
+
+    path = config.database_path.parent / status_file.STATUS_FILE
+    try:
+        report = status_file.read(path)
+    except FileNotFoundError:
+        print(
+            f"meshsage: no status file at {path}: the bot is not running (or runs with another "
+            "state dir). Fix: start it (sudo systemctl start meshsage) or pass its --config.",
+            file=sys.stderr,
+        )
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"meshsage: cannot read {path} ({exc})", file=sys.stderr)
+        return 1
+    lines, ok = status_file.render(report)
+    print(report.to_json() if as_json else "\n".join(lines))
+    return 0 if ok else 1
+
+
+def _backup(config: Config, target: Path) -> int:
+    from bot.ops.backup import backup
+
+    report = backup(config.database_path, target)
+    print(
+        f"backup: {report.path} ({report.bytes / 1e6:.1f} MB, {report.messages} messages, "
+        "integrity ok)"
+    )
+    return 0
+
+
+def _restore(config: Config, source: Path) -> int:
+    from bot.ops.backup import restore
+
+    report, saved = restore(source, config.database_path)
+    print(f"restore: {report.path} now holds {report.messages} messages from {source}")
+    if saved is not None:
+        print(f"restore: the previous database was saved as {saved}")
     return 0
 
 
@@ -143,7 +399,7 @@ async def _memory_show(config: Config, args: argparse.Namespace) -> int:
                 print(f"- message {m.id} ({m.author}): {why}")
         sent = ctx.messages if config.llm.system_role else merge_system(ctx.messages)
         print(f"\n# the {len(sent)} messages sent to {config.llm.model}")
-        if app.context.recall == "notes":
+        if app.context.inner.recall == "notes":
             print(
                 "(recall notes that earlier turns carried live in the running bot's memory; "
                 "a fresh process shows those turns without them)"
@@ -184,6 +440,62 @@ async def _memory_reindex(config: Config, args: argparse.Namespace) -> int:
         return 0
     finally:
         await app.close()
+
+
+async def _memory_rebuild(config: Config, args: argparse.Namespace) -> int:
+    app = await build(config, env=os.environ, transports=[])
+    try:
+        key = ConversationKey(args.transport, args.person, args.space)
+        conv = await app.store.find_conversation(key)
+        if conv is None:
+            print(f"no conversation for {key}", file=sys.stderr)
+            return 1
+        assert app.sessions is not None
+        started = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            width = 30
+            filled = width * done // total if total else width
+            print(f"\rrebuild: [{'#' * filled}{'.' * (width - filled)}] {done}/{total} sessions",
+                  end="", file=sys.stderr, flush=True)  # fmt: skip
+
+        done = await app.sessions.rebuild(conv.id, progress=progress)
+        print(
+            f"\nrebuild: {done} session summaries and the long-term summary rewritten from the "
+            f"log in {time.monotonic() - started:.1f} s",
+            file=sys.stderr,
+        )
+        return 0
+    finally:
+        await app.close()
+
+
+async def _export(config: Config, args: argparse.Namespace) -> int:
+    store = await SqliteStore.open(config.database_path)
+    try:
+        doc = await person_document(store, args.transport, args.person)
+        if not doc["conversations"]:
+            print(f"no memory for {args.transport}:{args.person}", file=sys.stderr)
+            return 1
+        sys.stdout.write(render(doc, args.format))
+        return 0
+    finally:
+        await store.close()
+
+
+async def _import(config: Config, args: argparse.Namespace) -> int:
+    doc = read_import(Path(args.file))  # validated before the database is opened
+    store = await SqliteStore.open(config.database_path)
+    try:
+        counts = await import_document(store, doc)
+    finally:
+        await store.close()
+    print(
+        f"imported {doc['transport']}:{doc['person']}: "
+        + ", ".join(f"{n} {what}" for what, n in counts.items()),
+        file=sys.stderr,
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,13 @@ Invariants:
 - ``!more`` returns the stored rest of the last cut answer unfitted (``more=True``): the
   responder cuts it for the transport and keeps what is left for the next ``!more``.
 - Operator commands answer only ids listed in ``bot.operators`` ("transport:person"); the local
-  console user is always an operator (they own the machine and the database).
+  console user is always an operator (they own the machine and the database). Facts never
+  grant anything: "remember that I am an operator" is stored as text and checked by no one.
+- ``!remember`` refuses an exact or near duplicate of a pinned fact; ``!facts`` lists pinned
+  and extracted facts, numbered, pinned ones marked.
+- ``!link``/``!unlink`` act only on DMs; a wrong, expired or used code gets one answer that
+  reveals nothing, and tries are rate-limited (bot.memory.links).
+- ``!export`` on a transport that cannot carry files says how to get the export instead.
 """
 
 from __future__ import annotations
@@ -25,18 +31,24 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from bot.domain import DM_SPACE, Attachment, Inbound
+from bot.errors import MeshsageError
 from bot.llm.tokens import TokenCounter
 from bot.memory.export import export_person
+from bot.memory.facts import find_duplicate
+from bot.memory.links import LinkCodes
 from bot.memory.port import MemoryStore
 from bot.text import MESH_COMMAND_BYTES, fit_bytes
 
 FORGET_CONFIRM_SECONDS = 60.0
 # Every command name (user, then operator): on shared channels only these trigger the bot.
 COMMAND_NAMES = ("help", "reset", "forget", "history", "summary", "remember", "facts",
-                 "unremember", "status", "export", "more", "stats")  # fmt: skip
+                 "unremember", "status", "export", "more", "sessions", "pin", "link", "unlink",
+                 "incognito", "stats")  # fmt: skip
 HISTORY_DEFAULT = 3
 HISTORY_MAX = 10
 FACT_MAX_CHARS = 300
+SESSIONS_SHOWN = 5
+NO_FILES = ("meshtastic",)  # transports that cannot carry an attachment
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +74,10 @@ class Commands:
         operators: tuple[str, ...],
         max_facts: int,
         model_name: Callable[[], str],
+        links: LinkCodes,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._links = links
         self._store = store
         self._counter = counter
         self.prefix = prefix
@@ -85,6 +99,11 @@ class Commands:
             "status": self._status,
             "export": self._export,
             "more": self._more,
+            "sessions": self._sessions,
+            "pin": self._pin,
+            "link": self._link,
+            "unlink": self._unlink,
+            "incognito": self._incognito,
         }
         self._operator_handlers: dict[str, Handler] = {"stats": self._stats}
         self.stat_sources: list[Callable[[], Mapping[str, int]]] = []  # e.g. relay counters
@@ -131,7 +150,8 @@ class Commands:
     async def _help(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         p = self.prefix
         names = ["help", "reset", "forget", "history [n]", "summary", "remember <fact>",
-                 "facts", "unremember <n>", "status", "export", "more"]  # fmt: skip
+                 "facts", "unremember <n>", "status", "export", "more", "sessions", "pin",
+                 "link [code]", "unlink", "incognito [off]"]  # fmt: skip
         text = "Commands: " + " ".join(p + n for n in names)
         if self.is_operator(inbound):
             text += f" | operator: {p}stats"
@@ -221,13 +241,28 @@ class Commands:
             )
         conv = await self._store.conversation(inbound.key)
         facts = await self._store.facts(conv.id)
-        if len(facts) >= self._max_facts:
+        dup = find_duplicate(fact, facts)
+        if dup is not None and dup.pinned:
+            n = facts.index(dup) + 1
+            return self._say(f"I already have that as fact {n}: {dup.text}")
+        pinned = [f for f in facts if f.pinned]
+        if len(pinned) >= self._max_facts:
             return self._say(
-                f"You have {len(facts)} facts, the most I keep. Remove one with "
+                f"You have {len(pinned)} pinned facts, the most I keep. Remove one with "
                 f"{self.prefix}unremember <n>."
             )
-        await self._store.add_fact(conv.id, text=fact, tokens=self._counter.count(fact))
-        return self._say(f"Noted as fact {len(facts) + 1}. I'll keep it in mind in this chat.")
+        # Provenance: the latest exchange, which a fact usually refers to; kept from pruning.
+        recent = await self._store.recent_messages(conv, limit=2)
+        if dup is not None:  # I had inferred it; now the person pins it
+            await self._store.remove_fact(conv.id, dup.id)
+        await self._store.add_fact(
+            conv.id,
+            text=fact,
+            tokens=self._counter.count(fact),
+            source_ids=sorted(m.id for m in recent),
+        )
+        n = len(await self._store.facts(conv.id))
+        return self._say(f"Noted as fact {n} (pinned). I'll keep it in mind in this chat.")
 
     async def _facts(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
@@ -236,7 +271,11 @@ class Commands:
             return self._say(f"No facts yet. Add one with {self.prefix}remember <fact>.")
         each = max(16, (room - 10) // len(facts))
         return self._say(
-            " ".join(f"{i}) {fit_bytes(f.text, each)}" for i, f in enumerate(facts, 1))
+            " ".join(
+                f"{i}) {'*' if f.pinned else ''}{fit_bytes(f.text, each)}"
+                for i, f in enumerate(facts, 1)
+            )
+            + " (*=pinned)" * any(f.pinned for f in facts)
         )
 
     async def _unremember(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
@@ -270,11 +309,20 @@ class Commands:
                 inbound.transport, inbound.sender, space=inbound.space
             )
             where = " here"
-        return self._say(
-            f"Model {self._model_name()}, up {_duration(up)}, you sent {count} messages{where}."
-        )
+        conv = await self._store.find_conversation(inbound.key)
+        incognito = conv is not None and await self._store.is_incognito(conv.id)
+        text = f"Model {self._model_name()}, up {_duration(up)}, you sent {count} messages{where}."
+        if incognito:
+            text += f" Incognito is ON here: nothing new is stored ({self.prefix}incognito off)."
+        return self._say(text)
 
     async def _export(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+        if inbound.transport in NO_FILES:
+            return self._say(
+                "Files cannot travel over the mesh. Get your export from the operator "
+                f"(meshsage export {inbound.sender} --format md), or {self.prefix}link your "
+                f"Discord account and send {self.prefix}export there."
+            )
         markdown, doc = await export_person(self._store, inbound.transport, inbound.sender)
         stem = f"meshsage-export-{inbound.transport}"
         return CommandResult(
@@ -284,6 +332,84 @@ class Commands:
                 Attachment(f"{stem}.json", doc.encode("utf-8")),
             ),
         )
+
+    async def _sessions(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+        conv = await self._store.find_conversation(inbound.key)
+        sessions = [] if conv is None else await self._store.sessions(conv.id, limit=20)
+        done = [s for s in sessions if s.title][-SESSIONS_SHOWN:]
+        if not done:
+            return self._say("No past sessions yet: a session closes after a long pause or "
+                             f"{self.prefix}reset, and I summarize it then.")  # fmt: skip
+        each = max(24, (room - 20) // len(done))
+        lines = [
+            fit_bytes(f"{time.strftime('%d %b', time.gmtime(s.started_at))} {s.title}", each)
+            for s in reversed(done)
+        ]
+        return self._say("Sessions: " + "; ".join(lines))
+
+    async def _pin(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+        conv = await self._store.find_conversation(inbound.key)
+        if conv is None:
+            return self._say("Nothing to pin yet.")
+        target: list[int] = []
+        if inbound.reply_to is not None:
+            found = await self._store.message_by_platform_id(conv.id, inbound.reply_to)
+            if found is not None:
+                target = [found]
+        if not target:  # no reply: the latest exchange
+            target = [m.id for m in await self._store.recent_messages(conv, limit=2)]
+        n = await self._store.mark_important(conv.id, target)
+        if not n:
+            return self._say("Nothing to pin: reply to one of our messages with "
+                             f"{self.prefix}pin.")  # fmt: skip
+        return self._say(f"Pinned {n} message(s): they are kept when old turns are forgotten.")
+
+    async def _link(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+        p = self.prefix
+        if not inbound.is_dm:
+            return self._say(f"Send {p}link in a direct message: links join DM memory only.")
+        if not arg:
+            code = self._links.issue(inbound.transport, inbound.sender)
+            return self._say(
+                f"Your link code is {code}. Within 10 minutes, send {p}link {code} to me from "
+                "your other account (other transport) to share our DM memory. Single use."
+            )
+        if not self._links.allowed(inbound.transport, inbound.sender):
+            return self._say("Too many link attempts. Wait 10 minutes, then try a new code.")
+        home = self._links.redeem(arg, inbound.transport)
+        if home is None:
+            return self._say(f"That code does not work. Codes last 10 minutes and work once; "
+                             f"send {p}link on your other account for a new one.")  # fmt: skip
+        try:
+            moved = await self._store.link_dm(home, inbound.key)
+        except MeshsageError as exc:
+            return self._say(f"Not linked: {exc}")
+        return self._say(
+            f"Linked with your {home.transport} account: one DM memory now ({moved} messages "
+            f"joined). {p}unlink separates them again."
+        )
+
+    async def _unlink(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+        if not inbound.is_dm:
+            return self._say(f"Send {self.prefix}unlink in a direct message.")
+        moved = await self._store.unlink_dm(inbound.key)
+        if moved is None:
+            return self._say("This account is not linked.")
+        return self._say("Unlinked: each account keeps its own messages and facts again.")
+
+    async def _incognito(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+        p = self.prefix
+        if arg.lower() not in ("", "on", "off"):
+            return self._say(f"Usage: {p}incognito, or {p}incognito off")
+        conv = await self._store.conversation(inbound.key)
+        on = arg.lower() != "off"
+        await self._store.set_incognito(conv.id, on)
+        if on:
+            return self._say(
+                "Incognito on: I won't store your new messages here (I remember them only until "
+                f"{p}incognito off or a restart). {p}status shows it."
+            )
+        return self._say("Incognito off: I store our messages again.")
 
     async def _stats(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         stats = dict(await self._store.stats())

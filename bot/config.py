@@ -2,7 +2,10 @@
 
 Invariants:
 - Unknown keys, wrong types and out-of-range values fail with one ``ConfigError`` whose message
-  names the file, every bad key path and how to fix it. Nothing starts on a bad config.
+  names the source (the file and key, or the environment variable that set it), every bad key
+  path and the fix in plain words (no validation-library jargon). Nothing starts on a bad config.
+- A loaded ``Config`` remembers where it came from (``source``, ``env_keys``) so later checks
+  (``bot.ops.preflight``) can blame the file or the variable too.
 - Secrets never come from YAML: only the *name* of an environment variable is configured
   (``api_key_env``, ``token_env``); the value is read from the environment when needed.
 - Environment overrides (applied after the file): MESHSAGE_CONFIG (path), MESHSAGE_STATE_DIR,
@@ -12,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import getpass
 import os
@@ -25,6 +29,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -179,6 +184,13 @@ class MemoryConfig(_Strict):
     embeddings: EmbeddingsConfig = EmbeddingsConfig()
     max_facts: int = Field(20, ge=1, le=500)
     retention_days: int = Field(0, ge=0, le=36_500)  # 0 keeps everything
+    # A session ends after this many idle seconds (or at !reset); closed sessions get a short
+    # summary, and facts are extracted from them, in the background.
+    session_gap: float = Field(6 * 3600.0, ge=60.0, le=90 * 86_400.0)
+    extract_facts: bool = True
+    # Forgetting by use: keep at most this many messages per person and space, dropping the
+    # least retrieved, oldest first (never !pin-ned turns or sources of pinned facts); 0 = off.
+    max_turns_per_person: int = Field(0, ge=0, le=10_000_000)
 
 
 class DeliveryConfig(_Strict):
@@ -354,6 +366,20 @@ class Config(_Strict):
     meshtastic: MeshtasticConfig | None = None
     discord: DiscordConfig | None = None
     relay: RelayConfig = RelayConfig()
+    _source: str = PrivateAttr("<defaults>")
+    _env_keys: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        """The file this config was read from, or "<defaults>"."""
+        return self._source
+
+    def origin(self, key: str) -> str:
+        """Where ``key`` (dotted path) got its value: "VAR (environment)" or "FILE: key"."""
+        var = self._env_keys.get(key)
+        if var is not None:
+            return f"environment variable {var}"
+        return f"{self._source}: {key}"
 
     @property
     def database_path(self) -> Path:
@@ -399,21 +425,31 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None
     source = "<defaults>"
     if path is not None:
         source = str(path)
-        raw = _read_yaml(Path(path))
+        raw = _read_yaml(Path(path), from_env=path == env.get(ENV_CONFIG))
     for section in ("console", "meshtastic", "discord"):
         if section in raw and raw[section] is None:
             raw[section] = {}  # "meshtastic:" with nothing under it means "on, with defaults"
-    raw = _apply_env(raw, env)
+    raw, env_keys = _apply_env(raw, env)
     try:
-        return Config.model_validate(raw)
+        config = Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_explain(source, exc)) from None
+        raise ConfigError(_explain(source, exc, env_keys)) from None
+    config._source = source
+    config._env_keys = env_keys
+    return config
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path, *, from_env: bool = False) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        if from_env:
+            raise ConfigError(
+                f"{path}: file not found (environment variable {ENV_CONFIG} names it). Fix: "
+                "create it from config.example.yaml (systemd/install.sh writes one); in a "
+                "container, mount the directory holding config.yaml, e.g. "
+                '-v "$PWD/config:/config:ro".'
+            ) from None
         raise ConfigError(
             f"{path}: file not found. Fix: pass an existing file, or copy config.example.yaml "
             "to it, or run without --config to use the defaults."
@@ -441,19 +477,24 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+def _apply_env(
+    raw: dict[str, Any], env: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The file's values with the environment's on top, and which key each variable set."""
     raw = dict(raw)
+    used: dict[str, str] = {}
     if env.get(ENV_STATE_DIR):
         raw["state_dir"] = env[ENV_STATE_DIR]
-    llm_over = {
-        key: env[var]
-        for key, var in (("base_url", ENV_LLM_BASE_URL), ("model", ENV_LLM_MODEL))
-        if env.get(var)
-    }
+        used["state_dir"] = ENV_STATE_DIR
+    llm_over = {}
+    for key, var in (("base_url", ENV_LLM_BASE_URL), ("model", ENV_LLM_MODEL)):
+        if env.get(var):
+            llm_over[key] = env[var]
+            used[f"llm.{key}"] = var
     if llm_over:
         llm = raw.get("llm")
         raw["llm"] = {**(llm if isinstance(llm, dict) else {}), **llm_over}
-    return raw
+    return raw, used
 
 
 def _model_at(path: tuple[int | str, ...]) -> type[BaseModel] | None:
@@ -476,7 +517,7 @@ def _first_model(ann: Any) -> type[BaseModel] | None:
     return None
 
 
-def _explain(source: str, exc: ValidationError) -> str:
+def _explain(source: str, exc: ValidationError, env_keys: Mapping[str, str]) -> str:
     lines = [f"{source}: invalid configuration ({exc.error_count()} problem(s)):"]
     for err in exc.errors():
         loc = tuple(
@@ -484,6 +525,7 @@ def _explain(source: str, exc: ValidationError) -> str:
         )  # drop pydantic's union-branch labels such as 'MeshtasticConfig'
         key = ".".join(str(p) for p in loc) or "(top level)"
         kind = err["type"]
+        var = env_keys.get(key)
         if kind == "extra_forbidden":
             parent = _model_at(loc[:-1])
             valid = sorted(parent.model_fields) if parent else []
@@ -497,6 +539,57 @@ def _explain(source: str, exc: ValidationError) -> str:
         else:
             got = err.get("input")
             shown = repr(got) if not isinstance(got, dict) else "a mapping"
-            msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"  {key}: {msg} (got {shown}). Fix: change it to a valid value")
+            need = _plain(kind, err.get("ctx") or {}, err["msg"])
+            if var is not None:
+                lines.append(
+                    f"  {key} (from environment variable {var}): {need} (got {shown}). "
+                    f"Fix: change {var} where it is set (the unit's Environment=, "
+                    "/etc/meshsage/env, or the container's environment)"
+                )
+            else:
+                lines.append(f"  {key}: {need} (got {shown}). Fix: change {key} in {source}")
     return "\n".join(lines)
+
+
+def _plain(kind: str, ctx: Mapping[str, Any], msg: str) -> str:
+    """The requirement behind a validation error, in words an operator uses."""
+    simple = {
+        "int_parsing": "must be a whole number, e.g. 3",
+        "int_type": "must be a whole number, e.g. 3",
+        "int_from_float": "must be a whole number, e.g. 3",
+        "float_parsing": "must be a number, e.g. 2.5",
+        "float_type": "must be a number, e.g. 2.5",
+        "bool_parsing": "must be true or false",
+        "bool_type": "must be true or false",
+        "string_type": "must be text (put it in quotes)",
+        "dict_type": "must be a section: indented key: value lines under it",
+        "model_type": "must be a section: indented key: value lines under it",
+        "model_attributes_type": "must be a section: indented key: value lines under it",
+        "tuple_type": "must be a list, e.g. [1, 2] or one '- item' line per entry",
+        "list_type": "must be a list, e.g. [1, 2] or one '- item' line per entry",
+        "string_pattern_mismatch": "must be the name of an environment variable, e.g. MY_TOKEN",
+        "path_type": "must be a directory path, e.g. /var/lib/meshsage",
+    }
+    if kind in simple:
+        return simple[kind]
+    bounds = {
+        "greater_than": "must be greater than {gt}",
+        "greater_than_equal": "must be {ge} or more",
+        "less_than": "must be less than {lt}",
+        "less_than_equal": "must be {le} or less",
+        "string_too_short": "must be at least {min_length} character(s) long",
+        "string_too_long": "must be at most {max_length} characters long",
+        "too_short": "must have at least {min_length} item(s)",
+        "too_long": "must have at most {max_length} items",
+    }
+    if kind in bounds:
+        shown = {
+            k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in ctx.items()
+        }
+        with contextlib.suppress(KeyError, IndexError):
+            return bounds[kind].format(**shown)
+    if kind == "literal_error" and "expected" in ctx:
+        return f"must be one of {ctx['expected']}"
+    if msg.startswith("Input should be "):
+        return "must be " + msg.removeprefix("Input should be ").replace("valid ", "")
+    return msg.removeprefix("Value error, ").strip()

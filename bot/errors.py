@@ -44,3 +44,10 @@ class EmbeddingUnavailable(MeshsageError):
     """
 
     exit_code = 6
+
+
+class MemoryRefused(MeshsageError):
+    """A memory operation refused as a whole, nothing written: an import whose ids or
+    conversations are taken, or a link that cannot be made (already linked, not a DM)."""
+
+    exit_code = 1

@@ -37,6 +37,11 @@ Invariants:
   with the new message only; they are never stored.
 - Every background task is owned (``self._workers``) and ``drain`` waits for them with a
   timeout.
+- Incognito (``!incognito``): the person's new messages and the answers are not stored; the
+  bot answers from the stored memory plus the incognito turns it holds in memory (at most
+  ``INCOGNITO_TURNS``), which are dropped when incognito ends or the process stops.
+- A message through a linked DM is stored with its origin (``Conversation.origin_id``), so
+  ``!unlink`` can give it back, even when the unlink lands during the turn.
 """
 
 from __future__ import annotations
@@ -53,12 +58,12 @@ from dataclasses import dataclass, replace
 
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
-from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
+from bot.domain import ConversationKey, Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import LLMUnavailable
 from bot.llm.port import LLM, ContextTooLong
 from bot.llm.tokens import TokenCounter
-from bot.memory.context import ContextBuilder
 from bot.memory.indexer import Indexer
+from bot.memory.layers import LayeredContext
 from bot.memory.port import MemoryStore
 from bot.memory.records import OutboxEntry, OutboxRow, StoredAnswer
 from bot.memory.store import USER
@@ -95,12 +100,16 @@ def _command_room(transport: Transport) -> int:
     return len(transport.fit("x" * UNLIMITED_ROOM).encode("utf-8"))
 
 
+INCOGNITO_TURNS = 20
+
+
 @dataclass(frozen=True, slots=True)
 class _Job:
     inbound: Inbound
     message_id: int | None = None  # a stored message to answer
     command: bool = False
     outbox: OutboxRow | None = None  # a stored delivery to (re)send
+    incognito: bool = False  # answered from memory, nothing stored
 
 
 class Responder:
@@ -109,7 +118,7 @@ class Responder:
         *,
         store: MemoryStore,
         llm: LLM,
-        context: ContextBuilder,
+        context: LayeredContext,
         summarizer: Summarizer,
         commands: Commands,
         counter: TokenCounter,
@@ -138,6 +147,7 @@ class Responder:
         self._idle = asyncio.Event()
         self._idle.set()
         self._accepting = True
+        self._ephemeral: dict[ConversationKey, deque[tuple[str, str]]] = {}
 
     def attach(self, transport: Transport) -> None:
         self._transports[transport.name] = transport
@@ -159,6 +169,13 @@ class Responder:
             return
         try:
             conv = await self._store.conversation(inbound.key)
+            if await self._store.is_incognito(conv.id):
+                if limited:
+                    await self._notice_once(inbound, limited)
+                elif self._accepting:
+                    self._enqueue(_Job(inbound, incognito=True))
+                return
+            self._ephemeral.pop(inbound.key, None)  # incognito ended: forget its turns
             message_id = await self._store.add_message(
                 conv.id,
                 role=USER,
@@ -169,6 +186,7 @@ class Responder:
                 created_at=inbound.received_at.timestamp(),
                 platform_id=inbound.message_id,
                 reply_to_platform_id=inbound.reply_to,
+                origin_id=conv.origin_id,
             )
         except sqlite3.Error as exc:  # disk full, database locked for too long, I/O error
             log.error("could not store a message from %s: %s", inbound.key, exc)
@@ -244,6 +262,8 @@ class Responder:
                         await self._deliver(job.inbound, job.outbox)
                     elif job.command:
                         await self._command(job.inbound)
+                    elif job.incognito:
+                        await self._incognito_turn(job.inbound)
                     else:
                         assert job.message_id is not None
                         await self._turn(job.inbound, job.message_id)
@@ -389,7 +409,13 @@ class Responder:
         try:
             outbox_id = await self._store.queue_delivery(
                 entry,
-                answer=StoredAnswer(conv.id, self._config.name, whole, self._counter.count(whole)),
+                answer=StoredAnswer(
+                    conv.id,
+                    self._config.name,
+                    whole,
+                    self._counter.count(whole),
+                    origin_id=conv.origin_id,
+                ),
             )
         except sqlite3.Error as exc:  # disk full: the person still hears why there is no answer
             log.error("could not store the answer for %s: %s", inbound.key, exc)
@@ -412,6 +438,32 @@ class Responder:
         self._summarizer.maybe_schedule(conv, window_start_id=ctx.window_start_id)
         if self._indexer is not None:  # embeds this turn's messages in the background
             self._indexer.schedule(conv.id)
+
+    async def _incognito_turn(self, inbound: Inbound) -> None:
+        """Answer without storing: stored memory plus this session's in-memory turns."""
+        transport = self._transports[inbound.transport]
+        limits = transport.limits
+        conv = await self._store.conversation(inbound.key)
+        turns = self._ephemeral.setdefault(inbound.key, deque(maxlen=INCOGNITO_TURNS * 2))
+        async with transport.working(inbound):
+            ctx = await self._context.build(
+                conv,
+                new_text=inbound.text[: self._config.max_message_chars],
+                new_message_id=None,
+                budget=limits.context_tokens,
+                style_hint=limits.style_hint,
+                ephemeral=list(turns),
+            )
+            try:
+                completion = await self._llm.complete(ctx.messages, max_tokens=limits.max_tokens)
+            except LLMUnavailable as exc:
+                log.warning("no answer for %s: %s", inbound.key, exc)
+                await self._notice(inbound, UNAVAILABLE)
+                return
+        text = transport.fit(completion.text)
+        turns.append(("person", inbound.text[: self._config.max_message_chars]))
+        turns.append(("you", text))
+        await self._send(Reply(inbound=inbound, text=text))
 
     async def _deliver_now(
         self,

@@ -1,29 +1,90 @@
 #!/usr/bin/env bash
 # Install or upgrade meshsage as a systemd service from this checkout. Run as root:
-#   sudo systemd/install.sh
+#   sudo systemd/install.sh                       (asks which radio / Discord / LLM)
+#   sudo systemd/install.sh --serial /dev/serial/by-id/usb-... [--discord] [--model NAME]
+#   sudo systemd/install.sh --tcp 192.168.1.50 --llm-url http://gpu-box:11434/v1 --yes
 # Idempotent: re-run it after "git pull" to upgrade. It never overwrites /etc/meshsage/config.yaml
-# or /etc/meshsage/env, and it does not start or restart the service (it tells you how).
+# or a token already in /etc/meshsage/env, repairs a half-made virtualenv, validates the config
+# with the same check `meshsage run` applies (as the service user, without a terminal), and
+# does not start or restart the service (it tells you how). Details: docs/operations.md.
 set -euo pipefail
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PREFIX=/opt/meshsage
+# MESHSAGE_ROOT installs into a throwaway tree (tests): no root needed, no user, no chown.
+ROOT=${MESHSAGE_ROOT:-}
+PREFIX=$ROOT/opt/meshsage
 VENV=$PREFIX/.venv
-ETC=/etc/meshsage
-UNIT=/etc/systemd/system/meshsage.service
+ETC=$ROOT/etc/meshsage
+STATE=$ROOT/var/lib/meshsage
+UNIT=$ROOT/etc/systemd/system/meshsage.service
+SERIAL_DIR=${MESHSAGE_SERIAL_DIR:-/dev/serial/by-id}
 PYTHON=${PYTHON:-python3}
+EXTRAS=${EXTRAS:-meshtastic,discord}
 
 say() { printf 'meshsage-install: %s\n' "$*"; }
-
-if [ "$(id -u)" -ne 0 ]; then
-    say "run as root: sudo $0" >&2
+die() {
+    printf 'meshsage-install: %s\n' "$*" >&2
     exit 1
-fi
-if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
-    say "$PYTHON is older than 3.11; install python3 (>= 3.11) and python3-venv, or set PYTHON=" >&2
-    exit 1
+}
+
+usage() {
+    cat <<'EOF'
+Usage: sudo systemd/install.sh [options]
+  --serial DEVICE     Meshtastic radio on USB (use its /dev/serial/by-id/... path)
+  --tcp HOST[:PORT]   Meshtastic node over WiFi/Ethernet, or meshtasticd
+  --discord           enable Discord (token from $DISCORD_TOKEN or asked; see docs/discord.md)
+  --llm-url URL       OpenAI-compatible server (default http://localhost:11434/v1, Ollama)
+  --model NAME        model name on that server (default llama3.2:3b)
+  --yes               ask nothing; fail when something needed is missing
+  --interactive       ask even when stdin is not a terminal
+Without --serial, --tcp or --discord (and with a terminal), it asks. An existing
+/etc/meshsage/config.yaml is kept and only validated.
+EOF
+}
+
+SERIAL="" TCP="" DISCORD=no LLM_URL="http://localhost:11434/v1" MODEL="llama3.2:3b" ASK=auto
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --serial) SERIAL=${2:?--serial needs a device path}; shift 2 ;;
+    --tcp) TCP=${2:?--tcp needs a host}; shift 2 ;;
+    --discord) DISCORD=yes; shift ;;
+    --llm-url) LLM_URL=${2:?--llm-url needs a URL}; shift 2 ;;
+    --model) MODEL=${2:?--model needs a name}; shift 2 ;;
+    --yes) ASK=no; shift ;;
+    --interactive) ASK=yes; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option: $1" ;;
+    esac
+done
+if [ "$ASK" = auto ]; then
+    if [ -t 0 ] && [ -z "$SERIAL$TCP" ] && [ "$DISCORD" = no ]; then ASK=yes; else ASK=no; fi
 fi
 
-if id -u meshsage >/dev/null 2>&1; then
+if [ -z "$ROOT" ] && [ "$(id -u)" -ne 0 ]; then
+    die "run as root: sudo $0 $*"
+fi
+
+# --- Python and venv support first: a half-made venv is what a missing python3-venv leaves ---
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    die "$PYTHON is missing or older than 3.11; install python3 (>= 3.11), or set PYTHON="
+fi
+if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+    die "$PYTHON cannot create virtualenvs (no ensurepip). Fix: sudo apt install python3-venv, then run this again."
+fi
+# 32-bit Raspberry Pi OS on a Pi 4/5 runs a 64-bit kernel (uname -m says aarch64) under a
+# 32-bit userland, so ask the Python that will run the bot.
+if ! "$PYTHON" -c 'import struct, sys; sys.exit(struct.calcsize("P") != 8)'; then
+    die "a 64-bit OS is required (tiktoken, regex and numpy publish no 32-bit ARM wheels); install 64-bit Raspberry Pi OS"
+fi
+
+as_owner() { # chown/chmod only in a real install
+    [ -z "$ROOT" ] || return 0
+    "$@"
+}
+
+if [ -n "$ROOT" ]; then
+    say "installing into $ROOT (test root: no system user, no ownership changes)"
+elif id -u meshsage >/dev/null 2>&1; then
     say "user meshsage exists"
 else
     say "creating system user meshsage (home /var/lib/meshsage, no login shell)"
@@ -31,45 +92,152 @@ else
         --shell /usr/sbin/nologin meshsage
 fi
 
-if [ ! -x "$VENV/bin/python" ]; then
+venv_ok() {
+    [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sys' 2>/dev/null &&
+        "$VENV/bin/python" -m pip --version >/dev/null 2>&1
+}
+if [ -e "$VENV" ] && ! venv_ok; then
+    say "repairing the half-made virtualenv $VENV (removing it and creating it again)"
+    rm -rf "$VENV"
+fi
+if [ ! -e "$VENV" ]; then
     say "creating virtualenv $VENV"
     install -d -m 0755 "$PREFIX"
-    "$PYTHON" -m venv "$VENV"
+    if ! "$PYTHON" -m venv "$VENV" || ! venv_ok; then
+        rm -rf "$VENV"
+        die "creating the virtualenv failed. Fix: sudo apt install python3-venv, then run this again."
+    fi
 fi
-say "installing meshsage[all] from $SRC into $VENV"
+say "installing meshsage[$EXTRAS] from $SRC into $VENV (versions pinned by constraints.txt)"
 "$VENV/bin/pip" install --quiet --upgrade pip
-"$VENV/bin/pip" install --quiet --upgrade "${SRC}[all]"
+"$VENV/bin/pip" install --quiet --upgrade -c "$SRC/constraints.txt" "${SRC}[${EXTRAS}]"
 
-say "ensuring $ETC (root:meshsage 0750)"
-install -d -m 0750 -o root -g meshsage "$ETC"
+say "ensuring $ETC (root:meshsage 0750) and $STATE (meshsage 0700)"
+install -d -m 0750 "$ETC"
+as_owner chown root:meshsage "$ETC"
+install -d -m 0700 "$STATE"
+as_owner chown meshsage:meshsage "$STATE"
+
+# --- choose transports (only when there is no config yet) ------------------------------------
+ask() { # ask VAR "question" default
+    local answer
+    printf '%s ' "$2" >&2
+    IFS= read -r answer || answer=""
+    printf -v "$1" '%s' "${answer:-$3}"
+}
+
+choose() {
+    local devices=() choice i
+    if [ -d "$SERIAL_DIR" ]; then
+        for dev in "$SERIAL_DIR"/*; do [ -e "$dev" ] && devices+=("$dev"); done
+    fi
+    say "Which radio? (the bot answers on the mesh through it)"
+    for i in "${!devices[@]}"; do printf '  %d) %s\n' "$((i + 1))" "${devices[$i]}" >&2; done
+    printf '  t) a node over TCP (WiFi/Ethernet, meshtasticd)\n  n) no radio\n' >&2
+    local default=n
+    [ "${#devices[@]}" -eq 0 ] || default=1
+    ask choice "radio [$default]:" "$default"
+    case "$choice" in
+    t | T) ask TCP "node address (host or host:port):" "" ;;
+    n | N) ;;
+    *)
+        [[ "$choice" =~ ^[0-9]+$ ]] && [ "$choice" -ge 1 ] && [ "$choice" -le "${#devices[@]}" ] ||
+            die "no such choice: $choice"
+        SERIAL=${devices[$((choice - 1))]}
+        ;;
+    esac
+    ask choice "Answer on Discord too? [y/N]:" "n"
+    case "$choice" in y | Y | yes) DISCORD=yes ;; esac
+    ask LLM_URL "LLM server URL [$LLM_URL]:" "$LLM_URL"
+    ask MODEL "model [$MODEL]:" "$MODEL"
+}
+
+write_config() {
+    local tmp
+    tmp=$(mktemp)
+    {
+        printf '# Written by systemd/install.sh on %s. Every key: config.example.yaml;\n' "$(date +%F)"
+        printf '# check it with: meshsage check-config --service --env-file /etc/meshsage/env\n'
+        printf 'llm:\n  base_url: %s\n  model: "%s"\n' "$LLM_URL" "$MODEL"
+        if [ -n "$SERIAL" ]; then
+            printf 'meshtastic:\n  connection: serial\n  device: %s\n' "$SERIAL"
+        elif [ -n "$TCP" ]; then
+            printf 'meshtastic:\n  connection: tcp\n  host: %s\n' "${TCP%%:*}"
+            [ "$TCP" = "${TCP#*:}" ] || printf '  port: %s\n' "${TCP#*:}"
+        fi
+        if [ "$DISCORD" = yes ]; then
+            printf 'discord:\n  # token: DISCORD_TOKEN in /etc/meshsage/env (docs/discord.md)\n  dms: true\n'
+        fi
+    } >"$tmp"
+    install -m 0640 "$tmp" "$ETC/config.yaml"
+    rm -f "$tmp"
+    as_owner chown root:meshsage "$ETC/config.yaml"
+}
+
 if [ -e "$ETC/config.yaml" ]; then
-    say "keeping existing $ETC/config.yaml"
-elif [ -f "$SRC/config.example.yaml" ]; then
-    say "copying config.example.yaml to $ETC/config.yaml: edit it before starting"
-    install -m 0640 -o root -g meshsage "$SRC/config.example.yaml" "$ETC/config.yaml"
+    say "keeping existing $ETC/config.yaml (validated below)"
 else
-    say "no config.example.yaml in $SRC: write $ETC/config.yaml yourself before starting" >&2
+    [ "$ASK" = yes ] && choose
+    if [ -z "$SERIAL$TCP" ] && [ "$DISCORD" = no ]; then
+        die "choose at least one transport: --serial DEVICE, --tcp HOST or --discord (a service has no terminal for the console; for a terminal chat run: meshsage chat)"
+    fi
+    say "writing $ETC/config.yaml"
+    write_config
 fi
-if [ -e "$ETC/env" ]; then
-    say "keeping existing $ETC/env"
-else
+
+if [ ! -e "$ETC/env" ]; then
     say "creating $ETC/env (0640) for secrets"
-    install -m 0640 -o root -g meshsage /dev/null "$ETC/env"
+    install -m 0640 /dev/null "$ETC/env"
     printf '%s\n' '# Secrets for meshsage, read by systemd (EnvironmentFile). KEY=value, no quotes needed.' \
         '#DISCORD_TOKEN=' '#OPENAI_API_KEY=' >"$ETC/env"
+    as_owner chown root:meshsage "$ETC/env"
+fi
+if [ "$DISCORD" = yes ] && ! grep -q '^DISCORD_TOKEN=.' "$ETC/env"; then
+    token=${DISCORD_TOKEN:-}
+    if [ -z "$token" ] && [ "$ASK" = yes ]; then
+        printf 'Discord bot token (input hidden; Developer Portal -> Bot -> Reset Token): ' >&2
+        IFS= read -rs token || token=""
+        printf '\n' >&2
+    fi
+    if [ -n "$token" ]; then
+        printf 'DISCORD_TOKEN=%s\n' "$token" >>"$ETC/env"
+        say "stored the Discord token in $ETC/env"
+    fi
 fi
 
 say "installing $UNIT and enabling it"
+install -d -m 0755 "$(dirname "$UNIT")"
 install -m 0644 "$SRC/systemd/meshsage.service" "$UNIT"
 systemctl daemon-reload
 systemctl enable meshsage.service
 
+# `meshsage status`, `meshsage doctor`, `meshsage backup FILE` for the operator, pointed at the
+# service's config and state dir (run them as the service user: sudo -u meshsage meshsage ...).
+BIN=$ROOT/usr/local/bin/meshsage
+install -d -m 0755 "$(dirname "$BIN")"
+# shellcheck disable=SC2016  # the wrapper expands these when it runs, not now
+printf '%s\n' '#!/bin/sh' \
+    "# Installed by meshsage's systemd/install.sh: the service's config and state by default." \
+    ': "${MESHSAGE_CONFIG:=/etc/meshsage/config.yaml}"' \
+    ': "${MESHSAGE_STATE_DIR:=/var/lib/meshsage}"' \
+    'export MESHSAGE_CONFIG MESHSAGE_STATE_DIR' \
+    "exec $VENV/bin/meshsage \"\$@\"" >"$BIN"
+chmod 0755 "$BIN"
 "$VENV/bin/meshsage" --version
-if [ -e "$ETC/config.yaml" ]; then
-    "$VENV/bin/meshsage" check-config "$ETC/config.yaml" || say "fix the config, then start the service" >&2
+# The same check `meshsage run` applies, as the service will run it: its user, its
+# environment file, no terminal.
+check=("$VENV/bin/meshsage" check-config --service --env-file "$ETC/env" "$ETC/config.yaml")
+if [ -z "$ROOT" ] && command -v runuser >/dev/null 2>&1; then
+    check=(runuser -u meshsage -- env MESHSAGE_STATE_DIR="$STATE" "${check[@]}")
+else
+    check=(env MESHSAGE_STATE_DIR="$STATE" "${check[@]}")
+fi
+if ! "${check[@]}" </dev/null; then
+    die "the config above would not run. Fix $ETC/config.yaml (or $ETC/env) as the message says, then run this again."
 fi
 if systemctl is-active --quiet meshsage.service; then
     say "done. The running service still has the old code: sudo systemctl restart meshsage"
 else
-    say "done. Start it with: sudo systemctl start meshsage; logs: journalctl -u meshsage -f"
+    say "done. Start it with: sudo systemctl start meshsage"
+    say "then: sudo -u meshsage meshsage status; journalctl -u meshsage -f (docs/operations.md)"
 fi

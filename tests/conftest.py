@@ -116,3 +116,21 @@ async def fake_discord(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDis
     server.patch(monkeypatch)
     yield server
     await server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """``cli.main()`` called in-process configures logging (root handler, quieter library
+    loggers); undo it so later tests (caplog) see the defaults."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    named = {name: logging.getLogger(name).level for name in logging.root.manager.loggerDict}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, lvl in named.items():
+        logging.getLogger(name).setLevel(lvl)
+    for name in set(logging.root.manager.loggerDict) - set(named):
+        logging.getLogger(name).setLevel(logging.NOTSET)

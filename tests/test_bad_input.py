@@ -109,7 +109,8 @@ async def test_existing_but_unwritable_state_dir_says_how_to_fix(
     assert list(read_only_dir.iterdir()) == []
     env = _env(tmp_path, fake_llm) | {"MESHSAGE_STATE_DIR": str(read_only_dir)}
     rc, _, err_text = await _meshsage("chat", env=env, stdin=b"hello\n")
-    assert rc == 3 and "not writable" in err_text and "Traceback" not in err_text
+    # refused by the preflight (exit 2) before the store would fail to open it (exit 3)
+    assert rc == 2 and "not writable" in err_text and "Traceback" not in err_text
 
 
 # --- messages ---------------------------------------------------------------------------------
@@ -212,7 +213,9 @@ async def test_hanging_llm_gets_the_apology_and_keeps_the_question(
     cfg.write_text(
         f"state_dir: {tmp_path / 'state'}\n"
         f"llm:\n  base_url: {fake_llm.base_url}\n  model: fake\n  retries: 1\n"
-        "  retry_backoff: 0.01\n  read_timeout: 0.3\n  connect_timeout: 1\n",
+        # Generous: the second, healthy turn must answer within the read timeout even on a
+        # busy machine (0.3 s failed there); the hanging turns still time out (30 s sleeps).
+        "  retry_backoff: 0.01\n  read_timeout: 3\n  connect_timeout: 2\n",
         encoding="utf-8",
     )
     transport = FakeTransport()

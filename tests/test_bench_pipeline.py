@@ -12,6 +12,8 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from bench.corpus import TextGen, conversation_sizes, generate_database
 from bench.pipeline import (
     DB_NAME,
@@ -119,3 +121,18 @@ def test_readme_performance_section_shows_the_latest_table() -> None:
     assert "Command: `python -m bench.pipeline" in ours
     assert "| ours |" in ours and "| naive |" in ours
     assert docs.startswith(ours.rstrip("\n"))  # same run: command, machine and headline table
+
+
+def test_tables_are_written_only_when_asked_and_only_from_a_full_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.pipeline import parse_args
+
+    assert parse_args([]).write_docs is False  # a plain run publishes nothing
+    assert parse_args(["--write-docs"]).write_docs is True  # the full, default run may
+    for small in (["--messages", "2000"], ["--turns", "5"], ["--strategies", "naive"]):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(["--write-docs", *small])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert "needs a full run" in err and small[0] in err

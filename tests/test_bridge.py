@@ -330,13 +330,14 @@ async def test_relay_without_both_transports_says_how_to_fix(tmp_path: Any, fake
 async def test_stats_show_relay_counters(fake_discord: FakeDiscord, tmp_path: Any) -> None:
     from bot.commands import Commands
     from bot.llm.tokens import make_counter
+    from bot.memory.links import LinkCodes
     from bot.memory.store import SqliteStore
 
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
         commands = Commands(
             store=store, counter=make_counter(), prefix="!", operators=(), max_facts=5,
-            model_name=lambda: "m",
+            model_name=lambda: "m", links=LinkCodes(),
         )  # fmt: skip
         async with rig(fake_discord) as r:
             commands.stat_sources.append(

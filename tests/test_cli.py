@@ -88,9 +88,10 @@ async def test_invalid_utf8_and_nul_input(tmp_path: Path, fake_llm: FakeLLM) -> 
 
 
 async def _run_with_input(line: bytes, *, env: dict[str, str]) -> asyncio.subprocess.Process:
-    """``meshsage run`` in a subprocess, with ``line`` written to its stdin (left open)."""
+    """``meshsage chat`` in a subprocess, with ``line`` written to its stdin (left open).
+    (``run`` refuses a console-only config without a terminal: see test_preflight.py.)"""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "run",
+        sys.executable, "-m", "bot.cli", "chat",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
@@ -138,7 +139,7 @@ async def test_unwritable_state_dir_exit_code(tmp_path: Path, fake_llm: FakeLLM)
     blocker.write_text("x")
     env["MESHSAGE_STATE_DIR"] = str(blocker / "state")
     rc, _, err = await _meshsage("chat", env=env)
-    assert rc == 3
+    assert rc == 2  # refused by the preflight, before anything is opened
     assert "cannot create the state directory" in err and "MESHSAGE_STATE_DIR" in err
     assert "Traceback" not in err
 

@@ -25,6 +25,8 @@ COMMAND_CALLS = [
     "!forget now", "!nosuch", "!HELP", "!reset", "!history 10", "!forget yes", "!forget",
     "!forget yes", "!facts", "!export", "!stats", "!stats please", "!more", "!history ²",
     "!unremember ③", "!history 1000000000000000000000",
+    "!sessions", "!pin", "!link", "!link 000000", "!link x", "!unlink", "!incognito",
+    "!status", "!incognito maybe", "!incognito off",
 ]  # fmt: skip
 
 
@@ -78,7 +80,7 @@ async def test_remember_facts_unremember(harness: Harness) -> None:
     await harness.say("!remember I am vegetarian")
     await harness.say("!remember My radio is a T-Beam")
     await harness.say("!facts")
-    assert _last(harness) == "1) I am vegetarian 2) My radio is a T-Beam"
+    assert _last(harness) == "1) *I am vegetarian 2) *My radio is a T-Beam (*=pinned)"
     harness.llm.reply = "ok"
     await harness.say("what should I eat?")
     system = harness.llm.chat_requests()[-1]["messages"][0]["content"]
@@ -86,7 +88,7 @@ async def test_remember_facts_unremember(harness: Harness) -> None:
     await harness.say("!unremember 1")
     assert _last(harness) == "Removed fact 1: I am vegetarian"
     await harness.say("!facts")
-    assert _last(harness) == "1) My radio is a T-Beam"
+    assert _last(harness) == "1) *My radio is a T-Beam (*=pinned)"
 
 
 async def test_reset_forgets_context_but_keeps_facts(harness: Harness) -> None:

@@ -49,7 +49,7 @@ def test_many_problems_one_message(tmp_path: Path) -> None:
     msg = str(err.value)
     assert msg.startswith(f"{path}: invalid configuration (4 problem(s))")
     assert "llm.modle: unknown key. Fix: did you mean 'model'?" in msg
-    assert "llm.read_timeout: Input should be greater than 0 (got -1)" in msg
+    assert "llm.read_timeout: must be greater than 0 (got -1)" in msg
     assert "bot.queue_limit:" in msg and "'lots'" in msg
     assert "meshtastic.port:" in msg
 
@@ -57,7 +57,7 @@ def test_many_problems_one_message(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("llm: [1, 2]\n", "llm: Input should be a valid dictionary"),
+        ("llm: [1, 2]\n", "llm: must be a section: indented key: value lines under it"),
         ("- a\n- b\n", "the top level must be a mapping"),
         ("llm:\n  base_url: localhost:11434\n", "must start with http:// or https://"),
         ("llm: {base_url: 'http://x'\n", "not valid YAML"),
@@ -91,7 +91,10 @@ def test_example_config_is_valid() -> None:
 
 
 def test_check_config_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    good = _write(tmp_path, "llm:\n  model: qwen2.5:1.5b\n")
+    good = _write(
+        tmp_path,
+        "llm:\n  model: qwen2.5:1.5b\nmeshtastic:\n  connection: tcp\n  host: 192.0.2.1\n",
+    )
     assert main(["check-config", str(good)]) == 0
     assert "OK" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"

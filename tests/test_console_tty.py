@@ -53,3 +53,58 @@ async def test_interactive_chat_on_a_pty(tmp_path: Path, fake_llm: FakeLLM) -> N
             proc.kill()
             proc.wait()
         os.close(master)
+
+
+async def test_line_editing_thinking_quiet_logs_and_two_step_ctrl_c(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    import signal
+
+    fake_llm.reply = "edited fine"
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHSAGE_")}
+    env.update(MESHSAGE_STATE_DIR=str(tmp_path / "s"), MESHSAGE_LLM_BASE_URL=fake_llm.base_url,
+               TIKTOKEN_CACHE_DIR="")  # fmt: skip
+    err_path = tmp_path / "stderr.txt"
+    with err_path.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bot.cli", "chat"],
+            stdin=slave, stdout=slave, stderr=err, env=env, close_fds=True,
+        )  # fmt: skip
+    os.close(slave)
+    try:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, _read_until, master, b"you> ")
+        os.write(master, b"helo\x1b[Dl\n")  # type "helo", Left arrow, insert "l"
+        out = await loop.run_in_executor(None, _read_until, master, b"you> ")
+        assert b"meshsage> edited fine" in out
+        asked = fake_llm.chat_requests()[-1]["messages"][-1]["content"]
+        assert "hello" in asked and "[D" not in asked and "\x1b" not in asked
+        history = tmp_path / "s" / "console_history"
+        assert "hello" in history.read_text()
+        assert oct(history.stat().st_mode & 0o777) == oct(0o600)
+        # A slow model: "thinking..." shows; Ctrl-C says what it waits for; a second one stops.
+        fake_llm.script = [("sleep", 60)]
+        os.write(master, b"a slow question\n")
+        out = await loop.run_in_executor(None, _read_until, master, b"thinking")
+        for _ in range(2000):
+            if fake_llm.in_flight:
+                break
+            await asyncio.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        for _ in range(2000):
+            if b"Ctrl-C again" in err_path.read_bytes():
+                break
+            await asyncio.sleep(0.01)
+        assert b"waiting up to 30 s for the answer" in err_path.read_bytes()
+        assert proc.poll() is None  # still waiting for the answer
+        proc.send_signal(signal.SIGINT)
+        code = await loop.run_in_executor(None, proc.wait, 30)
+        assert code == 130
+        errors = err_path.read_bytes()
+        assert b" INFO " not in errors  # a terminal chat is quiet by default
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)

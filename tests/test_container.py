@@ -63,9 +63,36 @@ def test_parser_joins_continuations() -> None:
     assert parsed == [("FROM", "x"), ("RUN", "a && b"), ("USER", "me")]
 
 
-def test_base_image_is_multi_arch_python_311_slim(dockerfile: list[Instruction]) -> None:
+def test_base_image_is_pinned_python_311_slim(dockerfile: list[Instruction]) -> None:
     assert dockerfile[0][0] == "FROM"
-    assert all(a.startswith("python:3.11-slim") for a in args_of(dockerfile, "FROM"))
+    for image in args_of(dockerfile, "FROM"):
+        # a patch release and a Debian release, not a moving "3.11-slim"
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", image), image
+
+
+def test_dependencies_install_in_their_own_layer_before_the_code(
+    dockerfile: list[Instruction],
+) -> None:
+    copies = [(i, a.split()) for i, (w, a) in enumerate(dockerfile) if w == "COPY"]
+    runs = [(i, a) for i, (w, a) in enumerate(dockerfile) if w == "RUN"]
+    deps_copy = next(i for i, srcs in copies if "pyproject.toml" in srcs)
+    assert "bot" not in copies[0][1] and "constraints.txt" in dict(copies)[deps_copy]
+    code_copy = next(i for i, srcs in copies if "bot" in srcs[:-1])
+    deps_run = [i for i, a in runs if "-c constraints.txt" in a and deps_copy < i < code_copy]
+    assert deps_run, "no pip install -c constraints.txt between the manifest and code copies"
+    after = [a for i, a in runs if i > code_copy]
+    assert after and all("--no-deps" in a for a in after if "pip install" in a)
+
+
+def test_healthcheck_uses_the_status_command(dockerfile: list[Instruction]) -> None:
+    (check,) = args_of(dockerfile, "HEALTHCHECK")
+    options, _, command = check.partition(" CMD ")
+    assert json.loads(command) == ["meshsage", "status"]
+    assert "--start-period=" in options and "--interval=" in options
+
+
+def test_missing_config_waits_instead_of_restart_looping(dockerfile: list[Instruction]) -> None:
+    assert json.loads(args_of(dockerfile, "CMD")[-1]) == ["run", "--hold-on-config-error"]
 
 
 def test_runs_as_a_non_root_user(dockerfile: list[Instruction]) -> None:
@@ -78,18 +105,18 @@ def test_runs_as_a_non_root_user(dockerfile: list[Instruction]) -> None:
     assert any("--uid" in a and users[-1] in a for a in args_of(dockerfile, "RUN"))
 
 
-def test_installs_the_package_with_all_extras_from_the_checkout(
+def test_installs_the_package_from_the_checkout_with_pinned_dependencies(
     dockerfile: list[Instruction],
 ) -> None:
     copies = " ".join(args_of(dockerfile, "COPY")).split()
     assert "pyproject.toml" in copies
     assert "bot" in copies
-    assert any(re.search(r"pip install [\"']?\.\[all\]", a) for a in args_of(dockerfile, "RUN"))
+    assert any(re.search(r"pip install -c constraints.txt [\"']?\.\[", a)
+               for a in args_of(dockerfile, "RUN"))  # fmt: skip
 
 
 def test_entrypoint_is_the_console_script(dockerfile: list[Instruction]) -> None:
     assert json.loads(args_of(dockerfile, "ENTRYPOINT")[-1]) == ["meshsage"]
-    assert json.loads(args_of(dockerfile, "CMD")[-1]) == ["run"]
     assert args_of(dockerfile, "STOPSIGNAL") == ["SIGTERM"]
 
 
@@ -137,5 +164,35 @@ def test_compose_example_wires_ollama_radio_and_grace_period() -> None:
     assert bot["environment"][ENV_LLM_BASE_URL] == "http://ollama:11434/v1"
     assert any(d.startswith("/dev/serial/by-id/") for d in bot["devices"])
     assert any(v.endswith(":/data") for v in bot["volumes"])
+    assert int(compose["services"]["ollama"]["environment"]["OLLAMA_CONTEXT_LENGTH"]) >= 8192
     inline = " ".join(f"{k}={v}" for k, v in bot["environment"].items())
     assert not SECRET_NAME.search(inline), "secrets belong in env_file, not compose"
+
+
+def test_every_file_the_dockerfile_and_compose_cite_exists() -> None:
+    for name in ("Dockerfile", "docker-compose.example.yml", "config.example.yaml", "README.md"):
+        text = (REPO / name).read_text(encoding="utf-8")
+        for cited in re.findall(r"(?<![/\w])((?:docs|systemd)/[\w./-]+\.(?:md|sh|service))", text):
+            assert (REPO / cited).exists(), f"{name} cites {cited}"
+
+
+async def test_hold_on_config_error_prints_the_fix_and_waits(tmp_path: Path) -> None:
+    import asyncio
+    import os
+    import signal
+    import sys
+
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path),
+           "MESHSAGE_CONFIG": str(tmp_path / "config" / "config.yaml")}  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "run", "--hold-on-config-error", env=env,
+        stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    lines = [await asyncio.wait_for(proc.stderr.readline(), 60) for _ in range(2)]
+    assert b"file not found (environment variable MESHSAGE_CONFIG names it)" in lines[0]
+    assert b'-v "$PWD/config:/config:ro"' in lines[0]
+    assert b"waiting" in lines[1]
+    assert proc.returncode is None  # not exiting: no restart loop
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 60) == 2

@@ -184,6 +184,82 @@ async def test_facts_crud(memory: MemoryStore) -> None:
     assert [f.text for f in await memory.facts(conv.id)] == ["two"]
 
 
+# --- memory tiers (issue 12) ----------------------------------------------------------------
+async def test_sessions_never_overlap_and_carry_their_summary(memory: MemoryStore) -> None:
+    a = await _say(memory, ALICE, "one")
+    b = await _say(memory, ALICE, "two")
+    conv = await memory.conversation(ALICE)
+    sid = await memory.add_session(conv.id, first_message_id=a, last_message_id=b,
+                                   started_at=1.0, ended_at=2.0, messages=2)  # fmt: skip
+    assert sid is not None
+    assert await memory.add_session(conv.id, first_message_id=b, last_message_id=b,
+                                    started_at=2.0, ended_at=2.0, messages=1) is None  # fmt: skip
+    assert await memory.session_end(conv.id) == b
+    assert [s.id for s in await memory.unsummarized_sessions(limit=5)] == [sid]
+    assert await memory.set_session_summary(sid, title="T", summary="S.", tokens=1)
+    [s] = await memory.sessions(conv.id)
+    assert (s.title, s.summary, s.messages) == ("T", "S.", 2)
+    await memory.save_longterm_summary(conv.id, text="L1", tokens=1, sessions=1,
+                                       up_to_message_id=a)  # fmt: skip
+    await memory.save_longterm_summary(conv.id, text="L2", tokens=1, sessions=2,
+                                       up_to_message_id=b)  # fmt: skip
+    lt = await memory.longterm_summary(conv.id)
+    assert lt is not None and (lt.text, lt.sessions, lt.up_to_message_id) == ("L2", 2, b)
+    older = await memory.longterm_summary(conv.id, up_to=b - 1)  # the version a window shows
+    assert older is not None and older.text == "L1"
+    assert await memory.longterm_summary(conv.id, up_to=a - 1) is None
+    assert await memory.longterm_summary(conv.id, written_before=0.0) is None
+    assert await memory.clear_sessions(conv.id) == 1
+    assert await memory.longterm_summary(conv.id) is None
+
+
+async def test_pinned_facts_are_immutable_to_extraction(memory: MemoryStore) -> None:
+    conv = await memory.conversation(ALICE)
+    pinned = await memory.add_fact(conv.id, text="p", tokens=1)
+    inferred = await memory.add_fact(conv.id, text="i", tokens=1, pinned=False, source_ids=[5])
+    assert not await memory.update_fact(conv.id, pinned, text="x", tokens=1, source_ids=[])
+    assert await memory.update_fact(conv.id, inferred, text="i2", tokens=1, source_ids=[3])
+    assert not await memory.remove_fact(conv.id, pinned, extracted_only=True)
+    facts = {f.id: f for f in await memory.facts(conv.id)}
+    assert (facts[pinned].text, facts[pinned].pinned) == ("p", True)
+    assert (facts[inferred].text, facts[inferred].source_ids) == ("i2", (3, 5))
+
+
+async def test_prune_by_use_and_links_and_incognito(memory: MemoryStore) -> None:
+    ids = [await _say(memory, ALICE, f"m{i}") for i in range(6)]
+    for i in ids[:5]:
+        await memory.set_status(i, "answered")  # ids[5] still awaits its answer: kept
+    conv = await memory.conversation(ALICE)
+    await memory.mark_important(conv.id, [ids[0]])
+    await memory.note_retrieved([ids[1]])
+    assert await memory.prune_by_use(3) == 3
+    assert [m.id for m in await memory.all_messages(conv.id)] == [ids[0], ids[1], ids[5]]
+    other = ConversationKey("discord", "42")
+    await _say(memory, other, "from discord")
+    assert await memory.link_dm(ALICE, other) == 1
+    linked = await memory.conversation(other)
+    assert linked.id == conv.id and linked.origin_id is not None
+    assert await memory.unlink_dm(other) == 1
+    assert await memory.unlink_dm(other) is None
+    assert not await memory.is_incognito(conv.id)
+    await memory.set_incognito(conv.id, True)
+    assert await memory.is_incognito(conv.id)
+
+
+async def test_dump_and_load_round_trip(memory: MemoryStore, tmp_path: Path) -> None:
+    await _say(memory, ALICE, "hello")
+    conv = await memory.conversation(ALICE)
+    await memory.add_fact(conv.id, text="f", tokens=1, pinned=False, source_ids=[1])
+    dump = await memory.dump_person(ALICE.transport, ALICE.person)
+    empty = await IMPLEMENTATIONS[sorted(IMPLEMENTATIONS)[0]](tmp_path / "empty")
+    try:
+        counts = await empty.load_dump(ALICE.transport, ALICE.person, dump)
+        assert counts["messages"] == 1 and counts["facts"] == 1
+        assert await empty.dump_person(ALICE.transport, ALICE.person) == dump
+    finally:
+        await empty.close()
+
+
 # --- the durable outbox -------------------------------------------------------------------------
 
 

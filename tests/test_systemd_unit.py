@@ -130,7 +130,8 @@ def test_runs_the_console_script_from_the_install_venv(unit: list[Entry]) -> Non
     assert "meshsage" in scripts
     assert one(unit, "Service", "ExecStart") == "/opt/meshsage/.venv/bin/meshsage run"
     assert "VENV=$PREFIX/.venv" in INSTALL.read_text(encoding="utf-8")
-    assert "PREFIX=/opt/meshsage" in INSTALL.read_text(encoding="utf-8")
+    assert "PREFIX=$ROOT/opt/meshsage" in INSTALL.read_text(encoding="utf-8")
+    assert "ROOT=${MESHSAGE_ROOT:-}" in INSTALL.read_text(encoding="utf-8")  # empty: a real install
 
 
 def test_environment_points_the_bot_at_config_state_and_secrets(unit: list[Entry]) -> None:
@@ -161,6 +162,29 @@ def test_serial_radio_stays_reachable(unit: list[Entry]) -> None:
     assert set(values(unit, "Service", "DeviceAllow")) == {"char-ttyUSB rw", "char-ttyACM rw"}
     families = one(unit, "Service", "RestrictAddressFamilies").split()
     assert "AF_UNIX" in families  # BLE goes through D-Bus
+
+
+def test_notify_with_a_watchdog_the_bot_can_keep(unit: list[Entry]) -> None:
+    from bot.ops.monitor import STORE_TIMEOUT
+    from bot.ops.status import STATUS_INTERVAL
+
+    assert one(unit, "Service", "Type") == "notify"
+    assert one(unit, "Service", "NotifyAccess") == "main"
+    watchdog = float(one(unit, "Service", "WatchdogSec"))
+    # Pings come every STATUS_INTERVAL; a slow store query delays one by up to STORE_TIMEOUT.
+    assert watchdog >= 3 * STATUS_INTERVAL + STORE_TIMEOUT
+    assert int(one(unit, "Service", "TimeoutStartSec")) >= 60  # migrations before READY
+
+
+def test_state_is_private(unit: list[Entry]) -> None:
+    assert one(unit, "Service", "StateDirectoryMode") == "0700"
+    assert one(unit, "Service", "UMask") == "0077"
+
+
+def test_every_file_the_unit_cites_exists() -> None:
+    text = UNIT.read_text(encoding="utf-8")
+    for cited in re.findall(r"(?<![/\w])((?:docs|systemd)/[\w./-]+\.(?:md|sh|service))", text):
+        assert (REPO / cited).exists(), cited
 
 
 def test_no_keys_that_systemd_252_lacks(unit: list[Entry]) -> None:

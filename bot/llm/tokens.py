@@ -95,6 +95,9 @@ class TiktokenCounter:
             mergeable_ranks=ranks,
             special_tokens=CL100K_SPECIAL,
         )
+        # tiktoken keeps this 100k-entry dict only for pickling (Encoding.__getstate__); the
+        # Rust encoder holds its own copy. Dropping it saves ~16 MB of RSS on a Pi.
+        del self._enc._mergeable_ranks
 
     def count(self, text: str) -> int:
         return len(self._enc.encode(text, disallowed_special=()))

@@ -1,68 +1,345 @@
-"""Export of a person's conversations (every space on one transport) as JSON and Markdown.
+"""Export and import of one person's memory on one transport.
 
-Invariant: an export contains only rows of the requesting person, and it is only ever sent to
-that person privately (``Attachment.dm_only``).
+Formats: ``json`` (everything: messages with ids, dates, platform ids, reply links, use counts;
+summaries; sessions; facts with provenance; the newest long-term summary; the document ``import``
+reads), ``jsonl`` (the OpenAI chat fine-tuning format: one line per session), ``md`` (a
+transcript by session) and ``mermaid`` (the reply-thread graph).
+
+Invariants:
+- An export contains only rows of the requesting person, and ``!export`` sends it to that
+  person privately (``Attachment.dm_only``).
+- Every format is deterministic for the same rows: export -> import into an empty database ->
+  export gives the same bytes.
+- Import reads at most ``MAX_IMPORT_BYTES``, validates the whole document (format, version,
+  types, duplicate and dangling ids) before the store sees it, and the store writes it in one
+  transaction: a bad file gets one clear error and writes nothing.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from bot.errors import MeshsageError
 from bot.memory.port import MemoryStore
+from bot.memory.records import (
+    CONVERSATION_FIELDS,
+    FACT_FIELDS,
+    LONGTERM_FIELDS,
+    MESSAGE_FIELDS,
+    SESSION_FIELDS,
+    SUMMARY_FIELDS,
+)
+
+FORMAT = "meshsage-export"
+VERSION = 1
+FORMATS = ("json", "jsonl", "md", "mermaid")
+MAX_IMPORT_BYTES = 32 * 1024 * 1024
+MERMAID_LABEL_CHARS = 40
+
+
+class ImportFileError(MeshsageError):
+    """A file that cannot be imported; the message says what is wrong and how to fix it."""
+
+    exit_code = 1
 
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
-async def export_person(store: MemoryStore, transport: str, person: str) -> tuple[str, str]:
-    """Return (markdown, json) documents."""
-    convs: list[dict[str, Any]] = []
-    for conv in await store.conversations_of(transport, person):
-        messages = await store.all_messages(conv.id)
-        facts = await store.facts(conv.id)
-        summary = await store.latest_summary(conv)
-        convs.append(
-            {
-                "space": conv.key.space,
-                "reset_after_message_id": conv.reset_after,
-                "facts": [f.text for f in facts],
-                "summary": None
-                if summary is None
-                else {
-                    "text": summary.text,
-                    "covers": [summary.first_message_id, summary.last_message_id],
-                },
-                "messages": [
-                    {
-                        "id": m.id,
-                        "role": m.role,
-                        "author": m.author,
-                        "text": m.text,
-                        "created_at": _iso(m.created_at),
-                        "status": m.status,
-                        "reply_to": m.parent_id,
-                    }
-                    for m in messages
-                ],
-            }
-        )
-    doc = {
+async def person_document(store: MemoryStore, transport: str, person: str) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
         "transport": transport,
         "person": person,
-        "exported_at": _iso(datetime.now(UTC).timestamp()),
-        "conversations": convs,
+        "conversations": await store.dump_person(transport, person),
     }
-    md = [f"# meshsage export for {person} ({transport})", ""]
-    for conv_doc in convs:
-        md += [f"## Space: {conv_doc['space']}", ""]
-        if conv_doc["facts"]:
-            md += ["Remembered facts:", *[f"- {f}" for f in conv_doc["facts"]], ""]
-        if conv_doc["summary"]:
-            md += [f"Summary: {conv_doc['summary']['text']}", ""]
-        for m in conv_doc["messages"]:
-            md.append(f"**{m['author']}** ({m['created_at']}): {m['text']}")
+
+
+def render(doc: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(doc, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
+    if fmt == "jsonl":
+        return _jsonl(doc)
+    if fmt == "md":
+        return _markdown(doc)
+    if fmt == "mermaid":
+        return _mermaid(doc)
+    raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+async def export_person(store: MemoryStore, transport: str, person: str) -> tuple[str, str]:
+    """(markdown, json) documents, as ``!export`` sends them."""
+    doc = await person_document(store, transport, person)
+    return render(doc, "md"), render(doc, "json")
+
+
+def _session_of(conv: dict[str, Any]) -> Callable[[int], dict[str, Any] | None]:
+    sessions = conv["sessions"]
+
+    def find(message_id: int) -> dict[str, Any] | None:
+        for s in sessions:
+            if s["first_message_id"] <= message_id <= s["last_message_id"]:
+                return dict(s)
+        return None
+
+    return find
+
+
+def _by_session(conv: dict[str, Any]) -> list[tuple[dict[str, Any] | None, list[dict[str, Any]]]]:
+    find = _session_of(conv)
+    groups: list[tuple[dict[str, Any] | None, list[dict[str, Any]]]] = []
+    for m in conv["messages"]:
+        session = find(m["id"])
+        if groups and (groups[-1][0] or {}).get("id") == (session or {}).get("id"):
+            groups[-1][1].append(m)
+        else:
+            groups.append((session, [m]))
+    return groups
+
+
+def _markdown(doc: dict[str, Any]) -> str:
+    md = [f"# meshsage export for {doc['person']} ({doc['transport']})", ""]
+    for conv in doc["conversations"]:
+        md += [f"## Space: {conv['space']}", ""]
+        if conv["facts"]:
+            md.append("Facts:")
+            for f in conv["facts"]:
+                kind = "pinned" if f["pinned"] else f"from messages {f['source_ids']}"
+                md.append(f"- {f['text']} ({kind}, {_iso(f['updated_at'] or f['created_at'])})")
             md.append("")
-    return "\n".join(md), json.dumps(doc, ensure_ascii=False, indent=2)
+        if conv["longterm_summary"]:
+            md += [f"Long-term summary: {conv['longterm_summary']['text']}", ""]
+        for s in conv["summaries"]:
+            md += [f"Rolling summary (messages {s['first_message_id']}-"
+                   f"{s['last_message_id']}): {s['text']}", ""]  # fmt: skip
+        for session, messages in _by_session(conv):
+            if session is not None:
+                md += [f"### {_iso(session['started_at'])[:10]}: {session['title'] or 'Session'}"]
+                if session["summary"]:
+                    md.append(f"_{session['summary']}_")
+                md.append("")
+            else:
+                md += ["### Current session", ""]
+            for m in messages:
+                md += [f"**{m['author']}** ({_iso(m['created_at'])}): {m['text']}", ""]
+    return "\n".join(md)
+
+
+def _jsonl(doc: dict[str, Any]) -> str:
+    lines = []
+    for conv in doc["conversations"]:
+        for _session, messages in _by_session(conv):
+            chat = [{"role": m["role"], "content": m["text"]} for m in messages]
+            while chat and chat[0]["role"] != "user":
+                chat.pop(0)  # a fine-tuning example starts with the person speaking
+            if any(c["role"] == "assistant" for c in chat):
+                lines.append(json.dumps({"messages": chat}, ensure_ascii=False))
+    return "".join(line + "\n" for line in lines)
+
+
+def _mermaid(doc: dict[str, Any]) -> str:
+    out = ["graph TD"]
+    for conv in doc["conversations"]:
+        out.append(f'  subgraph space_{conv["id"]}["{_label(conv["space"])}"]')
+        for m in conv["messages"]:
+            out.append(f'    m{m["id"]}["{m["role"]}: {_label(m["text"])}"]')
+        out.append("  end")
+        for m in conv["messages"]:
+            if m["parent_id"] is not None:
+                out.append(f"  m{m['parent_id']} --> m{m['id']}")
+    return "\n".join(out) + "\n"
+
+
+def _label(text: str) -> str:
+    text = " ".join(text.split())
+    if len(text) > MERMAID_LABEL_CHARS:
+        text = text[: MERMAID_LABEL_CHARS - 1] + "…"
+    return text.replace('"', "#quot;").replace("[", "(").replace("]", ")")
+
+
+# --- import -------------------------------------------------------------------------------------
+def read_import(path: Path) -> dict[str, Any]:
+    """Read and validate an export file; raise ``ImportFileError`` saying what is wrong."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ImportFileError(f"cannot read {path}: {exc.strerror}. Fix: check the path.") from None
+    if size > MAX_IMPORT_BYTES:
+        raise ImportFileError(
+            f"{path} is {size // (1024 * 1024)} MB, more than the {MAX_IMPORT_BYTES // 2**20} MB "
+            "an export of one person can be. Fix: check that it is a meshsage JSON export."
+        )
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_IMPORT_BYTES + 1)
+        doc = json.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ImportFileError(
+            f"{path} is not a JSON export ({type(exc).__name__}: {exc}). Fix: import the file "
+            "`meshsage export PERSON --format json` wrote (md, jsonl and mermaid cannot be read "
+            "back)."
+        ) from None
+    return validate(doc, source=str(path))
+
+
+def validate(doc: Any, *, source: str = "the file") -> dict[str, Any]:
+    def bad(why: str) -> ImportFileError:
+        return ImportFileError(f"{source} cannot be imported: {why}. Nothing was written.")
+
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise bad(f'it is not a {FORMAT} document (no "format": "{FORMAT}")')
+    version = doc.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise bad("its version is missing")
+    if version > VERSION:
+        raise bad(f"it was written by a newer meshsage (format version {version}, this one "
+                  f"reads {VERSION}). Fix: upgrade meshsage, then import again")  # fmt: skip
+    if version < 1:
+        raise bad(f"format version {version} does not exist")
+    for key in ("transport", "person"):
+        if not isinstance(doc.get(key), str) or not doc[key] or len(doc[key]) > 200:
+            raise bad(f'"{key}" must be a non-empty string')
+    convs = doc.get("conversations")
+    if not isinstance(convs, list):
+        raise bad('"conversations" must be a list')
+    seen: dict[str, set[int]] = {
+        t: set() for t in ("conversations", "messages", "summaries", "sessions", "facts")
+    }
+    spaces: set[str] = set()
+    for ci, conv in enumerate(convs):
+        where = f"conversations[{ci}]"
+        _fields(conv, CONVERSATION_FIELDS, where, bad)
+        _typed(conv, where, bad, ints=("id", "reset_after"), floats=("created_at",),
+               strs=("space",), bools=("incognito",))  # fmt: skip
+        _unique(seen["conversations"], conv["id"], where, bad)
+        if conv["space"] in spaces:
+            raise bad(f"{where}: space {conv['space']!r} appears twice")
+        spaces.add(conv["space"])
+        msg_ids: set[int] = set()
+        for table, fields, spec in (
+            ("messages", MESSAGE_FIELDS, _MESSAGE_TYPES),
+            ("summaries", SUMMARY_FIELDS, _SUMMARY_TYPES),
+            ("sessions", SESSION_FIELDS, _SESSION_TYPES),
+            ("facts", FACT_FIELDS, _FACT_TYPES),
+        ):
+            rows = conv.get(table)
+            if not isinstance(rows, list):
+                raise bad(f'{where}: "{table}" must be a list')
+            for ri, row in enumerate(rows):
+                rwhere = f"{where}.{table}[{ri}]"
+                _fields(row, fields, rwhere, bad)
+                _typed(row, rwhere, bad, **spec)
+                _unique(seen[table], row["id"], rwhere, bad)
+                if table == "messages":
+                    msg_ids.add(row["id"])
+                    if row["role"] not in ("user", "assistant"):
+                        raise bad(f"{rwhere}: role must be user or assistant")
+                    if row["parent_id"] is not None and row["parent_id"] not in msg_ids:
+                        raise bad(f"{rwhere}: replies to message {row['parent_id']}, which is "
+                                  "not earlier in the file")  # fmt: skip
+                if table == "facts" and not all(
+                    isinstance(i, int) and not isinstance(i, bool) for i in row["source_ids"]
+                ):
+                    raise bad(f"{rwhere}: source_ids must be message ids")
+                if "first_message_id" in row and row["first_message_id"] > row["last_message_id"]:
+                    raise bad(f"{rwhere}: first_message_id is after last_message_id")
+        lt = conv.get("longterm_summary", "missing")
+        if lt == "missing":
+            raise bad(f'{where}: "longterm_summary" is missing')
+        if lt is not None:
+            _fields(lt, LONGTERM_FIELDS, f"{where}.longterm_summary", bad)
+            _typed(lt, f"{where}.longterm_summary", bad, strs=("text",),
+                   ints=("tokens", "sessions", "up_to_message_id"),
+                   floats=("updated_at",))  # fmt: skip
+    return doc
+
+
+_MESSAGE_TYPES: dict[str, tuple[str, ...]] = {
+    "ints": ("id", "tokens", "uses"),
+    "floats": ("created_at",),
+    "strs": ("role", "author", "text", "status"),
+    "opt_strs": ("platform_id", "reply_to_platform_id"),
+    "opt_ints": ("parent_id",),
+    "bools": ("important",),
+}
+_SUMMARY_TYPES: dict[str, tuple[str, ...]] = {
+    "ints": ("id", "first_message_id", "last_message_id", "tokens"),
+    "floats": ("created_at",),
+    "strs": ("text",),
+}
+_SESSION_TYPES: dict[str, tuple[str, ...]] = {
+    "ints": ("id", "first_message_id", "last_message_id", "messages", "tokens"),
+    "floats": ("started_at", "ended_at"),
+    "opt_strs": ("title", "summary"),
+}
+_FACT_TYPES: dict[str, tuple[str, ...]] = {
+    "ints": ("id", "tokens"),
+    "floats": ("created_at",),
+    "opt_floats": ("updated_at",),
+    "strs": ("text",),
+    "bools": ("pinned",),
+    "lists": ("source_ids",),
+}
+
+
+def _fields(
+    row: Any, fields: tuple[str, ...], where: str, bad: Callable[[str], ImportFileError]
+) -> None:
+    if not isinstance(row, dict):
+        raise bad(f"{where} must be an object")
+    missing = [f for f in fields if f not in row]
+    if missing:
+        raise bad(f"{where} lacks {', '.join(missing)}")
+
+
+def _typed(
+    row: dict[str, Any],
+    where: str,
+    bad: Callable[[str], ImportFileError],
+    *,
+    ints: tuple[str, ...] = (),
+    floats: tuple[str, ...] = (),
+    strs: tuple[str, ...] = (),
+    bools: tuple[str, ...] = (),
+    opt_strs: tuple[str, ...] = (),
+    opt_ints: tuple[str, ...] = (),
+    opt_floats: tuple[str, ...] = (),
+    lists: tuple[str, ...] = (),
+) -> None:
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62
+
+    def is_num(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and abs(v) < 1e13
+
+    checks: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
+        (ints, is_int, "a non-negative integer"),
+        (floats, is_num, "a number (seconds since 1970)"),
+        (strs, lambda v: isinstance(v, str), "a string"),
+        (bools, lambda v: isinstance(v, bool), "true or false"),
+        (opt_strs, lambda v: v is None or isinstance(v, str), "a string or null"),
+        (opt_ints, lambda v: v is None or is_int(v), "an integer or null"),
+        (opt_floats, lambda v: v is None or is_num(v), "a number or null"),
+        (lists, lambda v: isinstance(v, list), "a list"),
+    ]
+    for names, ok, what in checks:
+        for name in names:
+            if not ok(row.get(name)):
+                raise bad(f"{where}.{name} must be {what}")
+
+
+def _unique(seen: set[int], value: int, where: str, bad: Callable[[str], ImportFileError]) -> None:
+    if value in seen:
+        raise bad(f"{where}: id {value} appears twice")
+    seen.add(value)
+
+
+async def import_document(store: MemoryStore, doc: dict[str, Any]) -> dict[str, int]:
+    """Write a validated document (one transaction; raises when ids are taken)."""
+    return await store.load_dump(doc["transport"], doc["person"], doc["conversations"])

@@ -30,15 +30,26 @@ Invariants every implementation keeps:
   read other people's rows; ``vector_search`` scores with the cosine similarity, best first.
 - ``add_vectors`` skips messages that no longer exist; a message keeps one vector (the newest
   model's), and ``messages_missing_vectors`` lists what a model has not embedded yet.
+- Sessions of a conversation never overlap (``add_session`` returns None instead); they are
+  ordered by message id, never by clock.
+- Pinned facts (``!remember``) are never changed by ``update_fact`` or by
+  ``remove_fact(extracted_only=True)``.
+- ``prune_by_use`` never deletes important messages, the sources of pinned facts, or messages
+  awaiting an answer; every deletion takes the message's index and vector rows with it.
+- ``link_dm`` moves one DM conversation's rows into another and marks them with their origin;
+  ``unlink_dm`` moves exactly those back. ``find_conversation``/``conversation`` of an absorbed
+  DM return the home with ``origin_id`` set; ``add_message(origin_id=...)`` falls back to the
+  origin when the link is gone. Channel spaces never link.
+- ``dump_person`` is deterministic; ``load_dump`` is one transaction and refuses taken ids.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from bot.domain import ConversationKey
-from bot.memory.records import OutboxEntry, OutboxRow, StoredAnswer
+from bot.memory.records import LongTermSummary, OutboxEntry, OutboxRow, Session, StoredAnswer
 from bot.memory.store import Conversation, Fact, ForgetReport, StoredMessage, Summary
 
 
@@ -52,6 +63,8 @@ class MemoryStore(Protocol):
     async def conversations_of(self, transport: str, person: str) -> list[Conversation]: ...
 
     async def reset(self, conversation_id: int) -> int: ...
+
+    async def reset_mark(self, conversation_id: int) -> int: ...
 
     async def forget_person(self, transport: str, person: str) -> ForgetReport: ...
 
@@ -69,6 +82,7 @@ class MemoryStore(Protocol):
         reply_to_platform_id: str | None = None,
         parent_id: int | None = None,
         answers: int | None = None,
+        origin_id: int | None = None,
     ) -> int: ...
 
     async def pending_messages(
@@ -90,6 +104,10 @@ class MemoryStore(Protocol):
     async def messages_between(
         self, conversation_id: int, *, after_id: int, up_to_id: int
     ) -> list[StoredMessage]: ...
+
+    async def message_by_platform_id(
+        self, conversation_id: int, platform_id: str
+    ) -> int | None: ...
 
     async def messages_by_ids(self, ids: Sequence[int]) -> list[StoredMessage]: ...
 
@@ -152,9 +170,101 @@ class MemoryStore(Protocol):
 
     async def facts(self, conversation_id: int) -> list[Fact]: ...
 
-    async def add_fact(self, conversation_id: int, *, text: str, tokens: int) -> int: ...
+    async def add_fact(
+        self,
+        conversation_id: int,
+        *,
+        text: str,
+        tokens: int,
+        pinned: bool = True,
+        source_ids: Sequence[int] = (),
+        created_at: float | None = None,
+    ) -> int: ...
 
-    async def remove_fact(self, conversation_id: int, fact_id: int) -> bool: ...
+    async def update_fact(
+        self,
+        conversation_id: int,
+        fact_id: int,
+        *,
+        text: str,
+        tokens: int,
+        source_ids: Sequence[int],
+        updated_at: float | None = None,
+    ) -> bool: ...
+
+    async def remove_fact(
+        self, conversation_id: int, fact_id: int, *, extracted_only: bool = False
+    ) -> bool: ...
+
+    # --- sessions and long-term summaries ---------------------------------------------------
+    async def sessions(self, conversation_id: int, *, limit: int = 1000) -> list[Session]: ...
+
+    async def session_end(self, conversation_id: int) -> int: ...
+
+    async def add_session(
+        self,
+        conversation_id: int,
+        *,
+        first_message_id: int,
+        last_message_id: int,
+        started_at: float,
+        ended_at: float,
+        messages: int,
+    ) -> int | None: ...
+
+    async def set_session_summary(
+        self, session_id: int, *, title: str, summary: str, tokens: int
+    ) -> bool: ...
+
+    async def clear_sessions(self, conversation_id: int) -> int: ...
+
+    async def unsummarized_sessions(
+        self, *, limit: int, ended_after: float = 0.0
+    ) -> list[Session]: ...
+
+    async def idle_conversations(self, *, idle_before: float, limit: int) -> list[int]: ...
+
+    async def longterm_summary(
+        self,
+        conversation_id: int,
+        *,
+        up_to: int | None = None,
+        written_before: float | None = None,
+    ) -> LongTermSummary | None: ...
+
+    async def has_longterm_summary(self, conversation_id: int) -> bool: ...
+
+    async def save_longterm_summary(
+        self,
+        conversation_id: int,
+        *,
+        text: str,
+        tokens: int,
+        sessions: int,
+        up_to_message_id: int,
+        updated_at: float | None = None,
+    ) -> None: ...
+
+    # --- forgetting by use, identities, incognito, export/import ----------------------------
+    async def note_retrieved(self, message_ids: Sequence[int]) -> None: ...
+
+    async def mark_important(self, conversation_id: int, message_ids: Sequence[int]) -> int: ...
+
+    async def prune_by_use(self, max_per_conversation: int, *, batch: int = 500) -> int: ...
+
+    async def link_dm(self, home: ConversationKey, other: ConversationKey) -> int: ...
+
+    async def unlink_dm(self, key: ConversationKey) -> int | None: ...
+
+    async def set_incognito(self, conversation_id: int, on: bool) -> None: ...
+
+    async def is_incognito(self, conversation_id: int) -> bool: ...
+
+    async def dump_person(self, transport: str, person: str) -> list[dict[str, Any]]: ...
+
+    async def load_dump(
+        self, transport: str, person: str, conversations: list[dict[str, Any]]
+    ) -> dict[str, int]: ...
 
     async def stats(self) -> dict[str, int]: ...
 

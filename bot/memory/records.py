@@ -17,9 +17,14 @@ ASSISTANT = "assistant"
 
 @dataclass(frozen=True, slots=True)
 class Conversation:
+    """``id`` is where the conversation's memory lives. For a DM linked to another transport's
+    DM (``!link``) that is the other conversation's id, and ``origin_id`` is this key's own
+    conversation, so new messages can be handed back at ``!unlink``."""
+
     id: int
     key: ConversationKey
     reset_after: int
+    origin_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +53,45 @@ class Summary:
 
 @dataclass(frozen=True, slots=True)
 class Fact:
+    """``pinned`` facts came from ``!remember`` and extraction never changes them; extracted
+    facts record the message ids they came from (``source_ids``) and when they last changed."""
+
     id: int
     text: str
     tokens: int
     created_at: float
+    pinned: bool = True
+    source_ids: tuple[int, ...] = ()
+    updated_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A run of messages without an idle gap longer than ``memory.session_gap`` (or a
+    ``!reset``). ``title``/``summary`` are None until the background summary is written."""
+
+    id: int
+    conversation_id: int
+    first_message_id: int
+    last_message_id: int
+    started_at: float
+    ended_at: float
+    messages: int
+    title: str | None
+    summary: str | None
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LongTermSummary:
+    """One version of a conversation's long-term summary, built from the session summaries of
+    every session ending at or before ``up_to_message_id``."""
+
+    text: str
+    tokens: int
+    sessions: int
+    up_to_message_id: int
+    updated_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +102,26 @@ class ForgetReport:
     facts: int
 
 
+# The export/import row shapes (``dump_person``/``load_dump``), shared by every store and by
+# bot.memory.export: field names are the JSON keys, in this order.
+CONVERSATION_FIELDS = ("id", "space", "created_at", "reset_after", "incognito")
+MESSAGE_FIELDS = (
+    "id", "role", "author", "text", "created_at", "tokens", "platform_id",
+    "reply_to_platform_id", "parent_id", "status", "uses", "important",
+)  # fmt: skip
+SUMMARY_FIELDS = ("id", "text", "first_message_id", "last_message_id", "tokens", "created_at")
+SESSION_FIELDS = (
+    "id", "first_message_id", "last_message_id", "started_at", "ended_at", "messages", "title",
+    "summary", "tokens",
+)  # fmt: skip
+FACT_FIELDS = ("id", "text", "tokens", "created_at", "updated_at", "pinned", "source_ids")
+LONGTERM_FIELDS = ("text", "tokens", "sessions", "up_to_message_id", "updated_at")
+DUMP_TABLES = {
+    "messages": MESSAGE_FIELDS,
+    "summaries": SUMMARY_FIELDS,
+    "sessions": SESSION_FIELDS,
+    "facts": FACT_FIELDS,
+}
 OUTBOX_KINDS = ("answer", "notice", "command", "more")
 OUTBOX_STATES = ("pending", "sent", "delivered", "failed", "expired")
 
@@ -87,6 +147,7 @@ class StoredAnswer:
     author: str
     text: str
     tokens: int
+    origin_id: int | None = None  # the linked DM it was asked in (``Conversation.origin_id``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 
 import aiosqlite
@@ -171,7 +172,59 @@ def _m003_outbox() -> str:
         """
 
 
-def _m004_outbox_parts_platform() -> str:
+def _m004_memory_tiers() -> str:
+    # Sessions (closed by an idle gap or !reset) with their short summaries, long-term summary
+    # versions rebuilt from them (each records the last message its sessions cover, so the
+    # prompt can keep one version until the window's base moves past the next), facts with
+    # provenance (pinned = !remember), forgetting by use (uses, important), linked identities
+    # (merged_into on the absorbed DM conversation, origin_conversation_id on what was moved so
+    # !unlink can give it back) and incognito. Existing facts all came from !remember, so they
+    # start pinned.
+    return """
+        CREATE TABLE sessions (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            origin_conversation_id INTEGER,
+            first_message_id INTEGER NOT NULL,
+            last_message_id INTEGER NOT NULL,
+            started_at REAL NOT NULL,
+            ended_at REAL NOT NULL,
+            messages INTEGER NOT NULL CHECK (messages >= 0),
+            title TEXT,
+            summary TEXT,
+            tokens INTEGER NOT NULL DEFAULT 0,
+            CHECK (first_message_id <= last_message_id)
+        );
+        CREATE INDEX sessions_conversation ON sessions (conversation_id, last_message_id);
+
+        CREATE TABLE longterm_summaries (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            text TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            sessions INTEGER NOT NULL,
+            up_to_message_id INTEGER NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE INDEX longterm_conversation
+            ON longterm_summaries (conversation_id, up_to_message_id);
+
+        ALTER TABLE facts ADD COLUMN pinned INTEGER NOT NULL DEFAULT 1;
+        ALTER TABLE facts ADD COLUMN source_ids TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE facts ADD COLUMN updated_at REAL;
+        ALTER TABLE facts ADD COLUMN origin_conversation_id INTEGER;
+
+        ALTER TABLE messages ADD COLUMN uses INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE messages ADD COLUMN important INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE messages ADD COLUMN origin_conversation_id INTEGER;
+
+        ALTER TABLE conversations ADD COLUMN merged_into INTEGER
+            REFERENCES conversations (id) ON DELETE SET NULL;
+        ALTER TABLE conversations ADD COLUMN incognito INTEGER NOT NULL DEFAULT 0;
+        """
+
+
+def _m005_outbox_parts_platform() -> str:
     # A reply to any part of a multi-message answer (Discord) is resolved by the part's
     # platform id (bot.memory.sqlite.messages.add_message), after a restart too.
     return "CREATE INDEX outbox_parts_platform ON outbox_parts (platform_id);"
@@ -183,8 +236,18 @@ MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_message_vectors", _m002_message_vectors),
     ("003_outbox", _m003_outbox),
-    ("004_outbox_parts_platform", _m004_outbox_parts_platform),
+    ("004_memory_tiers", _m004_memory_tiers),
+    ("005_outbox_parts_platform", _m005_outbox_parts_platform),
 ]
+
+
+async def applied_migrations(db: aiosqlite.Connection) -> set[str]:
+    """Names already applied (empty for a new database)."""
+    try:
+        async with db.execute("SELECT name FROM schema_migrations") as cur:
+            return {row[0] for row in await cur.fetchall()}
+    except sqlite3.OperationalError:  # no table yet: a new database
+        return set()
 
 
 async def migrate(db: aiosqlite.Connection, migrations: list[Migration] | None = None) -> list[str]:

@@ -9,6 +9,8 @@ from bot.memory.records import (
     Conversation,
     Fact,
     ForgetReport,
+    LongTermSummary,
+    Session,
     StoredMessage,
     Summary,
 )
@@ -20,6 +22,8 @@ __all__ = [
     "Conversation",
     "Fact",
     "ForgetReport",
+    "LongTermSummary",
+    "Session",
     "SqliteStore",
     "StoredMessage",
     "Summary",

@@ -8,6 +8,9 @@ Invariants:
 - The cache only ever holds what the database holds: its owner extends a matrix when vectors
   are appended in id order and drops it on anything else (replacements, deletes, writes by
   another connection). It is bounded by bytes and evicts the least recently used matrix.
+- numpy is imported on first use, not at import: the store imports this module, and a bot
+  without ``memory.embeddings`` (the default) never loads numpy (15 MB of RSS on a Pi). numpy
+  comes with the ``embeddings`` extra.
 """
 
 from __future__ import annotations
@@ -15,28 +18,42 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
-F32 = np.dtype("<f4")
+    FloatArray = npt.NDArray[np.float32]
+    IdArray = npt.NDArray[np.int64]
+
+F32 = "<f4"  # float32, little-endian on disk
 CACHE_BYTES = 64 * 1024 * 1024  # ~4 conversations of 6,000 nomic (768-d) vectors
 
-FloatArray = npt.NDArray[np.float32]
-IdArray = npt.NDArray[np.int64]
+
+def as_vectors(rows: Sequence[Sequence[float]] | Sequence[float]) -> FloatArray:
+    """A float32 matrix (or one vector) from Python numbers."""
+    import numpy as np
+
+    return np.asarray(rows, dtype=np.float32)
 
 
 def pack(vector: Sequence[float] | FloatArray) -> bytes:
+    import numpy as np
+
     return np.asarray(vector, dtype=F32).tobytes()
 
 
 def unpack(blob: bytes) -> FloatArray:
+    import numpy as np
+
     return np.frombuffer(blob, dtype=F32).astype(np.float32)
 
 
 def unit(matrix: FloatArray) -> FloatArray:
     """Rows scaled to unit length (zero rows stay zero)."""
+    import numpy as np
+
     norms = np.linalg.norm(matrix, axis=-1, keepdims=True)
     out: FloatArray = np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
     return out
@@ -54,6 +71,8 @@ class VectorMatrix:
     def from_rows(cls, model: str, rows: Iterable[Sequence[Any]]) -> VectorMatrix | None:
         """From (message_id, dim, blob) rows in id order; rows of another dimension than the
         newest are skipped (a model served with a different size). None when there are none."""
+        import numpy as np
+
         rows = list(rows)
         if not rows:
             return None
@@ -85,6 +104,8 @@ class VectorMatrix:
 
     def append(self, ids: Sequence[int], vectors: FloatArray) -> None:
         """Add rows newer than every row held (checked by ``can_append``); grows by doubling."""
+        import numpy as np
+
         k = len(ids)
         if self._n + k > len(self._ids):
             cap = max(2 * len(self._ids), self._n + k, 64)
@@ -101,6 +122,8 @@ class VectorMatrix:
         self, query: FloatArray, *, after_id: int, before_id: int, limit: int
     ) -> list[tuple[int, float]]:
         """(message id, cosine) best first for ids in (after_id, before_id)."""
+        import numpy as np
+
         if limit <= 0 or query.shape != (self.dim,):
             return []
         ids = self._ids[: self._n]

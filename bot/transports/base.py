@@ -18,12 +18,16 @@ Invariants:
 - ``start`` returns once the transport runs in the background; ``stop`` ends it within its own
   timeout; ``wait_closed`` returns when the transport has ended by itself (console EOF) and
   otherwise only after ``stop``.
+- ``health()`` is optional (``health_of`` supplies a default): a cheap, non-blocking snapshot of
+  the link and of whether the transport's own loops still run. ``loop_ok=False`` means a loop
+  died or is wedged; the systemd watchdog then stops pinging so the service is restarted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from bot.domain import Delivery, Inbound, Reply, TransportLimits
@@ -69,6 +73,26 @@ class Transport(Protocol):
     async def stop(self) -> None: ...
 
     async def wait_closed(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class TransportHealth:
+    link: str  # "up", "connecting", "down", "closed" or "running" (no link to speak of)
+    loop_ok: bool = True  # False: one of the transport's loops died or is wedged
+    detail: str = ""  # why, in a few words (never message text)
+    outbox: int = 0  # replies waiting to go out
+
+
+@runtime_checkable
+class ReportsHealth(Protocol):
+    def health(self) -> TransportHealth: ...
+
+
+def health_of(transport: Transport) -> TransportHealth:
+    """The transport's own report, or "running" for transports that do not report."""
+    if isinstance(transport, ReportsHealth):
+        return transport.health()
+    return TransportHealth(link="running")
 
 
 @runtime_checkable

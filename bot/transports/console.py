@@ -6,8 +6,12 @@ Invariants:
 - Scripted (stdin not a terminal): one message per line; each answer is printed before the
   next line is read; at end of input the transport closes after the last answer.
 - Input bytes that are not valid UTF-8 are replaced (U+FFFD), never fatal.
-- Attachments (``!export``) are written under ``export_dir`` and their paths printed;
-  ``!forget`` deletes them again (``forget``).
+- Attachments (``!export``) are written under ``export_dir`` (0700) as 0600 files and their
+  paths printed; ``!forget`` deletes them again (``forget``).
+- On a terminal, lines are read with readline (arrow keys edit, history kept in
+  ``history_file``, 0600) and the prompt is drawn only after the previous answer, so it never
+  lands in the middle of one; "thinking..." shows while the model works and is erased before
+  the answer. The terminal's settings are restored at stop.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from bot.domain import (
     DM_SPACE,
@@ -32,11 +36,15 @@ from bot.domain import (
     ReplyKind,
     TransportLimits,
 )
+from bot.ops.files import private_dir
 from bot.transports.base import OnMessage
 
 log = logging.getLogger("bot.transport.console")
 
 CONSOLE_MAX_CHARS = 8000  # a terminal has no hard limit; keep answers readable
+PROMPT = "you> "
+THINKING = "meshsage is thinking... (Ctrl-C to stop)"
+HISTORY_LINES = 1000
 
 
 class ConsoleTransport:
@@ -53,6 +61,7 @@ class ConsoleTransport:
         stdin: IO[bytes] | None = None,
         stdout: IO[str] | None = None,
         interactive: bool | None = None,
+        history_file: Path | None = None,
     ) -> None:
         self.limits = TransportLimits(
             context_tokens=context_tokens,
@@ -70,6 +79,12 @@ class ConsoleTransport:
         self._counter = 0
         self._lines: asyncio.Queue[bytes] = asyncio.Queue()
         self._pump: threading.Thread | None = None
+        self._history = history_file
+        # readline only on the real terminal (tests hand in their own streams)
+        self._readline = self._interactive and stdin is None and _isatty(sys.stdin)
+        self._want_line = threading.Event()  # the reader asks the pump for the next line
+        self._thinking = False
+        self._tty_state: Any = None
 
     def fit(self, text: str) -> str:
         if len(text) <= CONSOLE_MAX_CHARS:
@@ -78,11 +93,33 @@ class ConsoleTransport:
 
     @contextlib.asynccontextmanager
     async def working(self, inbound: Inbound) -> AsyncIterator[None]:
-        yield
+        if self._interactive:
+            self._stdout.write(THINKING)
+            self._stdout.flush()
+            self._thinking = True
+        try:
+            yield
+        finally:
+            self._erase_thinking()
+
+    def _erase_thinking(self) -> None:
+        if self._thinking:
+            self._thinking = False
+            with contextlib.suppress(OSError, ValueError):
+                self._stdout.write("\r\033[K")
+                self._stdout.flush()
 
     async def start(self, on_message: OnMessage) -> None:
         loop = asyncio.get_running_loop()
         lines = self._lines
+        if self._readline:
+            self._tty_state = _tty_state()
+            self._pump = threading.Thread(
+                target=self._pump_readline, args=(loop,), name="console stdin", daemon=True
+            )
+            self._pump.start()
+            self._task = asyncio.create_task(self._read_loop(on_message), name="console reader")
+            return
 
         def pump() -> None:
             # A daemon thread reading the raw descriptor: a read blocked at exit holds no
@@ -102,8 +139,10 @@ class ConsoleTransport:
                     f"meshsage console; you are '{self._user}'. !help for commands, Ctrl-D to quit."
                 )
             while True:
-                if self._interactive:
-                    self._stdout.write("you> ")
+                if self._readline:
+                    self._want_line.set()  # the pump draws the prompt and reads one line
+                elif self._interactive:
+                    self._stdout.write(PROMPT)
                     self._stdout.flush()
                 raw = await self._lines.get()
                 if not raw:
@@ -138,6 +177,7 @@ class ConsoleTransport:
             text += f"\n[saved {path}]"
         if reply.kind is ReplyKind.NOTICE and self._interactive:
             prefix = "meshsage (notice)> "
+        self._erase_thinking()
         try:
             self._print(prefix + text)
         except (OSError, ValueError) as exc:
@@ -145,10 +185,22 @@ class ConsoleTransport:
         return Delivery(DeliveryStatus.DELIVERED, message_ids=(f"console-out-{id(reply)}",))
 
     def forget(self, person: str) -> int:
-        """``!forget``: delete the export files written for the console user."""
-        if person != self._user or not self._export_dir.is_dir():
+        """``!forget``: delete the export files written for the console user, and the line
+        history (it holds what they typed)."""
+        if person != self._user:
             return 0
         removed = 0
+        if self._history is not None and self._history.exists():
+            with contextlib.suppress(OSError):
+                self._history.unlink()
+                removed += 1
+            if self._readline:
+                with contextlib.suppress(ImportError):
+                    import readline
+
+                    readline.clear_history()
+        if not self._export_dir.is_dir():
+            return removed
         for path in self._export_dir.glob("meshsage-export-console.*"):
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -156,10 +208,37 @@ class ConsoleTransport:
         return removed
 
     def _write_attachment(self, filename: str, data: bytes) -> Path:
-        self._export_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self._export_dir)
         path = self._export_dir / filename
-        path.write_bytes(data)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(path, 0o600)  # an older export of the same name may have been 0644
         return path
+
+    def _pump_readline(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Thread: one ``input()`` per request from the reader, with readline editing."""
+        lines = self._lines
+        readline = _load_readline(self._history)
+        try:
+            while True:
+                self._want_line.wait()
+                self._want_line.clear()
+                try:
+                    line = input(PROMPT)
+                except EOFError:
+                    self._print("")
+                    break
+                except (UnicodeDecodeError, OSError, ValueError) as exc:
+                    log.warning("console input unreadable (%s); stopping the console", exc)
+                    break
+                if readline is not None and self._history is not None and line.strip():
+                    _append_history(readline, self._history)
+                loop.call_soon_threadsafe(
+                    lines.put_nowait, (line + "\n").encode("utf-8", "replace")
+                )
+        finally:
+            loop.call_soon_threadsafe(lines.put_nowait, b"")
 
     def _print(self, text: str) -> None:
         self._stdout.write(text + "\n")
@@ -170,13 +249,56 @@ class ConsoleTransport:
             self._task.cancel()  # the reader thread blocked in readline stays until input/EOF
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._erase_thinking()
+        _restore_tty(self._tty_state)  # readline may hold the terminal in its own mode
         self._closed.set()
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
 
 
-def _isatty(stream: IO[bytes]) -> bool:
+def _load_readline(history: Path | None) -> Any:
+    """The readline module with the history loaded, or None where it does not exist."""
+    try:
+        import readline
+    except ImportError:  # not on every platform; plain input() still works
+        return None
+    readline.set_history_length(HISTORY_LINES)
+    if history is not None:
+        with contextlib.suppress(OSError):
+            readline.read_history_file(history)
+    return readline
+
+
+def _append_history(readline: Any, history: Path) -> None:
+    try:
+        if not history.exists():
+            os.close(os.open(history, os.O_WRONLY | os.O_CREAT, 0o600))
+        readline.append_history_file(1, history)
+        readline.set_history_length(HISTORY_LINES)
+    except OSError as exc:
+        log.debug("console history not saved: %s", exc)
+
+
+def _tty_state() -> Any:
+    try:
+        import termios
+
+        return termios.tcgetattr(sys.stdin.fileno())
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+def _restore_tty(state: Any) -> None:
+    if state is None:
+        return
+    with contextlib.suppress(ImportError, OSError, ValueError):
+        import termios
+
+        termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, state)
+
+
+def _isatty(stream: IO[bytes] | IO[str]) -> bool:
     try:
         return stream.isatty()
     except (ValueError, io.UnsupportedOperation):

@@ -44,7 +44,7 @@ from bot.domain import (
     TransportLimits,
 )
 from bot.errors import TransportError
-from bot.transports.base import OnMessage, Transport
+from bot.transports.base import OnMessage, Transport, TransportHealth
 from bot.transports.mesh_rules import (
     BROADCAST_NUM,
     Accepted,
@@ -160,6 +160,7 @@ class MeshtasticTransport(MeshOutbox):
         self.channel_listener: Callable[[MeshText], None] | None = None  # the bridge, if any
         self._subscribed = False
         self._closing = _Counter()
+        self._broken = ""  # name of a loop that ended with an exception (health: not ok)
 
     # --- Transport protocol ----------------------------------------------------------------
     def fit(self, text: str) -> str:
@@ -463,7 +464,18 @@ class MeshtasticTransport(MeshOutbox):
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
+            self._broken = task.get_name()
             log.error("meshtastic task ended unexpectedly", exc_info=task.exception())
+
+    def health(self) -> TransportHealth:
+        """Link state and outbox depth; not ok once a loop has died (the watchdog restarts us)."""
+        if self._closed.is_set() or self._stopping:
+            return TransportHealth(link="closed", outbox=len(self._jobs))
+        link = "up" if self._up.is_set() else "connecting" if self._connecting else "down"
+        detail = f"loop {self._broken} died" if self._broken else self._lost_reason
+        return TransportHealth(
+            link=link, loop_ok=not self._broken, detail=detail, outbox=len(self._jobs)
+        )
 
 
 def _sender(packet: Mapping[str, Any]) -> str:

@@ -1,5 +1,6 @@
 """The SQLite memory store, one module per table family sharing one connection
-(``base``): conversations and messages, the outbox, search and vectors, summaries and facts, upkeep.
+(``base``): conversations and messages, the outbox, search and vectors, summaries and facts,
+sessions and long-term summaries, linked identities and incognito, export/import rows, upkeep.
 
 The raw log (``messages``) is the ground truth; summaries and facts are derived from it and
 record which messages they cover.
@@ -8,13 +9,25 @@ record which messages they cover.
 from __future__ import annotations
 
 from bot.memory.sqlite.derived import DerivedMixin
+from bot.memory.sqlite.identity import IdentityMixin
 from bot.memory.sqlite.messages import MessagesMixin
 from bot.memory.sqlite.outbox import OutboxMixin
+from bot.memory.sqlite.portable import PortableMixin
 from bot.memory.sqlite.search import SearchMixin
+from bot.memory.sqlite.sessions import SessionsMixin
 from bot.memory.sqlite.upkeep import UpkeepMixin
 
 
-class SqliteStore(MessagesMixin, OutboxMixin, SearchMixin, DerivedMixin, UpkeepMixin):
+class SqliteStore(
+    MessagesMixin,
+    OutboxMixin,
+    SearchMixin,
+    DerivedMixin,
+    SessionsMixin,
+    IdentityMixin,
+    PortableMixin,
+    UpkeepMixin,
+):
     """Open with ``await SqliteStore.open(path)``; close with ``await store.close()``."""
 
 

@@ -4,6 +4,10 @@ close, transactions and small query helpers.
 Invariants:
 - Every write holds ``self._lock`` and multi-statement writes run in one explicit transaction,
   so coroutines sharing the connection never interleave inside each other's transactions.
+- State files are private: ``open`` makes the directory 0700 and the database (and so its
+  WAL/SHM, which copy its mode) 0600, whatever the umask.
+- An upgrade (migrations pending on a database that has some applied) first writes
+  ``<db>.before-<migration>.bak`` with SQLite's backup API.
 - ``open`` refuses a damaged file (header or pages, via ``quick_check``), a read-only file or
   an unwritable state directory with a ``StorageError`` that says how to fix it, and a full
   disk with ``DiskFull`` (exit code 28), not a generic I/O error.
@@ -25,8 +29,9 @@ from typing import Any, Self
 import aiosqlite
 
 from bot.errors import DiskFull, StorageError
-from bot.memory.schema import migrate
+from bot.memory.schema import MIGRATIONS, applied_migrations, migrate
 from bot.memory.vectors import VectorCache
+from bot.ops.files import private_dir, private_file, tighten_if_present
 
 log = logging.getLogger("bot.memory")
 
@@ -46,7 +51,7 @@ class SqliteBase:
     async def open(cls, path: Path) -> Self:
         path = Path(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(path.parent)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise DiskFull(_disk_full(path)) from None
@@ -67,6 +72,10 @@ class SqliteBase:
             )
         db: aiosqlite.Connection | None = None
         try:
+            # 0600 before SQLite opens it: the -wal and -shm files copy the database's mode.
+            private_file(path)
+            for suffix in ("-wal", "-shm"):
+                tighten_if_present(path.with_name(path.name + suffix))
             db = await aiosqlite.connect(path, isolation_level=None)
             await db.execute("PRAGMA busy_timeout = 5000")
             mode = await (await db.execute("PRAGMA journal_mode = WAL")).fetchone()
@@ -82,6 +91,10 @@ class SqliteBase:
                 "PRAGMA wal_autocheckpoint = 0",
             ):
                 await db.execute(pragma)
+            done = await applied_migrations(db)
+            todo = [name for name, _ in MIGRATIONS if name not in done]
+            if done and todo:  # an upgrade: keep the old database until the new one works
+                await _backup_before_upgrade(db, path, todo[0])
             applied = await migrate(db)
             if applied:
                 log.info("database %s migrated: %s", path, ", ".join(applied))
@@ -126,6 +139,11 @@ class SqliteBase:
             else:
                 await self._db.execute("COMMIT")
 
+    async def ping(self) -> None:
+        """One trivial query through the lock and the connection's thread (the watchdog's
+        proof that the store is not wedged)."""
+        await self._one("SELECT 1")
+
     async def _all(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         async with self._lock:
             return list(await self._db.execute_fetchall(sql, tuple(params)))
@@ -133,6 +151,17 @@ class SqliteBase:
     async def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
         rows = await self._all(sql, params)
         return rows[0] if rows else None
+
+
+async def _backup_before_upgrade(db: aiosqlite.Connection, path: Path, first: str) -> None:
+    target = path.with_name(f"{path.name}.before-{first}.bak")
+    private_file(target)
+    copy = sqlite3.connect(target, check_same_thread=False)
+    try:
+        await db.backup(copy)
+    finally:
+        copy.close()
+    log.info("database %s: backup before migration %s written to %s", path, first, target)
 
 
 def _disk_full(path: Path) -> str:

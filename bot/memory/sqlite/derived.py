@@ -4,11 +4,16 @@ Invariants:
 - A summary computed before a ``!reset`` is refused at save time, inside the same transaction.
 - Summaries are chapters: saving one deletes only the rows whose message range it covers, so
   folds append chapters and a merge (one row over their union) replaces them.
+- Pinned facts (``!remember``) are never changed by ``update_fact`` or an ``extracted_only``
+  removal; ``source_ids`` is a JSON list of the message ids a fact came from.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from bot.memory.records import Conversation, Fact, Summary
 from bot.memory.sqlite.base import SqliteBase
@@ -69,24 +74,82 @@ class DerivedMixin(SqliteBase):
     # --- facts ------------------------------------------------------------------------------
     async def facts(self, conversation_id: int) -> list[Fact]:
         rows = await self._all(
-            "SELECT id, text, tokens, created_at FROM facts WHERE conversation_id = ? ORDER BY id",
+            "SELECT id, text, tokens, created_at, pinned, source_ids, updated_at FROM facts "
+            "WHERE conversation_id = ? ORDER BY id",
             (conversation_id,),
         )
-        return [Fact(*r) for r in rows]
+        return [_fact(r) for r in rows]
 
-    async def add_fact(self, conversation_id: int, *, text: str, tokens: int) -> int:
+    async def add_fact(
+        self,
+        conversation_id: int,
+        *,
+        text: str,
+        tokens: int,
+        pinned: bool = True,
+        source_ids: Sequence[int] = (),
+        created_at: float | None = None,
+    ) -> int:
+        now = time.time() if created_at is None else created_at
         async with self._tx() as db:
             cur = await db.execute(
-                "INSERT INTO facts (conversation_id, text, tokens, created_at) VALUES (?, ?, ?, ?)",
-                (conversation_id, text, tokens, time.time()),
+                "INSERT INTO facts (conversation_id, text, tokens, created_at, pinned, source_ids,"
+                " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, text, tokens, now, int(pinned), _ids(source_ids), now),
             )
             assert cur.lastrowid is not None
             return cur.lastrowid
 
-    async def remove_fact(self, conversation_id: int, fact_id: int) -> bool:
+    async def update_fact(
+        self,
+        conversation_id: int,
+        fact_id: int,
+        *,
+        text: str,
+        tokens: int,
+        source_ids: Sequence[int],
+        updated_at: float | None = None,
+    ) -> bool:
+        """Rewrite an extracted fact (never a pinned one); provenance accumulates."""
+        now = time.time() if updated_at is None else updated_at
         async with self._tx() as db:
             cur = await db.execute(
-                "DELETE FROM facts WHERE conversation_id = ? AND id = ?",
+                "SELECT source_ids FROM facts WHERE conversation_id = ? AND id = ? AND pinned = 0",
                 (conversation_id, fact_id),
             )
+            row = await cur.fetchone()
+            if row is None:
+                return False
+            merged = sorted({*json.loads(row[0]), *source_ids})
+            await db.execute(
+                "UPDATE facts SET text = ?, tokens = ?, source_ids = ?, updated_at = ? "
+                "WHERE id = ?",
+                (text, tokens, _ids(merged), now, fact_id),
+            )
+            return True
+
+    async def remove_fact(
+        self, conversation_id: int, fact_id: int, *, extracted_only: bool = False
+    ) -> bool:
+        async with self._tx() as db:
+            cur = await db.execute(
+                "DELETE FROM facts WHERE conversation_id = ? AND id = ? AND (? = 0 OR pinned = 0)",
+                (conversation_id, fact_id, int(extracted_only)),
+            )
             return cur.rowcount > 0
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return json.dumps([int(i) for i in ids], separators=(",", ":"))
+
+
+def _fact(row: Sequence[Any]) -> Fact:
+    return Fact(
+        id=row[0],
+        text=row[1],
+        tokens=row[2],
+        created_at=row[3],
+        pinned=bool(row[4]),
+        source_ids=tuple(json.loads(row[5])),
+        updated_at=row[6],
+    )

@@ -21,35 +21,33 @@ from bot.memory.sqlite.base import SqliteBase
 class MessagesMixin(SqliteBase):
     # --- conversations ----------------------------------------------------------------------
     async def conversation(self, key: ConversationKey) -> Conversation:
-        """Get or create the conversation for ``key``."""
-        row = await self._one(
-            "SELECT id, reset_after FROM conversations "
-            "WHERE transport = ? AND person = ? AND space = ?",
-            (key.transport, key.person, key.space),
-        )
-        if row is None:
-            async with self._tx() as db:
-                await db.execute(
-                    "INSERT OR IGNORE INTO conversations (transport, person, space, created_at) "
-                    "VALUES (?, ?, ?, ?)",
-                    (key.transport, key.person, key.space, time.time()),
-                )
-                cur = await db.execute(
-                    "SELECT id, reset_after FROM conversations "
-                    "WHERE transport = ? AND person = ? AND space = ?",
-                    (key.transport, key.person, key.space),
-                )
-                row = await cur.fetchone()
-        assert row is not None
-        return Conversation(id=row[0], key=key, reset_after=row[1])
+        """Get or create the conversation for ``key`` (a linked DM resolves to the joined one)."""
+        found = await self.find_conversation(key)
+        if found is not None:
+            return found
+        async with self._tx() as db:
+            await db.execute(
+                "INSERT OR IGNORE INTO conversations (transport, person, space, created_at) "
+                "VALUES (?, ?, ?, ?)",
+                (key.transport, key.person, key.space, time.time()),
+            )
+        found = await self.find_conversation(key)
+        assert found is not None
+        return found
 
     async def find_conversation(self, key: ConversationKey) -> Conversation | None:
         row = await self._one(
-            "SELECT id, reset_after FROM conversations "
-            "WHERE transport = ? AND person = ? AND space = ?",
+            "SELECT c.id, c.reset_after, h.id, h.transport, h.person, h.space, h.reset_after "
+            "FROM conversations c LEFT JOIN conversations h ON h.id = c.merged_into "
+            "WHERE c.transport = ? AND c.person = ? AND c.space = ?",
             (key.transport, key.person, key.space),
         )
-        return None if row is None else Conversation(id=row[0], key=key, reset_after=row[1])
+        if row is None:
+            return None
+        if row[2] is not None:  # linked: memory lives in the other transport's DM
+            home = ConversationKey(row[3], row[4], row[5])
+            return Conversation(id=row[2], key=home, reset_after=row[6], origin_id=row[0])
+        return Conversation(id=row[0], key=key, reset_after=row[1])
 
     async def conversations_of(self, transport: str, person: str) -> list[Conversation]:
         rows = await self._all(
@@ -95,11 +93,21 @@ class MessagesMixin(SqliteBase):
         reply_to_platform_id: str | None = None,
         parent_id: int | None = None,
         answers: int | None = None,
+        origin_id: int | None = None,
     ) -> int:
         """Insert one message. ``answers`` marks that user message answered in the same
-        transaction (one commit per stored reply)."""
+        transaction (one commit per stored reply). ``origin_id`` (``Conversation.origin_id``)
+        records the linked DM it arrived in; if that link was undone meanwhile (``!unlink``
+        during a turn) the message goes to its own conversation instead."""
         created = time.time() if created_at is None else created_at
         async with self._tx() as db:
+            if origin_id is not None:
+                cur = await db.execute(
+                    "SELECT merged_into FROM conversations WHERE id = ?", (origin_id,)
+                )
+                link = await cur.fetchone()
+                if link is None or link[0] != conversation_id:
+                    conversation_id, origin_id = origin_id, None
             if parent_id is None and reply_to_platform_id is not None:
                 cur = await db.execute(
                     "SELECT id FROM messages WHERE conversation_id = ? AND platform_id = ? "
@@ -119,8 +127,8 @@ class MessagesMixin(SqliteBase):
                 parent_id = row[0] if row else None
             cur = await db.execute(
                 "INSERT INTO messages (conversation_id, role, author, text, created_at, tokens,"
-                " platform_id, reply_to_platform_id, parent_id, status)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " platform_id, reply_to_platform_id, parent_id, status, origin_conversation_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation_id,
                     role,
@@ -132,6 +140,7 @@ class MessagesMixin(SqliteBase):
                     reply_to_platform_id,
                     parent_id,
                     status,
+                    origin_id,
                 ),
             )
             assert cur.lastrowid is not None
@@ -149,7 +158,8 @@ class MessagesMixin(SqliteBase):
         cols = ", ".join(f"m.{c.strip()}" for c in MSG_COLS.split(","))
         rows = await self._all(
             f"SELECT c.transport, c.person, c.space, {cols} FROM messages m "
-            "JOIN conversations c ON c.id = m.conversation_id "
+            # a message sent through a linked DM is answered on the transport it came from
+            "JOIN conversations c ON c.id = coalesce(m.origin_conversation_id, m.conversation_id) "
             f"WHERE m.status = 'pending' AND m.role = 'user' AND m.created_at >= ? "
             f"AND c.transport IN ({marks}) AND m.id > c.reset_after ORDER BY m.id",
             (since, *transports),
@@ -218,6 +228,14 @@ class MessagesMixin(SqliteBase):
             (conversation_id, after_id, up_to_id),
         )
         return [msg_from_row(r) for r in rows]
+
+    async def message_by_platform_id(self, conversation_id: int, platform_id: str) -> int | None:
+        row = await self._one(
+            "SELECT id FROM messages WHERE conversation_id = ? AND platform_id = ? "
+            "ORDER BY id DESC LIMIT 1",
+            (conversation_id, platform_id),
+        )
+        return None if row is None else int(row[0])
 
     async def messages_by_ids(self, ids: Sequence[int]) -> list[StoredMessage]:
         if not ids:

@@ -52,16 +52,26 @@ class OutboxMixin(SqliteBase):
         async with self._tx() as db:
             answer_id: int | None = None
             if answer is not None:
+                conversation_id, origin_id = answer.conversation_id, answer.origin_id
+                if origin_id is not None:  # asked through a linked DM: is the link still there?
+                    cur = await db.execute(
+                        "SELECT merged_into FROM conversations WHERE id = ?", (origin_id,)
+                    )
+                    link = await cur.fetchone()
+                    if link is None or link[0] != conversation_id:  # !unlink during the turn
+                        conversation_id, origin_id = origin_id, None
                 cur = await db.execute(
                     "INSERT INTO messages (conversation_id, role, author, text, created_at,"
-                    " tokens, parent_id, status) VALUES (?, 'assistant', ?, ?, ?, ?, ?, 'sending')",
+                    " tokens, parent_id, status, origin_conversation_id)"
+                    " VALUES (?, 'assistant', ?, ?, ?, ?, ?, 'sending', ?)",
                     (
-                        answer.conversation_id,
+                        conversation_id,
                         answer.author,
                         answer.text,
                         now,
                         answer.tokens,
                         entry.question_id,
+                        origin_id,
                     ),
                 )
                 answer_id = cur.lastrowid

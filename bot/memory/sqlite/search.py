@@ -14,12 +14,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from bot.memory.records import MSG_COLS, StoredMessage, msg_from_row
 from bot.memory.schema import FTS_STRIDE
 from bot.memory.sqlite.base import SqliteBase
-from bot.memory.vectors import VectorMatrix, pack, unit
+from bot.memory.vectors import VectorMatrix, as_vectors, pack, unit
 
 
 class SearchMixin(SqliteBase):
@@ -102,7 +100,7 @@ class SearchMixin(SqliteBase):
                     cid,
                     model=items[0][1],
                     ids=[mid for mid, _, _ in items],
-                    vectors=np.asarray([vec for _, _, vec in items], dtype=np.float32),
+                    vectors=as_vectors([vec for _, _, vec in items]),
                 )
         return stored
 
@@ -138,7 +136,7 @@ class SearchMixin(SqliteBase):
         """(message id, cosine similarity) best first, among this conversation's messages with
         after_id < id < before_id that have a vector from ``model``. Never reads another
         conversation's vectors; the conversation's matrix is cached between calls."""
-        q = unit(np.asarray(query, dtype=np.float32))
+        q = unit(as_vectors(query))
         if limit <= 0 or q.ndim != 1 or not q.any():
             return []
         async with self._lock:

@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 
 from bot.memory.records import ForgetReport
 from bot.memory.sqlite.base import SqliteBase
+from bot.memory.sqlite.identity import give_back
 
 WAL_FORCE_BYTES = 64 * 1024 * 1024
 FTS_MERGE_PAGES = 64  # a bounded slice of merge work per idle tick
@@ -37,6 +39,15 @@ class UpkeepMixin(SqliteBase):
             counts = [0, 0, 0]
             if ids:
                 marks = ",".join("?" * len(ids))
+                # Linked DMs first go back apart: what came from the other side stays theirs,
+                # what came from this person's side comes home to be deleted.
+                cur = await db.execute(
+                    f"SELECT id FROM conversations WHERE id IN ({marks}) AND merged_into IS NOT "
+                    f"NULL UNION SELECT id FROM conversations WHERE merged_into IN ({marks})",
+                    [*ids, *ids],
+                )
+                for (absorbed,) in await cur.fetchall():
+                    await give_back(db, absorbed)
                 for i, table in enumerate(("messages", "summaries", "facts")):
                     cur = await db.execute(
                         f"SELECT count(*) FROM {table} WHERE conversation_id IN ({marks})", ids
@@ -93,12 +104,74 @@ class UpkeepMixin(SqliteBase):
                 if wal.stat().st_size > WAL_FORCE_BYTES:
                     await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
+    async def messages_since(self, since: float) -> dict[str, int]:
+        """Messages per role created at or after ``since`` (the status file's daily counts)."""
+        rows = await self._all(
+            "SELECT role, count(*) FROM messages WHERE created_at >= ? GROUP BY role", (since,)
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
+
     async def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for table in ("conversations", "messages", "summaries", "facts"):
             row = await self._one(f"SELECT count(*) FROM {table}")
             out[table] = int(row[0]) if row else 0
         return out
+
+    # --- forgetting by use --------------------------------------------------------------------
+    async def note_retrieved(self, message_ids: Sequence[int]) -> None:
+        """Count a use of each message that retrieval put into a prompt."""
+        if not message_ids:
+            return
+        marks = ",".join("?" * len(message_ids))
+        async with self._tx() as db:
+            await db.execute(
+                f"UPDATE messages SET uses = uses + 1 WHERE id IN ({marks})", list(message_ids)
+            )
+
+    async def mark_important(self, conversation_id: int, message_ids: Sequence[int]) -> int:
+        """``!pin``: these messages are never pruned by use."""
+        if not message_ids:
+            return 0
+        marks = ",".join("?" * len(message_ids))
+        async with self._tx() as db:
+            cur = await db.execute(
+                f"UPDATE messages SET important = 1 WHERE conversation_id = ? AND id IN ({marks})",
+                [conversation_id, *message_ids],
+            )
+            return cur.rowcount
+
+    async def prune_by_use(self, max_per_conversation: int, *, batch: int = 500) -> int:
+        """Keep at most ``max_per_conversation`` messages in each conversation: delete the
+        least retrieved, oldest first; never important ones, nor the sources of pinned facts,
+        nor messages still waiting for an answer. Summaries and sessions stay."""
+        total = 0
+        rows = await self._all(
+            "SELECT conversation_id, count(*) - ? FROM messages GROUP BY conversation_id "
+            "HAVING count(*) > ?",
+            (max_per_conversation, max_per_conversation),
+        )
+        for conversation_id, excess in rows:
+            while excess > 0:
+                async with self._tx() as db:
+                    cur = await db.execute(
+                        "DELETE FROM messages WHERE id IN (SELECT id FROM messages "
+                        "WHERE conversation_id = ? AND important = 0 "
+                        "AND status NOT IN ('pending', 'sending') AND id NOT IN "
+                        "(SELECT j.value FROM facts f, json_each(f.source_ids) j "
+                        " WHERE f.conversation_id = ? AND f.pinned = 1) "
+                        "ORDER BY uses, id LIMIT ?)",
+                        (conversation_id, conversation_id, min(excess, batch)),
+                    )
+                    n = cur.rowcount
+                    if n:
+                        self._vectors.drop([conversation_id])
+                total += n
+                excess -= n
+                if n == 0:
+                    break  # what is left is all kept on purpose
+                await asyncio.sleep(0)
+        return total
 
     async def prune_older_than(self, cutoff: float, *, batch: int = 500) -> int:
         """Retention: delete messages created before ``cutoff`` in small batches (no long lock)."""

@@ -1,0 +1,146 @@
+"""Export and import at the row level: one person's memory on one transport as plain data.
+
+Invariants:
+- ``dump_person`` is deterministic (rows in id order, no clock reads), so dumping what
+  ``load_dump`` wrote gives back the same data.
+- ``load_dump`` writes everything in one transaction, or nothing: a conversation the database
+  already has, or an id already taken, raises ``ImportRefused`` before any row is written.
+- The input was already validated (bot.memory.export); this layer trusts shapes, not content.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiosqlite
+
+from bot.errors import MemoryRefused
+from bot.memory.records import (
+    CONVERSATION_FIELDS,
+    LONGTERM_FIELDS,
+)
+from bot.memory.records import (
+    DUMP_TABLES as TABLES,
+)
+from bot.memory.sqlite.base import SqliteBase
+
+
+class ImportRefused(MemoryRefused):
+    """Import refused before writing anything (ids or conversations already taken)."""
+
+
+class PortableMixin(SqliteBase):
+    async def dump_person(self, transport: str, person: str) -> list[dict[str, Any]]:
+        """Every conversation of ``person`` on ``transport`` with all its rows."""
+        convs = await self._all(
+            "SELECT id, space, created_at, reset_after, incognito, merged_into "
+            "FROM conversations WHERE transport = ? AND person = ? ORDER BY id",
+            (transport, person),
+        )
+        out: list[dict[str, Any]] = []
+        for row in convs:
+            conv = dict(zip(CONVERSATION_FIELDS, row[:5], strict=True))
+            conv["incognito"] = bool(conv["incognito"])
+            home, origin = (row[0], None) if row[5] is None else (row[5], row[0])
+            for table, fields in TABLES.items():
+                where = "conversation_id = ?"
+                params: tuple[Any, ...] = (home,)
+                if table == "summaries":
+                    params = (row[0],)
+                elif origin is not None:
+                    where += " AND origin_conversation_id = ?"
+                    params = (home, origin)
+                rows = await self._all(
+                    f"SELECT {', '.join(fields)} FROM {table} WHERE {where} ORDER BY id", params
+                )
+                conv[table] = [_out(table, dict(zip(fields, r, strict=True))) for r in rows]
+            lt = await self._one(
+                f"SELECT {', '.join(LONGTERM_FIELDS)} FROM longterm_summaries "
+                "WHERE conversation_id = ? ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
+                (row[0],),
+            )
+            conv["longterm_summary"] = (
+                None if lt is None else dict(zip(LONGTERM_FIELDS, lt, strict=True))
+            )
+            out.append(conv)
+        return out
+
+    async def load_dump(
+        self, transport: str, person: str, conversations: list[dict[str, Any]]
+    ) -> dict[str, int]:
+        """Insert validated conversations with their own ids; all or nothing."""
+        counts = {"conversations": 0, **dict.fromkeys(TABLES, 0)}
+        async with self._tx() as db:
+            for conv in conversations:
+                await _refuse_taken(db, transport, person, conv)
+            for conv in conversations:
+                await db.execute(
+                    "INSERT INTO conversations (id, transport, person, space, created_at, "
+                    "reset_after, incognito) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (conv["id"], transport, person, conv["space"], conv["created_at"],
+                     conv["reset_after"], int(conv["incognito"])),
+                )  # fmt: skip
+                counts["conversations"] += 1
+                for table, fields in TABLES.items():
+                    cols = ", ".join(("conversation_id", *fields))
+                    marks = ", ".join("?" * (len(fields) + 1))
+                    rows = [
+                        (conv["id"], *(_in(table, f, r[f]) for f in fields)) for r in conv[table]
+                    ]
+                    await db.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
+                    counts[table] += len(rows)
+                lt = conv["longterm_summary"]
+                if lt is not None:
+                    await db.execute(
+                        "INSERT INTO longterm_summaries (conversation_id, text, tokens, sessions,"
+                        " up_to_message_id, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                        (conv["id"], *(lt[f] for f in LONGTERM_FIELDS)),
+                    )
+        return counts
+
+
+def _out(table: str, row: dict[str, Any]) -> dict[str, Any]:
+    if table == "facts":
+        row["pinned"] = bool(row["pinned"])
+        row["source_ids"] = json.loads(row["source_ids"])
+    elif table == "messages":
+        row["important"] = bool(row["important"])
+    return row
+
+
+def _in(table: str, field: str, value: Any) -> Any:
+    if table == "facts" and field == "source_ids":
+        return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+async def _refuse_taken(
+    db: aiosqlite.Connection, transport: str, person: str, conv: dict[str, Any]
+) -> None:
+    cur = await db.execute(
+        "SELECT 1 FROM conversations WHERE id = ? OR (transport = ? AND person = ? AND space = ?)",
+        (conv["id"], transport, person, conv["space"]),
+    )
+    if await cur.fetchone() is not None:
+        raise ImportRefused(
+            f"this database already has a conversation with id {conv['id']} or for "
+            f"{transport}:{person} in {conv['space']!r}. Fix: import into an empty database "
+            "(a new state_dir), or delete that memory first (!forget)."
+        )
+    for table in TABLES:
+        ids = [r["id"] for r in conv[table]]
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            cur = await db.execute(
+                f"SELECT id FROM {table} WHERE id IN ({','.join('?' * len(chunk))}) LIMIT 1",
+                chunk,
+            )
+            taken = await cur.fetchone()
+            if taken is not None:
+                raise ImportRefused(
+                    f"{table} id {taken[0]} is already used in this database. Fix: import "
+                    "into an empty database (a new state_dir)."
+                )

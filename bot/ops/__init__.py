@@ -1,0 +1,1 @@
+"""Operations: preflight checks, doctor, status file, backups, systemd notification."""

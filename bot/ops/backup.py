@@ -1,0 +1,173 @@
+"""Backups and restores of the SQLite memory, and the lock that says "the bot is running".
+
+Invariants:
+- ``backup`` uses SQLite's online backup API in one step: a consistent snapshot taken while the
+  bot keeps writing (WAL readers do not block the writer). The copy is a single self-contained
+  file (journal mode DELETE), passes ``integrity_check`` before it is renamed into place, and is
+  0600.
+- ``restore`` refuses while a bot holds the run lock, checks the backup's integrity and that it
+  is a meshsage database first, saves the current database aside (``.before-restore-<time>``),
+  removes the old WAL/SHM *before* the new file takes the name (a stale WAL must never be
+  applied to a different database), and holds the lock throughout so no bot starts mid-restore.
+- ``RunLock`` is an advisory ``flock`` on ``meshsage.lock`` in the state dir, taken by ``run``
+  and ``chat`` for the life of the process; the kernel drops it when the process dies, so a
+  crashed bot never leaves a stale lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.errors import StorageError
+from bot.ops.files import private_file
+
+LOCK_FILE = "meshsage.lock"
+
+
+class RunLock:
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise ``StorageError`` naming the process that holds it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise StorageError(
+                f"another meshsage process{f' (pid {holder})' if holder else ''} is using "
+                f"{self.path.parent}. Fix: stop it first (sudo systemctl stop meshsage, or "
+                "Ctrl-C in its terminal), or give this one its own state_dir."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(os.pread(fd, 32, 0).decode().strip() or "0") or None
+    return None
+
+
+@dataclass(frozen=True)
+class BackupReport:
+    path: Path
+    bytes: int
+    messages: int
+
+
+def backup(database: Path, target: Path) -> BackupReport:
+    """Copy ``database`` to ``target`` with the online backup API; safe while the bot runs."""
+    if not database.is_file():
+        raise StorageError(
+            f"no database at {database}. Fix: pass --config (or set MESHSAGE_STATE_DIR) so it "
+            "points at the bot's state dir."
+        )
+    if target.exists() and target.is_dir():
+        target = target / f"meshsage-{time.strftime('%Y%m%d-%H%M%S')}.db"
+    tmp = target.with_name(f".{target.name}.partial")
+    tmp.unlink(missing_ok=True)
+    private_file(tmp)
+    try:
+        src = sqlite3.connect(database, timeout=30)  # read-write: WAL readers need the -shm
+        try:
+            dst = sqlite3.connect(tmp)
+            try:
+                src.backup(dst)  # one step: a consistent snapshot of committed data
+                dst.execute("PRAGMA journal_mode = DELETE")
+                _require_intact(dst, tmp)
+                messages = int(dst.execute("SELECT count(*) FROM messages").fetchone()[0])
+            finally:
+                dst.close()
+        finally:
+            src.close()
+        os.replace(tmp, target)
+    except sqlite3.Error as exc:
+        tmp.unlink(missing_ok=True)
+        raise StorageError(
+            f"backup of {database} to {target} failed ({exc}). Fix: check free space and that "
+            "the target directory is writable."
+        ) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return BackupReport(path=target, bytes=target.stat().st_size, messages=messages)
+
+
+def restore(source: Path, database: Path) -> tuple[BackupReport, Path | None]:
+    """Replace ``database`` with the backup ``source``; returns the report and where the old
+    database was saved (None when there was none)."""
+    if not source.is_file():
+        raise StorageError(f"{source}: no such backup file. Fix: pass the file `backup` wrote.")
+    with RunLock(database.parent):
+        try:
+            check = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+            try:
+                _require_intact(check, source)
+                tables = {r[0] for r in check.execute("SELECT name FROM sqlite_master")}
+                if not {"messages", "schema_migrations"} <= tables:
+                    raise StorageError(
+                        f"{source} is an SQLite file but not a meshsage database. Fix: pass a "
+                        "file written by `meshsage backup`."
+                    )
+            finally:
+                check.close()
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(
+                f"{source} is not a usable backup ({exc}). Fix: pick another backup file."
+            ) from None
+        saved = None
+        if database.exists():
+            saved = database.with_name(
+                f"{database.name}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}"
+            )
+            backup(database, saved)
+        incoming = database.with_name(f".{database.name}.restoring")
+        report = backup(source, incoming)
+        for suffix in ("-wal", "-shm"):
+            database.with_name(database.name + suffix).unlink(missing_ok=True)
+        os.replace(incoming, database)
+        _same_owner_as_dir(database)
+        if saved is not None:
+            _same_owner_as_dir(saved)
+        return BackupReport(database, report.bytes, report.messages), saved
+
+
+def _same_owner_as_dir(path: Path) -> None:
+    """A restore run as root must leave files the service user (the state dir's owner) can
+    write, or the bot could not open its own database."""
+    if os.geteuid() == 0:
+        st = path.parent.stat()
+        os.chown(path, st.st_uid, st.st_gid)
+
+
+def _require_intact(db: sqlite3.Connection, path: Path) -> None:
+    rows = [r[0] for r in db.execute("PRAGMA integrity_check(5)")]
+    if rows != ["ok"]:
+        raise StorageError(
+            f"{path} failed SQLite's integrity check ({'; '.join(rows)}). Fix: use another "
+            "backup; to salvage this one, try `sqlite3 FILE .recover`."
+        )

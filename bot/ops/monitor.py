@@ -1,0 +1,153 @@
+"""The supervisor loop: health, the systemd watchdog, STATUS lines and the status file.
+
+Invariants:
+- One task, owned by the app, started after the transports and cancelled first at shutdown.
+- ``WATCHDOG=1`` is sent only from a tick where the event loop ran this task on time, the store
+  answered a trivial query within ``store_timeout``, and every transport reports its loops ok.
+  A wedged event loop sends nothing at all (this task cannot run), so systemd's ``WatchdogSec``
+  restarts the service; a wedged store or transport loop is reported and pings stop the same way.
+- The status file is rewritten every tick (atomically), healthy or not, so ``meshsage status``
+  can say what is wrong; a failure to write it is logged once per cause and never stops the bot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from bot import __version__
+from bot.memory.store import SqliteStore
+from bot.ops import status as status_file
+from bot.ops.metrics import LastError, Latencies
+from bot.ops.sdnotify import Notifier
+from bot.transports.base import Transport, health_of
+
+log = logging.getLogger("bot.ops.monitor")
+
+STORE_TIMEOUT = 20.0  # a query waiting this long means the store is wedged
+
+
+class Monitor:
+    def __init__(
+        self,
+        *,
+        notifier: Notifier,
+        store: SqliteStore,
+        transports: Callable[[], Sequence[Transport]],
+        status_path: Path,
+        latencies: Latencies,
+        last_error: LastError,
+        interval: float = status_file.STATUS_INTERVAL,
+        store_timeout: float = STORE_TIMEOUT,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._notifier = notifier
+        self._store = store
+        self._transports = transports
+        self._path = status_path
+        self._latencies = latencies
+        self._last_error = last_error
+        wd = notifier.watchdog_interval
+        self.interval = min(interval, wd / 3) if wd else interval
+        self._store_timeout = store_timeout
+        self._clock = clock
+        self.started_at = clock()
+        self._status_line = ""
+        self._write_failed = ""
+        self._stopped = False
+
+    def stop(self) -> None:
+        """Ends ``run`` at its next step, even if a cancel was lost."""
+        self._stopped = True
+
+    async def run(self) -> None:
+        while not self._stopped:
+            try:
+                await self.tick()
+            except Exception:  # loop boundary: monitoring must never stop the bot
+                log.exception("status update failed")
+            await asyncio.sleep(self.interval)
+
+    async def tick(self) -> status_file.Status:
+        snapshot = await self.collect()
+        if snapshot.healthy:
+            self._notifier.watchdog()
+        line = self.status_line(snapshot)
+        if line != self._status_line:
+            self._status_line = line
+            self._notifier.status(line)
+        try:
+            status_file.write_atomic(self._path, snapshot.to_json())
+            self._write_failed = ""
+        except OSError as exc:
+            if str(exc) != self._write_failed:
+                self._write_failed = str(exc)
+                log.warning("cannot write the status file %s: %s", self._path, exc)
+        return snapshot
+
+    async def collect(self) -> status_file.Status:
+        problems: list[str] = []
+        now = self._clock()
+        today: dict[str, int] = {}
+        try:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel that
+            # arrives as the query completes, and the app's shutdown would wait forever.
+            async with asyncio.timeout(self._store_timeout):
+                await self._store.ping()
+            async with asyncio.timeout(self._store_timeout):
+                today = await self._store.messages_since(_local_midnight(now))
+        except TimeoutError:
+            problems.append(f"the database did not answer within {self._store_timeout:g} s")
+        except Exception as exc:  # health boundary: any store failure is a health problem
+            problems.append(f"the database failed a trivial query ({exc})")
+        transports = {}
+        for t in self._transports():
+            h = health_of(t)
+            transports[t.name] = status_file.TransportStatus(
+                link=h.link, ok=h.loop_ok, detail=h.detail, outbox=h.outbox
+            )
+            if not h.loop_ok:
+                problems.append(f"{t.name}: {h.detail or 'a loop is not running'}")
+        return status_file.Status(
+            written_at=now,
+            started_at=self.started_at,
+            pid=os.getpid(),
+            version=__version__,
+            healthy=not problems,
+            problems=problems,
+            transports=transports,
+            messages_in_today=today.get("user", 0),
+            messages_out_today=today.get("assistant", 0),
+            llm_calls=len(self._latencies),
+            llm_p50_seconds=self._latencies.percentile(50),
+            llm_p95_seconds=self._latencies.percentile(95),
+            database_bytes=_database_bytes(self._store.path),
+            last_error_at=self._last_error.at,
+            last_error=self._last_error.text,
+        )
+
+    @staticmethod
+    def status_line(snapshot: status_file.Status) -> str:
+        """One short line for ``systemctl status`` (STATUS=)."""
+        links = ", ".join(f"{n} {t.link}" for n, t in sorted(snapshot.transports.items()))
+        head = "serving" if snapshot.healthy else "UNHEALTHY: " + "; ".join(snapshot.problems)
+        return f"{head}; {links}; today {snapshot.messages_in_today} in"
+
+
+def _local_midnight(now: float) -> float:
+    day = datetime.datetime.fromtimestamp(now).date()
+    return datetime.datetime.combine(day, datetime.time()).timestamp()
+
+
+def _database_bytes(path: Path) -> int:
+    total = 0
+    for suffix in ("", "-wal"):
+        with contextlib.suppress(OSError):
+            total += path.with_name(path.name + suffix).stat().st_size
+    return total

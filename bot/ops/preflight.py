@@ -1,0 +1,125 @@
+"""The one check of everything ``run`` would refuse, shared by ``check-config``, ``run``,
+``chat`` and ``doctor``.
+
+Invariants:
+- Pure inspection: nothing is created, opened for writing or sent over the network.
+- Every problem names its source (``FILE: key`` or the environment variable) and the fix in
+  plain words; all problems are reported together in one ``ConfigError`` (exit status 2, which
+  the systemd unit does not restart: a restart cannot fix a config).
+- A service with nothing to do is a problem: every transport disabled, or the console as the
+  only transport while stdin is not a terminal (systemd, a container), unless the caller pipes
+  a script in on purpose (``meshsage chat < file``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from bot.config import Config, default_state_dir
+from bot.errors import ConfigError
+
+_EXTRAS = {"meshtastic": "meshtastic", "discord": "discord"}
+
+
+def problems(
+    config: Config,
+    *,
+    env: Mapping[str, str],
+    interactive: bool,
+    only: Sequence[str] | None = None,
+    scripted_console: bool = False,
+) -> list[str]:
+    """Everything that would stop ``run`` (or ``chat`` with ``only=["console"]``)."""
+    found: list[str] = []
+    names = list(only) if only is not None else config.enabled_transports()
+    src = config.source
+    if not names:
+        found.append(
+            f"{src}: every transport is disabled (enabled: false), so the bot would have nothing "
+            "to do. Fix: enable meshtastic: or discord: (or console: for a terminal chat)."
+        )
+    if names == ["console"] and not interactive and not scripted_console:
+        if src == "<defaults>":
+            where = "no config file, so the only transport is the console"
+        else:
+            where = f"{src}: the only transport is the console"
+        found.append(
+            f"{where}, and stdin is not a terminal (a service or container has none), so the "
+            "bot would read end-of-input and stop at once. Fix: add a meshtastic: or discord: "
+            "section (systemd/install.sh writes one), or chat in a terminal with `meshsage "
+            "chat`; to pipe messages in, use `meshsage chat < file`."
+        )
+    if "meshtastic" in names and config.meshtastic is not None:
+        link = config.meshtastic.link_problem()
+        if link is not None:
+            found.append(f"{src}: {link}")
+    if "discord" in names and config.discord is not None:
+        var = config.discord.token_env
+        if not env.get(var, "").strip():
+            found.append(
+                f"{src}: discord: is enabled but the environment variable {var} (discord.token_env)"
+                " is not set. Fix: put the bot token in it (systemd: /etc/meshsage/env, "
+                f"`{var}=...`; container: --env-file), or disable the discord: section."
+            )
+    for name in names:
+        module = _EXTRAS.get(name)
+        if module is not None and importlib.util.find_spec(module) is None:
+            found.append(
+                f"{src}: {name}: needs the {module} package, which is not installed. Fix: "
+                f"pip install 'meshsage[{name}]' (or meshsage[all]), or remove the {name}: section."
+            )
+    if config.memory.embeddings.enabled and importlib.util.find_spec("numpy") is None:
+        found.append(
+            f"{src}: memory.embeddings is enabled but numpy is not installed. Fix: "
+            "pip install 'meshsage[embeddings]', or set memory.embeddings.enabled: false."
+        )
+    state = state_dir_problem(config.state_dir or default_state_dir())
+    if state is not None:
+        origin = config.origin("state_dir") if config.state_dir else "the default state dir"
+        found.append(f"{origin}: {state}")
+    return found
+
+
+def check(
+    config: Config,
+    *,
+    env: Mapping[str, str],
+    interactive: bool,
+    only: Sequence[str] | None = None,
+    scripted_console: bool = False,
+) -> None:
+    """Raise one ``ConfigError`` listing every problem ``problems`` finds."""
+    found = problems(
+        config, env=env, interactive=interactive, only=only, scripted_console=scripted_console
+    )
+    if len(found) == 1:
+        raise ConfigError(found[0])
+    if found:
+        raise ConfigError(
+            f"{len(found)} problems would stop the bot:\n" + "\n".join(f"  - {p}" for p in found)
+        )
+
+
+def state_dir_problem(path: Path) -> str | None:
+    """Why ``path`` cannot hold the database (None when it can, or can be created)."""
+    fix = (
+        "Fix: point state_dir (or MESHSAGE_STATE_DIR) at a directory this user can write, "
+        "e.g. /var/lib/meshsage or ~/.local/share/meshsage."
+    )
+    if path.exists():
+        if not path.is_dir():
+            return f"{path} is not a directory. {fix}"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"the state directory {path} is not writable by this user. {fix}"
+        return None
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot create the state directory {path}: {parent} is not a directory. {fix}"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create the state directory {path}: {parent} is not writable. {fix}"
+    return None

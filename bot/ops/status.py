@@ -1,0 +1,133 @@
+"""The status file: what ``meshsage status`` and the container HEALTHCHECK read.
+
+Invariants:
+- The running bot rewrites ``STATUS_FILE`` in the state dir every ``STATUS_INTERVAL`` seconds by
+  writing a private temporary file and renaming it over the old one (atomic: a reader sees the
+  old or the new file, never half of one). Mode 0600 like every state file.
+- A report is *fresh* when written less than ``STALE_AFTER`` seconds ago; ``status`` exits 0
+  only for a fresh, healthy report, so a hung or dead bot fails the check.
+- The file holds counts, states and timings only; never message text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATUS_FILE = "status.json"
+STATUS_INTERVAL = 5.0
+STALE_AFTER = 60.0
+
+
+@dataclass(frozen=True)
+class TransportStatus:
+    link: str
+    ok: bool
+    detail: str = ""
+    outbox: int = 0
+
+
+@dataclass(frozen=True)
+class Status:
+    written_at: float
+    started_at: float
+    pid: int
+    version: str
+    healthy: bool
+    problems: list[str] = field(default_factory=list)
+    transports: dict[str, TransportStatus] = field(default_factory=dict)
+    messages_in_today: int = 0
+    messages_out_today: int = 0
+    llm_calls: int = 0
+    llm_p50_seconds: float | None = None
+    llm_p95_seconds: float | None = None
+    database_bytes: int = 0
+    last_error_at: float | None = None
+    last_error: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Status:
+        data: dict[str, Any] = json.loads(text)
+        data["transports"] = {
+            name: TransportStatus(**t) for name, t in data.get("transports", {}).items()
+        }
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one rename; the file is 0600 whatever the umask."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read(path: Path) -> Status:
+    """Raises OSError (missing, unreadable) or ValueError (not a status file)."""
+    try:
+        return Status.from_json(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, TypeError, KeyError) as exc:
+        raise ValueError(f"{path} is not a meshsage status file ({exc})") from None
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def _age(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h {minutes}m"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s"
+
+
+def render(status: Status, *, now: float | None = None) -> tuple[list[str], bool]:
+    """Human lines and whether the bot is fresh and healthy."""
+    now = time.time() if now is None else now
+    age = now - status.written_at
+    fresh = age < STALE_AFTER
+    ok = fresh and status.healthy
+    state = "healthy" if ok else "NOT HEALTHY"
+    lines = [
+        f"meshsage {status.version} (pid {status.pid}): {state}",
+        f"  report:     written {age:.0f} s ago"
+        + ("" if fresh else f" (stale: older than {STALE_AFTER:.0f} s; is the bot running?)"),
+        f"  uptime:     {_age(status.written_at - status.started_at)}",
+    ]
+    for name, t in sorted(status.transports.items()):
+        extra = f", outbox {t.outbox}" if t.outbox else ""
+        why = f" ({t.detail})" if t.detail else ""
+        flag = "" if t.ok else " LOOP NOT OK"
+        lines.append(f"  {name + ':':<11} {t.link}{extra}{why}{flag}")
+    lines += [
+        f"  today:      {status.messages_in_today} in, {status.messages_out_today} out",
+        f"  LLM:        p50 {_seconds(status.llm_p50_seconds)}, p95 "
+        f"{_seconds(status.llm_p95_seconds)} over the last {status.llm_calls} call(s)",
+        f"  database:   {status.database_bytes / 1e6:.1f} MB",
+    ]
+    if status.last_error_at is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status.last_error_at))
+        lines.append(f"  last error: {when} {status.last_error}")
+    lines += [f"  problem:    {p}" for p in status.problems]
+    return lines, ok

@@ -1,0 +1,187 @@
+"""systemd/install.sh in a throwaway root (MESHSAGE_ROOT) with systemctl stubbed and a python
+whose ``-m venv`` makes a venv that runs this checkout's code (pip is stubbed: no downloads).
+
+What is real: the script itself, bash, the meshsage CLI it validates with (check-config
+--service --env-file, the same preflight `run` applies), the files it writes and their modes.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+INSTALL = REPO / "systemd" / "install.sh"
+
+FAKE_PYTHON = f"""#!/usr/bin/env bash
+# python3 stand-in: "-m venv DIR" builds a venv whose python is this test's interpreter and
+# whose pip only records what it was asked to install; anything else runs the real python.
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+    [ -n "${{FAIL_VENV:-}}" ] && {{ mkdir -p "$3"; echo "ensurepip is not available" >&2; exit 1; }}
+    mkdir -p "$3/bin"
+    printf '#!/bin/sh\\nexec {sys.executable} "$@"\\n' >"$3/bin/python"
+    printf '#!/bin/sh\\necho "pip $*" >>"%s/../pip.log"\\n' "$3" >"$3/bin/pip"
+    printf '#!/bin/sh\\nexec {sys.executable} -m bot.cli "$@"\\n' >"$3/bin/meshsage"
+    chmod +x "$3/bin/python" "$3/bin/pip" "$3/bin/meshsage"
+    exit 0
+fi
+if [ -n "${{NO_ENSUREPIP:-}}" ] && [ "$1" = "-c" ] && [[ "$2" == *ensurepip* ]]; then exit 1; fi
+if [ -n "${{BITS32:-}}" ] && [ "$1" = "-c" ] && [[ "$2" == *calcsize* ]]; then exit 1; fi
+exec {sys.executable} "$@"
+"""
+
+SYSTEMCTL = """#!/bin/sh
+echo "systemctl $*" >>"$MESHSAGE_ROOT/systemctl.log"
+[ "$1" = "is-active" ] && exit 3
+exit 0
+"""
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "stubs"
+    bin_dir.mkdir()
+    for name, text in (("python3", FAKE_PYTHON), ("systemctl", SYSTEMCTL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    root = tmp_path / "root"
+    root.mkdir()
+    return root
+
+
+def install(
+    root: Path, *args: str, stdin: str = "", **extra_env: str
+) -> subprocess.CompletedProcess[str]:
+    stubs = root.parent / "stubs"
+    env = {
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "HOME": str(root.parent / "home"),
+        "MESHSAGE_ROOT": str(root),
+        "PYTHON": str(stubs / "python3"),
+        "PYTHONPATH": str(REPO),
+        "MESHSAGE_SERIAL_DIR": str(root.parent / "by-id"),
+        **extra_env,
+    }
+    return subprocess.run(
+        ["bash", str(INSTALL), *args], input=stdin, capture_output=True, text=True,
+        env=env, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_fresh_install_with_flags_writes_a_config_that_runs(root: Path) -> None:
+    result = install(root, "--tcp", "192.0.2.7:4403", "--model", "qwen2.5:1.5b", "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    config_path = root / "etc" / "meshsage" / "config.yaml"
+    config = load_config(config_path, env={})
+    assert config.meshtastic is not None and config.meshtastic.host == "192.0.2.7"
+    assert config.meshtastic.port == 4403 and config.llm.model == "qwen2.5:1.5b"
+    assert "OK (transports: meshtastic" in result.stdout  # validated with the shared check
+    assert "Start it with: sudo systemctl start meshsage" in result.stdout
+    log = (root / "systemctl.log").read_text()
+    assert "systemctl daemon-reload" in log and "systemctl enable meshsage.service" in log
+    unit = root / "etc" / "systemd" / "system" / "meshsage.service"
+    assert unit.read_text() == (REPO / "systemd" / "meshsage.service").read_text()
+    assert _mode(config_path) == 0o640 and _mode(root / "etc" / "meshsage" / "env") == 0o640
+    assert _mode(root / "var" / "lib" / "meshsage") == 0o700
+    pip = (root / "opt" / "meshsage" / "pip.log").read_text()
+    assert f"-c {REPO}/constraints.txt {REPO}[meshtastic,discord]" in pip
+    wrapper = (root / "usr" / "local" / "bin" / "meshsage").read_text()
+    assert "MESHSAGE_STATE_DIR:=/var/lib/meshsage" in wrapper
+
+
+def test_rerun_is_idempotent_and_keeps_the_config(root: Path) -> None:
+    assert install(root, "--tcp", "192.0.2.7", "--yes").returncode == 0
+    config_path = root / "etc" / "meshsage" / "config.yaml"
+    config_path.write_text(config_path.read_text() + "# operator's note\n")
+    before = config_path.read_text()
+    env_before = (root / "etc" / "meshsage" / "env").read_text()
+    again = install(root, "--yes")
+    assert again.returncode == 0, again.stderr
+    assert "keeping existing" in again.stdout and "creating virtualenv" not in again.stdout
+    assert config_path.read_text() == before
+    assert (root / "etc" / "meshsage" / "env").read_text() == env_before
+
+
+def test_a_half_made_venv_is_repaired(root: Path) -> None:
+    broken = root / "opt" / "meshsage" / ".venv"
+    (broken / "bin").mkdir(parents=True)  # what `python3 -m venv` leaves without python3-venv
+    result = install(root, "--tcp", "192.0.2.7", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert "repairing the half-made virtualenv" in result.stdout
+    assert (broken / "bin" / "python").exists()
+
+
+def test_missing_python3_venv_is_named_before_anything_is_made(root: Path) -> None:
+    result = install(root, "--tcp", "192.0.2.7", "--yes", NO_ENSUREPIP="1")
+    assert result.returncode == 1
+    assert "sudo apt install python3-venv" in result.stderr
+    assert not (root / "opt").exists()
+    failed = install(root, "--tcp", "192.0.2.7", "--yes", FAIL_VENV="1")
+    assert failed.returncode == 1 and "python3-venv" in failed.stderr
+    assert not (root / "opt" / "meshsage" / ".venv").exists()  # no half-made venv left
+
+
+def test_no_transport_is_refused_without_saying_ok(root: Path) -> None:
+    result = install(root, "--yes")
+    assert result.returncode == 1
+    assert "choose at least one transport" in result.stderr
+    assert "Start it with" not in result.stdout
+    assert not (root / "etc" / "meshsage" / "config.yaml").exists()
+
+
+def test_an_existing_console_only_config_fails_the_check(root: Path) -> None:
+    etc = root / "etc" / "meshsage"
+    etc.mkdir(parents=True)
+    (etc / "config.yaml").write_text((REPO / "config.example.yaml").read_text())
+    result = install(root, "--yes")
+    assert result.returncode == 1
+    assert "only transport is the console" in result.stderr
+    assert "the config above would not run" in result.stderr
+    assert "Start it with" not in result.stdout
+
+
+def test_discord_token_goes_to_the_env_file(root: Path) -> None:
+    result = install(root, "--discord", "--yes", DISCORD_TOKEN="tok.en.value")
+    assert result.returncode == 0, result.stderr
+    env_file = (root / "etc" / "meshsage" / "env").read_text()
+    assert "DISCORD_TOKEN=tok.en.value" in env_file
+    assert "tok.en.value" not in (root / "etc" / "meshsage" / "config.yaml").read_text()
+    again = install(root, "--yes")  # the same root: config and token kept, still valid
+    assert again.returncode == 0, again.stderr
+
+
+def test_discord_without_a_token_is_refused_by_the_check(root: Path) -> None:
+    result = install(root, "--discord", "--yes")
+    assert result.returncode == 1
+    assert "DISCORD_TOKEN" in result.stderr and "is not set" in result.stderr
+
+
+def test_interactive_questions_pick_the_radio(root: Path) -> None:
+    by_id = root.parent / "by-id"
+    by_id.mkdir()
+    radio = by_id / "usb-RAK_WisBlock_0123-if00"
+    radio.write_text("")
+    result = install(root, "--interactive", stdin="1\nn\n\nllama3.2:1b\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1) " + str(radio) in result.stderr
+    config = load_config(root / "etc" / "meshsage" / "config.yaml", env={})
+    assert config.meshtastic is not None and config.meshtastic.device == str(radio)
+    assert config.llm.model == "llama3.2:1b" and config.discord is None
+
+
+def test_a_32_bit_userland_is_refused_with_the_reason(root: Path) -> None:
+    result = install(root, "--tcp", "192.0.2.7", "--yes", BITS32="1")
+    assert result.returncode == 1
+    assert "a 64-bit OS is required" in result.stderr and "32-bit" in result.stderr
+    assert not (root / "opt").exists()
