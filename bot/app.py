@@ -110,6 +110,9 @@ class App:
         self.notifier.ready("serving on " + ", ".join(t.name for t in running))
         return running
 
+    def _relay_counters(self) -> dict[str, int]:
+        return dict(self.bridge.counters) if self.bridge is not None else {}
+
     def _start_monitor(self) -> None:
         logging.getLogger("bot").addHandler(self.last_error)
         self.monitor = Monitor(
@@ -119,6 +122,7 @@ class App:
             status_path=self.config.database_path.parent / STATUS_FILE,
             latencies=self.latencies,
             last_error=self.last_error,
+            relay=self._relay_counters if self.bridge is not None else None,
         )
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
 

@@ -447,3 +447,18 @@ async def test_a_refused_message_uses_no_rate_slot() -> None:
     await bridge.idle()
     assert sent == ["alice: one", "bob: three"]
     assert bridge.counters["refused"] == 1
+
+
+def test_status_file_carries_relay_counters() -> None:
+    from bot.ops.status import Status, render
+
+    counters = {"mesh_to_discord": 4, "discord_to_mesh": 2, "cut": 1, "refused": 3}
+    status = Status(
+        written_at=100.0, started_at=50.0, pid=1, version="x", healthy=True, relay=counters
+    )
+    again = Status.from_json(status.to_json())
+    assert again.relay == counters
+    lines, _ok = render(again, now=101.0)
+    assert "  relay:      4 mesh->discord, 2 discord->mesh, 1 cut, 3 refused" in lines
+    plain, _ = render(Status(written_at=100.0, started_at=50.0, pid=1, version="x", healthy=True))
+    assert not any("relay" in line for line in plain)  # no bridge, no line
