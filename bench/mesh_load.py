@@ -191,7 +191,8 @@ async def soak(minutes: float, llm: FakeLLM) -> list[tuple[int, float, int]]:
                     await asyncio.sleep(0.01)
                 await app.responder.wait_idle()
                 await h.until(lambda: not h.transport._jobs, "outbox empty")
-                llm.requests.clear()  # the fake's own log, not the bot's memory
+                llm.requests.clear()  # the fake's own logs, not the bot's memory
+                llm.events.clear()
                 h.radio.log.clear()
                 h.radio.on_air.clear()
                 if sent % SAMPLE_EVERY < len(nodes):

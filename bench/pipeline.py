@@ -60,7 +60,7 @@ from bot.config import (
 )
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.openai_compat import OpenAICompatLLM
-from bot.llm.port import LLM, ChatMessage, Completion
+from bot.llm.port import LLM, ChatMessage, Completion, OnText
 from bot.memory.context import ContextBuilder
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.layers import LayeredContext
@@ -142,10 +142,12 @@ class TimingLLM:
     def model_name(self) -> str:
         return self.inner.model_name
 
-    async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion:
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+    ) -> Completion:
         started = time.perf_counter()
         try:
-            return await self.inner.complete(messages, max_tokens=max_tokens)
+            return await self.inner.complete(messages, max_tokens=max_tokens, on_text=on_text)
         finally:
             ended = time.perf_counter()
             if messages and messages[0].content.startswith(_BACKGROUND_PREFIXES):

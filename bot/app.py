@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
+from bot.bridge import Bridge
 from bot.commands import COMMAND_NAMES, Commands
 from bot.config import Config
 from bot.errors import MeshsageError
@@ -89,6 +90,7 @@ class App:
     _close_llm: OpenAICompatLLM | None = None
     _close_embedder: OpenAICompatEmbedder | None = None
     _maintenance: asyncio.Task[None] | None = None
+    bridge: Bridge | None = None  # relay: pairs configured
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -115,6 +117,9 @@ class App:
         self.notifier.ready("serving on " + ", ".join(t.name for t in running))
         return running
 
+    def _relay_counters(self) -> dict[str, int]:
+        return dict(self.bridge.counters) if self.bridge is not None else {}
+
     def _start_monitor(self) -> None:
         logging.getLogger("bot").addHandler(self.last_error)
         self.monitor = Monitor(
@@ -124,6 +129,7 @@ class App:
             status_path=self.config.database_path.parent / STATUS_FILE,
             latencies=self.latencies,
             last_error=self.last_error,
+            relay=self._relay_counters if self.bridge is not None else None,
         )
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
 
@@ -203,6 +209,8 @@ class App:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
         await self._drain()
+        if self.bridge is not None:
+            await self.bridge.close()
         for transport in self.transports:
             try:
                 await transport.stop()
@@ -362,10 +370,35 @@ async def build(
                 _build_transport(name, app, env=env, stdin=stdin, stdout=stdout) for name in names
             ]
         app.transports = transports
+        if config.relay.pairs:
+            app.bridge = _build_bridge(config, transports)
+            bridge = app.bridge
+            commands.stat_sources.append(
+                lambda: {f"relay {k}": v for k, v in bridge.counters.items()}
+            )
         return app
     except BaseException:
         await store.close()
         raise
+
+
+def _build_bridge(config: Config, transports: list[Transport]) -> Bridge:
+    """Connect the meshtastic and discord transports through the bridge (``relay:``)."""
+    from bot.transports.discord import DiscordTransport
+    from bot.transports.meshtastic import MeshtasticTransport
+
+    mesh = next((t for t in transports if isinstance(t, MeshtasticTransport)), None)
+    chat = next((t for t in transports if isinstance(t, DiscordTransport)), None)
+    if mesh is None or chat is None:
+        raise MeshsageError(
+            "relay: pairs need both the meshtastic: and the discord: sections enabled. Fix: "
+            "enable both, or remove the relay: pairs."
+        )
+    discord_side = chat.attach_relay(config.relay)
+    bridge = Bridge(config.relay, mesh=mesh, discord=discord_side)
+    discord_side.bind(bridge)
+    mesh.channel_listener = bridge.mesh_heard
+    return bridge
 
 
 def _build_transport(
@@ -410,5 +443,13 @@ def _build_transport(
                 "the discord: section needs discord.py, which is not installed. Fix: "
                 "pip install 'meshsage[discord]' (or remove the discord: section)."
             ) from None
-        return build_discord(config.discord, env=env)
+        store = app.store
+        return build_discord(
+            config.discord,
+            env=env,
+            max_message_chars=config.bot.max_message_chars,
+            vision=config.llm.vision,
+            seen_path=config.database_path.parent / "discord-seen.json",
+            known=lambda ids, since: store.known_platform_ids("discord", ids, since=since),
+        )
     raise MeshsageError(f"transport '{name}' is not available in this build")

@@ -27,7 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from bot.domain import DM_SPACE, Attachment, Inbound
@@ -106,6 +106,7 @@ class Commands:
             "incognito": self._incognito,
         }
         self._operator_handlers: dict[str, Handler] = {"stats": self._stats}
+        self.stat_sources: list[Callable[[], Mapping[str, int]]] = []  # e.g. relay counters
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -177,6 +178,10 @@ class Commands:
                 return self._say(f"Nothing to confirm. Send {self.prefix}forget first.")
             self._forget_pending.pop(who, None)
             report = await self._store.forget_person(inbound.transport, inbound.sender)
+            if not inbound.is_dm:  # the counts include DMs: not for a shared channel
+                return CommandResult(
+                    "Deleted everything I kept about you. I no longer remember you.", forgot=True
+                )
             return CommandResult(
                 f"Deleted everything I kept about you: {report.messages} messages, "
                 f"{report.summaries} summaries, {report.facts} facts. I no longer remember you.",
@@ -407,7 +412,9 @@ class Commands:
         return self._say("Incognito off: I store our messages again.")
 
     async def _stats(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
-        stats = await self._store.stats()
+        stats = dict(await self._store.stats())
+        for source in self.stat_sources:
+            stats.update(source())
         return self._say(", ".join(f"{k}: {v}" for k, v in stats.items()))
 
 

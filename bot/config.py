@@ -90,6 +90,7 @@ class LLMConfig(Endpoint):
     concurrency: int = Field(1, ge=1, le=64)
     temperature: float = Field(0.7, ge=0, le=2)
     strip_thinking: bool = True
+    vision: bool = False  # the model reads images (OpenAI image parts); Discord sends them
 
 
 class RateLimit(_Strict):
@@ -299,6 +300,13 @@ class MeshtasticConfig(TransportBase):
 Snowflake = Annotated[int, Field(gt=0, lt=2**64)]  # a Discord id (user, channel, role)
 
 
+class CatchUpConfig(_Strict):
+    """After a restart or a session Discord could not resume: read what was missed."""
+
+    max_age: float = Field(6 * 3600.0, ge=0, le=14 * 86400)  # seconds back; 0 turns it off
+    max_messages: int = Field(50, ge=0, le=1000)  # per channel (DM or allowed channel)
+
+
 class DiscordConfig(TransportBase):
     context_tokens: int = Field(4096, ge=256, le=1_000_000)
     max_tokens: int = Field(800, ge=16, le=100_000)
@@ -318,6 +326,34 @@ class DiscordConfig(TransportBase):
     retry_initial: float = Field(2.0, gt=0, le=300)  # first wait after a failed login (network)
     retry_max: float = Field(300.0, gt=0, le=3600)  # longest wait between login attempts
     remembered_messages: int = Field(1000, ge=10, le=100_000)  # inbound messages we can reply to
+    # bytes per upload message; Discord's default is 10 MiB (boosted servers allow more)
+    upload_limit: int = Field(10 * 1024 * 1024, ge=64 * 1024, le=500 * 1024 * 1024)
+    catch_up: CatchUpConfig = CatchUpConfig()
+    stream: bool = True  # answers appear and grow by message edits
+    stream_edit_seconds: float = Field(1.5, ge=0.2, le=60)  # least time between two edits
+
+
+class RelayPair(_Strict):
+    """One mesh channel mirrored to one Discord channel."""
+
+    mesh_channel: int = Field(ge=0, le=7)
+    discord_channel: Snowflake
+    direction: Literal["both", "mesh_to_discord", "discord_to_mesh"] = "both"
+
+
+class RelayConfig(_Strict):
+    """The mesh <-> Discord bridge. Nothing is relayed unless a pair is listed."""
+
+    pairs: tuple[RelayPair, ...] = ()
+    webhook: bool = True  # post mesh text through a channel webhook (node name as author)
+    mqtt: bool = False  # also relay packets that reached the radio through MQTT
+    addressed: bool = False  # also relay messages addressed to the AI (trigger or command)
+    max_parts: int = Field(2, ge=1, le=9)  # mesh packets per relayed Discord message
+    author_messages: int = Field(3, ge=1, le=1000)  # per Discord author per author_seconds
+    author_seconds: float = Field(60.0, gt=0, le=86400)
+    channel_messages: int = Field(10, ge=1, le=10000)  # per paired channel per channel_seconds
+    channel_seconds: float = Field(300.0, gt=0, le=86400)
+    show_signal: bool = False  # add hops and SNR to mesh -> Discord posts
 
 
 class StorageConfig(_Strict):
@@ -365,6 +401,7 @@ class Config(_Strict):
     console: ConsoleConfig | None = None
     meshtastic: MeshtasticConfig | None = None
     discord: DiscordConfig | None = None
+    relay: RelayConfig = RelayConfig()
     storage: StorageConfig = StorageConfig()
     _source: str = PrivateAttr("<defaults>")
     _env_keys: dict[str, str] = PrivateAttr(default_factory=dict)

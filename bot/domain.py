@@ -47,6 +47,9 @@ class Inbound:
     reply_to: str | None = None  # platform id of the message this one replies to
     sender_name: str | None = None  # display name, for rendering only
     received_at: datetime = field(default_factory=utcnow)
+    # Images as data: URLs for a vision model (``llm.vision``); shown to the model with this
+    # message only, never stored (the stored text names them: "[image: cat.png]").
+    images: tuple[str, ...] = ()
 
     @property
     def key(self) -> ConversationKey:

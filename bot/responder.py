@@ -33,6 +33,11 @@ Invariants:
   (it settles the question as ``failed`` in the same transaction). Command replies are outbox
   rows too (except exports, whose files cannot be stored there); commands and their replies
   are not part of the conversation log.
+- Streaming (transports with ``Streams``, Discord): the growing answer is shown while the LLM
+  writes; once the outbox row exists, the stream finishes it (exactly the row's text, parts
+  recorded through ``progress``) instead of a second send. An LLM failure aborts the stream
+  (what was shown is removed) before the notice. Images (``Inbound.images``) go to the model
+  with the new message only; they are never stored.
 - Every background task is owned (``self._workers``) and ``drain`` waits for them with a
   timeout.
 - Incognito (``!incognito``): the person's new messages and the answers are not stored; the
@@ -67,7 +72,14 @@ from bot.memory.records import AlreadyStored, OutboxEntry, OutboxRow, StoredAnsw
 from bot.memory.store import USER
 from bot.memory.summary import Summarizer
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
-from bot.transports.base import Congested, KeepsFiles, Paginates, Transport
+from bot.transports.base import (
+    AnswerStream,
+    Congested,
+    KeepsFiles,
+    Paginates,
+    Streams,
+    Transport,
+)
 
 log = logging.getLogger("bot.responder")
 
@@ -353,6 +365,9 @@ class Responder:
             return
         limits = transport.limits
         conv = await self._store.conversation(inbound.key)
+        stream: AnswerStream | None = (
+            transport.stream(inbound) if isinstance(transport, Streams) else None
+        )
         async with transport.working(inbound):
             ctx = await self._context.build(
                 conv,
@@ -361,10 +376,14 @@ class Responder:
                 budget=limits.context_tokens,
                 style_hint=limits.style_hint,
             )
+            messages = ctx.messages
+            if inbound.images:  # for the model only, with the new message (never stored)
+                messages = [*messages[:-1], replace(messages[-1], images=inbound.images)]
             try:
+                on_text = stream.update if stream is not None else None
                 try:
                     completion = await self._llm.complete(
-                        ctx.messages, max_tokens=limits.max_tokens
+                        messages, max_tokens=limits.max_tokens, on_text=on_text
                     )
                 except ContextTooLong as exc:  # the server counts more tokens than we do
                     smaller = max(MIN_RETRY_BUDGET, ctx.tokens * 2 // 3)
@@ -376,11 +395,16 @@ class Responder:
                         budget=smaller,
                         style_hint=limits.style_hint,
                     )
+                    messages = ctx.messages
+                    if inbound.images:
+                        messages = [*messages[:-1], replace(messages[-1], images=inbound.images)]
                     completion = await self._llm.complete(
-                        ctx.messages, max_tokens=limits.max_tokens
+                        messages, max_tokens=limits.max_tokens, on_text=on_text
                     )
             except LLMUnavailable as exc:
                 log.warning("no answer for %s: %s", inbound.key, exc)
+                if stream is not None:
+                    await stream.abort()
                 entry = OutboxEntry(
                     inbound.key, "notice", transport.fit(UNAVAILABLE), question_id=message_id
                 )
@@ -418,7 +442,9 @@ class Responder:
         row = await self._store.outbox_row(outbox_id)
         if row is None:
             return
-        delivery = await self._deliver_now(inbound, row, note=TRIMMED_NOTE if trimmed else None)
+        delivery = await self._deliver_now(
+            inbound, row, note=TRIMMED_NOTE if trimmed else None, stream=stream
+        )
         log.info(
             "answered %s: %d context tokens (%s), %d answer chars, %s",
             inbound.key,
@@ -458,18 +484,29 @@ class Responder:
         await self._send(Reply(inbound=inbound, text=text))
 
     async def _deliver_now(
-        self, inbound: Inbound, row: OutboxRow, *, note: str | None = None
+        self,
+        inbound: Inbound,
+        row: OutboxRow,
+        *,
+        note: str | None = None,
+        stream: AnswerStream | None = None,
     ) -> Delivery:
         self._in_flight.add(row.id)
         try:
-            return await self._deliver(inbound, row, note=note)
+            return await self._deliver(inbound, row, note=note, stream=stream)
         finally:
             self._in_flight.discard(row.id)
 
     async def _deliver(
-        self, inbound: Inbound, row: OutboxRow, *, note: str | None = None
+        self,
+        inbound: Inbound,
+        row: OutboxRow,
+        *,
+        note: str | None = None,
+        stream: AnswerStream | None = None,
     ) -> Delivery:
-        """Send one outbox row (its missing parts) and record the outcome."""
+        """Send one outbox row (its missing parts) and record the outcome. A streamed answer
+        (already on screen) is finished by its stream instead of being sent again."""
         age = time.time() - row.created_at
         max_age = self._max_age.get(row.entry.key.transport, DEFAULT_MAX_AGE)
         if age > max_age:
@@ -492,17 +529,16 @@ class Responder:
         qkey = (row.entry.key.transport, row.entry.key.person, row.entry.key.space)
         self._delivering.add(qkey)
         try:
-            delivery = await self._send(
-                Reply(
-                    inbound=inbound,
-                    text=row.entry.text,
-                    kind=kind,
-                    note=note,
-                    outbox_id=row.id,
-                    done_parts=frozenset(i for i, _ in row.parts),
-                    progress=progress,
-                )
+            reply = Reply(
+                inbound=inbound,
+                text=row.entry.text,
+                kind=kind,
+                note=note,
+                outbox_id=row.id,
+                done_parts=frozenset(i for i, _ in row.parts),
+                progress=progress,
             )
+            delivery = await (stream.finish(reply) if stream is not None else self._send(reply))
         finally:
             self._delivering.discard(qkey)
         if delivery.status is DeliveryStatus.PENDING:

@@ -2,12 +2,14 @@
 
 Invariant: ``fit_bytes`` never cuts inside a UTF-8 sequence and never returns more than
 ``limit`` bytes; ``clean_inbound`` keeps every printable character (emoji, RTL, CJK) and
-newlines/tabs, and removes NULs and other control characters.
+newlines/tabs, and removes NULs and other control characters. ``fill_prompt`` replaces only
+the placeholders ``{date}`` and ``{time}`` (UTC); any other brace text stays as written.
 """
 
 from __future__ import annotations
 
 import unicodedata
+from datetime import datetime
 
 ELLIPSIS = "…"
 MESH_COMMAND_BYTES = 200  # every command reply fits one mesh packet
@@ -37,3 +39,10 @@ def clean_inbound(text: str) -> str:
         else:
             out.append(ch)
     return "".join(out).strip()
+
+
+def fill_prompt(prompt: str, now: datetime) -> str:
+    """The system prompt with ``{date}`` (2026-11-23, Monday) and ``{time}`` (15:04 UTC)."""
+    return prompt.replace("{date}", now.strftime("%Y-%m-%d, %A")).replace(
+        "{time}", now.strftime("%H:%M UTC")
+    )

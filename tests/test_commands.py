@@ -231,6 +231,16 @@ async def test_status_in_a_channel_counts_nothing_from_the_dms(harness: Harness)
     assert _last(harness).endswith("you sent 4 messages.")  # a DM sees the whole transport
 
 
+async def test_forget_in_a_channel_prints_no_counts(harness: Harness) -> None:
+    """The counts include what was said in DMs: a shared channel must not see them."""
+    await harness.say("a secret in a DM", sender="alice")
+    await harness.say("!forget", sender="alice", space="ch0")
+    await harness.say("!forget yes", sender="alice", space="ch0")
+    last = _last(harness)
+    assert last == "Deleted everything I kept about you. I no longer remember you."
+    assert not any(ch.isdigit() for ch in last)
+
+
 @pytest.mark.parametrize(("name", "limit"), [("discord", 2000), ("console", None)])
 async def test_command_replies_use_the_transports_own_size(
     tmp_path: Path, fake_llm: FakeLLM, name: str, limit: int | None

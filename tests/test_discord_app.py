@@ -82,6 +82,8 @@ async def running(
     sections: str = "",
 ) -> AsyncIterator[Rig]:
     """``discord_keys``: more lines under ``discord:``; ``sections``: more top-level YAML."""
+    if "stream_edit_seconds" not in discord_keys:  # streaming on, but quick between edits
+        discord_keys += "  stream_edit_seconds: 0.2\n"
     config = make_config(
         tmp_path, llm.base_url, f"discord:\n  channels: [{CHANNEL_ID}]\n{discord_keys}{sections}"
     )
@@ -343,7 +345,7 @@ async def test_meshsage_run_serves_console_and_discord_on_one_database(
         await asyncio.wait_for(fake_discord.ready.wait(), 20)
         await fake_discord.say(fake_discord.dm_message("hello from Discord"))
         [sent] = await fake_discord.wait_sent(1, timeout=20)
-        assert sent.content == "Hello from fake"
+        await fake_discord.wait_content(sent, "Hello from fake", timeout=20)  # streamed
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(proc.communicate(), 20)
@@ -373,3 +375,139 @@ async def test_discord_section_without_discord_py_says_how_to_install(
     config = make_config(tmp_path, fake_llm.base_url, "discord:\n")
     with pytest.raises(MeshsageError, match=r"pip install 'meshsage\[discord\]'"):
         await build(config, env={})
+
+
+async def test_messages_sent_while_stopped_are_answered_once_after_start(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real wiring: catch-up marks in the state directory, dedup by the store."""
+    import discord
+
+    from bot.transports import discord as transport_module
+
+    def quick_ready(intents: discord.Intents) -> discord.Client:
+        # discord.py waits guild_ready_timeout (2 s) for more guilds before on_ready.
+        return discord.Client(
+            intents=intents, allowed_mentions=transport_module.NO_MENTIONS, guild_ready_timeout=0.05
+        )
+
+    monkeypatch.setattr(transport_module, "default_client", quick_ready)
+    config = make_config(tmp_path, fake_llm.base_url, f"discord:\n  channels: [{CHANNEL_ID}]\n")
+
+    async def run_once() -> App:
+        app = await build(config, env={"DISCORD_TOKEN": TOKEN})
+        await app.start()
+        await asyncio.wait_for(fake_discord.ready.wait(), 5)
+        [transport] = app.transports
+        await asyncio.wait_for(transport.caught_up.wait(), 10)  # type: ignore[attr-defined]
+        await app.responder.wait_idle()
+        return app
+
+    app = await run_once()
+    try:
+        before = len(fake_discord.sent)
+        await fake_discord.say(fake_discord.dm_message("hello before"))
+        await fake_discord.wait_sent(before + 1)
+        await app.responder.wait_idle()
+    finally:
+        await app.close()
+    fake_discord.post_offline(fake_discord.dm_message("sent while stopped"))
+    fake_discord.post_offline(fake_discord.guild_message("also while stopped", mention_bot=True))
+    for _ in range(2):  # a second start answers nothing again
+        fake_discord.ready.clear()
+        app = await run_once()
+        await app.close()
+    answered = [s for s in fake_discord.sent if s.content == "Hello from fake"]
+    assert len(answered) == 3
+    store = await SqliteStore.open(config.database_path)
+    try:
+        dm = await store.find_conversation(ConversationKey("discord", str(ALICE), DM_SPACE))
+        assert dm is not None
+        texts = [m.text for m in await store.all_messages(dm.id)]
+        assert texts == ["hello before", "Hello from fake", "sent while stopped", "Hello from fake"]
+    finally:
+        await store.close()
+
+
+async def test_streamed_answer_is_stored_as_its_final_text(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    fake_llm.reply = "LoRa is a long range radio modulation used by Meshtastic nodes."
+    keys = "  stream_edit_seconds: 0.2\n"
+    async with running(tmp_path, fake_llm, fake_discord, discord_keys=keys) as rig:
+        sent = await rig.exchange(fake_discord.dm_message("what is LoRa?"))
+        assert fake_llm.chat_requests()[-1]["stream"] is True
+        assert sent.content == fake_llm.reply
+        _question, answer = await rig.stored(DM_SPACE)
+        assert (answer.text, answer.platform_id) == (fake_llm.reply, str(sent.id))
+        assert answer.status == "delivered"
+
+
+async def test_stream_off_sends_one_message(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    async with running(tmp_path, fake_llm, fake_discord, discord_keys="  stream: false\n") as rig:
+        sent = await rig.exchange(fake_discord.dm_message("hello"))
+        assert sent.content == "Hello from fake" and not fake_discord.edits
+
+
+async def test_images_reach_a_vision_model_as_image_parts(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    import base64
+
+    config = make_config(
+        tmp_path,
+        fake_llm.base_url,
+        f"  vision: true\ndiscord:\n  channels: [{CHANNEL_ID}]\n  stream: false\n",
+    )
+    assert config.discord is not None and config.llm.vision
+    chat = build_discord(config.discord, env={"DISCORD_TOKEN": TOKEN}, vision=True)
+    app = await build(config, env={}, transports=[chat])
+    await app.start()
+    try:
+        await asyncio.wait_for(fake_discord.ready.wait(), 5)
+        png = b"\x89PNG\r\n\x1a\nfake image bytes"
+        data = fake_discord.dm_message("what is in this picture?")
+        data["attachments"] = [fake_discord.attachment("cat.png", png, "image/png")]
+        await fake_discord.say(data)
+        [sent] = await fake_discord.wait_sent(1)
+        await app.responder.wait_idle()
+        last = fake_llm.chat_requests()[-1]["messages"][-1]
+        assert last["content"][0] == {
+            "type": "text",
+            "text": "what is in this picture?\n\n[image: cat.png]",
+        }
+        url = "data:image/png;base64," + base64.b64encode(png).decode()
+        assert last["content"][1] == {"type": "image_url", "image_url": {"url": url}}
+        assert "images are not read" not in sent.content
+        conv = await app.store.find_conversation(ConversationKey("discord", str(ALICE)))
+        assert conv is not None
+        stored = [m.text for m in await app.store.all_messages(conv.id)]
+        assert stored[0] == "what is in this picture?\n\n[image: cat.png]"  # no image bytes
+    finally:
+        await app.close()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_reply_to_a_later_part_after_a_restart_finds_the_answer(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, stream: bool
+) -> None:
+    """Every part's platform id is stored: a transport that never saw the answer (restart)
+    still threads a reply to part 2 under it."""
+    fake_llm.reply = "A long sentence here. " * 120  # two Discord messages
+    keys = f"  stream: {str(stream).lower()}\n"
+    async with running(tmp_path, fake_llm, fake_discord, discord_keys=keys) as rig:
+        await rig.exchange(fake_discord.guild_message("tell me a lot", mention_bot=True))
+        await rig.app.responder.wait_idle()
+        first, second = fake_discord.sent
+    fake_llm.reply = "short"
+    fake_discord.ready.clear()
+    async with running(tmp_path, fake_llm, fake_discord, discord_keys=keys) as rig:
+        await rig.exchange(fake_discord.guild_message("part two?", reply_to=second))
+        _question, answer, reply2, _ = await rig.stored(CHANNEL_SPACE)
+        assert answer.platform_id == str(first.id)
+        assert reply2.parent_id == answer.id
+        # After a restart the transport no longer knows whom that answer was for, so it
+        # quotes it (the safe side: the text is visible in the channel anyway).
+        assert reply2.text.endswith("\n\npart two?")

@@ -62,3 +62,36 @@ def test_readme_invite_link_asks_for_exactly_the_needed_permissions() -> None:
         read_message_history=True,  # replies reference the message they answer
     )
     assert discord.Permissions(int(asked)) == needed
+
+
+def test_documented_relay_section_validates_with_defaults() -> None:
+    from bot.config import RelayConfig
+
+    text = EXAMPLE.read_text(encoding="utf-8")
+    section = text[text.index("# relay:") :]
+    lines = [re.sub(r"^# ?", "", line) for line in section.splitlines()]
+    raw = yaml.safe_load("\n".join(x for x in lines if not x.lstrip().startswith("#")))
+    assert sorted(raw["relay"]) == sorted(RelayConfig.model_fields), "every key documented"
+    relay = Config.model_validate(raw).relay
+    [pair] = relay.pairs
+    assert (pair.mesh_channel, pair.direction) == (0, "both")
+    assert relay.model_copy(update={"pairs": ()}) == RelayConfig()
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("relay:\n  pairs:\n    - {mesh_channel: 8, discord_channel: 5}\n", "mesh_channel"),
+        (
+            "relay:\n  pairs:\n    - {mesh_channel: 0, discord_channel: 5, direction: up}\n",
+            "direction",
+        ),
+        ("relay:\n  pair: []\n", "relay.pair: unknown key"),
+    ],
+)
+def test_bad_relay_config_is_rejected(tmp_path: Path, body: str, needle: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(body, encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, env={})
+    assert needle in str(err.value)

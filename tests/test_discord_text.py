@@ -11,6 +11,7 @@ from bot.transports.discord_text import (
     TRUNCATED,
     _fence_toggle,
     fit_text,
+    readable,
     split_message,
     strip_mentions,
     units,
@@ -170,3 +171,26 @@ def test_fit_properties(chunks: list[str], max_parts: int) -> None:
     fitted = fit_text("".join(chunks), limit=300, max_parts=max_parts)
     assert len(split_message(fitted, limit=300)) <= max_parts
     assert fit_text(fitted, limit=300, max_parts=max_parts) == fitted
+
+
+def test_readable_names_mentions_channels_emoji_and_timestamps() -> None:
+    text = (
+        "<@1> and <@!2> ask <@&3> in <#4> <:party:55> <a:wave:66> at <t:0:R>; "
+        "<@9> <@&9> <#9> {not a code} <@abc>"
+    )
+    out = readable(text, users={1: "Alice", 2: "Bob"}, roles={3: "mods"}, channels={4: "general"})
+    assert out == (
+        "@Alice and @Bob ask @mods in #general :party: :wave: at 1970-01-01 00:00 UTC; "
+        "@unknown-user @unknown-role #unknown-channel {not a code} <@abc>"
+    )
+
+
+def test_fill_prompt_replaces_only_date_and_time() -> None:
+    from datetime import UTC, datetime
+
+    from bot.text import fill_prompt
+
+    now = datetime(2026, 11, 23, 15, 4, tzinfo=UTC)
+    assert fill_prompt("Today is {date}, {time}. {other}", now) == (
+        "Today is 2026-11-23, Monday, 15:04 UTC. {other}"
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from bot.config import LLMConfig
@@ -120,3 +122,32 @@ async def test_backoff_grows_exponentially_with_jitter(fake_llm: FakeLLM) -> Non
     for attempt, delay in enumerate(delays):
         base = 2.0 * 2**attempt  # 2, 4, 8 s, each cut by a random factor in [0.5, 1]
         assert base / 2 <= delay <= base, (attempt, delay)
+
+
+async def test_streamed_answer_grows_and_a_retry_starts_over(fake_llm: FakeLLM) -> None:
+    fake_llm.reply = "<think>hmm</think>one two three"
+    fake_llm.script = [("status", 503, {"error": "loading"}), "stream"]
+    seen: list[str] = []
+
+    async def on_text(text: str) -> None:
+        seen.append(text)
+
+    llm = _client(fake_llm.base_url, retries=1)
+    out = await llm.complete(HI, max_tokens=10, on_text=on_text)
+    assert out.text == "one two three"
+    assert fake_llm.chat_requests()[-1]["stream"] is True
+    # Reasoning is never shown; each attempt starts from nothing; the text only grows after.
+    assert seen[:2] == ["", ""]
+    assert seen[-1] == "one two three"
+    grown = seen[2:]
+    assert all(b.startswith(a) for a, b in itertools.pairwise(grown))
+    assert not any("think" in s or "hmm" in s for s in seen)
+    await llm.close()
+
+
+def test_merge_system_keeps_the_images_of_the_first_user_message() -> None:
+    from bot.llm.port import merge_system
+
+    msgs = [ChatMessage("system", "be brief"), ChatMessage("user", "what is this?", ("data:x",))]
+    [merged] = merge_system(msgs)
+    assert (merged.content, merged.images) == ("be brief\n\nwhat is this?", ("data:x",))

@@ -267,6 +267,12 @@ def test_every_length_of_accented_text(n: int) -> None:
     assert_fits(text, 3)
 
 
+def test_flags_joined_by_zwj_are_separate_clusters() -> None:
+    """Regression (hypothesis): regional indicators are not pictographs, so a ZWJ between two
+    flags joins nothing and a cut may fall after it, never inside a flag."""
+    assert_fits(exactly(201, ["🇫🇷", "\u200d"]), 2)
+
+
 def test_no_wasted_packets_for_a_short_word_before_a_long_one() -> None:
     text = "Hello, " + "x" * 226  # 233 bytes: went out as 12 + 200 + 45 bytes
     parts = render_parts(split_parts(text, chunk_bytes=200, max_parts=3))

@@ -25,7 +25,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 
 from bot.errors import LLMUnavailable
-from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong
+from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, OnText
 
 BUSY_POLL = 0.05
 
@@ -64,7 +64,12 @@ class LLMGate:
         return _Bound(self, background=True)
 
     async def _run(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, background: bool
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        background: bool,
+        on_text: OnText | None = None,
     ) -> Completion:
         async with self._changed:
             if not background:
@@ -90,7 +95,7 @@ class LLMGate:
             self._running += 1
         try:
             if not background:
-                return await self._foreground_call(messages, max_tokens=max_tokens)
+                return await self._foreground_call(messages, max_tokens=max_tokens, on_text=on_text)
             return await self._background_call(messages, max_tokens=max_tokens)
         finally:
             async with self._changed:
@@ -98,11 +103,11 @@ class LLMGate:
                 self._changed.notify_all()
 
     async def _foreground_call(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
     ) -> Completion:
         self._fg_running += 1
         try:
-            completion = await self._llm.complete(messages, max_tokens=max_tokens)
+            completion = await self._llm.complete(messages, max_tokens=max_tokens, on_text=on_text)
         except ContextTooLong:
             raise  # this prompt's problem, not the server's
         except LLMUnavailable:
@@ -157,5 +162,9 @@ class _Bound:
     def model_name(self) -> str:
         return self._gate.model_name
 
-    async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion:
-        return await self._gate._run(messages, max_tokens=max_tokens, background=self._background)
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+    ) -> Completion:
+        return await self._gate._run(
+            messages, max_tokens=max_tokens, background=self._background, on_text=on_text
+        )

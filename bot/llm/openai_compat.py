@@ -49,6 +49,7 @@ from bot.llm.port import (
     ChatMessage,
     Completion,
     ContextTooLong,
+    OnText,
     merge_system,
 )
 
@@ -149,19 +150,21 @@ class OpenAICompatLLM:
         for target in self._targets:
             await target.client.close()
 
-    async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion:
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+    ) -> Completion:
         problems: list[str] = []
         too_long: str | None = None
         for target in self._targets:
             ep = target.endpoint
             sent = list(messages) if ep.system_role else merge_system(messages)
-            payload = [{"role": m.role, "content": m.content} for m in sent]
+            payload = [_payload(m) for m in sent]
             for attempt in range(self._config.retries + 1):
                 if attempt:
                     delay = self._config.retry_backoff * 2 ** (attempt - 1)
                     await self._sleep(delay * random.uniform(0.5, 1.0))
                 try:
-                    return await self._attempt(target, payload, max_tokens)
+                    return await self._attempt(target, payload, max_tokens, on_text)
                 except _RETRYABLE as exc:
                     problems.append(f"{ep.base_url} ({ep.model}): {describe_error(exc)}")
                     log.warning("LLM attempt %d failed: %s", attempt + 1, problems[-1])
@@ -192,8 +195,27 @@ class OpenAICompatLLM:
         )
 
     async def _attempt(
-        self, target: _Target, payload: list[dict[str, str]], max_tokens: int
+        self,
+        target: _Target,
+        payload: list[dict[str, Any]],
+        max_tokens: int,
+        on_text: OnText | None = None,
     ) -> Completion:
+        shown = ""
+
+        async def grown(raw: str) -> None:
+            """The visible answer so far (cleaned, reasoning stripped), when it changed."""
+            nonlocal shown
+            assert on_text is not None
+            text = clean_output(raw)
+            text = strip_thinking(text) if self._config.strip_thinking else text.strip()
+            text = text[:MAX_ANSWER_CHARS]
+            if text != shown:
+                shown = text
+                await on_text(text)
+
+        if on_text is not None:
+            await on_text("")  # a retry or a fallback starts from nothing
         deadline = self._config.connect_timeout + 2 * self._config.read_timeout
         async with asyncio.timeout(deadline):
             async with target.client.chat.completions.with_streaming_response.create(
@@ -206,7 +228,9 @@ class OpenAICompatLLM:
                 kind = resp.http_response.headers.get("content-type", "")
                 try:
                     if "text/event-stream" in kind:
-                        raw, finish, model = await _read_stream(resp.iter_lines())
+                        raw, finish, model = await _read_stream(
+                            resp.iter_lines(), on_raw=grown if on_text is not None else None
+                        )
                     else:  # a server that ignores stream=true, or an error page with status 200
                         raw, finish, model = _read_json(await resp.read())
                 except (_Unusable, asyncio.CancelledError):
@@ -227,12 +251,24 @@ class OpenAICompatLLM:
         return Completion(text=text, model=model or target.endpoint.model, truncated=truncated)
 
 
+def _payload(message: ChatMessage) -> dict[str, Any]:
+    """One chat message; with images, OpenAI content parts (text first, then image_url)."""
+    if not message.images:
+        return {"role": message.role, "content": message.content}
+    parts: list[dict[str, Any]] = [{"type": "text", "text": message.content}]
+    parts += [{"type": "image_url", "image_url": {"url": url}} for url in message.images]
+    return {"role": message.role, "content": parts}
+
+
 class _Unusable(Exception):
     """The server answered, but not with a usable chat completion."""
 
 
-async def _read_stream(lines: Any) -> tuple[str, str | None, str]:
-    """Concatenated content deltas, the finish reason and the model from an SSE stream."""
+async def _read_stream(
+    lines: Any, *, on_raw: Callable[[str], Awaitable[None]] | None = None
+) -> tuple[str, str | None, str]:
+    """Concatenated content deltas, the finish reason and the model from an SSE stream;
+    ``on_raw`` (streamed answers) gets the text so far after each delta."""
     parts: list[str] = []
     finish: str | None = None
     model = ""
@@ -260,6 +296,8 @@ async def _read_stream(lines: Any) -> tuple[str, str | None, str]:
             content = delta.get("content") if isinstance(delta, dict) else None
             if isinstance(content, str):
                 parts.append(content)
+                if on_raw is not None and content:
+                    await on_raw("".join(parts))
             finish = choice.get("finish_reason") or finish
     if not events:
         raise _Unusable("no completion in the stream")

@@ -6,12 +6,16 @@ Invariants:
   ``TRUNCATED_MARK``, so the person sees that the answer stops early.
 - ``ContextTooLong`` means the server refused the prompt as longer than its context; the
   caller may retry once with a smaller budget.
+- With ``on_text`` the answer is streamed: ``on_text`` gets the visible text so far
+  (reasoning stripped) as it grows; a retry or a fallback starts again from "" (so the text
+  may shrink); the returned ``Completion`` is what counts. Adapters that cannot stream
+  ignore ``on_text``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 from bot.errors import LLMUnavailable
@@ -19,12 +23,14 @@ from bot.errors import LLMUnavailable
 TRUNCATED_MARK = " […]"
 
 Role = Literal["system", "user", "assistant"]
+OnText = Callable[[str], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: Role
     content: str
+    images: tuple[str, ...] = ()  # data: URLs, sent as OpenAI image parts (llm.vision)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +44,9 @@ class LLM(Protocol):
     @property
     def model_name(self) -> str: ...
 
-    async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion: ...
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+    ) -> Completion: ...
 
 
 class ContextTooLong(LLMUnavailable):
@@ -61,5 +69,5 @@ def merge_system(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
         return list(messages)
     system, rest = messages[0].content, list(messages[1:])
     if rest and rest[0].role == "user":
-        return [ChatMessage("user", f"{system}\n\n{rest[0].content}"), *rest[1:]]
+        return [replace(rest[0], content=f"{system}\n\n{rest[0].content}"), *rest[1:]]
     return [ChatMessage("user", system), *rest]

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Literal
 
 from bot.llm.port import ChatMessage, Role, merge_system
@@ -57,6 +58,7 @@ from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
 from bot.memory.port import MemoryStore
 from bot.memory.retrieval import RetrievedBlock, Retriever
 from bot.memory.store import ASSISTANT, USER, Conversation, Fact, StoredMessage, Summary
+from bot.text import fill_prompt
 
 FACTS_HEADER = "Notes this person asked you to remember:"
 NEW_FACTS_HEADER = "(New notes this person asked you to remember:"
@@ -178,7 +180,8 @@ class ContextBuilder:
         style_hint: str = "",
     ) -> AssembledContext:
         trimmed = False
-        system = f"{self._system_prompt} {style_hint}".strip()
+        prompt = fill_prompt(self._system_prompt, datetime.now(UTC))
+        system = f"{prompt} {style_hint}".strip()
         system_tokens = self._counter.count(system) + MESSAGE_OVERHEAD
         free = budget - system_tokens
         if free < MIN_NEW_MESSAGE_TOKENS + MESSAGE_OVERHEAD:

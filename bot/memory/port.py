@@ -105,6 +105,10 @@ class MemoryStore(Protocol):
         self, message_id: int, status: str, *, platform_id: str | None = None
     ) -> None: ...
 
+    async def known_platform_ids(
+        self, transport: str, platform_ids: Sequence[str], *, since: float
+    ) -> set[str]: ...
+
     async def recent_messages(
         self, conversation: Conversation, *, limit: int, before_id: int | None = None
     ) -> list[StoredMessage]: ...

@@ -224,6 +224,12 @@ def _m004_memory_tiers() -> str:
         """
 
 
+def _m005_outbox_parts_platform() -> str:
+    # A reply to any part of a multi-message answer (Discord) is resolved by the part's
+    # platform id (bot.memory.sqlite.messages.add_message), after a restart too.
+    return "CREATE INDEX outbox_parts_platform ON outbox_parts (platform_id);"
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -231,6 +237,7 @@ MIGRATIONS: list[Migration] = [
     ("002_message_vectors", _m002_message_vectors),
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
+    ("005_outbox_parts_platform", _m005_outbox_parts_platform),
 ]
 
 

@@ -18,7 +18,7 @@ import datetime
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,6 +47,7 @@ class Monitor:
         status_path: Path,
         latencies: Latencies,
         last_error: LastError,
+        relay: Callable[[], Mapping[str, int]] | None = None,
         interval: float = status_file.STATUS_INTERVAL,
         store_timeout: float = STORE_TIMEOUT,
         clock: Callable[[], float] = time.time,
@@ -57,6 +58,7 @@ class Monitor:
         self._path = status_path
         self._latencies = latencies
         self._last_error = last_error
+        self._relay = relay
         wd = notifier.watchdog_interval
         self.interval = min(interval, wd / 3) if wd else interval
         self._store_timeout = store_timeout
@@ -137,6 +139,7 @@ class Monitor:
             ),
             last_error_at=self._last_error.at,
             last_error=self._last_error.text,
+            relay=dict(self._relay()) if self._relay is not None else {},
         )
 
     @staticmethod

@@ -50,6 +50,7 @@ class Status:
     database_bytes: int = 0
     last_error_at: float | None = None
     last_error: str = ""
+    relay: dict[str, int] = field(default_factory=dict)  # bridge counters (relay: pairs)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -126,6 +127,13 @@ def render(status: Status, *, now: float | None = None) -> tuple[list[str], bool
         f"{_seconds(status.llm_p95_seconds)} over the last {status.llm_calls} call(s)",
         f"  database:   {status.database_bytes / 1e6:.1f} MB",
     ]
+    if status.relay:
+        r = status.relay
+        lines.append(
+            f"  relay:      {r.get('mesh_to_discord', 0)} mesh->discord, "
+            f"{r.get('discord_to_mesh', 0)} discord->mesh, {r.get('cut', 0)} cut, "
+            f"{r.get('refused', 0)} refused"
+        )
     if status.last_error_at is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status.last_error_at))
         lines.append(f"  last error: {when} {status.last_error}")

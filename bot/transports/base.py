@@ -12,6 +12,9 @@ Invariants:
   platform accepted, before sending the next, so a crash never re-sends a recorded part.
 - Optional capabilities are small runtime-checkable Protocols (``Paginates``, ``Congested``,
   ``KeepsFiles``); the responder uses them when a transport has them.
+- Optional streaming (``Streams``): ``stream(inbound)`` returns an ``AnswerStream`` (or None
+  when streaming is off for it); the responder feeds it the growing answer and ends it with
+  ``finish`` (the fitted final text, which is what is stored) or ``abort``.
 - ``start`` returns once the transport runs in the background; ``stop`` ends it within its own
   timeout; ``wait_closed`` returns when the transport has ended by itself (console EOF) and
   otherwise only after ``stop``.
@@ -30,6 +33,25 @@ from typing import Protocol, runtime_checkable
 from bot.domain import Delivery, Inbound, Reply, TransportLimits
 
 OnMessage = Callable[[Inbound], Awaitable[None]]
+
+
+class AnswerStream(Protocol):
+    async def update(self, text: str) -> None:
+        """The answer so far (it may shrink when the LLM call is retried)."""
+        ...
+
+    async def finish(self, reply: Reply) -> Delivery:
+        """Show exactly ``reply.text`` (already fitted); never raises for platform trouble."""
+        ...
+
+    async def abort(self) -> None:
+        """The answer will not come: remove what was shown."""
+        ...
+
+
+@runtime_checkable
+class Streams(Protocol):
+    def stream(self, inbound: Inbound) -> AnswerStream | None: ...
 
 
 class Transport(Protocol):

@@ -1,6 +1,9 @@
 """Discord transport on discord.py 2.x: DMs and @mentions in allowed channels in, replies out.
-The only module that imports discord; text fitting and admission rules are pure and live in
-``discord_text`` and ``discord_policy``.
+Only ``bot/transports/discord*.py`` import discord: this module owns the connection and the
+flow; ``discord_read`` (message -> text), ``discord_send`` (posts and files),
+``discord_stream`` (streamed answers), ``discord_catchup`` (missed messages) and
+``discord_relay`` (the bridge's Discord side) do one job each; text fitting, attachments and
+admission rules are pure (``discord_text``, ``discord_attach``, ``discord_policy``).
 
 Invariants:
 - Inbound: who is answered is decided by ``discord_policy.admit`` (bots and webhooks never; DMs
@@ -15,6 +18,9 @@ Invariants:
   ``Reply.note`` as one small subtext line (``-# ...``) that is not part of the stored answer.
   Nothing the bot sends can ping anyone (``AllowedMentions.none()``): an LLM answer saying
   "@everyone" stays text. Attachments marked ``dm_only`` (``!export``) go to the person by DM.
+- Streaming (``discord.stream``, on by default): ``stream(inbound)`` gives the responder a
+  ``DiscordStream``; the answer appears with its first words and grows by edits at most every
+  ``stream_edit_seconds``; the typing indicator stops at the first post.
 - ``send`` never raises; trouble is reported in the ``Delivery``. ``working`` shows the typing
   indicator and never fails the turn.
 - Startup: ``start`` never raises. A missing token, a rejected token (LoginFailure) or the
@@ -22,6 +28,19 @@ Invariants:
   with one ERROR line saying what to do; ``wait_closed`` then returns and other transports keep
   running. Network trouble at login is retried forever with exponential backoff and jitter
   (discord.py does not retry login); after login discord.py reconnects by itself.
+- Reply chains (guild channels): a message replying to another person's message, or to the
+  bot's answer to someone else, carries that message as a quote (``(replying to Bob:)`` and
+  ``> `` lines, at most ``QUOTE_MAX_CHARS``): it is visible in the channel, and it is stored in
+  the asker's conversation only, as part of the asker's message. Nobody else's memory is read.
+- Attachments: text files are read into the message (``discord_attach``), within
+  ``max_message_chars``; images and other files are named, and the person's answer carries a
+  one-line note saying what was not read.
+- Files: each upload message stays within ``upload_limit`` (compressed or split when needed,
+  with a note); if files cannot be sent after the text said they were coming, a follow-up
+  says so plainly.
+- Catch-up (``discord_catchup``): every new gateway session (start, or a reconnect that could
+  not resume) reads DMs and allowed channels back to the last message handled there (bounded
+  by ``catch_up``) and hands on, through the same admission path, what is not stored yet.
 - Message text is never logged above DEBUG.
 - Commands arrive as ordinary messages (``!reset``, after the @mention in a channel); no slash
   commands are registered, so the invite needs only the ``bot`` scope.
@@ -31,19 +50,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import logging
 import random
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
 
 import aiohttp
 import discord
 
-from bot.config import DiscordConfig
+from bot.config import DiscordConfig, RelayConfig
 from bot.domain import (
     DM_SPACE,
-    Attachment,
     Delivery,
     DeliveryStatus,
     Inbound,
@@ -51,10 +71,25 @@ from bot.domain import (
     TransportLimits,
 )
 from bot.transports.base import OnMessage
+from bot.transports.discord_catchup import MAX_DM_CHANNELS, Known, SeenMarks, catch_up
 from bot.transports.discord_policy import Seen, admit, retry_delay
+from bot.transports.discord_read import is_dm as dm_channel
+from bot.transports.discord_read import quote as quote_of
+from bot.transports.discord_read import read_attachments, readable_text
+from bot.transports.discord_relay import DiscordRelay
+from bot.transports.discord_send import (
+    Target,
+    channel_space,
+    describe,
+    post,
+    reply_target,
+    send_attachments,
+)
+from bot.transports.discord_stream import DiscordStream
 from bot.transports.discord_text import (
     DISCORD_MAX_CHARS,
     fit_text,
+    note_line,
     split_message,
     strip_mentions,
     units,
@@ -67,8 +102,6 @@ STYLE_HINT = (
     "You are answering on Discord: be concise, use Discord Markdown, and put code in fenced "
     "code blocks."
 )
-NOTE_MAX_CHARS = 200
-FILES_PER_MESSAGE = 10  # Discord's limit per message
 STOP_TIMEOUT = 10.0
 NO_MENTIONS = discord.AllowedMentions.none()
 # Trouble reaching Discord, as opposed to Discord refusing us: worth another login attempt.
@@ -99,10 +132,6 @@ BAD_TOKEN = (
     "Fix: reset the token at " + PORTAL + " (your application -> Bot -> Reset Token), put the "
     "new one in {env} and restart. Other transports keep running."
 )
-DM_CLOSED = (
-    "I could not send you a DM. Allow direct messages from server members (Privacy Settings) "
-    "and try again."
-)
 NO_INTENT = (
     "discord transport stopped: the Message Content intent is not enabled for this bot "
     "(gateway close 4014). Fix: at " + PORTAL + " open your application -> Bot -> Privileged "
@@ -131,34 +160,6 @@ def intents_for(config: DiscordConfig) -> discord.Intents:
     return intents
 
 
-def channel_space(guild_id: int, channel_id: int) -> str:
-    return f"guild:{guild_id}:ch:{channel_id}"
-
-
-def space_channel_id(space: str) -> int | None:
-    """The channel id in a ``channel_space`` string; None for DMs and anything else."""
-    parts = space.split(":")
-    if len(parts) == 4 and parts[0] == "guild" and parts[2] == "ch" and parts[3].isdigit():
-        return int(parts[3])
-    return None
-
-
-def note_line(note: str | None) -> str | None:
-    """A degradation note as one line of Discord subtext (small grey text)."""
-    if not note or not note.strip():
-        return None
-    text = " ".join(note.split())
-    if len(text) > NOTE_MAX_CHARS:
-        text = text[: NOTE_MAX_CHARS - 1] + "…"
-    return f"-# {text}"
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, discord.HTTPException):
-        return f"HTTP {exc.status} (code {exc.code}): {exc.text or exc.__class__.__name__}"
-    return f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__
-
-
 class DiscordTransport:
     name = NAME
 
@@ -170,6 +171,11 @@ class DiscordTransport:
         client_factory: ClientFactory = default_client,
         sleep: Sleep = asyncio.sleep,
         rand: Callable[[], float] = random.random,
+        max_message_chars: int = 4000,
+        seen_path: Path | None = None,
+        known: Known | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        vision: bool = False,
     ) -> None:
         self.limits = TransportLimits(
             context_tokens=config.context_tokens,
@@ -177,18 +183,31 @@ class DiscordTransport:
             style_hint=STYLE_HINT,
         )
         self._config = config
+        self._max_message_chars = max_message_chars
+        self._marks = SeenMarks(seen_path)
+        self._known = known
+        self._catchup_task: asyncio.Task[None] | None = None
+        self._typing: dict[str, discord.context_managers.Typing] = {}
+        self.relay: DiscordRelay | None = None  # the bridge's Discord side, when relay: is set
+        self.caught_up = asyncio.Event()  # set when the latest session's catch-up is done
         self._token = token
         self._client_factory = client_factory
         self._sleep = sleep
         self._rand = rand
+        self._clock = clock
+        self._vision = vision
         self._client: discord.Client | None = None
         self._on_message: OnMessage | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         # inbound message id -> the discord Message, so a reply can reference and type in it
         self._recent: OrderedDict[str, discord.Message] = OrderedDict()
+        # inbound message id -> a note for its answer (attachments not read, text cut)
+        self._notes: OrderedDict[str, str] = OrderedDict()
         # id of each message the bot sent -> id of the first message of the same answer
         self._own: OrderedDict[int, int] = OrderedDict()
+        # id of the first message of an answer -> the id of the person it answered
+        self._answered: OrderedDict[int, int] = OrderedDict()
 
     # --- port -------------------------------------------------------------------------------
     def fit(self, text: str) -> str:
@@ -213,11 +232,14 @@ class DiscordTransport:
         try:
             await typing.__aenter__()
         except SEND_ERRORS as exc:  # no typing indicator is no reason to fail the answer
-            log.debug("typing indicator failed in %s: %s", inbound.space, _describe(exc))
+            log.debug("typing indicator failed in %s: %s", inbound.space, describe(exc))
             entered = False
+        if entered:
+            self._typing[inbound.message_id or ""] = typing
         try:
             yield
         finally:
+            self._typing.pop(inbound.message_id or "", None)
             if entered:
                 await typing.__aexit__(None, None, None)
 
@@ -227,7 +249,7 @@ class DiscordTransport:
             # the durable outbox keeps it and sends it once the gateway is back
             return Delivery(DeliveryStatus.PENDING, detail="discord is not connected")
         parts = split_message(self.fit(reply.text))
-        note = note_line(reply.note)
+        note = self._note_for(reply)
         if note is not None:
             if parts and units(parts[-1] + "\n" + note) <= DISCORD_MAX_CHARS:
                 parts[-1] += "\n" + note
@@ -238,29 +260,86 @@ class DiscordTransport:
         sent: list[str] = []
         try:
             if parts:
-                channel, reference = await self._reply_target(client, reply.inbound)
+                channel, reference = await self._target(client, reply.inbound)
                 for i, part in enumerate(parts):
                     if i in reply.done_parts:  # posted before a restart: never twice
                         continue
-                    msg = await _post(channel, part, reference if i == 0 else None)
+                    msg = await post(channel, part, reference if i == 0 else None)
                     sent.append(str(msg.id))
-                    self._remember_own(msg.id, head=int(sent[0]))
                     if reply.progress is not None:
                         await reply.progress(i, str(msg.id))
+                    self._remember_own(msg.id, head=int(sent[0]))
+                    if i == 0 and reply.inbound.sender.isdigit():
+                        self._answered[msg.id] = int(reply.inbound.sender)
+                        while len(self._answered) > self._config.remembered_messages:
+                            self._answered.popitem(last=False)
             if reply.attachments:
-                sent += await self._send_attachments(client, reply)
+                recent = self._recent.get(reply.inbound.message_id or "")
+                for msg in await send_attachments(
+                    client, reply, recent, limit=self._config.upload_limit
+                ):
+                    sent.append(str(msg.id))
+                    self._remember_own(msg.id)
         except DELIVERY_ERRORS as exc:
             log.warning(
                 "delivery to %s failed after %d message(s): %s",
                 reply.inbound.key,
                 len(sent),
-                _describe(exc),
+                describe(exc),
             )
-            return Delivery(DeliveryStatus.FAILED, tuple(sent), detail=_describe(exc))
+            return Delivery(DeliveryStatus.FAILED, tuple(sent), detail=describe(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
+
+    def stream(self, inbound: Inbound) -> DiscordStream | None:
+        """A streamed answer to ``inbound`` (None when streaming is off or Discord is down)."""
+        client = self._client
+        if not self._config.stream or client is None or client.is_closed():
+            return None
+
+        def on_post(message: discord.Message, head: int) -> None:
+            self._remember_own(message.id, head=head)
+            if message.id == head and inbound.sender.isdigit():
+                self._answered[head] = int(inbound.sender)
+
+        stream = DiscordStream(
+            target=lambda: self._target(client, inbound),
+            max_parts=self._config.max_parts,
+            interval=self._config.stream_edit_seconds,
+            clock=self._clock,
+            sleep=self._sleep,
+            on_post=on_post,
+            note=self._note_for,
+        )
+        stream.first_post = lambda: self._stop_typing(inbound)
+        return stream
+
+    def attach_relay(self, config: RelayConfig) -> DiscordRelay:
+        """The bridge's Discord side, fed by this transport's messages."""
+        self.relay = DiscordRelay(
+            client=lambda: self._client,
+            channels=frozenset(p.discord_channel for p in config.pairs),
+            webhook=config.webhook,
+        )
+        return self.relay
+
+    async def _target(self, client: discord.Client, inbound: Inbound) -> Target:
+        return await reply_target(client, inbound, self._recent.get(inbound.message_id or ""))
+
+    def _note_for(self, reply: Reply) -> str | None:
+        pending = self._notes.pop(reply.inbound.message_id or "", None)
+        return note_line("; ".join(n for n in (reply.note, pending) if n))
+
+    def _stop_typing(self, inbound: Inbound) -> None:
+        typing = self._typing.pop(inbound.message_id or "", None)
+        if typing is not None and typing.task is not None:
+            typing.task.cancel()  # the answer is visible: no "is typing..." under it
 
     async def stop(self) -> None:
         client, task = self._client, self._task
+        if self._catchup_task is not None and not self._catchup_task.done():
+            self._catchup_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._catchup_task
         if client is not None:
             with contextlib.suppress(*SEND_ERRORS):
                 await asyncio.wait_for(client.close(), timeout=STOP_TIMEOUT)
@@ -314,7 +393,7 @@ class DiscordTransport:
                 )
                 log.warning(
                     "cannot reach Discord to log in (%s); retrying in %.0f s",
-                    _describe(exc),
+                    describe(exc),
                     delay,
                 )
                 await self._sleep(delay)
@@ -331,6 +410,13 @@ class DiscordTransport:
                 len(self._config.channels),
             )
 
+            # A new session (start, or a reconnect Discord could not resume): what was said
+            # meanwhile is read from history. A resumed session replays events by itself.
+            if self._catchup_task is not None and not self._catchup_task.done():
+                self._catchup_task.cancel()
+            self.caught_up.clear()
+            self._catchup_task = asyncio.create_task(self._catch_up(client), name="catch-up")
+
         async def on_message(message: discord.Message) -> None:
             await self._handle(client, message)
 
@@ -338,15 +424,61 @@ class DiscordTransport:
         client.event(on_message)
 
     # --- inbound ----------------------------------------------------------------------------
-    async def _handle(self, client: discord.Client, message: discord.Message) -> None:
+    async def _catch_up(self, client: discord.Client) -> None:
+        # DM channels most recently active first, at most MAX_DM_CHANNELS (one request each)
+        dms = sorted(self._marks.dms, key=lambda c: self._marks.last.get(c, 0), reverse=True)
+        channels = [*self._config.channels, *dms[:MAX_DM_CHANNELS]]
+        channels += [c.id for c in client.private_channels if c.id not in channels]
+        try:
+            await catch_up(
+                client,
+                channel_ids=channels,
+                marks=self._marks,
+                config=self._config.catch_up,
+                known=self._known,
+                handle=lambda m: self._handle(client, m, live=False),
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # task boundary: live messages keep flowing without catch-up
+            log.exception("Discord catch-up failed")
+        self.caught_up.set()
+
+    async def _handle(
+        self, client: discord.Client, message: discord.Message, *, live: bool = True
+    ) -> None:
         try:
             inbound = self._inbound(client, message)
+            relay = self.relay
+            if (
+                live
+                and relay is not None
+                and client.user is not None
+                and message.channel.id in relay.channels
+            ):
+                # Late history (catch-up) is not relayed: the mesh gets live chatter only.
+                relay.offer(
+                    message,
+                    me=client.user.id,
+                    # For the AI (answered here, or @mentioning it where it does not answer):
+                    # never mirrored to the mesh as chatter.
+                    addressed=inbound is not None
+                    or any(u.id == client.user.id for u in message.mentions),
+                    text=readable_text(message, message.content),
+                )
             if inbound is None or self._on_message is None:
                 return
             self._remember(str(message.id), message)
+            if message.attachments:
+                inbound = await self._with_attachments(message, inbound)
             await self._on_message(inbound)
         except Exception:  # event boundary: one bad message must not stop the next
             log.exception("handling Discord message %s failed", message.id)
+        finally:
+            channel = message.channel
+            dm = dm_channel(channel)
+            if dm or channel.id in self._config.channels:
+                self._marks.see(channel.id, message.id, dm=dm)
 
     def _inbound(self, client: discord.Client, message: discord.Message) -> Inbound | None:
         me = client.user
@@ -355,6 +487,13 @@ class DiscordTransport:
         author = message.author
         guild = message.guild
         channel = message.channel
+        # A DM is decided by the channel type, never by ``guild is None``: a message from a
+        # guild discord.py has not cached (yet) has no guild either, and must not be taken for
+        # a DM (answered unaddressed, from the author's DM memory, into a guild channel).
+        is_dm = dm_channel(channel)
+        if not is_dm and guild is None:
+            log.debug("ignoring Discord message %s: its guild is not cached", message.id)
+            return None
         bot_roles = [
             role.id
             for role in message.role_mentions
@@ -374,7 +513,7 @@ class DiscordTransport:
                 or message.webhook_id is not None
                 or message.type not in (discord.MessageType.default, discord.MessageType.reply)
             ),
-            is_dm=guild is None,
+            is_dm=is_dm,
             channel_id=channel.id,
             parent_id=channel.parent_id if isinstance(channel, discord.Thread) else None,
             role_ids=frozenset(r.id for r in getattr(author, "roles", ())),
@@ -388,21 +527,48 @@ class DiscordTransport:
         if str(message.id) in self._recent:
             log.debug("ignoring Discord message %s: already handled", message.id)
             return None
-        text = strip_mentions(message.content, user_ids=[me.id], role_ids=bot_roles)
-        if not text and guild is not None and not seen.mentions_bot:
-            # A reply without a ping arrives empty when the message content intent is off.
+        text = readable_text(
+            message, strip_mentions(message.content, user_ids=[me.id], role_ids=bot_roles)
+        )
+        # A reply without a ping arrives empty when the message content intent is off; a
+        # sticker or an embed alone is no question: neither is announced as "empty".
+        if (
+            not text
+            and not message.attachments
+            and not is_dm
+            and (not seen.mentions_bot or message.stickers or message.embeds)
+        ):
             log.debug("ignoring Discord message %s: no content", message.id)
             return None
+        if isinstance(resolved, discord.Message) and not is_dm:
+            quote = quote_of(resolved, asker=author.id, me=me.id, answered_to=self._answered_to)
+            if quote:
+                text = f"{quote}\n\n{text}".strip()
         return Inbound(
             transport=NAME,
             sender=str(author.id),
             text=text,
-            space=DM_SPACE if guild is None else channel_space(guild.id, channel.id),
+            space=DM_SPACE if is_dm or guild is None else channel_space(guild.id, channel.id),
             message_id=str(message.id),
             reply_to=self._thread_parent(ref),
             sender_name=author.display_name,
             received_at=message.created_at,
         )
+
+    async def _with_attachments(self, message: discord.Message, inbound: Inbound) -> Inbound:
+        text, note, images = await read_attachments(
+            message, inbound.text, budget=self._max_message_chars, vision=self._vision
+        )
+        if note is not None:  # goes with the answer, as its note line
+            self._notes[str(message.id)] = note
+            while len(self._notes) > self._config.remembered_messages:
+                self._notes.popitem(last=False)
+        return replace(inbound, text=text, images=images)
+
+    def _answered_to(self, message_id: int) -> int | None:
+        """Whom the answer containing our message ``message_id`` was for (None: unknown)."""
+        head = self._own.get(message_id)
+        return None if head is None else self._answered.get(head)
 
     def _remember(self, message_id: str, message: discord.Message) -> None:
         self._recent[message_id] = message
@@ -421,88 +587,6 @@ class DiscordTransport:
         while len(self._own) > self._config.remembered_messages:
             self._own.popitem(last=False)
 
-    # --- outbound ---------------------------------------------------------------------------
-    async def _reply_target(
-        self, client: discord.Client, inbound: Inbound
-    ) -> tuple[discord.abc.Messageable, discord.MessageReference | None]:
-        """Where to answer ``inbound`` and the reference that makes it a reply. A message we
-        no longer remember (answered after a restart) is rebuilt from the inbound's ids."""
-        message = self._recent.get(inbound.message_id or "")
-        if message is not None:
-            return message.channel, message.to_reference(fail_if_not_exists=False)
-        channel: discord.abc.Messageable
-        if inbound.is_dm:
-            dm = await client.create_dm(discord.Object(id=int(inbound.sender)))
-            channel, channel_id = dm, dm.id
-        else:
-            found_id = space_channel_id(inbound.space)
-            if found_id is None:
-                raise discord.ClientException(f"not a Discord channel space: {inbound.space!r}")
-            channel_id = found_id
-            found = client.get_channel(channel_id)
-            channel = (
-                found
-                if isinstance(found, discord.abc.Messageable)
-                else client.get_partial_messageable(channel_id)
-            )
-        reference = None
-        if inbound.message_id and inbound.message_id.isdigit():
-            reference = discord.MessageReference(
-                message_id=int(inbound.message_id),
-                channel_id=channel_id,
-                fail_if_not_exists=False,
-            )
-        return channel, reference
-
-    async def _send_attachments(self, client: discord.Client, reply: Reply) -> list[str]:
-        """Private attachments go to the person's DMs; others follow the reply."""
-        inbound = reply.inbound
-        private = [a for a in reply.attachments if a.dm_only or inbound.is_dm]
-        public = [a for a in reply.attachments if not (a.dm_only or inbound.is_dm)]
-        sent: list[str] = []
-        if private:
-            message = self._recent.get(inbound.message_id or "")
-            user: discord.abc.Snowflake = (
-                message.author if message is not None else discord.Object(id=int(inbound.sender))
-            )
-            try:
-                dm = await client.create_dm(user)
-                sent += await self._send_files(dm, private)
-            except discord.Forbidden:
-                if not inbound.is_dm:
-                    channel, reference = await self._reply_target(client, inbound)
-                    await _post(channel, DM_CLOSED, reference)
-                raise
-        if public:
-            channel, _ = await self._reply_target(client, inbound)
-            sent += await self._send_files(channel, public)
-        return sent
-
-    async def _send_files(
-        self, channel: discord.abc.Messageable, attachments: list[Attachment]
-    ) -> list[str]:
-        sent: list[str] = []
-        for start in range(0, len(attachments), FILES_PER_MESSAGE):
-            batch = attachments[start : start + FILES_PER_MESSAGE]
-            files = [discord.File(io.BytesIO(a.data), filename=a.filename) for a in batch]
-            msg = await channel.send(files=files, allowed_mentions=NO_MENTIONS)
-            sent.append(str(msg.id))
-            self._remember_own(msg.id)
-        return sent
-
-
-async def _post(
-    channel: discord.abc.Messageable,
-    content: str,
-    reference: discord.MessageReference | None,
-) -> discord.Message:
-    """One text message, as a reply when ``reference`` is given; it can ping nobody."""
-    if reference is None:
-        return await channel.send(content, allowed_mentions=NO_MENTIONS)
-    return await channel.send(
-        content, reference=reference, mention_author=False, allowed_mentions=NO_MENTIONS
-    )
-
 
 def build_discord(
     config: DiscordConfig,
@@ -511,6 +595,11 @@ def build_discord(
     client_factory: ClientFactory | None = None,
     sleep: Sleep | None = None,
     rand: Callable[[], float] | None = None,
+    max_message_chars: int = 4000,
+    seen_path: Path | None = None,
+    known: Known | None = None,
+    clock: Callable[[], float] | None = None,
+    vision: bool = False,
 ) -> DiscordTransport:
     """The Discord transport with its token read from ``env[config.token_env]``."""
     token = (env.get(config.token_env) or "").strip() or None
@@ -520,4 +609,9 @@ def build_discord(
         client_factory=client_factory or default_client,
         sleep=sleep or asyncio.sleep,
         rand=rand or random.random,
+        max_message_chars=max_message_chars,
+        seen_path=seen_path,
+        known=known,
+        clock=clock or time.monotonic,
+        vision=vision,
     )

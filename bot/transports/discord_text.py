@@ -1,5 +1,6 @@
 """Discord text fitting: splitting an answer into messages of at most 2,000 characters, and
-stripping the bot's mention from inbound text. Pure functions; no discord import.
+stripping the bot's mention from inbound text, and making inbound markup readable. Pure
+functions; no discord import.
 
 Invariants:
 - Every part ``split_message`` returns is non-empty and at most ``limit`` long, counted in
@@ -15,13 +16,17 @@ Invariants:
   and ended with ``TRUNCATED``. ``fit_text`` is idempotent, and ``split_message(fit_text(t))``
   is exactly what the person receives: the same text, with only the whitespace at each cut
   dropped and the synthetic fence lines added. This is what the responder stores.
+- ``readable`` turns every ``<@id>``, ``<@!id>``, ``<@&id>``, ``<#id>``, custom emoji and
+  timestamp code into the name a person sees (``@Alice``, ``@moderators``, ``#general``,
+  ``:party:``, an ISO date); ids it cannot name become ``@unknown-user`` etc., never a number.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 
 DISCORD_MAX_CHARS = 2000  # per message, for bots
 FENCE = "```"
@@ -177,3 +182,49 @@ def strip_mentions(text: str, *, user_ids: Iterable[int], role_ids: Iterable[int
     for rid in role_ids:
         text = text.replace(f"<@&{rid}>", "")
     return re.sub(r"[ \t]{2,}", " ", text).strip()
+
+
+_MARKUP = re.compile(
+    r"<@!?(?P<user>\d+)>|<@&(?P<role>\d+)>|<#(?P<channel>\d+)>"
+    r"|<a?:(?P<emoji>\w{1,64}):\d+>|<t:(?P<ts>-?\d{1,13})(?::[tTdDfFR])?>"
+)
+
+
+def readable(
+    text: str,
+    *,
+    users: Mapping[int, str],
+    roles: Mapping[int, str],
+    channels: Mapping[int, str],
+) -> str:
+    """``text`` with Discord's mention, emoji and timestamp codes replaced by names."""
+
+    def name(match: re.Match[str]) -> str:
+        if (uid := match["user"]) is not None:
+            return "@" + users.get(int(uid), "unknown-user")
+        if (rid := match["role"]) is not None:
+            return "@" + roles.get(int(rid), "unknown-role")
+        if (cid := match["channel"]) is not None:
+            return "#" + channels.get(int(cid), "unknown-channel")
+        if (emoji := match["emoji"]) is not None:
+            return f":{emoji}:"
+        try:
+            when = datetime.fromtimestamp(int(match["ts"]), UTC)
+        except (OverflowError, OSError, ValueError):
+            return match[0]
+        return when.strftime("%Y-%m-%d %H:%M UTC")
+
+    return _MARKUP.sub(name, text)
+
+
+NOTE_MAX_CHARS = 200
+
+
+def note_line(note: str | None) -> str | None:
+    """A degradation note as one line of Discord subtext (small grey text)."""
+    if not note or not note.strip():
+        return None
+    text = " ".join(note.split())
+    if len(text) > NOTE_MAX_CHARS:
+        text = text[: NOTE_MAX_CHARS - 1] + "…"
+    return f"-# {text}"

@@ -84,6 +84,8 @@ def _is_extender(ch: str) -> bool:
 def _is_pictographic(ch: str) -> bool:
     """An approximation of Extended_Pictographic (emoji and pictographic symbols)."""
     cp = ord(ch)
+    if 0x1F1E6 <= cp <= 0x1F1FF:  # regional indicators (flags) are not Extended_Pictographic
+        return False
     return (
         0x1F000 <= cp <= 0x1FAFF
         or 0x2600 <= cp <= 0x27BF

@@ -14,6 +14,10 @@ Invariants:
 - ``fit``/``fit_more`` are pure and give exactly what ``send`` puts on air; a cut answer ends
   with `` … (!more)`` and the rest is kept by the responder for ``!more``.
 - ``send`` never raises; it returns a ``Delivery`` (DELIVERED / SENT / FAILED / PENDING).
+- Bridge (``relay:``): every text broadcast heard is handed to ``channel_listener`` (when set)
+  as a ``MeshText``, before the answer rules and dedup (the bridge dedups itself);
+  ``broadcast`` queues relayed text in the same fair, paced outbox as replies (refused while
+  the outbox is busy: answers come first).
 - Message text is never logged above DEBUG.
 """
 
@@ -24,12 +28,21 @@ import contextlib
 import logging
 import random
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from bot.bridge import MeshText
 from bot.config import MeshtasticConfig
-from bot.domain import DM_SPACE, Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
+from bot.domain import (
+    DM_SPACE,
+    Delivery,
+    DeliveryStatus,
+    Inbound,
+    Reply,
+    ReplyKind,
+    TransportLimits,
+)
 from bot.errors import TransportError
 from bot.transports.base import OnMessage, Transport, TransportHealth
 from bot.transports.mesh_rules import (
@@ -46,7 +59,14 @@ from bot.transports.mesh_rules import (
     node_num,
     space_channel,
 )
-from bot.transports.mesh_text import MARKER, fit_more, render_parts, split_parts, utf8_len
+from bot.transports.mesh_text import (
+    MARKER,
+    fit,
+    fit_more,
+    render_parts,
+    split_parts,
+    utf8_len,
+)
 from bot.transports.meshtastic_link import (
     EARLY_LIMIT,
     TOPIC_LOST,
@@ -137,6 +157,7 @@ class MeshtasticTransport(MeshOutbox):
         self._traffic = asyncio.Event()
         self._channel_util: float | None = None
         self._dm_channel: dict[int, int] = {}
+        self.channel_listener: Callable[[MeshText], None] | None = None  # the bridge, if any
         self._subscribed = False
         self._closing = _Counter()
         self._broken = ""  # name of a loop that ended with an exception (health: not ok)
@@ -242,6 +263,8 @@ class MeshtasticTransport(MeshOutbox):
         if self._my_num is None:
             return
         verdict = classify(packet, my_num=self._my_num, rules=self._rules)
+        if self.channel_listener is not None:
+            self._tap(packet, addressed=isinstance(verdict, Accepted))
         if isinstance(verdict, Dropped):
             if verdict.reason in QUIET_DROPS or verdict.reason.endswith(
                 "not enabled"
@@ -290,6 +313,92 @@ class MeshtasticTransport(MeshOutbox):
             utf8_len(msg.text),
             max(0, int(packet.get("hopStart", 0)) - int(packet.get("hopLimit", 0))),
         )
+
+    def _tap(self, packet: Mapping[str, Any], *, addressed: bool) -> None:
+        """Hand a channel text broadcast to the bridge (DMs and other ports never)."""
+        decoded = packet.get("decoded")
+        frm = packet.get("from")
+        if (
+            self.channel_listener is None
+            or not isinstance(decoded, Mapping)
+            or decoded.get("portnum") != "TEXT_MESSAGE_APP"
+            or decoded.get("emoji")
+            or packet.get("to") != BROADCAST_NUM
+            or not isinstance(frm, int)
+        ):
+            return
+        text = decoded.get("text")
+        if not isinstance(text, str) or not text.strip():
+            return
+        hop_start = packet.get("hopStart")
+        snr = packet.get("rxSnr")
+        self.channel_listener(
+            MeshText(
+                sender=node_id(frm),
+                short_name=self._short_name(frm),
+                channel=int(packet.get("channel", 0)),
+                packet_id=int(packet.get("id", 0)),
+                text=text.strip(),
+                addressed=addressed,
+                own=frm == self._my_num,
+                via_mqtt=bool(packet.get("viaMqtt")),
+                hops=(
+                    max(0, int(hop_start) - int(packet.get("hopLimit", 0)))
+                    if isinstance(hop_start, int)
+                    else None
+                ),
+                snr=float(snr) if isinstance(snr, int | float) else None,
+            )
+        )
+
+    def _short_name(self, num: int) -> str | None:
+        iface = self._iface
+        try:
+            user = (iface.nodesByNum or {}).get(num, {}).get("user", {}) if iface else {}
+        except AttributeError:
+            return None
+        name = user.get("shortName") if isinstance(user, dict) else None
+        return name if isinstance(name, str) and name.strip() else None
+
+    # --- bridge: relayed text out -------------------------------------------------------------
+    def fit_relay(self, text: str, *, max_parts: int) -> str:
+        return fit(text, chunk_bytes=self._cfg.chunk_bytes, max_parts=max_parts)
+
+    async def broadcast(self, channel: int, text: str, *, person: str, max_parts: int) -> Delivery:
+        """Relayed text as numbered broadcast parts on ``channel``, through the fair, paced
+        outbox (behind and between the bot's answers, never around them)."""
+        if self._loop is None or self._stopping:
+            return Delivery(DeliveryStatus.FAILED, detail="the meshtastic transport is not running")
+        if self.busy_for() is not None:  # answers first: relay only when there is room
+            log.warning("outbox busy (%d waiting); refusing relayed text", len(self._jobs))
+            return Delivery(DeliveryStatus.FAILED, detail="outbox full")
+        texts = render_parts(
+            split_parts(
+                self.fit_relay(text, max_parts=max_parts),
+                chunk_bytes=self._cfg.chunk_bytes,
+                max_parts=max_parts,
+            )
+        )
+        if not texts:
+            return Delivery(DeliveryStatus.FAILED, detail="nothing to send")
+        inbound = Inbound(transport=self.name, sender=person, text="", space=f"ch{channel}")
+        job = _Job(
+            reply=Reply(inbound=inbound, text=text, kind=ReplyKind.NOTICE),
+            person=person,
+            dest=BROADCAST_NUM,
+            channel=channel,
+            want_ack=False,
+            parts=[_Part(i, t) for i, t in enumerate(texts)],
+            enqueued_at=self._clock.monotonic(),
+            future=asyncio.get_running_loop().create_future(),
+        )
+        self._jobs.append(job)
+        self._jobs_changed.set()
+        try:
+            return await asyncio.shield(job.future)
+        except asyncio.CancelledError:
+            self._drop(job)
+            raise
 
     def _sender_name(self, num: int) -> str | None:
         iface = self._iface

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +32,7 @@ TOKEN = "fake-bot-token"
 BOT_ID = 900_000_000_000_000_001
 APP_ID = 900_000_000_000_000_002
 GUILD_ID = 910_000_000_000_000_001
+UNCACHED_GUILD_ID = 910_000_000_000_000_009  # a guild the READY payload does not carry
 CHANNEL_ID = 920_000_000_000_000_001  # allowed in tests
 OTHER_CHANNEL_ID = 920_000_000_000_000_002  # not allowed
 THREAD_ID = 920_000_000_000_000_003  # a thread in CHANNEL_ID
@@ -93,6 +96,7 @@ class FakeDiscord:
         self.close_code: int | None = None  # close the gateway with this code after IDENTIFY
         self.forbidden_channels: set[int] = set()  # POSTs there answer 403
         self.typing_status = 204  # e.g. 500: the typing indicator fails
+        self.upload_limit = 10 * 1024 * 1024  # bytes of files per message; more answers 413
         self.sent: list[Sent] = []
         self.typing: list[int] = []
         self.dm_opened: list[int] = []
@@ -104,6 +108,24 @@ class FakeDiscord:
         self._next_id = int(discord.utils.time_snowflake(datetime.now(UTC)))
         self._runner: web.AppRunner | None = None
         self.sent_event = asyncio.Event()
+        self.history: dict[int, list[Json]] = {}  # channel id -> every message, oldest first
+        self.history_reads: list[tuple[int, dict[str, str]]] = []
+        self.resumable = True  # False: a RESUME is answered "invalid session" (op 9, d=false)
+        self.sessions = 0  # READY payloads sent (new sessions)
+        self._missed: list[tuple[str, Json]] = []  # events while disconnected, for a RESUME
+        # Message edits: recorded with the time of ``clock`` (tests pass the bot's fake clock);
+        # more than ``edit_limit[0]`` edits in ``edit_limit[1]`` seconds in one channel answer
+        # 429 like Discord (discord.py then waits and retries), counted in ``rate_limited``.
+        self.clock: Callable[[], float] = time.monotonic
+        self.edit_limit: tuple[int, float] = (5, 5.0)
+        self.edits: list[tuple[float, int, str]] = []  # (time, message id, new content)
+        self.deleted: list[int] = []
+        self.rate_limited = 0
+        self.reactions: list[tuple[int, str]] = []  # (message id, emoji)
+        self.webhooks_allowed = True  # False: Manage Webhooks missing (403)
+        self.webhooks: dict[int, Json] = {}
+        self.cdn: dict[int, bytes] = {}  # attachment id -> bytes served on the fake CDN
+        self.cdn_reads: list[int] = []
 
     # --- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -114,6 +136,16 @@ class FakeDiscord:
         app.router.add_post("/api/v10/users/@me/channels", self._open_dm)
         app.router.add_post("/api/v10/channels/{cid}/messages", self._post_message)
         app.router.add_post("/api/v10/channels/{cid}/typing", self._typing)
+        app.router.add_get("/attachments/{aid}/{name}", self._attachment)
+        app.router.add_get("/api/v10/channels/{cid}/messages", self._history)
+        app.router.add_patch("/api/v10/channels/{cid}/messages/{mid}", self._edit_message)
+        app.router.add_delete("/api/v10/channels/{cid}/messages/{mid}", self._delete_message)
+        app.router.add_put(
+            "/api/v10/channels/{cid}/messages/{mid}/reactions/{emoji}/@me", self._react
+        )
+        app.router.add_get("/api/v10/channels/{cid}/webhooks", self._list_webhooks)
+        app.router.add_post("/api/v10/channels/{cid}/webhooks", self._create_webhook)
+        app.router.add_post("/api/v10/webhooks/{wid}/{token}", self._execute_webhook)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -152,8 +184,27 @@ class FakeDiscord:
         await self._ws.send_json({"op": 0, "t": event, "s": self._seq, "d": data})
 
     async def say(self, data: Json) -> Json:
-        await self.dispatch("MESSAGE_CREATE", data)
+        """A message posted now: in the channel's history, and on the gateway if the bot has a
+        session (else kept for a RESUME to replay)."""
+        self.history.setdefault(int(data["channel_id"]), []).append(data)
+        if self._ws is None or self._ws.closed:
+            self._missed.append(("MESSAGE_CREATE", data))
+        else:
+            await self.dispatch("MESSAGE_CREATE", data)
         return data
+
+    def post_offline(self, data: Json) -> Json:
+        """A message posted while the bot is away (stopped): only in the channel's history."""
+        self.history.setdefault(int(data["channel_id"]), []).append(data)
+        return data
+
+    async def disconnect(self, code: int = 4000) -> None:
+        """Drop the gateway session the way a network blip does; discord.py reconnects and
+        tries to RESUME (see ``resumable``)."""
+        ws, self._ws = self._ws, None
+        self.ready.clear()
+        if ws is not None:
+            await ws.close(code=code, message=b"dropped by the fake")
 
     async def wait_sent(self, count: int, timeout: float = 5.0) -> list[Sent]:
         """Until the bot has posted ``count`` messages in total."""
@@ -166,6 +217,16 @@ class FakeDiscord:
         await asyncio.wait_for(enough(), timeout)
         return self.sent
 
+    async def wait_content(self, sent: Sent, content: str, timeout: float = 5.0) -> None:
+        """Until ``sent`` shows ``content`` (a streamed answer is edited into its final text)."""
+
+        async def shown() -> None:
+            while sent.content != content:
+                self.sent_event.clear()
+                await self.sent_event.wait()
+
+        await asyncio.wait_for(shown(), timeout)
+
     def guild_message(
         self,
         content: str,
@@ -174,10 +235,15 @@ class FakeDiscord:
         channel_id: int = CHANNEL_ID,
         mention_bot: bool = False,
         roles: tuple[int, ...] = (),
-        reply_to: Sent | None = None,
+        reply_to: Sent | Json | None = None,
+        guild_id: int = GUILD_ID,
+        mentions: tuple[Json, ...] = (),
+        mention_roles: tuple[int, ...] = (),
     ) -> Json:
         data = self._message(content, author or user(ALICE, "alice"), channel_id)
-        data["guild_id"] = str(GUILD_ID)
+        data["guild_id"] = str(guild_id)
+        data["mentions"] = list(mentions)
+        data["mention_roles"] = [str(r) for r in mention_roles]
         data["member"] = {
             "roles": [str(r) for r in roles],
             "joined_at": _now(),
@@ -185,16 +251,17 @@ class FakeDiscord:
             "flags": 0,
         }
         if mention_bot:
-            data["mentions"] = [BOT_USER]
+            data["mentions"] = [BOT_USER, *mentions]
             data["content"] = f"<@{BOT_ID}> {content}"
         if reply_to is not None:
+            ref = self._as_message(reply_to) if isinstance(reply_to, Sent) else reply_to
             data["type"] = 19
             data["message_reference"] = {
-                "message_id": str(reply_to.id),
-                "channel_id": str(reply_to.channel_id),
+                "message_id": ref["id"],
+                "channel_id": ref["channel_id"],
                 "guild_id": str(GUILD_ID),
             }
-            data["referenced_message"] = self._as_message(reply_to)
+            data["referenced_message"] = ref
         return data
 
     def dm_message(
@@ -210,6 +277,136 @@ class FakeDiscord:
             }
             data["referenced_message"] = self._as_message(reply_to)
         return data
+
+    def attachment(self, filename: str, data: bytes, content_type: str | None = None) -> Json:
+        """An attachment object for a message payload, its bytes served by the fake CDN."""
+        aid = self.snowflake()
+        self.cdn[aid] = data
+        url = f"http://127.0.0.1:{self.port}/attachments/{aid}/{filename}"
+        att: Json = {
+            "id": str(aid),
+            "filename": filename,
+            "size": len(data),
+            "url": url,
+            "proxy_url": url,
+        }
+        if content_type is not None:
+            att["content_type"] = content_type
+        return att
+
+    async def _edit_message(self, request: web.Request) -> web.Response:
+        cid, mid = int(request.match_info["cid"]), int(request.match_info["mid"])
+        now = self.clock()
+        count, window = self.edit_limit
+        recent = [
+            t
+            for t, m, _ in self.edits
+            if now - t < window and any(s.id == m and s.channel_id == cid for s in self.sent)
+        ]
+        if len(recent) >= count:
+            self.rate_limited += 1
+            return _json(
+                {"message": "You are being rate limited.", "retry_after": 0.01, "global": False},
+                status=429,
+            )
+        payload = await request.json()
+        content = str(payload.get("content") or "")
+        if len(content) > 2000:
+            return self._error(400, 50035, "Invalid Form Body: content too long")
+        [sent] = [s for s in self.sent if s.id == mid]
+        sent.payload = {**sent.payload, "content": content}
+        self.edits.append((now, mid, content))
+        self.sent_event.set()
+        data = self._message(content, BOT_USER, cid)
+        data["id"] = str(mid)
+        data["edited_timestamp"] = _now()
+        return _json(data)
+
+    async def _delete_message(self, request: web.Request) -> web.Response:
+        mid = int(request.match_info["mid"])
+        self.deleted.append(mid)  # stays in ``sent`` (counts there only grow)
+        return web.Response(status=204)
+
+    async def _react(self, request: web.Request) -> web.Response:
+        from urllib.parse import unquote
+
+        self.reactions.append(
+            (int(request.match_info["mid"]), unquote(request.match_info["emoji"]))
+        )
+        return web.Response(status=204)
+
+    def _webhook(self, cid: int, wid: int) -> Json:
+        return {
+            "id": str(wid),
+            "type": 1,
+            "channel_id": str(cid),
+            "guild_id": str(GUILD_ID),
+            "name": "meshsage relay",
+            "avatar": None,
+            "token": f"token{wid}",
+            "application_id": str(APP_ID),
+            "user": BOT_USER,
+        }
+
+    async def _list_webhooks(self, request: web.Request) -> web.Response:
+        cid = int(request.match_info["cid"])
+        if not self.webhooks_allowed:
+            return self._error(403, 50013, "Missing Permissions")
+        body = [w for w in self.webhooks.values() if w["channel_id"] == str(cid)]
+        return web.Response(
+            body=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+
+    async def _create_webhook(self, request: web.Request) -> web.Response:
+        cid = int(request.match_info["cid"])
+        if not self.webhooks_allowed:
+            return self._error(403, 50013, "Missing Permissions")
+        wid = self.snowflake()
+        self.webhooks[wid] = self._webhook(cid, wid)
+        return _json(self.webhooks[wid])
+
+    async def _execute_webhook(self, request: web.Request) -> web.Response:
+        wid = int(request.match_info["wid"])
+        hook = self.webhooks.get(wid)
+        if hook is None or request.match_info["token"] != hook["token"]:
+            return self._error(404, 10015, "Unknown Webhook")
+        payload = await request.json()
+        cid = int(hook["channel_id"])
+        sent = Sent(channel_id=cid, payload=payload, id=self.snowflake())
+        self.sent.append(sent)
+        self.sent_event.set()
+        author = user(wid, str(payload.get("username") or "hook"), bot=True)
+        data = self._message(str(payload.get("content") or ""), author, cid)
+        data["id"] = str(sent.id)
+        data["webhook_id"] = str(wid)
+        data["guild_id"] = str(GUILD_ID)
+        self.history.setdefault(cid, []).append(data)
+        return _json(data)
+
+    async def _history(self, request: web.Request) -> web.Response:
+        """GET channel messages as Discord answers ``after``/``before``/``limit``: the
+        ``limit`` messages right after ``after`` (or right before ``before``), newest first."""
+        cid = int(request.match_info["cid"])
+        query = dict(request.query)
+        self.history_reads.append((cid, query))
+        limit = int(query.get("limit", "50"))
+        msgs = sorted(self.history.get(cid, []), key=lambda m: int(m["id"]))
+        if "after" in query:
+            picked = [m for m in msgs if int(m["id"]) > int(query["after"])][:limit]
+        else:
+            before = int(query.get("before", str(2**63)))
+            picked = [m for m in msgs if int(m["id"]) < before][-limit:]
+        return web.Response(
+            body=json.dumps(list(reversed(picked))).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+
+    async def _attachment(self, request: web.Request) -> web.Response:
+        aid = int(request.match_info["aid"])
+        self.cdn_reads.append(aid)
+        if aid not in self.cdn:
+            return web.Response(status=404)
+        return web.Response(body=self.cdn[aid])
 
     def _message(self, content: str, author: Json, channel_id: int) -> Json:
         return {
@@ -245,13 +442,26 @@ class FakeDiscord:
             frame = json.loads(msg.data)
             if frame["op"] == 1:
                 await ws.send_json({"op": 11})
+            elif frame["op"] == 6:  # RESUME
+                if not self.resumable:
+                    self._missed.clear()  # what happened meanwhile is only in history now
+                    await ws.send_json({"op": 9, "d": False})
+                    continue
+                self._ws = ws
+                missed, self._missed = self._missed, []
+                for event, data in missed:
+                    await self.dispatch(event, data)
+                await self.dispatch("RESUMED", {})
+                self.ready.set()
             elif frame["op"] == 2:
+                self._missed.clear()  # a new session gets no replay
                 self.identify = frame["d"]
                 if self.close_code is not None:
                     await ws.close(code=self.close_code, message=b"closed by the fake")
                     break
                 self._ws = ws
                 self._seq += 1
+                self.sessions += 1
                 await ws.send_json({"op": 0, "t": "READY", "s": self._seq, "d": self._ready()})
                 self.ready.set()
         return ws
@@ -387,6 +597,8 @@ class FakeDiscord:
                     del key
         else:
             payload = await request.json()
+        if sum(len(blob) for _, blob in files) > self.upload_limit:
+            return self._error(413, 40005, "Request entity too large")
         if len(str(payload.get("content") or "")) > 2000:
             return self._error(400, 50035, "Invalid Form Body: content too long")
         sent = Sent(channel_id=cid, payload=payload, files=files, id=self.snowflake())
@@ -394,6 +606,7 @@ class FakeDiscord:
         self.sent_event.set()
         data = self._message(str(payload.get("content") or ""), BOT_USER, cid)
         data["id"] = str(sent.id)
+        self.history.setdefault(cid, []).append(data)
         data["attachments"] = [
             {
                 "id": str(self.snowflake()),

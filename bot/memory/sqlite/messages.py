@@ -133,6 +133,15 @@ class MessagesMixin(SqliteBase):
                     (conversation_id, reply_to_platform_id),
                 )
                 row = await cur.fetchone()
+                if row is None:  # a later part of a multi-message answer
+                    cur = await db.execute(
+                        "SELECT m.id FROM outbox_parts p JOIN outbox o ON o.id = p.outbox_id "
+                        "JOIN messages m ON m.id = o.answer_id "
+                        "WHERE p.platform_id = ? AND m.conversation_id = ? "
+                        "ORDER BY m.id DESC LIMIT 1",
+                        (reply_to_platform_id, conversation_id),
+                    )
+                    row = await cur.fetchone()
                 parent_id = row[0] if row else None
             cur = await db.execute(
                 "INSERT INTO messages (conversation_id, role, author, text, created_at, tokens,"
@@ -174,6 +183,22 @@ class MessagesMixin(SqliteBase):
             (since, *transports),
         )
         return [(ConversationKey(r[0], r[1], r[2]), msg_from_row(r[3:])) for r in rows]
+
+    async def known_platform_ids(
+        self, transport: str, platform_ids: Sequence[str], *, since: float
+    ) -> set[str]:
+        """Which of ``platform_ids`` are stored for ``transport`` in messages created at or
+        after ``since`` (the window bounds the scan: created_at is indexed)."""
+        if not platform_ids:
+            return set()
+        marks = ",".join("?" * len(platform_ids))
+        rows = await self._all(
+            "SELECT m.platform_id FROM messages m JOIN conversations c "
+            "ON c.id = m.conversation_id WHERE m.created_at >= ? AND c.transport = ? "
+            f"AND m.platform_id IN ({marks})",
+            (since, transport, *platform_ids),
+        )
+        return {str(r[0]) for r in rows}
 
     async def add_messages(
         self, conversation_id: int, rows: Sequence[tuple[str, str, str, int, float]]

@@ -1,0 +1,154 @@
+"""A streamed Discord answer: it appears with the first words and grows by message edits.
+
+Invariants:
+- Rounds of changes (the edit of the growing message, and the post of the next one when it
+  passes 2,000 characters) are at least ``interval`` seconds apart on the injected clock;
+  updates arriving faster are skipped (a later one shows their text), and ``finish`` waits
+  (injected ``sleep``) for the interval before its last round. Discord's own limit (about
+  5 edits per 5 s per channel) is therefore not reached by one answer at the default interval.
+- What is shown is ``split_message`` of the text so far, at most ``max_parts`` messages: a part
+  that passes 2,000 characters continues in a new message. The first message is a reply to
+  the question (no ping); nothing can ping anyone.
+- ``finish(reply)`` makes the messages show exactly ``split_message(reply.text)`` (+ the note
+  line), the fitted text the responder stores: differing parts are edited, missing ones posted,
+  surplus ones (a retry produced a shorter answer) deleted. It returns the ``Delivery`` with
+  every part's id, and never raises for Discord trouble.
+- ``abort`` deletes what was shown (the LLM failed; the person gets the notice instead).
+- A failed edit during streaming stops further streaming edits; ``finish`` still reconciles.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import discord
+
+from bot.domain import Delivery, DeliveryStatus, Reply
+from bot.transports.discord_text import DISCORD_MAX_CHARS, split_message, units
+
+log = logging.getLogger("bot.transport.discord")
+
+Target = Callable[[], Awaitable[tuple[discord.abc.Messageable, discord.MessageReference | None]]]
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+NO_MENTIONS = discord.AllowedMentions.none()
+STREAM_ERRORS: tuple[type[BaseException], ...] = (
+    discord.HTTPException,
+    discord.ClientException,
+    OSError,
+    TimeoutError,
+    ValueError,
+)
+
+
+class DiscordStream:
+    def __init__(
+        self,
+        *,
+        target: Target,
+        max_parts: int,
+        interval: float,
+        clock: Clock,
+        sleep: Sleep,
+        on_post: Callable[[discord.Message, int], None],
+        note: Callable[[Reply], str | None],
+    ) -> None:
+        self._target = target
+        self._max_parts = max_parts
+        self._interval = interval
+        self._clock = clock
+        self._sleep = sleep
+        self._on_post = on_post  # (message, head id): the transport remembers its own posts
+        self._note = note
+        self._messages: list[discord.Message] = []
+        self._shown: list[str] = []
+        self._last: float | None = None
+        self._broken = False
+        self._channel: discord.abc.Messageable | None = None
+        self._reference: discord.MessageReference | None = None
+        self.first_post: Callable[[], None] = lambda: None  # ends the typing indicator
+
+    async def update(self, text: str) -> None:
+        if self._broken or not text.strip():
+            return
+        now = self._clock()
+        if self._last is not None and now - self._last < self._interval:
+            return  # too soon: a later update or finish shows it
+        try:
+            await self._show(split_message(text)[: self._max_parts], final=False)
+        except STREAM_ERRORS as exc:
+            log.debug("streaming edit failed; the final text follows: %s", exc)
+            self._broken = True
+
+    async def finish(self, reply: Reply) -> Delivery:
+        parts = split_message(reply.text)
+        note = self._note(reply)
+        if note is not None:
+            if parts and units(parts[-1] + "\n" + note) <= DISCORD_MAX_CHARS:
+                parts[-1] += "\n" + note
+            else:
+                parts.append(note)
+        if not parts:
+            return Delivery(DeliveryStatus.FAILED, detail="nothing to send (empty reply)")
+        if self._last is not None:
+            wait = self._interval - (self._clock() - self._last)
+            if wait > 0 and parts != self._shown:
+                await self._sleep(wait)
+        try:
+            await self._show(parts, final=True)
+            if reply.progress is not None:  # the answer's row exists only now
+                for i, message in enumerate(self._messages):
+                    await reply.progress(i, str(message.id))
+        except STREAM_ERRORS as exc:
+            log.warning("streamed answer could not be completed: %s", exc)
+            ids = tuple(str(m.id) for m in self._messages)
+            return Delivery(DeliveryStatus.FAILED, ids, detail=str(exc))
+        return Delivery(DeliveryStatus.DELIVERED, tuple(str(m.id) for m in self._messages))
+
+    async def abort(self) -> None:
+        for message in self._messages:
+            try:
+                await message.delete()
+            except STREAM_ERRORS as exc:
+                log.debug("could not delete a partial answer: %s", exc)
+        self._messages, self._shown = [], []
+
+    async def _show(self, parts: list[str], *, final: bool) -> None:
+        if self._channel is None:
+            self._channel, self._reference = await self._target()
+        changed = False
+        for i, part in enumerate(parts):
+            if i < len(self._messages):
+                if self._shown[i] != part:
+                    self._messages[i] = await self._messages[i].edit(
+                        content=part, allowed_mentions=NO_MENTIONS
+                    )
+                    self._shown[i] = part
+                    changed = True
+                continue
+            msg = await self._post(part, first=not self._messages)
+            self._messages.append(msg)
+            self._shown.append(part)
+            self._on_post(msg, self._messages[0].id)
+            changed = True
+        if final:
+            while len(self._messages) > len(parts):
+                await self._messages.pop().delete()
+                self._shown.pop()
+                changed = True
+        if changed:
+            self._last = self._clock()
+
+    async def _post(self, content: str, *, first: bool) -> discord.Message:
+        assert self._channel is not None
+        if first:
+            self.first_post()
+        if first and self._reference is not None:
+            return await self._channel.send(
+                content,
+                reference=self._reference,
+                mention_author=False,
+                allowed_mentions=NO_MENTIONS,
+            )
+        return await self._channel.send(content, allowed_mentions=NO_MENTIONS)
