@@ -39,8 +39,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Test workers (pytest-xdist); JOBS=0 runs in this process (pdb, -x ordering).
+JOBS ?= 2
 unit: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest $(if $(filter 0,$(JOBS)),,-n $(JOBS))
 
 test: lint typecheck unit
 
