@@ -43,8 +43,10 @@ typecheck: $(STAMP)
 postgres-bin:
 	bash .ci/ensure-postgres
 
+# Test workers (pytest-xdist); JOBS=0 runs in this process (pdb, -x ordering).
+JOBS ?= 2
 unit: $(STAMP) postgres-bin
-	$(BIN)/pytest
+	$(BIN)/pytest $(if $(filter 0,$(JOBS)),,-n $(JOBS))
 
 test: lint typecheck unit
 
