@@ -511,3 +511,29 @@ async def test_reply_to_a_later_part_after_a_restart_finds_the_answer(
         # After a restart the transport no longer knows whom that answer was for, so it
         # quotes it (the safe side: the text is visible in the channel anyway).
         assert reply2.text.endswith("\n\npart two?")
+
+
+async def test_an_answer_discord_could_not_take_is_delivered_once_later(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    """Issue 10: an answer produced while Discord cannot be reached stays in the outbox and is
+    posted once when it can (it used to be stored as failed and never posted)."""
+    async with running(tmp_path, fake_llm, fake_discord, discord_keys="  stream: false\n") as rig:
+        fake_discord.drop_posts = 100  # every post dies on the wire for now
+        await fake_discord.say(fake_discord.dm_message("are you there?"))
+        for _ in range(500):  # until the answer has been tried (the gateway event is async)
+            if fake_discord.drop_posts < 100 and rig.app.responder.idle:
+                break
+            await asyncio.sleep(0.01)
+        await rig.app.responder.wait_idle()
+        assert fake_discord.sent == []
+        assert len(await rig.app.store.undelivered(transports=("discord",))) == 1
+        fake_discord.drop_posts = 0  # reachable again: the next outbox round sends it
+        assert await rig.app.responder.redeliver() == 1
+        await rig.app.responder.wait_idle()
+        assert [s.content for s in fake_discord.sent] == ["Hello from fake"]
+        assert await rig.app.responder.redeliver() == 0  # delivered: never twice
+        await rig.app.responder.wait_idle()
+        assert len(fake_discord.sent) == 1
+        assert await rig.app.store.undelivered(transports=("discord",)) == []
+        assert len(fake_llm.chat_requests()) == 1  # the answer was not asked for again

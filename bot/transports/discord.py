@@ -281,13 +281,18 @@ class DiscordTransport:
                     sent.append(str(msg.id))
                     self._remember_own(msg.id)
         except DELIVERY_ERRORS as exc:
+            # Discord unreachable (network, 5xx): the outbox keeps the row and the parts not
+            # yet posted go out on a later try; Discord refusing (403, 404, 400) is final.
+            transient = isinstance(exc, NETWORK_ERRORS)
             log.warning(
-                "delivery to %s failed after %d message(s): %s",
+                "delivery to %s %s after %d message(s): %s",
                 reply.inbound.key,
+                "postponed" if transient else "failed",
                 len(sent),
                 describe(exc),
             )
-            return Delivery(DeliveryStatus.FAILED, tuple(sent), detail=describe(exc))
+            status = DeliveryStatus.PENDING if transient else DeliveryStatus.FAILED
+            return Delivery(status, tuple(sent), detail=describe(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
 
     def stream(self, inbound: Inbound) -> DiscordStream | None:

@@ -97,6 +97,7 @@ class FakeDiscord:
         self.forbidden_channels: set[int] = set()  # POSTs there answer 403
         self.typing_status = 204  # e.g. 500: the typing indicator fails
         self.upload_limit = 10 * 1024 * 1024  # bytes of files per message; more answers 413
+        self.drop_posts = 0  # the next N message posts lose their connection (a network outage)
         self.sent: list[Sent] = []
         self.typing: list[int] = []
         self.dm_opened: list[int] = []
@@ -585,6 +586,11 @@ class FakeDiscord:
 
     async def _post_message(self, request: web.Request) -> web.Response:
         cid = int(request.match_info["cid"])
+        if self.drop_posts > 0:  # the request dies on the wire: no status, nothing posted
+            self.drop_posts -= 1
+            assert request.transport is not None
+            request.transport.close()
+            raise web.HTTPServiceUnavailable()  # never reaches the client
         if cid in self.forbidden_channels:
             return self._error(403, 50007, "Cannot send messages to this user")
         files: list[tuple[str, bytes]] = []
