@@ -11,7 +11,7 @@ RUNTIME := $(VENV)/.runtime
 EXTRAS ?= meshtastic,discord
 SOURCES := bot tests bench tools
 
-.PHONY: run chat test lint typecheck unit constraints bench-pipeline bench-recall \
+.PHONY: run chat test lint typecheck unit postgres-bin constraints bench-pipeline bench-recall \
 	bench-deps-embed bench-prefix bench-real-llm bench-deps-llm clean
 
 $(BIN)/python:
@@ -39,9 +39,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The PostgreSQL tests start their own server from Debian's binaries (installed when root).
+postgres-bin:
+	bash .ci/ensure-postgres
+
 # Test workers (pytest-xdist); JOBS=0 runs in this process (pdb, -x ordering).
 JOBS ?= 2
-unit: $(STAMP)
+unit: $(STAMP) postgres-bin
 	$(BIN)/pytest $(if $(filter 0,$(JOBS)),,-n $(JOBS))
 
 test: lint typecheck unit

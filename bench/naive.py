@@ -12,13 +12,14 @@ from bench.legacy_context import _alternate, _turn_cost
 from bot.llm.port import ChatMessage
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
 from bot.memory.context import AssembledContext, Block, group_turns
-from bot.memory.store import Conversation, SqliteStore, StoredMessage
+from bot.memory.port import MemoryStore
+from bot.memory.store import Conversation, StoredMessage
 
 WHOLE_CONVERSATION = 1 << 62
 
 
 class NaiveContextBuilder:
-    def __init__(self, *, store: SqliteStore, counter: TokenCounter, system_prompt: str) -> None:
+    def __init__(self, *, store: MemoryStore, counter: TokenCounter, system_prompt: str) -> None:
         self._store = store
         self._counter = counter
         self._system_prompt = system_prompt

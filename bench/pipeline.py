@@ -1,7 +1,8 @@
 """Pipeline benchmark: the bot's per-turn memory cost on a large database (issue 2).
 
 Run: ``python -m bench.pipeline [--messages 1000000 --conversations 10000 --turns 2000
---active 200 --db PATH --keep]``.
+--active 200 --db PATH --keep]``. With ``--store postgresql://...`` it measures gateway
+processes sharing that database instead (``bench.gateways``).
 
 Steps, each in its own process so that one step's memory does not show in another's peak RSS:
 1. generate: a synthetic history (``bench.corpus``) through the real migrations, cached under
@@ -587,6 +588,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--docs", default=str(DOCS), help="Markdown file --write-docs updates")
     p.add_argument("--readme", default=str(README), help="README whose table --write-docs updates")
+    p.add_argument(
+        "--store",
+        help="postgresql://user@host/db: measure 1..N gateway processes on it (bench.gateways)",
+    )
+    p.add_argument("--gateways", default="1,2,4", help="with --store: gateway process counts")
+    p.add_argument("--password-env", default="MESHSAGE_PG_PASSWORD", help="with --store")
+    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--of", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--step", default="all", help=argparse.SUPPRESS)
     p.add_argument("--strategy", help=argparse.SUPPRESS)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
@@ -620,6 +629,11 @@ def not_full_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> l
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.store is not None and args.step in ("all", "gw-serve"):
+        from bench import gateways  # PostgreSQL: several gateway processes on one database
+
+        gateways.main(args)
+        return
     if args.step == "generate":
         stats = generate_database(
             Path(args.db), messages=args.messages, conversations=args.conversations, seed=args.seed

@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import re
 import sqlite3
@@ -51,15 +52,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.config import EmbeddingsConfig, RetrievalConfig
 from bot.domain import ConversationKey
 from bot.llm.tokens import make_counter
 from bot.memory.embeddings import Embedder
 from bot.memory.indexer import Indexer
+from bot.memory.open import open_url
 from bot.memory.retrieval import STOPWORDS, Retriever, query_terms
 from bot.memory.store import ASSISTANT, USER, Conversation, SqliteStore, StoredMessage
+
+if TYPE_CHECKING:
+    from bot.memory.postgres import PostgresStore
+
+PASSWORD_ENV = "MESHSAGE_PG_PASSWORD"
 
 BUDGETS = (256, 512, 1024, 2048)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
@@ -243,7 +250,12 @@ class Tally:
 
 
 async def run(
-    path: Path, *, budgets: Sequence[int], methods: Sequence[str], config: RetrievalConfig
+    path: Path,
+    *,
+    budgets: Sequence[int],
+    methods: Sequence[str],
+    config: RetrievalConfig,
+    store_url: str | None = None,
 ) -> tuple[dict[str, Tally], dict[str, Any]]:
     dialogues = load(path)
     counter = make_counter()  # the bot's own counter fills the messages.tokens column
@@ -256,20 +268,27 @@ async def run(
         embedder = LocalEmbedder()
     with tempfile.TemporaryDirectory(prefix="meshsage-recall-") as tmp:
         for dlg in dialogues:
-            store = await SqliteStore.open(Path(tmp) / f"{dlg.sample_id}.db")
+            if store_url is None:
+                store: SqliteStore | PostgresStore = await SqliteStore.open(
+                    Path(tmp) / f"{dlg.sample_id}.db"
+                )
+            else:  # one database; each dialogue forgotten after its questions
+                store = await open_url(store_url, password_env=PASSWORD_ENV, env=os.environ)
             try:
                 await _one(
                     dlg, store, counter, tallies, info, budgets=budgets, config=config,
                     embedder=embedder,
                 )  # fmt: skip
             finally:
+                if store_url is not None:
+                    await store.forget_person("bench", dlg.speaker_a)
                 await store.close()
     return tallies, info
 
 
 async def _one(
     dlg: Dialogue,
-    store: SqliteStore,
+    store: SqliteStore | PostgresStore,
     counter: Any,
     tallies: dict[str, Tally],
     info: dict[str, Any],
@@ -309,13 +328,16 @@ async def _one(
             query_timeout=60.0,  # a CPU model under load; the bot's default is 1 s
         )  # fmt: skip
     stdlib = StdlibBM25(messages) if "bm25-stdlib" in tallies else None
-    raw = sqlite3.connect(store.path)
+    # FTS5's own queries (fts5-bm25, the AND counts) read the SQLite file; on PostgreSQL an
+    # empty in-memory database stands in and those methods are refused in main().
+    raw = sqlite3.connect(store.path if isinstance(store, SqliteStore) else ":memory:")
     end = messages[-1].id + 1
     try:
         for q in dlg.questions:
             info["questions"] += 1
-            info["and_empty"] += fts5_and_finds_nothing(raw, q.text, all_words=False)
-            info["and_all_empty"] += fts5_and_finds_nothing(raw, q.text, all_words=True)
+            if isinstance(store, SqliteStore):
+                info["and_empty"] += fts5_and_finds_nothing(raw, q.text, all_words=False)
+                info["and_all_empty"] += fts5_and_finds_nothing(raw, q.text, all_words=True)
             want = {id_of[e] for e in q.evidence}
             for method, tally in tallies.items():
                 for budget in budgets:
@@ -341,7 +363,7 @@ async def _select(
     budget: int,
     *,
     conv: Conversation,
-    store: SqliteStore,
+    store: SqliteStore | PostgresStore,
     retriever: Retriever | None,
     stdlib: StdlibBM25 | None,
     raw: sqlite3.Connection,
@@ -590,7 +612,14 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
     p.add_argument("--turns", type=int, default=6000, help="--latency: this person's turns")
     p.add_argument("--others", type=int, nargs="+", default=[0, 1_000_000],
                    help="--latency: other people's messages, one run each")  # fmt: skip
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help=f"postgresql://...: on PostgreSQL (password: ${PASSWORD_ENV})",
+    )
     args = p.parse_args(argv)
+    if args.store and "fts5-bm25" in args.methods:
+        p.error("fts5-bm25 reads SQLite's FTS5 directly; leave it out with --store")
     if not args.data.is_file():
         print(f"{args.data}: no such file (pass the path to locomo-dev.json)", file=sys.stderr)
         return 2
@@ -606,15 +635,25 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
         out("\n".join(lines))
         return 0
     tallies, info = asyncio.run(
-        run(args.data, budgets=args.budgets, methods=args.methods, config=config)
+        run(
+            args.data,
+            budgets=args.budgets,
+            methods=args.methods,
+            config=config,
+            store_url=args.store,
+        )
+    )
+    and_counts = (
+        "FTS5's implicit AND: counted on SQLite only"
+        if args.store
+        else f"FTS5's implicit AND finds nothing for "
+        f"{_share(info['and_all_empty'], info['questions'])} of them (all the question's words)"
+        f" and {_share(info['and_empty'], info['questions'])} (content words only)"
     )
     out(
         f"Command: `python -m bench.recall {' '.join(sys.argv[1:] if argv is None else argv)}`"
-        f"  \n{info['turns']} turns, {info['questions']} questions with evidence. FTS5's implicit"
-        f" AND finds nothing for {_share(info['and_all_empty'], info['questions'])} of them"
-        f" (all the question's words) and {_share(info['and_empty'], info['questions'])}"
-        f" (content words only).  \n"
-        f"ours: {config.model_dump()}\n"
+        f"  \n{info['turns']} turns, {info['questions']} questions with evidence. {and_counts}."
+        f"  \nours: {config.model_dump()}\n"
     )
     for method in args.methods:
         out(table(method, tallies[method], args.budgets) + "\n")

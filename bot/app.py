@@ -8,6 +8,8 @@ Invariants:
 - Shutdown order: stop taking turns and finish the ones in flight (replies still go out),
   stop transports, stop background summaries and indexing, close the LLM and embedding
   clients, close the database.
+- The store is SQLite in the state dir unless ``storage.url`` names another file or a
+  PostgreSQL database (several gateways sharing one memory; ``bot.memory.open``).
 - Operations: once the transports run, a ``Monitor`` task checks health, pings the systemd
   watchdog only while healthy, sends STATUS= lines and rewrites the status file in the state
   dir; READY=1 follows the transports' start, STOPPING=1 opens the shutdown. The LLM the gate
@@ -23,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from bot.bridge import Bridge
 from bot.commands import COMMAND_NAMES, Commands
@@ -42,6 +45,7 @@ from bot.memory.facts import FactExtractor
 from bot.memory.indexer import Indexer
 from bot.memory.layers import LayeredContext
 from bot.memory.links import LinkCodes
+from bot.memory.open import open_url
 from bot.memory.retrieval import Retriever
 from bot.memory.sessions import SessionKeeper
 from bot.memory.store import SqliteStore
@@ -53,6 +57,9 @@ from bot.ops.status import STATUS_FILE
 from bot.responder import Responder
 from bot.transports.base import Transport
 
+if TYPE_CHECKING:
+    from bot.memory.postgres import PostgresStore
+
 log = logging.getLogger("bot.app")
 
 DRAIN_SECONDS = 30.0
@@ -63,7 +70,7 @@ MAINTENANCE_INTERVAL = 10.0
 @dataclass
 class App:
     config: Config
-    store: SqliteStore
+    store: SqliteStore | PostgresStore
     llm: LLM
     gate: LLMGate
     counter: TokenCounter
@@ -235,7 +242,16 @@ async def build(
 ) -> App:
     """Wire the app. ``llm``/``transports`` let tests substitute their own; ``only`` limits
     which configured transports are built (``meshsage chat`` uses ["console"])."""
-    store = await SqliteStore.open(config.database_path)
+    if config.storage.url is not None:  # sqlite:///file or postgresql:// (several gateways)
+        store: SqliteStore | PostgresStore = await open_url(
+            config.storage.url,
+            password_env=config.storage.password_env,
+            env=env,
+            gateway=config.storage.gateway
+            or f"{socket.gethostname()}:{config.database_path.parent}",
+        )
+    else:
+        store = await SqliteStore.open(config.database_path)
     try:
         counter = make_counter()
         real_llm = None

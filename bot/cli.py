@@ -1,5 +1,5 @@
 """Command line: ``meshsage run | chat | check-config | doctor | status | backup | restore |
-memory show | memory reindex | memory rebuild | export | import``.
+memory show | memory reindex | memory rebuild | export | import | migrate-store``.
 
 Invariants:
 - This is the only place that configures logging (stderr), sets the umask (0077: state files
@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bot import __version__
 from bot.app import DRAIN_SECONDS, build
@@ -35,6 +36,9 @@ from bot.llm.port import merge_system
 from bot.memory.export import FORMATS, import_document, person_document, read_import, render
 from bot.memory.store import SqliteStore
 from bot.ops import preflight
+
+if TYPE_CHECKING:
+    from bot.memory.postgres import PostgresStore
 
 log = logging.getLogger("bot.cli")
 
@@ -111,6 +115,25 @@ def _parser() -> argparse.ArgumentParser:
         "import", parents=[cfg], help="load a JSON export (one transaction; all or nothing)"
     )
     imp.add_argument("file")
+    move = sub.add_parser(
+        "migrate-store",
+        parents=[common, envf],
+        help="copy every row from one store into an empty one, and verify",
+    )
+    move.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="URL",
+        help="sqlite:///path/to/meshsage.db or postgresql://user@host/db",
+    )
+    move.add_argument("--to", dest="dest", required=True, metavar="URL")
+    move.add_argument(
+        "--password-env",
+        default="MESHSAGE_PG_PASSWORD",
+        metavar="VAR",
+        help="variable holding the PostgreSQL password (if it is set)",
+    )
     return p
 
 
@@ -131,6 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     config_path=args.config, env=env, out=print, interactive=_isatty(sys.stdin)
                 )
             )
+        if args.command == "migrate-store":
+            _setup_logging("DEBUG" if args.verbose else "WARNING")
+            return asyncio.run(_migrate_store(args, env))
         config = load_config(args.config, env=env)
         interactive = _isatty(sys.stdin)
         if args.command in ("run", "chat"):
@@ -442,6 +468,43 @@ async def _memory_reindex(config: Config, args: argparse.Namespace) -> int:
         await app.close()
 
 
+async def _open_store(config: Config) -> SqliteStore | PostgresStore:
+    """The configured store: SQLite in the state dir, or ``storage.url``."""
+    if config.storage.url is None:
+        return await SqliteStore.open(config.database_path)
+    from bot.memory.open import open_url
+
+    return await open_url(
+        config.storage.url,
+        password_env=config.storage.password_env,
+        env=os.environ,
+        gateway=config.storage.gateway,
+    )
+
+
+async def _migrate_store(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from bot.memory.move import bar, copy_store
+    from bot.memory.open import open_url
+
+    var = args.password_env if env.get(args.password_env) is not None else None
+    source = await open_url(args.source, password_env=var, env=env)
+    try:
+        dest = await open_url(args.dest, password_env=var, env=env)
+        try:
+            started = time.monotonic()
+            counts = await copy_store(source, dest, progress=bar(sys.stderr.write))
+        finally:
+            await dest.close()
+    finally:
+        await source.close()
+    print(
+        f"migrate-store: copied and verified {', '.join(f'{n:,} {t}' for t, n in counts.items())}"
+        f" in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
 async def _memory_rebuild(config: Config, args: argparse.Namespace) -> int:
     app = await build(config, env=os.environ, transports=[])
     try:
@@ -471,7 +534,7 @@ async def _memory_rebuild(config: Config, args: argparse.Namespace) -> int:
 
 
 async def _export(config: Config, args: argparse.Namespace) -> int:
-    store = await SqliteStore.open(config.database_path)
+    store = await _open_store(config)
     try:
         doc = await person_document(store, args.transport, args.person)
         if not doc["conversations"]:
@@ -485,7 +548,7 @@ async def _export(config: Config, args: argparse.Namespace) -> int:
 
 async def _import(config: Config, args: argparse.Namespace) -> int:
     doc = read_import(Path(args.file))  # validated before the database is opened
-    store = await SqliteStore.open(config.database_path)
+    store = await _open_store(config)
     try:
         counts = await import_document(store, doc)
     finally:

@@ -356,6 +356,42 @@ class RelayConfig(_Strict):
     show_signal: bool = False  # add hops and SNR to mesh -> Discord posts
 
 
+class StorageConfig(_Strict):
+    """Where the memory lives. Leave out for SQLite in ``state_dir`` (the Pi default); a
+    ``postgresql://user@host:port/database`` URL lets several gateways share one memory."""
+
+    url: str | None = None  # sqlite:///path/to/file.db or postgresql://user@host/db
+    password_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # This gateway's name in a shared database: it delivers its own undelivered replies after
+    # a restart. Keep it stable and unique per gateway. Default: host name and state_dir.
+    gateway: str | None = Field(None, min_length=1, max_length=200)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        scheme, sep, rest = v.partition("://")
+        if not sep or scheme not in ("sqlite", "postgresql", "postgres"):
+            raise ValueError(
+                "must start with sqlite:/// (a file) or postgresql:// "
+                "(e.g. postgresql://meshsage@db.lan/meshsage)"
+            )
+        creds = rest.split("/", 1)[0].rpartition("@")[0]
+        if ":" in creds:
+            raise ValueError(
+                "must not contain a password: put it in an environment variable and name that "
+                "variable in storage.password_env (e.g. password_env: MESHSAGE_PG_PASSWORD)"
+            )
+        if scheme == "sqlite" and not rest.removeprefix("/"):
+            raise ValueError("must name a file, e.g. sqlite:///var/lib/meshsage/meshsage.db")
+        return v
+
+    @property
+    def postgres(self) -> bool:
+        return self.url is not None and self.url.startswith(("postgresql://", "postgres://"))
+
+
 class Config(_Strict):
     state_dir: Path | None = None  # default: $XDG_DATA_HOME/meshsage (~/.local/share/meshsage)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -366,6 +402,7 @@ class Config(_Strict):
     meshtastic: MeshtasticConfig | None = None
     discord: DiscordConfig | None = None
     relay: RelayConfig = RelayConfig()
+    storage: StorageConfig = StorageConfig()
     _source: str = PrivateAttr("<defaults>")
     _env_keys: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -383,6 +420,11 @@ class Config(_Strict):
 
     @property
     def database_path(self) -> Path:
+        """The SQLite file (``storage.url: sqlite:///...`` or the state dir's meshsage.db);
+        with PostgreSQL, its directory still holds exports and the status file."""
+        url = self.storage.url
+        if url is not None and url.startswith("sqlite://"):
+            return Path(url.removeprefix("sqlite://"))
         return (self.state_dir or default_state_dir()) / "meshsage.db"
 
     def enabled_transports(self) -> list[str]:

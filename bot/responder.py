@@ -10,6 +10,9 @@ Invariants:
   question *and its answer* (``recent_messages(before_id=...)``). Each message gets its own
   answer; several waiting messages are never merged (they may be about different things).
 - Commands count against the same per-person rate and queue limits as messages.
+- Across gateways sharing one store, a conversation's turns hold the store's ``turn_lock``
+  and answer only a message still ``pending`` (answered once); a message another gateway
+  stored already (``AlreadyStored``) is dropped quietly.
 - LLM calls go through the gate's foreground lane (bounded; summaries yield to replies).
   A server that refuses the prompt as too long (``ContextTooLong``) gets it once more at two
   thirds of the tokens; its message and the fix are logged. Before calling the LLM, a
@@ -59,13 +62,13 @@ from dataclasses import dataclass, replace
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
 from bot.domain import ConversationKey, Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
-from bot.errors import LLMUnavailable
+from bot.errors import LLMUnavailable, StorageError
 from bot.llm.port import LLM, ContextTooLong
 from bot.llm.tokens import TokenCounter
 from bot.memory.indexer import Indexer
 from bot.memory.layers import LayeredContext
 from bot.memory.port import MemoryStore
-from bot.memory.records import OutboxEntry, OutboxRow, StoredAnswer
+from bot.memory.records import AlreadyStored, OutboxEntry, OutboxRow, StoredAnswer
 from bot.memory.store import USER
 from bot.memory.summary import Summarizer
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
@@ -188,7 +191,11 @@ class Responder:
                 reply_to_platform_id=inbound.reply_to,
                 origin_id=conv.origin_id,
             )
-        except sqlite3.Error as exc:  # disk full, database locked for too long, I/O error
+        except AlreadyStored:  # heard by another gateway too, which stored it and answers it
+            log.debug("message %s from %s heard twice; answered once", inbound.message_id,
+                      inbound.key)  # fmt: skip
+            return
+        except (sqlite3.Error, StorageError) as exc:  # disk full, locked, server unreachable
             log.error("could not store a message from %s: %s", inbound.key, exc)
             await self._notice(inbound, NOT_STORED)
             return
@@ -339,6 +346,17 @@ class Responder:
         return transport.fit(text), None
 
     async def _turn(self, inbound: Inbound, message_id: int) -> None:
+        conv = await self._store.conversation(inbound.key)
+        # Gateways sharing one store take a person's turns one at a time, and a message that
+        # another gateway (or an earlier recovery) answered meanwhile is not answered again.
+        async with self._store.turn_lock(conv.id):
+            found = await self._store.messages_by_ids([message_id])
+            if not found or found[0].status != "pending":
+                log.debug("message %d in %s no longer pending; skipped", message_id, conv.id)
+                return
+            await self._answer(inbound, message_id)
+
+    async def _answer(self, inbound: Inbound, message_id: int) -> None:
         transport = self._transports[inbound.transport]
         if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
             log.warning("outbox of %s full; told %s to try later", transport.name, inbound.key)
@@ -417,7 +435,7 @@ class Responder:
                     origin_id=conv.origin_id,
                 ),
             )
-        except sqlite3.Error as exc:  # disk full: the person still hears why there is no answer
+        except (sqlite3.Error, StorageError) as exc:  # disk full: the person hears why
             log.error("could not store the answer for %s: %s", inbound.key, exc)
             await self._notice(inbound, ANSWER_NOT_STORED)
             return

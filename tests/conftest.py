@@ -14,6 +14,7 @@ from bot.app import App, build
 from bot.config import Config, load_config
 from bot.domain import DM_SPACE, ConversationKey
 from bot.memory.store import SqliteStore
+from tests import pg_server
 from tests.fakes import fake_radio
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
@@ -31,6 +32,14 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
     yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _postgres_server() -> Iterator[None]:
+    """The PostgreSQL server some tests start on first use (tests/pg_server.py) stops with the
+    session."""
+    yield
+    pg_server.stop_shared()
 
 
 @pytest.fixture(autouse=True)
@@ -86,6 +95,7 @@ class Harness:
 
     @property
     def store(self) -> SqliteStore:
+        assert isinstance(self.app.store, SqliteStore)  # harnesses use the default store
         return self.app.store
 
 

@@ -173,6 +173,7 @@ async def test_incognito_stores_nothing_new_and_still_answers(rig: Rig, fake_llm
     await rig.say(rig.mesh, "what was my plan?", sender=MESH.person)
     prompt = json.dumps(fake_llm.chat_requests()[-1]["messages"])
     assert "BLUEBIRD" in prompt and "stored before" in prompt  # held in memory, and the log
+    assert isinstance(rig.app.store, SqliteStore)  # the rig runs on the default store
     db = sqlite3.connect(rig.app.store.path)
     stored = [r[0] for r in db.execute("SELECT text FROM messages")]
     db.close()

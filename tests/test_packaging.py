@@ -28,7 +28,7 @@ def _pins() -> dict[str, str]:
 
 def _requirements() -> list[Requirement]:
     reqs = [Requirement(r) for r in PROJECT["dependencies"]]
-    for extra in ("meshtastic", "discord", "embeddings"):
+    for extra in ("meshtastic", "discord", "embeddings", "postgres"):
         reqs += [Requirement(r) for r in PROJECT["optional-dependencies"][extra]]
     return reqs
 

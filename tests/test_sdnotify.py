@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bot.app import App, build
+from bot.memory.store import SqliteStore
 from bot.ops.monitor import Monitor
 from bot.ops.sdnotify import Notifier
 from bot.ops.status import STATUS_FILE, read
@@ -167,6 +168,7 @@ async def test_no_watchdog_while_the_store_is_wedged(
         healthy = await monitor.tick()
         assert healthy.healthy
         await listener.wait_for("WATCHDOG=1")
+        assert isinstance(app.store, SqliteStore)
         async with app.store._lock:  # a long write holds the store: the query cannot run
             sick = await monitor.tick()
         assert not sick.healthy

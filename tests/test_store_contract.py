@@ -1,6 +1,8 @@
 """Contract suite for the memory port: every MemoryStore implementation must pass it.
 
-Only SQLite exists today; a PostgreSQL store adds itself to ``IMPLEMENTATIONS``.
+SQLite on a file, and PostgreSQL on a real server the suite starts itself (tests/pg_server.py),
+as the bot's unprivileged role; the PostgreSQL runs are skipped, saying why, only when this
+machine cannot start a server.
 """
 
 from __future__ import annotations
@@ -15,13 +17,21 @@ from bot.domain import ConversationKey
 from bot.memory.port import MemoryStore
 from bot.memory.records import OutboxEntry, StoredAnswer
 from bot.memory.store import SqliteStore
+from tests import pg_server
 
 
 async def _sqlite(tmp: Path) -> MemoryStore:
     return await SqliteStore.open(tmp / "contract.db")
 
 
-IMPLEMENTATIONS: dict[str, Callable[[Path], Awaitable[MemoryStore]]] = {"sqlite": _sqlite}
+async def _postgres(tmp: Path) -> MemoryStore:
+    return await pg_server.open_store()
+
+
+IMPLEMENTATIONS: dict[str, Callable[[Path], Awaitable[MemoryStore]]] = {
+    "sqlite": _sqlite,
+    "postgres": _postgres,
+}
 ALICE = ConversationKey("mesh", "!0000abcd")
 BOB = ConversationKey("mesh", "!0000beef")
 

@@ -1,7 +1,7 @@
 """The memory port: what the responder, commands, context and summaries need from a store.
 
-``SqliteStore`` implements it today; a PostgreSQL store for many bots sharing one memory would
-implement the same Protocol and pass the same contract suite (tests/test_store_contract.py).
+``SqliteStore`` (one process on a Pi) and ``PostgresStore`` (several gateways sharing one
+memory) implement it and pass the same contract suite (tests/test_store_contract*.py).
 
 Invariants every implementation keeps:
 - ``add_message`` is durable when it returns; ``answers=`` marks that message answered in the
@@ -28,6 +28,13 @@ Invariants every implementation keeps:
   ``more``) row of a conversation once, then clears it.
 - ``search_terms``, ``outline`` and ``vector_search`` are scoped to one conversation and never
   read other people's rows; ``vector_search`` scores with the cosine similarity, best first.
+- A user message whose platform id the conversation already stored within
+  ``HEARD_WINDOW_SECONDS`` makes ``add_message`` raise ``AlreadyStored`` (a message heard by
+  two gateways is stored, and answered, once).
+- ``turn_lock`` makes a conversation's turns one at a time across every process sharing the
+  store; ``claim`` hands one-off derived work (``SUMMARY_CLAIM``, ``FACTS_CLAIM``) to one
+  holder at a time and never waits.
+- Database failures surface as ``StorageError`` or ``sqlite3.Error`` (SQLite only).
 - ``add_vectors`` skips messages that no longer exist; a message keeps one vector (the newest
   model's), and ``messages_missing_vectors`` lists what a model has not embedded yet.
 - Sessions of a conversation never overlap (``add_session`` returns None instead); they are
@@ -46,6 +53,7 @@ Invariants every implementation keeps:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from bot.domain import ConversationKey
@@ -84,6 +92,10 @@ class MemoryStore(Protocol):
         answers: int | None = None,
         origin_id: int | None = None,
     ) -> int: ...
+
+    def turn_lock(self, conversation_id: int) -> AbstractAsyncContextManager[None]: ...
+
+    def claim(self, kind: int, conversation_id: int) -> AbstractAsyncContextManager[bool]: ...
 
     async def pending_messages(
         self, *, since: float, transports: Sequence[str]

@@ -5,7 +5,7 @@ Invariants: frozen and platform-free; a ``StoredMessage`` is one row of the raw 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,5 +165,23 @@ MSG_COLS = (
 )
 
 
-def msg_from_row(row: Sequence[Any]) -> StoredMessage:
+def msg_from_row(row: Iterable[Any]) -> StoredMessage:
     return StoredMessage(*row)
+
+
+HEARD_WINDOW_SECONDS = 3600.0  # a platform message id heard again within this is a duplicate
+
+
+class AlreadyStored(Exception):
+    """``add_message`` refused a user message this conversation already heard (same platform
+    id within ``HEARD_WINDOW_SECONDS``): another gateway stored it and answers it."""
+
+    def __init__(self, conversation_id: int, platform_id: str) -> None:
+        super().__init__(f"message {platform_id} in conversation {conversation_id} stored already")
+        self.conversation_id = conversation_id
+        self.platform_id = platform_id
+
+
+# One-off derived work a store ``claim`` hands to one process at a time, per conversation.
+SUMMARY_CLAIM = 2
+FACTS_CLAIM = 3

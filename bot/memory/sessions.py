@@ -29,7 +29,7 @@ from bot.llm.port import LLM, ChatMessage
 from bot.llm.tokens import TokenCounter
 from bot.memory.facts import FactExtractor
 from bot.memory.port import MemoryStore
-from bot.memory.records import Session, StoredMessage
+from bot.memory.records import FACTS_CLAIM, Session, StoredMessage
 from bot.memory.schema import FTS_STRIDE
 
 log = logging.getLogger("bot.memory.sessions")
@@ -159,7 +159,17 @@ class SessionKeeper:
     # --- summarizing ------------------------------------------------------------------------
     async def summarize(self, session: Session) -> bool:
         """Title + 2-3 sentences for one closed session, then facts, then the long-term
-        summary. LLM errors propagate (the caller retries at a later tick)."""
+        summary. LLM errors propagate (the caller retries at a later tick). Gateways sharing
+        one store: only the holder of the conversation's ``FACTS_CLAIM`` does it, once."""
+        async with self._store.claim(FACTS_CLAIM, session.conversation_id) as mine:
+            if not mine:
+                return False
+            current = await self._store.sessions(session.conversation_id)
+            if not any(s.id == session.id and s.summary is None for s in current):
+                return False  # another gateway summarized it meanwhile
+            return await self._summarize(session)
+
+    async def _summarize(self, session: Session) -> bool:
         messages = await self._store.messages_between(
             session.conversation_id,
             after_id=session.first_message_id - 1,

@@ -20,6 +20,9 @@ Invariants:
   it is saved up to its last full sentence with a visible "[…]" and a warning. Nothing is
   dropped silently: the log stays the record, and every skip is logged.
 - A summary begun before a ``!reset`` is refused by the store at save time.
+- One summary computation per conversation at a time across gateways sharing the store
+  (``claim(SUMMARY_CLAIM)``); the one that lost the claim skips, and the winner's summary is
+  what the next turn reads.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from bot.llm.gate import BackgroundPreempted
 from bot.llm.port import LLM, TRUNCATED_MARK, ChatMessage
 from bot.llm.tokens import TokenCounter
 from bot.memory.port import MemoryStore
+from bot.memory.records import SUMMARY_CLAIM
 from bot.memory.store import USER, Conversation, StoredMessage, Summary
 
 log = logging.getLogger("bot.memory.summary")
@@ -104,7 +108,14 @@ class Summarizer:
 
     async def refresh(self, conversation: Conversation, *, window_start_id: int) -> bool:
         """Write the messages between the last chapter and the window as a new chapter (if
-        there are at least ``min_evicted``); merge the chapters when they grew too long."""
+        there are at least ``min_evicted``); merge the chapters when they grew too long.
+        Gateways sharing one store: only the one holding the claim computes it."""
+        async with self._store.claim(SUMMARY_CLAIM, conversation.id) as mine:
+            if not mine:
+                return False
+            return await self._refresh(conversation, window_start_id=window_start_id)
+
+    async def _refresh(self, conversation: Conversation, *, window_start_id: int) -> bool:
         chapters = await self._store.summaries(conversation)
         after = max(conversation.reset_after, chapters[-1].last_message_id if chapters else 0)
         pending = await self._store.messages_between(
@@ -129,11 +140,16 @@ class Summarizer:
         log.debug("conversation %d: chapter up to message %d", conversation.id, pending[-1].id)
         total = sum(c.tokens for c in chapters) + self._counter.count(text)
         if total > self._config.max_tokens * MERGE_FACTOR:
-            await self.merge(conversation)
+            await self._merge(conversation)
         return True
 
     async def merge(self, conversation: Conversation) -> bool:
-        """Merge every chapter into one longer-term summary (session end, idle, or too long)."""
+        """Merge every chapter into one longer-term summary (session end, idle, or too long);
+        one gateway at a time, as ``refresh``."""
+        async with self._store.claim(SUMMARY_CLAIM, conversation.id) as mine:
+            return mine and await self._merge(conversation)
+
+    async def _merge(self, conversation: Conversation) -> bool:
         chapters = await self._store.summaries(conversation)
         if len(chapters) < 2:
             return False

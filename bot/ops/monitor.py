@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bot import __version__
 from bot.memory.store import SqliteStore
@@ -27,6 +28,9 @@ from bot.ops import status as status_file
 from bot.ops.metrics import LastError, Latencies
 from bot.ops.sdnotify import Notifier
 from bot.transports.base import Transport, health_of
+
+if TYPE_CHECKING:
+    from bot.memory.postgres import PostgresStore
 
 log = logging.getLogger("bot.ops.monitor")
 
@@ -38,7 +42,7 @@ class Monitor:
         self,
         *,
         notifier: Notifier,
-        store: SqliteStore,
+        store: SqliteStore | PostgresStore,
         transports: Callable[[], Sequence[Transport]],
         status_path: Path,
         latencies: Latencies,
@@ -129,7 +133,10 @@ class Monitor:
             llm_calls=len(self._latencies),
             llm_p50_seconds=self._latencies.percentile(50),
             llm_p95_seconds=self._latencies.percentile(95),
-            database_bytes=_database_bytes(self._store.path),
+            # a shared PostgreSQL database is sized by its server, not by this gateway
+            database_bytes=(
+                _database_bytes(self._store.path) if isinstance(self._store, SqliteStore) else 0
+            ),
             last_error_at=self._last_error.at,
             last_error=self._last_error.text,
             relay=dict(self._relay()) if self._relay is not None else {},

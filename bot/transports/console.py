@@ -23,6 +23,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -77,6 +78,8 @@ class ConsoleTransport:
         self._task: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self._counter = 0
+        # Unique across runs and processes: a store drops a message id it heard before.
+        self._id_prefix = f"console-{os.getpid()}-{time.time_ns():x}"
         self._lines: asyncio.Queue[bytes] = asyncio.Queue()
         self._pump: threading.Thread | None = None
         self._history = history_file
@@ -158,7 +161,7 @@ class ConsoleTransport:
                         sender_name=self._user,
                         space=DM_SPACE,
                         text=text,
-                        message_id=f"console-{self._counter}",
+                        message_id=f"{self._id_prefix}-{self._counter}",
                     )
                 )
                 await self._wait_idle()

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator
 
 from bot.domain import DM_SPACE, Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.text import fit_bytes
 from bot.transports.base import OnMessage
+
+_IDS = itertools.count(1)
 
 
 class FakeTransport:
@@ -66,8 +69,16 @@ class FakeTransport:
     async def wait_closed(self) -> None:
         await self._closed.wait()
 
-    async def say(self, text: str, *, sender: str = "alice", space: str = DM_SPACE) -> None:
-        """Deliver a message to the bot as a person would."""
+    async def say(
+        self,
+        text: str,
+        *,
+        sender: str = "alice",
+        space: str = DM_SPACE,
+        message_id: str | None = None,
+    ) -> None:
+        """Deliver a message to the bot as a person would. Ids are unique across instances
+        (as a platform's are), unless ``message_id`` repeats one on purpose."""
         assert self._on_message is not None, "start() first"
         self._n += 1
         await self._on_message(
@@ -76,7 +87,7 @@ class FakeTransport:
                 sender=sender,
                 space=space,
                 text=text,
-                message_id=f"in-{self._n}",
+                message_id=message_id or f"in-{next(_IDS)}",
                 sender_name=sender,
             )
         )

@@ -45,6 +45,8 @@ class SqliteBase:
         self._lock = asyncio.Lock()
         self._vectors = VectorCache()
         self._data_version: int | None = None
+        self._claims: set[tuple[int, int]] = set()
+        self._turns: dict[int, tuple[asyncio.Lock, int]] = {}  # lock, holders + waiters
 
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -126,6 +128,36 @@ class SqliteBase:
             with contextlib.suppress(sqlite3.Error):  # advisory; closing must still happen
                 await self._db.execute("PRAGMA optimize")
             await self._db.close()
+
+    # --- one process, one writer ----------------------------------------------------------
+    @asynccontextmanager
+    async def turn_lock(self, conversation_id: int) -> AsyncIterator[None]:
+        """A conversation's turn, one holder at a time. One process owns a SQLite file, so an
+        in-process lock is the whole job (kept only while someone holds or waits for it)."""
+        lock, users = self._turns.get(conversation_id, (asyncio.Lock(), 0))
+        self._turns[conversation_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._turns[conversation_id]
+            if users == 1:
+                del self._turns[conversation_id]
+            else:
+                self._turns[conversation_id] = (lock, users - 1)
+
+    @asynccontextmanager
+    async def claim(self, kind: int, conversation_id: int) -> AsyncIterator[bool]:
+        """True unless a task of this process holds the same one-off job right now."""
+        key = (kind, conversation_id)
+        if key in self._claims:
+            yield False
+            return
+        self._claims.add(key)
+        try:
+            yield True
+        finally:
+            self._claims.discard(key)
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[aiosqlite.Connection]:

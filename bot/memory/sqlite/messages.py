@@ -5,6 +5,8 @@ Invariants:
   (window, summaries, retrieval); messages are never edited except their delivery status and
   platform id.
 - ``add_message(answers=...)`` marks the question answered in the same transaction.
+- A user message whose platform id this conversation already stored within
+  ``HEARD_WINDOW_SECONDS`` raises ``AlreadyStored`` and stores nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ import time
 from collections.abc import Sequence
 
 from bot.domain import ConversationKey
-from bot.memory.records import MSG_COLS, Conversation, StoredMessage, msg_from_row
+from bot.memory.records import (
+    HEARD_WINDOW_SECONDS,
+    MSG_COLS,
+    AlreadyStored,
+    Conversation,
+    StoredMessage,
+    msg_from_row,
+)
 from bot.memory.schema import FTS_STRIDE
 from bot.memory.sqlite.base import SqliteBase
 
@@ -98,7 +107,8 @@ class MessagesMixin(SqliteBase):
         """Insert one message. ``answers`` marks that user message answered in the same
         transaction (one commit per stored reply). ``origin_id`` (``Conversation.origin_id``)
         records the linked DM it arrived in; if that link was undone meanwhile (``!unlink``
-        during a turn) the message goes to its own conversation instead."""
+        during a turn) the message goes to its own conversation instead. A user message heard
+        before (same platform id within ``HEARD_WINDOW_SECONDS``) raises ``AlreadyStored``."""
         created = time.time() if created_at is None else created_at
         async with self._tx() as db:
             if origin_id is not None:
@@ -108,6 +118,14 @@ class MessagesMixin(SqliteBase):
                 link = await cur.fetchone()
                 if link is None or link[0] != conversation_id:
                     conversation_id, origin_id = origin_id, None
+            if role == "user" and platform_id is not None:
+                cur = await db.execute(
+                    "SELECT 1 FROM messages WHERE conversation_id = ? AND platform_id = ? "
+                    "AND role = 'user' AND created_at >= ? LIMIT 1",
+                    (conversation_id, platform_id, created - HEARD_WINDOW_SECONDS),
+                )
+                if await cur.fetchone() is not None:
+                    raise AlreadyStored(conversation_id, platform_id)
             if parent_id is None and reply_to_platform_id is not None:
                 cur = await db.execute(
                     "SELECT id FROM messages WHERE conversation_id = ? AND platform_id = ? "

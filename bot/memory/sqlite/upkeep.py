@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from bot.memory.records import ForgetReport
 from bot.memory.sqlite.base import SqliteBase
@@ -103,6 +104,49 @@ class UpkeepMixin(SqliteBase):
             with contextlib.suppress(OSError):
                 if wal.stat().st_size > WAL_FORCE_BYTES:
                     await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # --- moving (bot.memory.move) -----------------------------------------------------------
+    async def table_columns(self, table: str) -> list[str]:
+        """Column names of ``table`` in order; empty if there is no such table."""
+        rows = await self._all(f"PRAGMA table_info({table})")
+        return [str(r[1]) for r in rows]
+
+    async def update_rows(
+        self, table: str, key: str, column: str, rows: list[tuple[Any, Any]]
+    ) -> None:
+        """Set ``column`` from (key, value) pairs (references written after every row)."""
+        async with self._tx() as db:
+            await db.executemany(
+                f"UPDATE {table} SET {column} = ? WHERE {key} = ?", [(v, k) for k, v in rows]
+            )
+
+    async def count_rows(self, table: str) -> int:
+        row = await self._one(f"SELECT count(*) FROM {table}")
+        return int(row[0]) if row else 0
+
+    async def export_rows(
+        self, table: str, key: str, columns: tuple[str, ...], *, after: int, limit: int
+    ) -> list[tuple[Any, ...]]:
+        rows = await self._all(
+            f"SELECT {', '.join(columns)} FROM {table} WHERE {key} > ? ORDER BY {key} LIMIT ?",
+            (after, limit),
+        )
+        return [tuple(r) for r in rows]
+
+    async def import_rows(
+        self, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
+    ) -> None:
+        """Insert rows with their ids (the FTS triggers index messages as they arrive)."""
+        marks = ", ".join("?" * len(columns))
+        async with self._tx() as db:
+            await db.executemany(
+                f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows
+            )
+
+    async def finish_import(self) -> None:
+        async with self._lock:
+            await self._db.execute("INSERT INTO messages_fts (messages_fts) VALUES ('optimize')")
+            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def messages_since(self, since: float) -> dict[str, int]:
         """Messages per role created at or after ``since`` (the status file's daily counts)."""

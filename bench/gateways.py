@@ -1,0 +1,301 @@
+"""Pipeline benchmark on PostgreSQL: per-turn overhead and turns/s with 1..N gateway processes
+sharing one database (issue 14). ``python -m bench.pipeline --store postgresql://...`` runs it.
+
+Steps:
+1. the synthetic history of ``bench.pipeline`` (same generator, same cache under
+   ``bench/results/``), copied into the PostgreSQL database once with ``bot.memory.move`` (the
+   code behind ``meshsage migrate-store``); a database already holding that history is reused.
+2. one fake LLM process, answering at once over loopback HTTP, as in ``bench.pipeline``.
+3. for each gateway count N: N processes, each the real app (``bot.app.build`` with
+   ``storage.url`` set, so a ``PostgresStore`` with its pool and lock connection) driven by an
+   in-process transport. The measured conversations are split between them (each gateway serves
+   its own people, as sites do); every process runs its warm-up, then all start together.
+
+Per turn, as in ``bench.pipeline``: overhead = turn time (inbound stored, turn lock taken,
+context built, LLM answered, reply stored, sent, delivery recorded) minus the LLM call. Turns/s
+is all gateways' measured turns divided by the wall time from the common start to the last
+gateway's end. The PostgreSQL server, the fake LLM and every gateway share this machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.corpus import TRANSPORT, TextGen
+from bench.pipeline import (
+    ROOT,
+    BenchTransport,
+    TimingLLM,
+    Turn,
+    _child,
+    _result_line,
+    bench_config,
+    cache_path,
+    machine_notes,
+    percentile,
+)
+from bot.app import build
+from bot.config import StorageConfig
+from bot.domain import Inbound
+from bot.llm.openai_compat import OpenAICompatLLM
+from bot.memory.move import bar, copy_store
+from bot.memory.open import open_url
+from bot.memory.sqlite import SqliteStore
+
+MARK_START = "<!-- bench:gateways:start -->"
+MARK_END = "<!-- bench:gateways:end -->"
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayRun:
+    gateways: int
+    turns: int
+    messages_in_db: int
+    overhead_p50_ms: float
+    overhead_p99_ms: float
+    turns_per_s: float
+    per_gateway_turns_per_s: float
+
+
+# --- one gateway process ----------------------------------------------------------------------
+async def serve_one(args: argparse.Namespace) -> dict[str, Any]:
+    """Warm up, print READY, wait for a line on stdin, run this gateway's share of turns."""
+    state = Path(tempfile.mkdtemp(prefix="bench-gw-"))
+    config = bench_config(state_dir=state, base_url=args.base_url, strategy="ours").model_copy(
+        update={"storage": StorageConfig(url=args.store, password_env=args.password_env)}
+    )
+    real = OpenAICompatLLM(config=config.llm, env={})
+    llm = TimingLLM(real)
+    transport = BenchTransport(context_tokens=args.context_tokens)
+    app = await build(config, env=os.environ, llm=llm, transports=[transport])
+    rows = await app.store._all(  # the people of the generated history
+        "SELECT person FROM conversations WHERE transport = $1 ORDER BY id", (TRANSPORT,)
+    )
+    people = random.Random(args.seed).sample([r[0] for r in rows], args.active + args.warmup)
+    warm, mine = people[: args.warmup], people[args.warmup :][args.index :: args.of]
+    gen = TextGen(seed=args.seed + args.index)
+    rng = random.Random(args.seed + 100 + args.index)
+    overheads: list[float] = []
+    try:
+        await app.start()
+        count = 0
+
+        async def one_turn(person: str) -> Turn:
+            nonlocal count
+            count += 1
+            inbound = Inbound(
+                transport=TRANSPORT,
+                sender=person,
+                text=gen.user_message(rng),
+                message_id=f"gw{args.index}-{os.getpid()}-{count}",
+                sender_name=f"Person {person}",
+            )
+            llm.foreground.clear()
+            sent = len(transport.sent)
+            t0 = time.perf_counter()
+            await transport.inject(inbound)
+            await app.responder.wait_idle()
+            t1 = time.perf_counter()
+            if len(llm.foreground) != 1 or len(transport.sent) != sent + 1:
+                raise RuntimeError(f"turn {count} did not produce one LLM call and one reply")
+            a, b = llm.foreground[0]
+            return Turn(total=t1 - t0, llm=b - a, before_llm=a - t0, after_llm=t1 - b)
+
+        for i in range(args.warmup // args.of + 1):
+            await one_turn(warm[(i * args.of + args.index) % len(warm)])
+        print("READY", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        started = time.time()
+        for i in range(args.turns // args.of):
+            overheads.append((await one_turn(mine[i % len(mine)])).overhead)
+        ended = time.time()
+    finally:
+        await app.close()
+        await real.close()
+    return {"overheads": overheads, "started": started, "ended": ended}
+
+
+# --- orchestration ----------------------------------------------------------------------------
+def _password_env(args: argparse.Namespace) -> str | None:
+    return args.password_env if os.environ.get(args.password_env) is not None else None
+
+
+async def load(args: argparse.Namespace, db: Path) -> int:
+    """Copy the generated history into the PostgreSQL database unless it is there already;
+    return the number of messages it holds."""
+    pg = await open_url(args.store, password_env=_password_env(args), env=os.environ)
+    try:
+        have = await pg.count_rows("conversations")
+        if have == 0:
+            print(f"loading {db.name} into PostgreSQL (once) ...", flush=True)
+            source = await SqliteStore.open(db)
+            try:
+                t0 = time.perf_counter()
+                await copy_store(source, pg, progress=bar(sys.stdout.write))
+                print(f"loaded in {time.perf_counter() - t0:.0f} s", flush=True)
+            finally:
+                await source.close()
+        elif have != args.conversations:
+            raise SystemExit(
+                f"{args.store} holds {have} conversations, not the {args.conversations} of this "
+                "history. Fix: point --store at an empty database."
+            )
+        # An interrupted earlier run may have left questions pending: a gateway starting now
+        # would answer them (recovery) inside the measured turns. They are not part of this run.
+        await pg._all("UPDATE messages SET status = 'failed' WHERE status = 'pending'")
+        return await pg.count_rows("messages")
+    finally:
+        await pg.close()
+
+
+def run_gateways(args: argparse.Namespace, base_url: str, n: int, messages: int) -> GatewayRun:
+    extra = ["--store", args.store, "--password-env", args.password_env, "--base-url", base_url]
+    procs = [
+        subprocess.Popen(
+            [*_child(args, "gw-serve", *extra), "--index", str(i), "--of", str(n)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(n)
+    ]
+    try:
+        for p in procs:  # every gateway warmed up before any measured turn
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if line.strip() != "READY":
+                raise RuntimeError(f"gateway did not get ready: {line!r}")
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("GO\n")
+            p.stdin.flush()
+        outputs = [p.communicate(timeout=3600)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if any(p.returncode for p in procs):
+        raise RuntimeError("a gateway process failed")
+    parts = [_result_line(out, "GATEWAY") for out in outputs]
+    overheads = [o for part in parts for o in part["overheads"]]
+    wall = max(p["ended"] for p in parts) - min(p["started"] for p in parts)
+    return GatewayRun(
+        gateways=n,
+        turns=len(overheads),
+        messages_in_db=messages,
+        overhead_p50_ms=1000 * percentile(overheads, 50),
+        overhead_p99_ms=1000 * percentile(overheads, 99),
+        turns_per_s=len(overheads) / wall,
+        per_gateway_turns_per_s=len(overheads) / wall / n,
+    )
+
+
+def run_all(args: argparse.Namespace) -> list[GatewayRun]:
+    db = cache_path(args)
+    if not db.exists():
+        db.parent.mkdir(parents=True, exist_ok=True)
+        partial = db.with_name(db.name + ".partial")
+        for leftover in (partial, *(Path(f"{partial}{x}") for x in ("-wal", "-shm"))):
+            leftover.unlink(missing_ok=True)
+        print(f"database: generating {db} ...", flush=True)
+        subprocess.run(_child(args, "generate", "--db", str(partial)), cwd=ROOT, check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+        partial.rename(db)
+    messages = asyncio.run(load(args, db))
+    fake = subprocess.Popen(
+        _child(args, "fake-llm"), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert fake.stdout is not None
+        first = fake.stdout.readline().split()
+        base_url = f"http://127.0.0.1:{first[1]}/v1"
+        runs = []
+        for n in (int(x) for x in args.gateways.split(",")):
+            print(f"{n} gateway(s): {args.turns} turns ...", flush=True)
+            runs.append(run_gateways(args, base_url, n, messages))
+        return runs
+    finally:
+        if fake.stdin is not None:
+            fake.stdin.close()
+        fake.wait(timeout=10)
+
+
+def table(runs: Sequence[GatewayRun]) -> str:
+    lines = [
+        "| gateway processes | overhead p50 ms | overhead p99 ms | turns/s (all) "
+        "| turns/s per gateway | messages in DB |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r.gateways} | {r.overhead_p50_ms:.2f} | {r.overhead_p99_ms:.2f} | "
+            f"{r.turns_per_s:.0f} | {r.per_gateway_turns_per_s:.0f} | {r.messages_in_db:,} |"
+        )
+    return "\n".join(lines)
+
+
+def command_line(args: argparse.Namespace) -> str:
+    return (
+        f"python -m bench.pipeline --store postgresql://... --messages {args.messages} "
+        f"--conversations {args.conversations} --turns {args.turns} --active {args.active} "
+        f"--gateways {args.gateways}"
+    )
+
+
+def write_docs(path: Path, args: argparse.Namespace, runs: Sequence[GatewayRun]) -> None:
+    block = "\n".join([
+        MARK_START,
+        f"Command: `{command_line(args)}` (warm-up {args.warmup} turns, seed {args.seed}); "
+        f"PostgreSQL {args.server_version} on a unix socket, same machine.",
+        "",
+        f"Machine: {machine_notes()}. Date: {time.strftime('%Y-%m-%d')}. 1-minute load "
+        f"average {args.load[0]:.1f} at the start, {args.load[1]:.1f} at the end (other work "
+        "shares this machine: compare runs only at similar load).",
+        "",
+        table(runs),
+        MARK_END,
+    ])  # fmt: skip
+    text = path.read_text()
+    if MARK_START not in text:
+        raise SystemExit(f"{path} has no {MARK_START} marker; add one where the table goes")
+    head, rest = text.split(MARK_START, 1)
+    path.write_text(head + block + rest.split(MARK_END, 1)[1])
+
+
+async def _server_version(args: argparse.Namespace) -> str:
+    pg = await open_url(args.store, password_env=_password_env(args), env=os.environ)
+    try:
+        rows = await pg._all("SHOW server_version")
+        return str(rows[0][0]).split()[0]
+    finally:
+        await pg.close()
+
+
+def main(args: argparse.Namespace) -> None:
+    if args.step == "gw-serve":
+        print("GATEWAY " + json.dumps(asyncio.run(serve_one(args))))
+        return
+    load_before = os.getloadavg()[0]
+    runs = run_all(args)
+    args.load = (load_before, os.getloadavg()[0])
+    print()
+    print(table(runs))
+    print(f"\nmachine: {machine_notes()}")
+    if args.write_docs:
+        args.server_version = asyncio.run(_server_version(args))
+        write_docs(Path(args.readme), args, runs)
+        print(f"wrote the table into {args.readme}")
+    print(json.dumps([asdict(r) for r in runs]))

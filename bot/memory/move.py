@@ -1,0 +1,143 @@
+"""``meshsage migrate-store``: copy one store into another (SQLite <-> PostgreSQL) in one pass.
+
+Invariants:
+- The destination must be empty; the source is only read. Rows keep their ids, so every
+  reference (a message's parent, a summary's range, a vector's message) stays valid.
+- Tables are copied parents first (``ORDER``), each in key order and in batches (bounded
+  memory), with every column both stores have: a column or table the source has and the
+  destination lacks stops the copy before anything is lost (``StorageError``). Columns a store
+  derives itself (PostgreSQL's ``search`` words) are not copied; the destination builds them.
+- References that may point forward (``DEFERRED``: a linked DM's home may be a newer row) are
+  written after every row exists.
+- After the copy, every table's row count in the destination must equal the source's, or the
+  command fails and says so: a partial copy is never reported as done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from bot.errors import StorageError
+
+# (table, key column) parents first; tables a store does not have are skipped.
+ORDER: tuple[tuple[str, str], ...] = (
+    ("conversations", "id"),
+    ("messages", "id"),
+    ("summaries", "id"),
+    ("facts", "id"),
+    ("message_vectors", "message_id"),
+    ("sessions", "id"),
+    ("longterm_summaries", "id"),
+    ("outbox", "id"),
+    ("outbox_parts", "outbox_id"),
+)
+WHOLE = {"outbox_parts"}  # key not unique: copied in one batch (small tables only)
+# Columns one store keeps for itself: PostgreSQL's search words (rebuilt from the row) and the
+# outbox row's gateway (rows copied into PostgreSQL belong to the gateway that migrates them).
+DERIVED = {"search", "gateway"}
+DEFERRED = {("conversations", "merged_into")}
+BATCH = 2000
+
+
+class Movable(Protocol):
+    async def table_columns(self, table: str) -> list[str]: ...
+
+    async def count_rows(self, table: str) -> int: ...
+
+    async def export_rows(
+        self, table: str, key: str, columns: tuple[str, ...], *, after: int, limit: int
+    ) -> list[tuple[Any, ...]]: ...
+
+    async def import_rows(
+        self, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
+    ) -> None: ...
+
+    async def update_rows(
+        self, table: str, key: str, column: str, rows: list[tuple[Any, Any]]
+    ) -> None: ...
+
+    async def finish_import(self) -> None: ...
+
+
+Progress = Callable[[str, int, int], None]  # table, rows done, rows in all tables
+
+
+async def plan(source: Movable, dest: Movable) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(table, key, columns) to copy; refuses a destination that would lose data."""
+    out = []
+    for table, key in ORDER:
+        have = await source.table_columns(table)
+        if not have:
+            continue
+        can = await dest.table_columns(table)
+        lost = [c for c in have if c not in can and c not in DERIVED]
+        if lost:
+            raise StorageError(
+                f"the destination cannot hold {table}.{', '.join(lost)} (its schema is older or "
+                "different). Fix: upgrade meshsage where the destination is used, or migrate "
+                "into a store this version created."
+            )
+        cols = tuple(c for c in have if c not in DERIVED and (table, c) not in DEFERRED)
+        out.append((table, key, cols))
+    return out
+
+
+async def copy_store(source: Movable, dest: Movable, *, progress: Progress) -> dict[str, int]:
+    """Copy every table; return the verified row count per table."""
+    if await dest.count_rows("conversations"):
+        raise StorageError(
+            "the destination store already holds conversations. Fix: migrate into an empty "
+            "database (a new SQLite file, or a new PostgreSQL database)."
+        )
+    tables = await plan(source, dest)
+    counts = {table: await source.count_rows(table) for table, _, _ in tables}
+    total = sum(counts.values())
+    done = 0
+    for table, key, columns in tables:
+        after = -1
+        limit = 1 << 31 if table in WHOLE else BATCH
+        while True:
+            rows = await source.export_rows(table, key, columns, after=after, limit=limit)
+            if not rows:
+                break
+            await dest.import_rows(table, columns, rows)
+            after = int(rows[-1][0])
+            done += len(rows)
+            progress(table, done, total)
+            if table in WHOLE:
+                break
+        for dtable, column in DEFERRED:
+            if dtable == table and column in await source.table_columns(table):
+                await _copy_column(source, dest, table, key, column)
+    await dest.finish_import()
+    for table, want in counts.items():
+        got = await dest.count_rows(table)
+        if got != want:
+            raise StorageError(
+                f"copy incomplete: {table} has {got} rows in the destination, {want} in the "
+                "source. Fix: check the destination's logs, empty it and run again."
+            )
+    return counts
+
+
+async def _copy_column(source: Movable, dest: Movable, table: str, key: str, column: str) -> None:
+    after = -1
+    while rows := await source.export_rows(table, key, (key, column), after=after, limit=BATCH):
+        await dest.update_rows(table, key, column, [r for r in rows if r[1] is not None])
+        after = int(rows[-1][0])
+
+
+def bar(out: Callable[[str], object], width: int = 30) -> Progress:
+    """A one-line progress bar written with ``out`` (stderr), redrawn in place."""
+
+    def show(table: str, done: int, total: int) -> None:
+        frac = done / total if total else 1.0
+        filled = int(frac * width)
+        out(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {frac:6.1%} {done:,}/{total:,} {table:<16}"
+        )
+        if done >= total:
+            out("\n")
+
+    return show

@@ -1,0 +1,33 @@
+"""The PostgreSQL memory store, for several gateways sharing one memory: one module per table
+family, as for SQLite (``bot.memory.sqlite``), sharing one pool (``base``).
+
+Importing this package imports ``asyncpg`` (the optional ``meshsage[postgres]`` extra): only
+``bot.memory.open`` does, and only for a ``postgresql://`` URL, so a Pi never needs it.
+"""
+
+from __future__ import annotations
+
+from bot.memory.postgres.derived import DerivedMixin
+from bot.memory.postgres.identity import IdentityMixin
+from bot.memory.postgres.messages import MessagesMixin
+from bot.memory.postgres.outbox import OutboxMixin
+from bot.memory.postgres.portable import PortableMixin
+from bot.memory.postgres.search import SearchMixin
+from bot.memory.postgres.sessions import SessionsMixin
+from bot.memory.postgres.upkeep import UpkeepMixin
+
+
+class PostgresStore(
+    MessagesMixin,
+    OutboxMixin,
+    SearchMixin,
+    DerivedMixin,
+    SessionsMixin,
+    IdentityMixin,
+    PortableMixin,
+    UpkeepMixin,
+):
+    """Open with ``await PostgresStore.open(url, password=...)``; close with ``close()``."""
+
+
+__all__ = ["PostgresStore"]

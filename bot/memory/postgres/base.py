@@ -1,0 +1,235 @@
+"""The PostgreSQL connections every store table family shares: open (connect, migrate), close,
+transactions, small query helpers, and the cross-process locks of several gateways.
+
+Invariants:
+- Queries go through a small pool; multi-statement writes run in one transaction on one
+  connection (``_tx``). Database errors leave this module as ``StorageError`` whose message
+  says how to fix the problem, so callers handle one error type for both backends.
+- Cross-process locks are PostgreSQL advisory locks held on one dedicated connection per
+  process (``_locks``): a conversation's turn (``turn_lock``, waited for) and one-off derived
+  work (``claim``, never waited for). They are released when the work ends or, if the process
+  dies, when its connection closes; a lock connection that breaks is reported, reopened, and
+  every lock it held is treated as lost (the work it guarded re-checks what it is about to do).
+- The password comes from the caller (the environment), never from the URL in a config file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import Any, Self, TypeAlias, TypeVar
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from bot.errors import StorageError
+from bot.memory.postgres.schema import migrate
+from bot.memory.vectors import VectorCache
+
+log = logging.getLogger("bot.memory")
+
+POOL_SIZE = 8
+LOCK_POLL_SECONDS = (0.02, 0.5)  # first and longest wait between tries of a held turn lock
+TURN_LOCK = 1  # advisory lock class (first key); claims use records.*_CLAIM
+_T = TypeVar("_T")
+
+Row = asyncpg.Record
+Conn: TypeAlias = "PoolConnectionProxy[Row]"
+
+
+def redact(url: str) -> str:
+    """The URL without any password, for messages and logs."""
+    head, sep, tail = url.partition("://")
+    creds, at, rest = tail.rpartition("@")
+    if not at or ":" not in creds:
+        return url
+    return f"{head}{sep}{creds.split(':', 1)[0]}:***@{rest}"
+
+
+class PgBase:
+    """Open with ``await PostgresStore.open(url, password=...)``; close with ``close()``."""
+
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        locks: asyncpg.Connection,
+        url: str,
+        password: str | None,
+        gateway: str,
+    ):
+        self._pool = pool
+        self._locks = locks
+        self._locks_mutex = asyncio.Lock()
+        self._held: dict[tuple[int, int], int] = {}
+        self.url = url
+        self.gateway = gateway  # this process's name among the gateways (its outbox rows)
+        self._password = password
+        self._vectors = VectorCache()
+        self.last_erase = ""  # the status of the last VACUUM after a forget (tests read it)
+        self._vector_marks: dict[tuple[int, str], tuple[int, int, int]] = {}
+
+    # --- lifecycle -------------------------------------------------------------------------
+    @classmethod
+    async def open(
+        cls, url: str, *, password: str | None = None, gateway: str | None = None
+    ) -> Self:
+        """``gateway`` names this gateway for its outbox rows (stable across restarts);
+        default: the host name."""
+        pool: asyncpg.Pool | None = None
+        try:
+            pool = await asyncpg.create_pool(
+                dsn=url, password=password, min_size=1, max_size=POOL_SIZE
+            )
+            assert pool is not None
+            async with pool.acquire() as con:
+                applied = await migrate(con)
+            if applied:
+                log.info("database %s migrated: %s", redact(url), ", ".join(applied))
+            locks = await asyncpg.connect(dsn=url, password=password)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            if pool is not None:
+                await pool.close()
+            raise StorageError(explain(url, exc)) from None
+        return cls(
+            pool=pool,
+            locks=locks,
+            url=url,
+            password=password,
+            gateway=gateway or socket.gethostname(),
+        )
+
+    async def close(self) -> None:
+        self._vectors.clear()
+        try:
+            await self._locks.close()
+        finally:
+            await self._pool.close()
+
+    # --- queries ---------------------------------------------------------------------------
+    async def _run(self, work: Callable[[Conn], Awaitable[_T]]) -> _T:
+        try:
+            async with self._pool.acquire() as con:
+                return await work(con)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            raise StorageError(explain(self.url, exc)) from exc
+
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[Conn]:
+        try:
+            async with self._pool.acquire() as con, con.transaction():
+                yield con
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            raise StorageError(explain(self.url, exc)) from exc
+
+    async def _all(self, sql: str, params: Iterable[Any] = ()) -> list[Row]:
+        args = tuple(params)
+        return await self._run(lambda con: con.fetch(sql, *args))
+
+    async def _one(self, sql: str, params: Iterable[Any] = ()) -> Row | None:
+        args = tuple(params)
+        return await self._run(lambda con: con.fetchrow(sql, *args))
+
+    async def _val(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        args = tuple(params)
+        return await self._run(lambda con: con.fetchval(sql, *args))
+
+    # --- cross-process locks ---------------------------------------------------------------
+    @asynccontextmanager
+    async def turn_lock(self, conversation_id: int) -> AsyncIterator[None]:
+        """This conversation's turn, exclusive across every process on the database: waits
+        (polling a try-lock with backoff, so one connection serves every conversation)."""
+        key = (TURN_LOCK, conversation_id)
+        wait = LOCK_POLL_SECONDS[0]
+        while not await self._try_lock(key):
+            await asyncio.sleep(wait * (0.5 + random.random()))  # jitter: no lockstep polling
+            wait = min(wait * 2, LOCK_POLL_SECONDS[1])
+        try:
+            yield
+        finally:
+            await self._unlock(key)
+
+    @asynccontextmanager
+    async def claim(self, kind: int, conversation_id: int) -> AsyncIterator[bool]:
+        """True when this process got the one-off job ``kind`` for the conversation; False
+        when another process (or task) is doing it now. Never waits."""
+        key = (kind, conversation_id)
+        got = await self._try_lock(key)
+        try:
+            yield got
+        finally:
+            if got:
+                await self._unlock(key)
+
+    async def _try_lock(self, key: tuple[int, int]) -> bool:
+        async with self._locks_mutex:
+            if key in self._held:
+                return False  # session locks are re-entrant; ours must not be
+            got = bool(await self._on_lock_connection("pg_try_advisory_lock", key))
+            if got:
+                self._held[key] = 1
+            return got
+
+    async def _unlock(self, key: tuple[int, int]) -> None:
+        async with self._locks_mutex:
+            if self._held.pop(key, None) is not None:
+                await self._on_lock_connection("pg_advisory_unlock", key)
+
+    async def _on_lock_connection(self, function: str, key: tuple[int, int]) -> Any:
+        sql = f"SELECT {function}($1::int, $2::int)"
+        args = (key[0], key[1] % (1 << 31))
+        try:
+            return await self._locks.fetchval(sql, *args)
+        except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError) as exc:
+            log.warning("the lock connection broke (%s); reopening, held locks are lost", exc)
+            self._held.clear()
+            try:
+                self._locks = await asyncpg.connect(dsn=self.url, password=self._password)
+                return await self._locks.fetchval(sql, *args)
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as again:
+                raise StorageError(explain(self.url, again)) from again
+
+
+async def advance_sequences(con: Conn) -> None:
+    """Move every identity sequence past the ids written explicitly (imports, migrate-store),
+    so new rows never collide with copied ones."""
+    tables = await con.fetch(
+        "SELECT table_name FROM information_schema.columns WHERE table_schema = current_schema() "
+        "AND column_name = 'id' AND is_identity = 'YES'"
+    )
+    for (table,) in tables:
+        await con.execute(
+            f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
+            f"greatest((SELECT max(id) FROM {table}), 1), "
+            f"(SELECT max(id) FROM {table}) IS NOT NULL)"
+        )
+
+
+def explain(url: str, exc: BaseException) -> str:
+    where = redact(url)
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(
+        exc, asyncpg.InvalidPasswordError | asyncpg.InvalidAuthorizationSpecificationError
+    ):
+        return (
+            f"PostgreSQL at {where} refused the login ({text}). Fix: check the user in "
+            "storage.url and the password in the variable named by storage.password_env."
+        )
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        return (
+            f"PostgreSQL at {where}: the bot's role lacks a privilege ({text}). Fix: grant what "
+            "README 'More than one gateway' lists (CONNECT on the database, USAGE and CREATE "
+            "on its schema)."
+        )
+    if isinstance(exc, asyncpg.InvalidCatalogNameError):
+        return f"PostgreSQL at {where}: {text}. Fix: create the database (README lists how)."
+    if isinstance(exc, OSError | asyncpg.PostgresConnectionError | asyncpg.InterfaceError):
+        return (
+            f"cannot reach PostgreSQL at {where} ({text}). Fix: check that the server runs "
+            "and that host and port in storage.url are right."
+        )
+    return f"PostgreSQL error at {where}: {text}."

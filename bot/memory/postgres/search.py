@@ -1,0 +1,170 @@
+"""Full-text lookups and vectors on PostgreSQL: what retrieval ranks over, always scoped to one
+conversation.
+
+Invariants:
+- ``search_terms`` and ``outline`` read one conversation's id range only; ranking happens in
+  ``bot.memory.retrieval`` with that conversation's own statistics, exactly as on SQLite.
+- A term matches where FTS5 would match it as a quoted phrase: it is folded like the text
+  (``words.fold``) and looked up as a phrase query over the stemmed words, each keyed by the
+  conversation as the stored words are (schema ``002_keyed_search``): the GIN index then hands
+  out this conversation's entries for the word, never every person's.
+- Vector search runs in process (``bot.memory.vectors``), as on SQLite: vectors are stored as
+  float32 bytes, and a conversation's cached matrix is used only while that conversation's
+  vectors of that model still have the same count and id sum and maximum in the database
+  (another gateway may have added or deleted some); otherwise it is reloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from bot.memory.postgres.base import PgBase
+from bot.memory.postgres.messages import M_COLS, MAX_ID
+from bot.memory.postgres.words import fold
+from bot.memory.records import StoredMessage, msg_from_row
+from bot.memory.vectors import VectorMatrix, as_vectors, pack, unit
+
+# Each term as a phrase query whose words carry this conversation's key ("<id>_<word>"), as the
+# stored words do (schema 002_keyed_search). "id + 0" keeps the range check but stops a generic
+# (prepared) plan from walking the primary key in id order and filtering every row (seconds at
+# 1M messages). Measured on 300 queries among 1M messages, interleaved, loaded machine: p50
+# 5.7 ms, p99 39 ms, against 6.0 / 170 ms with the plain range.
+_TERM_SQL = r"""
+SELECT t.i, m.id FROM unnest($1::int[], $2::text[]) AS t(i, q)
+CROSS JOIN LATERAL (
+    SELECT id FROM messages WHERE conversation_id = $3 AND id + 0 > $4 AND id + 0 < $5
+    AND search @@ regexp_replace(phraseto_tsquery('meshsage', t.q)::text,
+                                 '''([^'']+)''', '''' || $3::text || '_\1''', 'g')::tsquery
+    ORDER BY id LIMIT $6
+) m
+"""
+
+
+class SearchMixin(PgBase):
+    # --- full-text search -------------------------------------------------------------------
+    async def search_terms(
+        self,
+        conversation_id: int,
+        terms: Sequence[str],
+        *,
+        after_id: int,
+        before_id: int,
+        limit_per_term: int = 5000,
+    ) -> list[list[int]]:
+        """For each term, the ids of this conversation's messages in (after_id, before_id) whose
+        text or meta (author, date) contains it, stemmed. One round trip for all terms."""
+        if not terms:
+            return []
+        folded = [fold(t) for t in terms]
+        asked = [i for i, f in enumerate(folded) if f]  # nothing left: FTS5 matches nothing too
+        out: list[list[int]] = [[] for _ in terms]
+        if not asked:
+            return out
+        rows = await self._all(
+            _TERM_SQL,
+            (
+                asked,
+                [folded[i] for i in asked],
+                conversation_id,
+                after_id,
+                min(before_id, MAX_ID),
+                limit_per_term,
+            ),
+        )
+        for i, mid in rows:
+            out[int(i)].append(int(mid))
+        return out
+
+    async def outline(
+        self, conversation_id: int, *, after_id: int, before_id: int
+    ) -> list[tuple[int, str, int]]:
+        """(id, role, tokens) of this conversation's messages in (after_id, before_id), in
+        order: the shape retrieval ranks over (lengths, neighbours, question/answer pairs)."""
+        rows = await self._all(
+            "SELECT id, role, tokens FROM messages WHERE conversation_id = $1 AND id > $2 "
+            "AND id < $3 ORDER BY id",
+            (conversation_id, after_id, min(before_id, MAX_ID)),
+        )
+        return [(int(r[0]), str(r[1]), int(r[2])) for r in rows]
+
+    # --- vectors (memory.embeddings) --------------------------------------------------------
+    async def add_vectors(self, rows: Sequence[tuple[int, int, str, Sequence[float]]]) -> int:
+        """Store (message_id, conversation_id, model, vector) rows in one transaction, replacing
+        a message's vector of any model; returns how many were stored. A message that is gone
+        or not in that conversation is skipped."""
+        if not rows:
+            return 0
+        async with self._tx() as con:
+            stored = await con.fetchval(
+                "WITH new AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], "
+                "$4::int[], $5::bytea[]) AS n(mid, cid, model, dim, vec)), "
+                "ins AS (INSERT INTO message_vectors "
+                "(message_id, conversation_id, model, dim, vector) "
+                "SELECT m.id, m.conversation_id, n.model, n.dim, n.vec FROM new n "
+                "JOIN messages m ON m.id = n.mid AND m.conversation_id = n.cid "
+                "ON CONFLICT (message_id) DO UPDATE SET model = EXCLUDED.model, "
+                "dim = EXCLUDED.dim, vector = EXCLUDED.vector, "
+                "conversation_id = EXCLUDED.conversation_id RETURNING 1) "
+                "SELECT count(*) FROM ins",
+                [r[0] for r in rows],
+                [r[1] for r in rows],
+                [r[2] for r in rows],
+                [len(r[3]) for r in rows],
+                [pack(r[3]) for r in rows],
+            )
+        self._vectors.drop({cid for _, cid, _, _ in rows})  # the next search reloads
+        return int(stored)
+
+    async def messages_missing_vectors(
+        self, model: str, *, limit: int, conversation_id: int | None = None, after_id: int = 0
+    ) -> list[StoredMessage]:
+        """Messages after their conversation's reset mark with no vector from ``model``,
+        oldest first, ids above ``after_id`` (a cursor for paging through a backfill)."""
+        rows = await self._all(
+            f"SELECT {M_COLS} FROM messages m JOIN conversations c ON c.id = m.conversation_id "
+            "WHERE m.id > $1 AND ($2::bigint IS NULL OR m.conversation_id = $2) "
+            "AND m.id > c.reset_after AND NOT EXISTS "
+            "(SELECT 1 FROM message_vectors v WHERE v.message_id = m.id AND v.model = $3) "
+            "ORDER BY m.id LIMIT $4",
+            (after_id, conversation_id, model, limit),
+        )
+        return [msg_from_row(r) for r in rows]
+
+    async def vector_search(
+        self,
+        conversation_id: int,
+        query: Sequence[float],
+        *,
+        model: str,
+        after_id: int,
+        before_id: int,
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        """(message id, cosine similarity) best first, among this conversation's messages with
+        after_id < id < before_id that have a vector from ``model``."""
+        q = unit(as_vectors(query))
+        if limit <= 0 or q.ndim != 1 or not q.any():
+            return []
+        row = await self._one(
+            "SELECT count(*), coalesce(sum(message_id), 0), coalesce(max(message_id), 0) "
+            "FROM message_vectors WHERE conversation_id = $1 AND model = $2",
+            (conversation_id, model),
+        )
+        assert row is not None
+        mark = (int(row[0]), int(row[1]), int(row[2]))
+        matrix = self._vectors.get(conversation_id, model)
+        if matrix is None or self._vector_marks.get((conversation_id, model)) != mark:
+            rows = await self._all(
+                "SELECT message_id, dim, vector FROM message_vectors "
+                "WHERE conversation_id = $1 AND model = $2 ORDER BY message_id",
+                (conversation_id, model),
+            )
+            matrix = await asyncio.to_thread(
+                VectorMatrix.from_rows, model, [tuple(r) for r in rows]
+            )
+            if matrix is None:
+                return []
+            self._vectors.put(conversation_id, matrix)
+            self._vector_marks[(conversation_id, model)] = mark
+        return matrix.search(q, after_id=after_id, before_id=before_id, limit=limit)
