@@ -35,6 +35,7 @@ The sending model (README "Reliability" explains it for operators):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections import OrderedDict
@@ -254,29 +255,45 @@ class MeshOutbox(MeshLink):
         for part in parts:
             if job.future.done():  # dropped (send cancelled) while we were writing
                 return True
-            pid = await self._transmit(job, part, deadline)
-            if pid is None:
+            # A part the radio has taken must be recorded before a shutdown stops us (else the
+            # restart sends it again): a cancel waits for this one part to be written and
+            # recorded (bounded by the write's own timeout), then takes effect.
+            step = asyncio.ensure_future(self._send_part(job, part, deadline))
+            try:
+                written = await asyncio.shield(step)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await step
+                raise
+            if not written:
                 return False
-            part.pid, part.sent_at = pid, self._clock.monotonic()
-            part.sends += 1
-            job.cost += 1
-            job.ids.append(str(pid))
-            if job.want_ack:
-                part.state = "flying"
-                self._acks[pid] = (job, part)
-                early = self._recent_routing.pop(pid, None)
-                if early is not None:
-                    self._apply_routing(job, part, *early)
-            else:
-                part.state = "sent"
-            if job.reply.progress is not None:
-                try:
-                    await job.reply.progress(part.index, str(pid))
-                except Exception:  # the store failing must not stop the radio; logged
-                    log.exception("could not record part %d to %s", part.index + 1, job.person)
         job.started = True
         self._reply_cooldown.note(job.person, self._clock.monotonic())
         self._maybe_finish(job)
+        return True
+
+    async def _send_part(self, job: _Job, part: _Part, deadline: float) -> bool:
+        """Write one part and record it (in memory and in the durable outbox)."""
+        pid = await self._transmit(job, part, deadline)
+        if pid is None:
+            return False
+        part.pid, part.sent_at = pid, self._clock.monotonic()
+        part.sends += 1
+        job.cost += 1
+        job.ids.append(str(pid))
+        if job.want_ack:
+            part.state = "flying"
+            self._acks[pid] = (job, part)
+            early = self._recent_routing.pop(pid, None)
+            if early is not None:
+                self._apply_routing(job, part, *early)
+        else:
+            part.state = "sent"
+        if job.reply.progress is not None:
+            try:
+                await job.reply.progress(part.index, str(pid))
+            except Exception:  # the store failing must not stop the radio; logged
+                log.exception("could not record part %d to %s", part.index + 1, job.person)
         return True
 
     def _maybe_finish(self, job: _Job) -> None:
