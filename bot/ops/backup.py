@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bot.errors import StorageError
-from bot.ops.files import private_file
+from bot.files import private_file
 
 LOCK_FILE = "meshsage.lock"
 
