@@ -37,6 +37,7 @@ from bot.llm.port import merge_system
 from bot.memory.export import FORMATS, import_document, person_document, read_import, render
 from bot.memory.store import SqliteStore
 from bot.ops import cli_ops, preflight
+from bot.ops.backup import KEEP_DEFAULT
 
 if TYPE_CHECKING:
     from bot.memory.postgres import PostgresStore
@@ -93,8 +94,8 @@ def _parser() -> argparse.ArgumentParser:
         "file", help="a directory (ending in /: created if missing) for dated files, or a file"
     )
     backup.add_argument(
-        "--keep", type=_positive, default=7, metavar="N",
-        help="into a directory: keep the newest N backups (default 7)",
+        "--keep", type=_positive, default=KEEP_DEFAULT, metavar="N",
+        help=f"into a directory: keep the newest N backups (default {KEEP_DEFAULT})",
     )  # fmt: skip
     backup.add_argument("--force", action="store_true", help="replace an existing backup file")
     restore = sub.add_parser("restore", parents=[cfg], help="replace the database from a backup")

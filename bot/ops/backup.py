@@ -23,6 +23,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -83,8 +84,7 @@ class BackupReport:
     messages: int
 
 
-BACKUP_GLOB = "meshsage-*"
-KEEP_DEFAULT = 7
+KEEP_DEFAULT = 7  # dated backups kept in a directory (`backup --keep N`)
 
 
 def resolve_target(target: str | Path, *, suffix: str = ".db", force: bool = False) -> Path:
@@ -124,12 +124,16 @@ def resolve_target(target: str | Path, *, suffix: str = ".db", force: bool = Fal
 
 def prune(directory: Path, *, keep: int, suffix: str = ".db") -> list[Path]:
     """Remove all but the newest ``keep`` dated backups in ``directory``; returns what went.
-    Only files named like ``backup`` names them are touched."""
-    dated = sorted(
-        (p for p in directory.glob(BACKUP_GLOB + suffix) if p.is_file()),
-        key=lambda p: (p.stat().st_mtime, p.name),
-    )
-    gone = dated[: max(0, len(dated) - keep)]
+    Only files named as ``resolve_target`` names them are touched; "newest" is by the name's
+    time stamp and counter (file times can tie within a second)."""
+    pattern = re.compile(r"meshsage-(\d{8}-\d{6})(?:-(\d+))?" + re.escape(suffix))
+    dated: list[tuple[str, int, Path]] = []
+    for p in directory.iterdir():
+        m = pattern.fullmatch(p.name)
+        if m is not None and p.is_file():
+            dated.append((m.group(1), int(m.group(2) or 1), p))
+    dated.sort()
+    gone = [p for _, _, p in dated[: max(0, len(dated) - keep)]]
     for old in gone:
         old.unlink(missing_ok=True)
     return gone
