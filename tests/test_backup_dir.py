@@ -134,3 +134,15 @@ async def test_a_full_disk_keeps_the_earlier_backups(
     assert sorted(tiny_disk.glob("meshsage-*.db")) == first  # not pruned, not replaced
     assert first[0].read_bytes() == before
     assert not [p for p in os.listdir(tiny_disk) if p.endswith(".partial")]
+
+
+async def test_keep_one_always_keeps_the_backup_just_written(tmp_path: Path, state: Path) -> None:
+    # Pruning once freed a name within the same second; the next backup took it, sorted as
+    # the oldest and was pruned at once. Each backup here must survive its own pruning.
+    from bot.ops.backup import backup
+
+    target = tmp_path / "b"
+    for _ in range(6):
+        report = backup(state, f"{target}/", keep=1)
+        assert report.path.is_file()
+        assert list(target.glob("meshsage-*.db")) == [report.path]

@@ -102,12 +102,11 @@ def resolve_target(target: str | Path, *, suffix: str = ".db", force: bool = Fal
                 f"as a user who may (sudo install -d -m 700 -o meshsage {path}), or pick another."
             ) from None
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        chosen = path / f"meshsage-{stamp}{suffix}"
-        n = 2
-        while chosen.exists():  # two backups in one second: both kept
-            chosen = path / f"meshsage-{stamp}-{n}{suffix}"
-            n += 1
-        return chosen
+        # Two backups in one second: both kept, the later one numbered after every file of
+        # that second (even one pruned since, so "newest" by name stays true).
+        taken = [n for s, n, _ in _dated(path, suffix) if s == stamp]
+        n = max(taken, default=0) + 1
+        return path / (f"meshsage-{stamp}{suffix}" if n == 1 else f"meshsage-{stamp}-{n}{suffix}")
     if path.exists() and not force:
         raise StorageError(
             f"{path} already exists; a backup never overwrites one silently. Fix: pass a "
@@ -122,21 +121,26 @@ def resolve_target(target: str | Path, *, suffix: str = ".db", force: bool = Fal
     return path
 
 
-def prune(directory: Path, *, keep: int, suffix: str = ".db") -> list[Path]:
-    """Remove all but the newest ``keep`` dated backups in ``directory``; returns what went.
-    Only files named as ``resolve_target`` names them are touched; "newest" is by the name's
-    time stamp and counter (file times can tie within a second)."""
-    pattern = re.compile(r"meshsage-(\d{8}-\d{6})(?:-(\d+))?" + re.escape(suffix))
-    dated: list[tuple[str, int, Path]] = []
-    for p in directory.iterdir():
-        m = pattern.fullmatch(p.name)
-        if m is not None and p.is_file():
-            dated.append((m.group(1), int(m.group(2) or 1), p))
-    dated.sort()
-    gone = [p for _, _, p in dated[: max(0, len(dated) - keep)]]
+def prune(directory: Path, *, keep: int, suffix: str = ".db", keeping: Path) -> list[Path]:
+    """Remove all but the newest ``keep`` dated backups in ``directory`` (never ``keeping``,
+    the one just written); returns what went. Only files named as ``resolve_target`` names
+    them are touched; "newest" is by the name's time stamp and counter (file times tie)."""
+    dated = [p for _, _, p in sorted(_dated(directory, suffix)) if p != keeping]
+    gone = dated[: max(0, len(dated) + 1 - keep)]
     for old in gone:
         old.unlink(missing_ok=True)
     return gone
+
+
+def _dated(directory: Path, suffix: str) -> list[tuple[str, int, Path]]:
+    """(stamp, counter, path) of every dated backup in ``directory``; counter 1 = no suffix."""
+    pattern = re.compile(r"meshsage-(\d{8}-\d{6})(?:-(\d+))?" + re.escape(suffix))
+    found = []
+    for p in directory.iterdir():
+        m = pattern.fullmatch(p.name)
+        if m is not None and p.is_file():
+            found.append((m.group(1), int(m.group(2) or 1), p))
+    return found
 
 
 def backup(
@@ -175,7 +179,7 @@ def backup(
         tmp.unlink(missing_ok=True)
         raise
     if into_dir and keep is not None:
-        prune(target.parent, keep=keep)
+        prune(target.parent, keep=keep, keeping=target)
     return BackupReport(path=target, bytes=target.stat().st_size, messages=messages)
 
 

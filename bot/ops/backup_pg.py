@@ -102,7 +102,7 @@ def dump(
             "names the bot's database."
         )
     if into_dir and keep is not None:
-        prune(path.parent, keep=keep, suffix=SUFFIX)
+        prune(path.parent, keep=keep, suffix=SUFFIX, keeping=path)
     return BackupReport(path=path, bytes=path.stat().st_size, messages=-1)
 
 
