@@ -157,7 +157,9 @@ def redact(url: str) -> str:
     creds, at, where = host.rpartition("@")
     if at and ":" in creds:
         host = f"{creds.split(':', 1)[0]}:***@{where}"
-    return f"{scheme}://{host}{slash}{tail.split('?', 1)[0]}"
+    path, q, query = tail.partition("?")
+    kept = [kv for kv in query.split("&") if kv and not kv.lower().startswith("password=")]
+    return f"{scheme}://{host}{slash}{path}{q if kept else ''}{'&'.join(kept)}"
 
 
 def check(
