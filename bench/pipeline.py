@@ -613,8 +613,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         partial = not_full_run(args, p)
         if partial:
             p.error(
-                "--write-docs publishes the documented figures, so it needs a full run; these options "
-                f"differ from it: {', '.join(partial)}. Fix: drop them, or drop --write-docs."
+                "--write-docs publishes the documented figures, so it needs a full run; "
+                f"these options differ from it: {', '.join(partial)}. "
+                "Fix: drop them, or drop --write-docs."
             )
     return args
 

@@ -376,7 +376,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--turns", type=int, default=64, help="turns per person (at least 60)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--layouts", default=",".join(LAYOUTS))
-    p.add_argument("--write-docs", action="store_true", help="rewrite docs/memory.md's prefix table")
+    p.add_argument(
+        "--write-docs", action="store_true", help="rewrite docs/memory.md's prefix table"
+    )
     args = p.parse_args(argv)
     counter = make_counter()
     results: list[Result] = []

@@ -117,7 +117,10 @@ def test_benchmarks_performance_section_shows_the_latest_table() -> None:
     bench = (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert "\n## Performance\n" in bench
     assert bench.index("## Performance") < bench.index(MARK_START)
-    ours, docs = generated(root / "docs" / "benchmarks.md"), generated(root / "docs" / "pipeline.md")
+    ours, docs = (
+        generated(root / "docs" / "benchmarks.md"),
+        generated(root / "docs" / "pipeline.md"),
+    )
     assert "Command: `python -m bench.pipeline" in ours
     assert "| ours |" in ours and "| naive |" in ours
     assert docs.startswith(ours.rstrip("\n"))  # same run: command, machine and headline table
