@@ -22,6 +22,7 @@ import pytest
 import bot.cli
 from bot.cli import main
 from bot.ops.doctor import Level, check_config
+from tests.fakes.fake_llm import FakeLLM
 
 TCP = "meshtastic: {connection: tcp, host: 192.0.2.1}\n"
 DISCORD = "discord: {}\n"
@@ -222,3 +223,22 @@ async def test_hold_on_config_error_holds_for_every_refusal(
     assert proc.returncode is None, "it should hold, not exit (a restart loop in a container)"
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), 60) == 2
+
+
+async def test_chat_on_a_relay_config_builds_no_bridge(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    # `meshsage chat` builds the console only; a relay config used to fail it with exit 1
+    # ("relay: pairs need both ...") although check-config passed the same file.
+    fake_llm.reply = "hello from the model"
+    path = tmp_path / "config.yaml"
+    path.write_text(TCP + DISCORD + RELAY, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHSAGE_")}
+    env.update(MESHSAGE_STATE_DIR=str(tmp_path / "s"), MESHSAGE_LLM_BASE_URL=fake_llm.base_url,
+               **TOKEN)  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "chat", "--config", str(path),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(b"hi\n"), 60)
+    assert proc.returncode == 0, err.decode()
+    assert "hello from the model" in out.decode()
