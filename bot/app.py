@@ -370,7 +370,8 @@ async def build(
                 _build_transport(name, app, env=env, stdin=stdin, stdout=stdout) for name in names
             ]
         app.transports = transports
-        if config.relay.pairs:
+        # chat, memory tools and reindex build one transport or none: no bridge to make
+        if config.relay.pairs and only is None and transports:
             app.bridge = _build_bridge(config, transports)
             bridge = app.bridge
             commands.stat_sources.append(

@@ -138,6 +138,10 @@ class PgBase:
         args = tuple(params)
         return await self._run(lambda con: con.fetchval(sql, *args))
 
+    async def database_bytes(self) -> int:
+        """The whole database's size on the server (``pg_database_size``), for the monitor."""
+        return int(await self._val("SELECT pg_database_size(current_database())"))
+
     # --- cross-process locks ---------------------------------------------------------------
     @asynccontextmanager
     async def turn_lock(self, conversation_id: int) -> AsyncIterator[None]:
