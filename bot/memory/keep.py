@@ -23,7 +23,7 @@ import json
 from collections.abc import Iterable
 
 OUTBOX_KEEP_SECONDS = 3600.0  # as HEARD_WINDOW_SECONDS: long enough for dedup and !more
-CLAIM_STALE_SECONDS = 15 * 60.0  # longer than any turn (LLM timeout x retries)
+CLAIM_STALE_SECONDS = 300.0  # longer than a turn (default read_timeout 120 s x 2 tries)
 
 
 def outbox_cutoff(now: float) -> float:

@@ -1,0 +1,115 @@
+"""A stored question is answered exactly once across gateways (issue 21 point 3): two real
+``meshsage chat`` processes on one PostgreSQL, the first killed with SIGKILL while its model
+call is in flight. The other gateway's next turn folds the left question in and marks it
+answered (no restart answers it again, after a later one); with no later turn, the question
+stays claimed by the killed gateway until its claim is stale, and its own restart answers it
+once. The compare-and-set claim itself is checked on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bot.memory.keep import CLAIM_STALE_SECONDS
+from bot.memory.port import MemoryStore
+from tests import pg_server
+from tests.fakes.fake_llm import FakeLLM
+from tests.test_gateways import _echo, _gateway_config, _start
+from tests.test_store_contract import ALICE, IMPLEMENTATIONS
+
+pytest.importorskip("asyncpg", reason="PostgreSQL tests need meshsage[postgres]")
+
+
+@pytest.fixture
+async def url() -> AsyncIterator[str]:
+    server = pg_server.shared()
+    name = server.new_database()
+    yield server.url(name)
+    server.drop_database(name)
+
+
+async def _killed_mid_turn(tmp_path: Path, fake_llm: FakeLLM, url: str) -> None:
+    """Gateway one takes "first question", asks the (slow) model, and is killed -9."""
+    fake_llm.reply_fn = _echo
+    fake_llm.script = [("sleep", 25.0)]
+    one = await _start(_gateway_config(tmp_path, "one", fake_llm, url))
+    assert one.stdin is not None
+    one.stdin.write(b"first question\n")
+    await one.stdin.drain()
+    for _ in range(3000):
+        if fake_llm.in_flight or one.returncode is not None:
+            break
+        await asyncio.sleep(0.01)
+    if fake_llm.in_flight != 1:
+        one.kill()
+        raise AssertionError((await one.communicate())[1].decode())
+    one.kill()  # SIGKILL: no shutdown, the question stays pending (claimed by "one")
+    await one.wait()
+
+
+async def _run(tmp_path: Path, name: str, fake_llm: FakeLLM, url: str, text: str) -> str:
+    """Start gateway ``name``, type ``text`` (may be empty), end input; its whole output."""
+    proc = await _start(_gateway_config(tmp_path, name, fake_llm, url))
+    assert proc.stdin is not None
+    if text:
+        proc.stdin.write(text.encode() + b"\n")
+        await proc.stdin.drain()
+    proc.stdin.close()
+    out, err = await asyncio.wait_for(proc.communicate(), 90)
+    assert proc.returncode == 0, err.decode()
+    return out.decode().strip()
+
+
+async def test_a_killed_gateways_question_is_folded_once_never_answered_again(
+    tmp_path: Path, fake_llm: FakeLLM, url: str
+) -> None:
+    await _killed_mid_turn(tmp_path, fake_llm, url)
+    out = await _run(tmp_path, "two", fake_llm, url, "second question")
+    _first, second = fake_llm.chat_requests()
+    asked = second["messages"][-1]["content"]  # the two questions in one user turn
+    assert "first question" in asked and asked.endswith("second question")
+    assert out == f"answer to {asked}"
+    # neither gateway's restart answers the first question again (after the later one)
+    assert await _run(tmp_path, "two", fake_llm, url, "") == ""
+    assert await _run(tmp_path, "one", fake_llm, url, "") == ""
+    assert len(fake_llm.chat_requests()) == 2
+
+
+async def test_a_fresh_claim_is_left_to_its_gateway_which_answers_it_once(
+    tmp_path: Path, fake_llm: FakeLLM, url: str
+) -> None:
+    await _killed_mid_turn(tmp_path, fake_llm, url)
+    assert await _run(tmp_path, "two", fake_llm, url, "") == ""  # one's claim is fresh
+    assert await _run(tmp_path, "one", fake_llm, url, "") == "answer to first question"
+    assert await _run(tmp_path, "two", fake_llm, url, "") == ""
+    assert await _run(tmp_path, "one", fake_llm, url, "") == ""
+    assert len(fake_llm.chat_requests()) == 2  # the killed call and the one answer
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+async def memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
+    store = await IMPLEMENTATIONS[request.param](tmp_path)
+    yield store
+    await store.close()
+
+
+async def test_claim_is_compare_and_set_and_answered_questions_are_never_taken(
+    memory: MemoryStore,
+) -> None:
+    conv = await memory.conversation(ALICE)
+    q = await memory.add_message(conv.id, role="user", author="a", text="q", tokens=1,
+                                 status="pending")  # fmt: skip
+    fresh = time.time() - CLAIM_STALE_SECONDS
+    assert await memory.claim_question(q, stale_before=fresh)
+    assert await memory.claim_question(q, stale_before=fresh)  # ours again: renewed
+    later = await memory.add_message(conv.id, role="user", author="a", text="q2", tokens=1,
+                                     status="pending")  # fmt: skip
+    listed = [m.id for _, m in await memory.pending_messages(since=0, transports=["mesh"])]
+    assert listed == [later]  # the earlier one is folded into the later turn, never alone
+    assert await memory.mark_answered(conv.id, [q]) == 1
+    assert not await memory.claim_question(q, stale_before=time.time() + 1)  # not pending
+    assert await memory.mark_answered(conv.id, [q]) == 0
