@@ -326,7 +326,7 @@ async def build(
             operators=config.bot.operators,
             max_facts=config.memory.max_facts,
             model_name=lambda: gate.model_name,
-            links=LinkCodes(),
+            links=LinkCodes(store),
         )
         responder = Responder(
             store=store,

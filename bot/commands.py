@@ -369,14 +369,14 @@ class Commands:
         if not inbound.is_dm:
             return self._say(f"Send {p}link in a direct message: links join DM memory only.")
         if not arg:
-            code = self._links.issue(inbound.transport, inbound.sender)
+            code = await self._links.issue(inbound.transport, inbound.sender)
             return self._say(
                 f"Your link code is {code}. Within 10 minutes, send {p}link {code} to me from "
                 "your other account (other transport) to share our DM memory. Single use."
             )
-        if not self._links.allowed(inbound.transport, inbound.sender):
+        if not await self._links.allowed(inbound.transport, inbound.sender):
             return self._say("Too many link attempts. Wait 10 minutes, then try a new code.")
-        home = self._links.redeem(arg, inbound.transport)
+        home = await self._links.redeem(arg, inbound.transport, inbound.sender)
         if home is None:
             return self._say(f"That code does not work. Codes last 10 minutes and work once; "
                              f"send {p}link on your other account for a new one.")  # fmt: skip

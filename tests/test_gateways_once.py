@@ -113,3 +113,40 @@ async def test_claim_is_compare_and_set_and_answered_questions_are_never_taken(
     assert await memory.mark_answered(conv.id, [q]) == 1
     assert not await memory.claim_question(q, stale_before=time.time() + 1)  # not pending
     assert await memory.mark_answered(conv.id, [q]) == 0
+
+
+async def test_link_codes_work_across_gateways_and_a_race_has_one_winner(
+    tmp_path: Path, fake_llm: FakeLLM, url: str
+) -> None:
+    """A code from the radio gateway works on the Discord gateway (issue 21 point 4), and the
+    same code sent at once to two gateways links exactly one account."""
+    from bot.app import build
+    from tests.conftest import make_config
+    from tests.fakes.fake_transport import FakeTransport
+
+    fake_llm.reply = "ok"
+    extra = f"storage:\n  url: '{url}'\n  password_env: PW\n"
+    apps, sides = [], []
+    for name, transport in (("radio", "mesh"), ("chat-a", "discord"), ("chat-b", "discord")):
+        side = FakeTransport(name=transport)
+        (tmp_path / name).mkdir()
+        app = await build(make_config(tmp_path / name, fake_llm.base_url, extra),
+                          env={"PW": pg_server.BOT_PASSWORD}, transports=[side])  # fmt: skip
+        await app.start()
+        apps.append(app)
+        sides.append(side)
+    radio, chat_a, chat_b = sides
+    try:
+        await radio.say("!link", sender="!1234abcd")
+        await apps[0].responder.wait_idle()
+        code = radio.texts()[-1].split("code is ")[1][:6]
+        await asyncio.gather(chat_a.say(f"!link {code}", sender="1001"),
+                             chat_b.say(f"!link {code}", sender="2002"))  # fmt: skip
+        for app in apps:
+            await app.responder.wait_idle()
+        answers = [chat_a.texts()[-1], chat_b.texts()[-1]]
+        assert sum(a.startswith("Linked with your mesh account") for a in answers) == 1, answers
+        assert sum(a.startswith("That code does not work") for a in answers) == 1, answers
+    finally:
+        for app in apps:
+            await app.close()

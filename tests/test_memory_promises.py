@@ -96,9 +96,7 @@ async def test_forget_leaves_no_word_in_any_copy(rig: Rig, fake_llm: FakeLLM) ->
     await rig.say(rig.mesh, f"my boat is called {MARKER}", sender=MESH.person)
     await rig.say(rig.mesh, f"!remember my boat is {MARKER}", sender=MESH.person)
     code = (await rig.say(rig.mesh, "!link", sender=MESH.person)).split("code is ")[1][:6]
-    assert (await rig.say(rig.discord, f"!link {code}", sender=DISCORD.person)).startswith(
-        "Linked"
-    )
+    assert (await rig.say(rig.discord, f"!link {code}", sender=DISCORD.person)).startswith("Linked")
     await rig.say(rig.discord, "where do I sail?", sender=DISCORD.person)
     history = await rig.say(rig.discord, "!history 5", sender=DISCORD.person)
     assert MARKER in history  # the Discord side's delivered reply quotes the mesh side
@@ -122,9 +120,7 @@ async def test_forget_on_the_home_side_clears_what_the_other_side_derived(
     fake_llm.reply = "noted"
     await rig.say(rig.discord, f"my boat is called {MARKER}", sender=DISCORD.person)
     code = (await rig.say(rig.mesh, "!link", sender=MESH.person)).split("code is ")[1][:6]
-    assert (await rig.say(rig.discord, f"!link {code}", sender=DISCORD.person)).startswith(
-        "Linked"
-    )
+    assert (await rig.say(rig.discord, f"!link {code}", sender=DISCORD.person)).startswith("Linked")
     store = rig.app.store
     home = await store.conversation(MESH)
     words = [m for m in await store.all_messages(home.id) if MARKER in m.text]

@@ -128,6 +128,64 @@ class IdentityMixin(PgBase):
         )
         return bool(value)
 
+    # --- link codes (bot.memory.links decides; this is the SQL) ------------------------------
+    async def save_link_code(
+        self, code_hash: str, transport: str, person: str, *, expires_at: float, now: float
+    ) -> bool:
+        """Store a new code for the person (replacing theirs; expired ones go); False if the
+        hash is taken by a live code (the caller draws another)."""
+        async with self._tx() as con:
+            await con.execute(
+                "DELETE FROM link_codes WHERE expires_at <= $1 OR (transport = $2 AND person = $3)",
+                now,
+                transport,
+                person,
+            )
+            taken = await con.fetchval(
+                "INSERT INTO link_codes (code_hash, transport, person, expires_at) "
+                "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING 1",
+                code_hash,
+                transport,
+                person,
+                expires_at,
+            )
+            return taken is not None
+
+    async def take_link_code(
+        self, code_hash: str, *, transport: str, now: float
+    ) -> tuple[str, str] | None:
+        """Spend a live code issued on another transport: (transport, person) or None. Two
+        gateways redeeming it at once: the row lock lets one delete it, the other finds none."""
+        async with self._tx() as con:
+            row = await con.fetchrow(
+                "DELETE FROM link_codes WHERE code_hash = $1 AND expires_at > $2 "
+                "AND transport != $3 RETURNING transport, person",
+                code_hash,
+                now,
+                transport,
+            )
+            return None if row is None else (str(row[0]), str(row[1]))
+
+    async def note_link_failure(self, transport: str, person: str, *, now: float) -> None:
+        async with self._tx() as con:
+            await con.execute("DELETE FROM link_failures WHERE at < $1", now - 86_400)
+            await con.execute(
+                "INSERT INTO link_failures (transport, person, at) VALUES ($1, $2, $3)",
+                transport,
+                person,
+                now,
+            )
+
+    async def link_failures(self, *, since: float) -> tuple[int, dict[tuple[str, str], int]]:
+        """Failed redemptions since ``since``: in all, and per (transport, person)."""
+        rows = await self._all(
+            "SELECT transport, person, count(*) FROM link_failures WHERE at >= $1 "
+            "GROUP BY transport, person",
+            (since,),
+        )
+        per = {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
+        return sum(per.values()), per
+
 
 async def give_back(con: Conn, other_id: int) -> int:
     """Move the rows that came from ``other_id`` back to it (inside the caller's transaction)."""

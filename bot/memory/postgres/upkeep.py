@@ -20,11 +20,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from bot.memory.keep import facts_touching, outbox_cutoff
 from bot.memory.postgres.base import Conn, PgBase, advance_sequences
 from bot.memory.postgres.identity import give_back
 from bot.memory.postgres.messages import SEARCH_SQL
 from bot.memory.postgres.words import fold, meta
-from bot.memory.keep import facts_touching, outbox_cutoff
 from bot.memory.records import ForgetReport
 
 
@@ -285,7 +285,9 @@ async def _partners(con: Conn, ids: list[int], absorbed: list[int]) -> list[tupl
     return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
 
-async def _clear_partners(con: Conn, partners: list[tuple[int, str, str]], theirs: set[int]) -> None:
+async def _clear_partners(
+    con: Conn, partners: list[tuple[int, str, str]], theirs: set[int]
+) -> None:
     """What the other side of a link derived from the forgotten side's words (bot.memory.keep)."""
     for other, transport, person in partners:
         await con.execute("DELETE FROM summaries WHERE conversation_id = $1", other)

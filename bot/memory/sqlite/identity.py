@@ -118,6 +118,55 @@ class IdentityMixin(SqliteBase):
         )
         return bool(row and row[0])
 
+    # --- link codes (bot.memory.links decides; this is the SQL) ------------------------------
+    async def save_link_code(
+        self, code_hash: str, transport: str, person: str, *, expires_at: float, now: float
+    ) -> bool:
+        """Store a new code for the person (replacing theirs; expired ones go); False if the
+        hash is taken by a live code (the caller draws another)."""
+        async with self._tx() as db:
+            await db.execute(
+                "DELETE FROM link_codes WHERE expires_at <= ? OR (transport = ? AND person = ?)",
+                (now, transport, person),
+            )
+            cur = await db.execute(
+                "INSERT OR IGNORE INTO link_codes (code_hash, transport, person, expires_at) "
+                "VALUES (?, ?, ?, ?)",
+                (code_hash, transport, person, expires_at),
+            )
+            return cur.rowcount == 1
+
+    async def take_link_code(
+        self, code_hash: str, *, transport: str, now: float
+    ) -> tuple[str, str] | None:
+        """Spend a live code issued on another transport: (transport, person) or None."""
+        async with self._tx() as db:
+            cur = await db.execute(
+                "DELETE FROM link_codes WHERE code_hash = ? AND expires_at > ? AND transport != ? "
+                "RETURNING transport, person",
+                (code_hash, now, transport),
+            )
+            row = await cur.fetchone()
+            return None if row is None else (str(row[0]), str(row[1]))
+
+    async def note_link_failure(self, transport: str, person: str, *, now: float) -> None:
+        async with self._tx() as db:
+            await db.execute("DELETE FROM link_failures WHERE at < ?", (now - 86_400,))
+            await db.execute(
+                "INSERT INTO link_failures (transport, person, at) VALUES (?, ?, ?)",
+                (transport, person, now),
+            )
+
+    async def link_failures(self, *, since: float) -> tuple[int, dict[tuple[str, str], int]]:
+        """Failed redemptions since ``since``: in all, and per (transport, person)."""
+        rows = await self._all(
+            "SELECT transport, person, count(*) FROM link_failures WHERE at >= ? "
+            "GROUP BY transport, person",
+            (since,),
+        )
+        per = {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
+        return sum(per.values()), per
+
 
 async def give_back(db: aiosqlite.Connection, other_id: int) -> int:
     """Move the rows that came from ``other_id`` back to it (inside the caller's transaction)."""

@@ -270,9 +270,7 @@ class UpkeepMixin(SqliteBase):
             await asyncio.sleep(0)
 
 
-async def _partners(
-    db: Any, ids: list[int], absorbed: list[int]
-) -> list[tuple[int, str, str]]:
+async def _partners(db: Any, ids: list[int], absorbed: list[int]) -> list[tuple[int, str, str]]:
     """The other sides (id, transport, person) of the links ``ids`` take part in."""
     linked = set(absorbed)
     if ids:
@@ -293,9 +291,7 @@ async def _partners(
     return out
 
 
-async def _clear_partners(
-    db: Any, partners: list[tuple[int, str, str]], theirs: set[int]
-) -> None:
+async def _clear_partners(db: Any, partners: list[tuple[int, str, str]], theirs: set[int]) -> None:
     """What the other side of a link derived from the forgotten side's words (bot.memory.keep)."""
     for other, transport, person in partners:
         await db.execute("DELETE FROM summaries WHERE conversation_id = ?", (other,))
@@ -310,9 +306,7 @@ async def _clear_partners(
         )
         gone = facts_touching([(r[0], r[1]) for r in await cur.fetchall()], theirs)
         if gone:
-            await db.execute(
-                f"DELETE FROM facts WHERE id IN ({','.join('?' * len(gone))})", gone
-            )
+            await db.execute(f"DELETE FROM facts WHERE id IN ({','.join('?' * len(gone))})", gone)
         await db.execute(
             "DELETE FROM outbox WHERE transport = ? AND person = ?", (transport, person)
         )
