@@ -6,6 +6,7 @@ WAL and SHM are grepped) and PostgreSQL (every table is searched as text)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from bot.app import App, build
 from bot.domain import ConversationKey
+from bot.memory.export import import_document, person_document, validate
 from bot.memory.port import MemoryStore
 from bot.memory.records import OutboxEntry, StoredAnswer
 from bot.memory.store import SqliteStore
@@ -21,6 +23,7 @@ from tests import pg_server
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
+from tests.test_store_contract import IMPLEMENTATIONS
 
 MESH = ConversationKey("mesh", "!1234abcd")
 DISCORD = ConversationKey("discord", "1001")
@@ -189,3 +192,50 @@ async def _age_outbox(store: MemoryStore, ids: list[int], when: float) -> None:
         await store._val(  # type: ignore[attr-defined]
             "UPDATE outbox SET updated_at = $1 WHERE id = $2 RETURNING 1", (when, i)
         )
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+async def two_stores(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[MemoryStore, MemoryStore]]:
+    make = IMPLEMENTATIONS[request.param]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, second = await make(tmp_path / "a"), await make(tmp_path / "b")
+    yield first, second
+    await first.close()
+    await second.close()
+
+
+async def test_export_and_import_carry_a_link_and_linking_keeps_the_longterm_summary(
+    two_stores: tuple[MemoryStore, MemoryStore],
+) -> None:
+    old, new = two_stores
+    for key, words in ((MESH, ["mesh one", "mesh two"]), (DISCORD, ["discord one"])):
+        conv = await old.conversation(key)
+        for w in words:
+            await old.add_message(conv.id, role="user", author=key.person, text=w, tokens=1,
+                                  status="answered")  # fmt: skip
+    home = await old.conversation(MESH)
+    await old.save_longterm_summary(home.id, text="Sails a boat.", tokens=3, sessions=1,
+                                    up_to_message_id=2)  # fmt: skip
+    await old.link_dm(MESH, DISCORD)
+    kept = await old.longterm_summary(home.id)
+    assert kept is not None and kept.text == "Sails a boat."  # linking keeps it
+    joined = await old.conversation(DISCORD)
+    await old.add_message(joined.id, role="user", author="d", text="discord after link",
+                          tokens=1, status="answered", origin_id=joined.origin_id)  # fmt: skip
+    docs = [await person_document(old, k.transport, k.person) for k in (DISCORD, MESH)]
+    for doc in docs:  # the absorbed side first: the link is restored by the second import
+        await import_document(new, validate(json.loads(json.dumps(doc))))
+    moved = await new.conversation(DISCORD)
+    assert moved.id == (await new.conversation(MESH)).id and moved.origin_id is not None
+    texts = {m.text for m in await new.all_messages(moved.id)}
+    assert texts == {"mesh one", "mesh two", "discord one", "discord after link"}
+    assert [await person_document(new, k.transport, k.person) for k in (DISCORD, MESH)] == docs
+    assert await new.unlink_dm(DISCORD) == 2  # each side gets its own back
+    alone = await new.conversation(DISCORD)
+    assert {m.text for m in await new.all_messages(alone.id)} == {
+        "discord one",
+        "discord after link",
+    }

@@ -83,7 +83,17 @@ class IdentityMixin(PgBase):
             await con.execute(
                 "UPDATE conversations SET merged_into = $1 WHERE id = $2", home_id, other_id
             )
-            await con.execute("DELETE FROM longterm_summaries WHERE conversation_id = $1", home_id)
+            # The long-term summary stays (the person's story so far); a home without one
+            # starts from a copy of the other side's (which keeps its own for !unlink).
+            await con.execute(
+                "INSERT INTO longterm_summaries (conversation_id, text, tokens, sessions, "
+                "up_to_message_id, updated_at) SELECT $1, text, tokens, sessions, "
+                "up_to_message_id, updated_at FROM longterm_summaries WHERE conversation_id = $2 "
+                "AND NOT EXISTS (SELECT 1 FROM longterm_summaries WHERE conversation_id = $1) "
+                "ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
+                home_id,
+                other_id,
+            )
         self._vectors.drop([home_id, other_id])
         return int(moved)
 

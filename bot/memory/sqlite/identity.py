@@ -7,8 +7,9 @@ Invariants:
   records ``origin_conversation_id`` on each; unlinking moves exactly those rows back (new
   messages that arrived through the absorbed side carry it too), so each side keeps its own.
   The FTS update trigger re-keys index rows when ``conversation_id`` changes.
-- Rolling summaries stay where they were written; the home's long-term summary is dropped at
-  link and unlink (it mixed or misses the other side) and rebuilt at the next session close.
+- Rolling summaries stay where they were written. Linking keeps the home's long-term summary
+  (or copies the other side's when the home has none); unlinking drops the home's (it mixed
+  both sides) and it is rebuilt at the next session close.
 """
 
 from __future__ import annotations
@@ -75,7 +76,16 @@ class IdentityMixin(SqliteBase):
             )
             await db.execute("UPDATE conversations SET merged_into = ? WHERE id = ?",
                              (home_id, other_id))  # fmt: skip
-            await db.execute("DELETE FROM longterm_summaries WHERE conversation_id = ?", (home_id,))
+            # The long-term summary stays (the person's story so far); a home without one
+            # starts from a copy of the other side's (which keeps its own for !unlink).
+            await db.execute(
+                "INSERT INTO longterm_summaries (conversation_id, text, tokens, sessions, "
+                "up_to_message_id, updated_at) SELECT ?, text, tokens, sessions, "
+                "up_to_message_id, updated_at FROM longterm_summaries WHERE conversation_id = ? "
+                "AND NOT EXISTS (SELECT 1 FROM longterm_summaries WHERE conversation_id = ?) "
+                "ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
+                (home_id, other_id, home_id),
+            )
             self._vectors.drop([home_id, other_id])
         return moved
 
