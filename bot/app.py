@@ -317,7 +317,11 @@ async def build(
             idle=lambda: responder.idle,  # bound late: the responder is below
         )
         summarizer = Summarizer(
-            store=store, llm=gate.background, counter=counter, config=config.memory.summary
+            store=store,
+            llm=gate.background,
+            counter=counter,
+            config=config.memory.summary,
+            extractor=extractor,
         )
         commands = Commands(
             store=store,
