@@ -105,7 +105,7 @@ async def test_a_summary_fold_extracts_facts_before_the_session_closes(
                 text="I live in Oslo" if i == 0 else f"line {i}",
                 tokens=3,
                 status="answered",
-            )  # fmt: skip
+            )
             for i in range(12)
         ]
         assert await summarizer.refresh(conv, window_start_id=ids[8])
