@@ -150,3 +150,44 @@ async def test_link_codes_work_across_gateways_and_a_race_has_one_winner(
     finally:
         for app in apps:
             await app.close()
+
+
+async def test_forget_on_one_gateway_while_the_other_answers_the_same_person(
+    tmp_path: Path, fake_llm: FakeLLM, url: str
+) -> None:
+    """Gateway A is mid-answer (slow model) when gateway B runs !forget for the same person:
+    afterwards no table holds the person's words, whichever finished first."""
+    from bot.app import build
+    from tests.conftest import make_config
+    from tests.fakes.fake_transport import FakeTransport
+    from tests.test_memory_promises import _marker_anywhere
+
+    fake_llm.reply_fn = _echo
+    fake_llm.script = [("sleep", 2.0)]
+    extra = f"storage:\n  url: '{url}'\n  password_env: PW\n"
+    apps, radios = [], []
+    for name in ("site-a", "site-b"):
+        radio = FakeTransport(name="mesh")
+        (tmp_path / name).mkdir()
+        app = await build(make_config(tmp_path / name, fake_llm.base_url, extra),
+                          env={"PW": pg_server.BOT_PASSWORD}, transports=[radio])  # fmt: skip
+        await app.start()
+        apps.append(app)
+        radios.append(radio)
+    try:
+        await radios[0].say("my boat is called Selkie", sender="!0000abcd", message_id="1")
+        for _ in range(3000):
+            if fake_llm.in_flight:
+                break
+            await asyncio.sleep(0.01)
+        assert fake_llm.in_flight == 1
+        await radios[1].say("!forget", sender="!0000abcd", message_id="2")
+        await apps[1].responder.wait_idle()
+        await radios[1].say("!forget yes", sender="!0000abcd", message_id="3")
+        for app in apps:
+            await app.responder.wait_idle()
+        assert radios[1].texts()[-1].startswith("Deleted everything"), radios[1].texts()
+        assert await _marker_anywhere(apps[0].store, "Selkie") == []
+    finally:
+        for app in apps:
+            await app.close()
