@@ -317,7 +317,11 @@ async def build(
             idle=lambda: responder.idle,  # bound late: the responder is below
         )
         summarizer = Summarizer(
-            store=store, llm=gate.background, counter=counter, config=config.memory.summary
+            store=store,
+            llm=gate.background,
+            counter=counter,
+            config=config.memory.summary,
+            extractor=extractor,
         )
         commands = Commands(
             store=store,
@@ -326,7 +330,7 @@ async def build(
             operators=config.bot.operators,
             max_facts=config.memory.max_facts,
             model_name=lambda: gate.model_name,
-            links=LinkCodes(),
+            links=LinkCodes(store),
         )
         responder = Responder(
             store=store,

@@ -230,6 +230,32 @@ def _m005_outbox_parts_platform() -> str:
     return "CREATE INDEX outbox_parts_platform ON outbox_parts (platform_id);"
 
 
+def _m008_memory_promises() -> str:
+    # Link codes live in the store (hashed, expiring, single use) so every gateway and a
+    # restart honour them; failed redemptions are counted per code space (bot.memory.links).
+    # A pending question's claim (claimed_by/claimed_at) lets one gateway take it over by
+    # compare-and-set; finished outbox rows are pruned by age (bot.memory.keep).
+    return """
+        CREATE TABLE link_codes (
+            code_hash TEXT PRIMARY KEY,
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            expires_at REAL NOT NULL
+        );
+        CREATE INDEX link_codes_person ON link_codes (transport, person);
+        CREATE TABLE link_failures (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            at REAL NOT NULL
+        );
+        CREATE INDEX link_failures_at ON link_failures (at);
+        ALTER TABLE messages ADD COLUMN claimed_by TEXT;
+        ALTER TABLE messages ADD COLUMN claimed_at REAL;
+        CREATE INDEX outbox_finished ON outbox (updated_at) WHERE state != 'pending';
+        """
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -238,6 +264,7 @@ MIGRATIONS: list[Migration] = [
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
     ("005_outbox_parts_platform", _m005_outbox_parts_platform),
+    ("008_memory_promises", _m008_memory_promises),
 ]
 
 

@@ -216,6 +216,28 @@ def _m004_memory_tiers() -> str:
         """
 
 
+def _m008_memory_promises() -> str:
+    # As SQLite's 008_memory_promises.
+    return """
+        CREATE TABLE link_codes (
+            code_hash TEXT PRIMARY KEY,
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX link_codes_person ON link_codes (transport, person);
+        CREATE TABLE link_failures (
+            id BIGSERIAL PRIMARY KEY,
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX link_failures_at ON link_failures (at);
+        ALTER TABLE messages ADD COLUMN claimed_by TEXT, ADD COLUMN claimed_at DOUBLE PRECISION;
+        CREATE INDEX outbox_finished ON outbox (updated_at) WHERE state != 'pending';
+        """
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -223,6 +245,7 @@ MIGRATIONS: list[Migration] = [
     ("002_keyed_search", _m002_keyed_search),
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
+    ("008_memory_promises", _m008_memory_promises),
 ]
 
 
