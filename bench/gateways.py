@@ -1,10 +1,14 @@
-"""Pipeline benchmark on PostgreSQL: per-turn overhead and turns/s with 1..N gateway processes
-sharing one database (issue 14). ``python -m bench.pipeline --store postgresql://...`` runs it.
+"""Pipeline benchmark, SQLite against PostgreSQL: per-turn overhead and turns/s on the same
+history, with 1..N gateway processes sharing one PostgreSQL database (issues 14, 19).
+``python -m bench.pipeline --store postgresql://...`` runs it.
 
 Steps:
+0. SQLite first, on the same history and machine (``bench.pipeline``'s ``ours`` run: one
+   process, a fresh copy of the generated file), unless ``--skip-sqlite``.
 1. the synthetic history of ``bench.pipeline`` (same generator, same cache under
    ``bench/results/``), copied into the PostgreSQL database once with ``bot.memory.move`` (the
-   code behind ``meshsage migrate-store``); a database already holding that history is reused.
+   code behind ``meshsage migrate-store``) and then VACUUM ANALYZEd, as autovacuum would do
+   after such a load; a database already holding that history is reused.
 2. one fake LLM process, answering at once over loopback HTTP, as in ``bench.pipeline``.
 3. for each gateway count N: N processes, each the real app (``bot.app.build`` with
    ``storage.url`` set, so a ``PostgresStore`` with its pool and lock connection) driven by an
@@ -56,6 +60,7 @@ from bot.memory.sqlite import SqliteStore
 
 MARK_START = "<!-- bench:gateways:start -->"
 MARK_END = "<!-- bench:gateways:end -->"
+DOCS = ROOT / "docs" / "benchmarks.md"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +152,9 @@ async def load(args: argparse.Namespace, db: Path) -> int:
                 print(f"loaded in {time.perf_counter() - t0:.0f} s", flush=True)
             finally:
                 await source.close()
+            # Statistics and the visibility map (index-only word lookups skip the heap only on
+            # all-visible pages), as autovacuum sets them some time after a bulk load.
+            await pg._run(lambda con: con.execute("VACUUM ANALYZE"))
         elif have != args.conversations:
             raise SystemExit(
                 f"{args.store} holds {have} conversations, not the {args.conversations} of this "
@@ -233,17 +241,47 @@ def run_all(args: argparse.Namespace) -> list[GatewayRun]:
         fake.wait(timeout=10)
 
 
-def table(runs: Sequence[GatewayRun]) -> str:
+def sqlite_row(args: argparse.Namespace) -> GatewayRun | None:
+    """SQLite's ``ours`` run of ``bench.pipeline`` on the same history (one process)."""
+    if args.skip_sqlite:
+        return None
+    from bench import pipeline
+
+    ours = argparse.Namespace(**{**vars(args), "strategies": "ours"})
+    print(f"SQLite: {args.turns} turns ...", flush=True)
+    (r,) = pipeline.run_all(ours)
+    return GatewayRun(
+        gateways=1,
+        turns=r.turns,
+        messages_in_db=r.messages_in_db,
+        overhead_p50_ms=r.overhead_p50_ms,
+        overhead_p99_ms=r.overhead_p99_ms,
+        turns_per_s=r.turns_per_s,
+        per_gateway_turns_per_s=r.turns_per_s,
+    )
+
+
+def table(runs: Sequence[GatewayRun], sqlite: GatewayRun | None = None) -> str:
     lines = [
-        "| gateway processes | overhead p50 ms | overhead p99 ms | turns/s (all) "
+        "| store | gateway processes | overhead p50 ms | overhead p99 ms | turns/s (all) "
         "| turns/s per gateway | messages in DB |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in runs:
+    rows = [("SQLite", sqlite)] if sqlite is not None else []
+    for store, r in [*rows, *(("PostgreSQL", r) for r in runs)]:
+        assert r is not None
         lines.append(
-            f"| {r.gateways} | {r.overhead_p50_ms:.2f} | {r.overhead_p99_ms:.2f} | "
+            f"| {store} | {r.gateways} | {r.overhead_p50_ms:.2f} | {r.overhead_p99_ms:.2f} | "
             f"{r.turns_per_s:.0f} | {r.per_gateway_turns_per_s:.0f} | {r.messages_in_db:,} |"
         )
+    one = next((r for r in runs if r.gateways == 1), None)
+    if sqlite is not None and one is not None:
+        lines += [
+            "",
+            f"PostgreSQL (1 gateway) / SQLite: overhead p50 "
+            f"{one.overhead_p50_ms / sqlite.overhead_p50_ms:.2f}x, p99 "
+            f"{one.overhead_p99_ms / sqlite.overhead_p99_ms:.2f}x (target: p50 within 1.5x).",
+        ]
     return "\n".join(lines)
 
 
@@ -255,7 +293,9 @@ def command_line(args: argparse.Namespace) -> str:
     )
 
 
-def write_docs(path: Path, args: argparse.Namespace, runs: Sequence[GatewayRun]) -> None:
+def write_docs(
+    path: Path, args: argparse.Namespace, runs: Sequence[GatewayRun], sqlite: GatewayRun | None
+) -> None:
     block = "\n".join([
         MARK_START,
         f"Command: `{command_line(args)}` (warm-up {args.warmup} turns, seed {args.seed}); "
@@ -265,10 +305,10 @@ def write_docs(path: Path, args: argparse.Namespace, runs: Sequence[GatewayRun])
         f"average {args.load[0]:.1f} at the start, {args.load[1]:.1f} at the end (other work "
         "shares this machine: compare runs only at similar load).",
         "",
-        table(runs),
+        table(runs, sqlite),
         MARK_END,
     ])  # fmt: skip
-    text = path.read_text()
+    text = path.read_text() if path.exists() else ""
     if MARK_START not in text:
         raise SystemExit(f"{path} has no {MARK_START} marker; add one where the table goes")
     head, rest = text.split(MARK_START, 1)
@@ -289,13 +329,16 @@ def main(args: argparse.Namespace) -> None:
         print("GATEWAY " + json.dumps(asyncio.run(serve_one(args))))
         return
     load_before = os.getloadavg()[0]
+    sqlite = sqlite_row(args)
     runs = run_all(args)
     args.load = (load_before, os.getloadavg()[0])
     print()
-    print(table(runs))
+    print(table(runs, sqlite))
     print(f"\nmachine: {machine_notes()}")
     if args.write_docs:
         args.server_version = asyncio.run(_server_version(args))
-        write_docs(Path(args.readme), args, runs)
-        print(f"wrote the table into {args.readme}")
-    print(json.dumps([asdict(r) for r in runs]))
+        write_docs(DOCS, args, runs, sqlite)
+        print(f"wrote the table into {DOCS}")
+    print(
+        json.dumps({"sqlite": sqlite and asdict(sqlite), "postgresql": [asdict(r) for r in runs]})
+    )

@@ -594,6 +594,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--gateways", default="1,2,4", help="with --store: gateway process counts")
     p.add_argument("--password-env", default="MESHSAGE_PG_PASSWORD", help="with --store")
+    p.add_argument(
+        "--skip-sqlite", action="store_true", help="with --store: PostgreSQL only (no SQLite row)"
+    )
     p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--of", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--step", default="all", help=argparse.SUPPRESS)
