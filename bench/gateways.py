@@ -60,7 +60,6 @@ from bot.memory.sqlite import SqliteStore
 
 MARK_START = "<!-- bench:gateways:start -->"
 MARK_END = "<!-- bench:gateways:end -->"
-DOCS = ROOT / "docs" / "benchmarks.md"
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,8 +336,8 @@ def main(args: argparse.Namespace) -> None:
     print(f"\nmachine: {machine_notes()}")
     if args.write_docs:
         args.server_version = asyncio.run(_server_version(args))
-        write_docs(DOCS, args, runs, sqlite)
-        print(f"wrote the table into {DOCS}")
+        write_docs(Path(args.headline), args, runs, sqlite)
+        print(f"wrote the table into {args.headline}")
     print(
         json.dumps({"sqlite": sqlite and asdict(sqlite), "postgresql": [asdict(r) for r in runs]})
     )
