@@ -119,7 +119,10 @@ async def serve_one(args: argparse.Namespace) -> dict[str, Any]:
             if len(llm.foreground) == 1 and len(new) > 1 and {r.text for r in new} == {new[0].text}:
                 duplicates[0] += len(new) - 1  # an outbox race: counted and reported
             elif len(llm.foreground) != 1 or len(new) != 1:
-                raise RuntimeError(f"turn {count} did not produce one LLM call and one reply")
+                raise RuntimeError(
+                    f"turn {count} did not produce one LLM call and one reply "
+                    f"({len(llm.foreground)} calls, replies {[r.text[:60] for r in new]})"
+                )
             a, b = llm.foreground[0]
             return Turn(total=t1 - t0, llm=b - a, before_llm=a - t0, after_llm=t1 - b)
 
@@ -240,7 +243,12 @@ def run_all(args: argparse.Namespace) -> list[GatewayRun]:
         runs = []
         for n in (int(x) for x in args.gateways.split(",")):
             print(f"{n} gateway(s): {args.turns} turns ...", flush=True)
-            runs.append(run_gateways(args, base_url, n, messages))
+            try:
+                runs.append(run_gateways(args, base_url, n, messages))
+            except RuntimeError as exc:  # said, and the other counts still measured
+                print(f"{n} gateway(s) FAILED: {exc}", flush=True)
+                continue
+            print("RUN " + json.dumps(asdict(runs[-1])), flush=True)
         return runs
     finally:
         if fake.stdin is not None:
@@ -257,6 +265,7 @@ def sqlite_row(args: argparse.Namespace) -> GatewayRun | None:
     ours = argparse.Namespace(**{**vars(args), "strategies": "ours"})
     print(f"SQLite: {args.turns} turns ...", flush=True)
     (r,) = pipeline.run_all(ours)
+    print("SQLITE " + json.dumps(asdict(r)), flush=True)
     return GatewayRun(
         gateways=1,
         turns=r.turns,

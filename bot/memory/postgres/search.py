@@ -36,14 +36,14 @@ from bot.memory.vectors import VectorMatrix, as_vectors, pack, unit
 # Folded text holds only letters and digits, so a lexeme never contains a quote.
 _TERM_SQL = r"""
 SELECT t.i, m.id FROM (
-    SELECT i, pq, (regexp_match(pq::text, '''([^'']+)'''))[1] AS first
+    SELECT i, pq, (regexp_match(pq::text, '''([^'']+)'''))[1] AS first, numnode(pq) = 1 AS single
     FROM unnest($1::int[], $2::text[]) AS u(i, q),
     LATERAL phraseto_tsquery('meshsage', q) AS pq
 ) t
 CROSS JOIN LATERAL (
     SELECT w.message_id AS id FROM message_words w
     WHERE w.conversation_id = $3 AND w.word = t.first AND w.message_id > $4
-    AND w.message_id < $5 AND (numnode(t.pq) = 1 OR EXISTS (
+    AND w.message_id < $5 AND (t.single OR EXISTS (
         SELECT 1 FROM messages x WHERE x.id = w.message_id AND x.search @@ regexp_replace(
             t.pq::text, '''([^'']+)''', '''' || $3::text || '_\1''', 'g')::tsquery))
     ORDER BY w.message_id LIMIT $6
