@@ -1,8 +1,8 @@
 """Pipeline benchmark: the bot's per-turn memory cost on a large database (issue 2).
 
 Run: ``python -m bench.pipeline [--messages 1000000 --conversations 10000 --turns 2000
---active 200 --db PATH --keep]``. With ``--store postgresql://...`` it measures gateway
-processes sharing that database instead (``bench.gateways``).
+--active 200 --db PATH --keep]``. With ``--store postgresql://...`` it measures SQLite and then
+gateway processes sharing that database, on the same history (``bench.gateways``).
 
 Steps, each in its own process so that one step's memory does not show in another's peak RSS:
 1. generate: a synthetic history (``bench.corpus``) through the real migrations, cached under
@@ -602,7 +602,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--store",
-        help="postgresql://user@host/db: measure 1..N gateway processes on it (bench.gateways)",
+        help="postgresql://user@host/db: measure SQLite, then 1..N gateway processes on it, "
+        "on the same history (bench.gateways)",
     )
     p.add_argument("--gateways", default="1,2,4", help="with --store: gateway process counts")
     p.add_argument("--password-env", default="MESHSAGE_PG_PASSWORD", help="with --store")

@@ -9,7 +9,10 @@ Invariants:
 - ``messages.search`` holds the words of the text and of its meta (author and date), folded in
   Python exactly as SQLite's ``unicode61 remove_diacritics 2`` tokenizer folds them
   (``bot.memory.postgres.words``) and stemmed by Snowball's original Porter stemmer, the
-  algorithm of FTS5's ``porter`` tokenizer: both backends find the same messages for a word.
+  algorithm of FTS5's ``porter`` tokenizer: both backends find the same messages for a word,
+  except where Snowball's and FTS5's Porter differ (words under three letters, a few doubled
+  consonants). ``message_words`` holds the same words, one row per (conversation, word,
+  message), kept equal to ``search`` by triggers on every write (009_pg_word_index).
 - ``heard`` is the unique claim on an inbound platform message id per conversation: the row
   that makes a message heard by two gateways stored (and answered) once.
 """
