@@ -3,7 +3,8 @@
 Invariants:
 - ``forget_person`` deletes every row about a person in one transaction: conversations
   cascade to messages (and with them their search words, which live in the row, and their
-  vectors), summaries, facts and ``heard`` claims; the GIN index entries go with the rows.
+  vectors), summaries, facts and ``heard`` claims; their ``message_words`` rows go with them
+  (a trigger).
   The person's outbox rows (and their parts) go in the same transaction, and on one side of
   a link what the other side derived from this side's words (``bot.memory.keep``).
 - Retention and forgetting by use also prune finished outbox rows past their short keep.
@@ -85,8 +86,8 @@ class UpkeepMixin(PgBase):
 
         async def work(con: Conn) -> None:
             for table in (
-                "messages", "message_vectors", "summaries", "facts", "heard", "outbox",
-                "outbox_parts", "sessions", "longterm_summaries",
+                "messages", "message_words", "message_vectors", "summaries", "facts", "heard",
+                "outbox", "outbox_parts", "sessions", "longterm_summaries",
             ):  # fmt: skip
                 self.last_erase = await con.execute(f"VACUUM {table}")
 
