@@ -230,6 +230,12 @@ def _m005_outbox_parts_platform() -> str:
     return "CREATE INDEX outbox_parts_platform ON outbox_parts (platform_id);"
 
 
+def _m006_recall_notes() -> str:
+    # The recall note sent with a person's message (bot.memory.context) is kept with it, so a
+    # restart shows the same prompt; deleted with its message (!forget, retention).
+    return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -238,6 +244,7 @@ MIGRATIONS: list[Migration] = [
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
     ("005_outbox_parts_platform", _m005_outbox_parts_platform),
+    ("006_recall_notes", _m006_recall_notes),
 ]
 
 

@@ -216,6 +216,11 @@ def _m004_memory_tiers() -> str:
         """
 
 
+def _m006_recall_notes() -> str:
+    # The recall note sent with a person's message (bot.memory.context), kept with it.
+    return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -223,6 +228,7 @@ MIGRATIONS: list[Migration] = [
     ("002_keyed_search", _m002_keyed_search),
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
+    ("006_recall_notes", _m006_recall_notes),
 ]
 
 
