@@ -76,7 +76,8 @@ def _builder(store: MemoryStore, share: float = 0.4) -> ContextBuilder:
 async def _pair(store: MemoryStore, q: str, a: str, at: float) -> int:
     conv = await store.conversation(KEY)
     qid = await store.add_message(conv.id, role="user", author="alice", text=q,
-                                  tokens=COUNTER.count(q), status="answered", created_at=at)  # fmt: skip
+                                  tokens=COUNTER.count(q), status="answered",
+                                  created_at=at)  # fmt: skip
     await store.add_message(conv.id, role="assistant", author="bot", text=a,
                             tokens=COUNTER.count(a), status="delivered", created_at=at + 1,
                             parent_id=qid)  # fmt: skip
