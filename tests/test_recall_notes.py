@@ -233,3 +233,43 @@ async def test_incognito_turns_are_never_noted(memory: MemoryStore) -> None:
     assert "Osprey" in ctx.messages[-1].content
     ids = [m.id for m in await memory.all_messages(conv.id)]
     assert await memory.recall_notes(ids) == {}
+
+
+async def test_a_fold_on_the_same_turn_as_a_large_recall(memory: MemoryStore) -> None:
+    """The turn that completes a fold block recalls a lot: the prompt stays in budget, its note
+    is only the best part, the chapter is asked for right away, and the next prompt (chapter
+    written) keeps the window's notes and stays in budget."""
+    await _history(memory, rounds=3)
+    builder = _builder(memory)
+    conv = await memory.conversation(KEY)
+    for i in range(60):
+        text = f"Tell me again about the Osprey hull and its coats of varnish ({i})"
+        mid = await memory.add_message(conv.id, role="user", author="alice", text=text,
+                                       tokens=COUNTER.count(text), status="pending")  # fmt: skip
+        ctx = await builder.build(conv, new_text=text, new_message_id=mid, budget=BUDGET)
+        assert ctx.tokens <= BUDGET
+        answer = "She has four coats now. " * 4
+        await memory.add_message(conv.id, role="assistant", author="bot", text=answer,
+                                 tokens=COUNTER.count(answer), status="delivered",
+                                 parent_id=mid)  # fmt: skip
+        recalled = next((b.tokens for b in ctx.blocks if b.name == "retrieved"), 0)
+        if ctx.pending_fold is not None and recalled > NOTE_SHARE * BUDGET:
+            break
+    else:
+        raise AssertionError("no turn both completed a fold block and recalled a lot")
+    note = (await memory.recall_notes([mid]))[mid]
+    assert COUNTER.count(note) <= NOTE_SHARE * BUDGET + 8
+    chapters = await memory.summaries(conv)
+    first = chapters[-1].last_message_id + 1 if chapters else 1
+    await memory.save_summary(conv.id, text="They talked about the boat Osprey.",
+                              first_message_id=first, last_message_id=ctx.pending_fold - 1,
+                              tokens=8)  # fmt: skip
+    text = "and the mast?"
+    nid = await memory.add_message(conv.id, role="user", author="alice", text=text,
+                                   tokens=COUNTER.count(text), status="pending")  # fmt: skip
+    after = await builder.build(conv, new_text=text, new_message_id=nid, budget=BUDGET)
+    assert after.tokens <= BUDGET
+    assert after.window[0].id == ctx.pending_fold  # one change: the chapter and the window
+    notes = await memory.recall_notes([m.id for m in after.window])
+    window = "\n".join(m.content for m in after.messages[1:])
+    assert all(n in window for n in notes.values())  # the notes ride with their turns
