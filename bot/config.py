@@ -119,7 +119,7 @@ class BotConfig(_Strict):
 
 class RetrievalConfig(_Strict):
     enabled: bool = True
-    share: float = Field(0.4, ge=0, le=0.9)  # most of the free budget retrieval may take
+    share: float = Field(0.4, ge=0, le=0.9)  # of the free budget kept for recall (strong match)
     # Share (0-1) of the query's IDF mass a turn or its neighbours must match to be retrieved.
     min_score: float = Field(0.2, ge=0, le=1)
     max_turns: int = Field(40, ge=0, le=200)

@@ -42,7 +42,9 @@ Invariants:
   timeout.
 - Incognito (``!incognito``): the person's new messages and the answers are not stored; the
   bot answers from the stored memory plus the incognito turns it holds in memory (at most
-  ``INCOGNITO_TURNS``), which are dropped when incognito ends or the process stops.
+  ``INCOGNITO_TURNS``), which are dropped when incognito ends (any ``!incognito``,
+  ``!reset`` or ``!forget``) or the process stops: nothing said in an ended stretch reaches a
+  later prompt.
 - A message through a linked DM is stored with its origin (``Conversation.origin_id``), so
   ``!unlink`` can give it back, even when the unlink lands during the turn.
 """
@@ -105,6 +107,7 @@ def _command_room(transport: Transport) -> int:
 
 
 INCOGNITO_TURNS = 20
+ENDS_INCOGNITO = ("incognito", "reset", "forget")  # commands that end an incognito stretch
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +295,8 @@ class Responder:
     async def _command(self, inbound: Inbound) -> None:
         parsed = self._commands.parse(inbound.text)
         assert parsed is not None
+        if parsed[0] in ENDS_INCOGNITO:
+            self._end_incognito(inbound, everywhere=parsed[0] == "forget")
         transport = self._transports[inbound.transport]
         if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
             await self._notice(inbound, _busy(wait))
@@ -330,6 +335,16 @@ class Responder:
         finally:
             self._in_flight.discard(row.id)
         self._after_delivery(result, delivery)
+
+    def _end_incognito(self, inbound: Inbound, *, everywhere: bool) -> None:
+        """Forget the in-memory turns of an incognito stretch: ``!incognito`` (off, or a new
+        stretch), ``!reset``, and ``!forget`` (every space of the person) end it, so nothing
+        said in it reaches a later prompt."""
+        for key in list(self._ephemeral):
+            if key == inbound.key or (
+                everywhere and (key.transport, key.person) == (inbound.transport, inbound.sender)
+            ):
+                del self._ephemeral[key]
 
     @staticmethod
     def _after_delivery(result: CommandResult, delivery: Delivery) -> None:

@@ -256,6 +256,12 @@ def _m008_memory_promises() -> str:
         """
 
 
+def _m006_recall_notes() -> str:
+    # The recall note sent with a person's message (bot.memory.context) is kept with it, so a
+    # restart shows the same prompt; deleted with its message (!forget, retention).
+    return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -264,6 +270,7 @@ MIGRATIONS: list[Migration] = [
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
     ("005_outbox_parts_platform", _m005_outbox_parts_platform),
+    ("006_recall_notes", _m006_recall_notes),
     ("008_memory_promises", _m008_memory_promises),
 ]
 

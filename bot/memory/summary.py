@@ -46,15 +46,19 @@ from bot.memory.store import USER, Conversation, StoredMessage, Summary
 
 log = logging.getLogger("bot.memory.summary")
 
+# What people ask about later is concrete: who, when, where, how many, what was decided. The
+# prompts ask for those first and verbatim (a paraphrased date or number cannot be recalled).
 CHAPTER_PROMPT = (
     "You summarize one stretch of a chat between a person and an assistant, as a chapter "
-    "that follows the earlier ones. In at most {words} words keep names, dates, decisions, "
-    "preferences and open questions; drop small talk and anything the earlier chapters "
+    "that follows the earlier ones. In at most {words} words, first keep every name, date, "
+    "time, place, number and decision exactly as written, with who said or did it; then "
+    "preferences and open questions. Drop small talk and anything the earlier chapters "
     "already say. Write plain sentences, no preamble."
 )
 MERGE_PROMPT = (
     "Merge these consecutive summary chapters of one chat into a single summary of at most "
-    "{words} words. Keep names, dates, decisions, preferences and open questions; drop what "
+    "{words} words. Keep every name, date, time, place, number and decision exactly as "
+    "written, with who said or did it; then preferences and open questions. Drop only what "
     "later chapters superseded. Write plain sentences, no preamble."
 )
 MAX_FOLD_MESSAGES = 60

@@ -316,6 +316,11 @@ def _m009_pg_word_index() -> str:
         """
 
 
+def _m006_recall_notes() -> str:
+    # The recall note sent with a person's message (bot.memory.context), kept with it.
+    return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -323,6 +328,7 @@ MIGRATIONS: list[Migration] = [
     ("002_keyed_search", _m002_keyed_search),
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
+    ("006_recall_notes", _m006_recall_notes),
     ("008_memory_promises", _m008_memory_promises),
     ("009_pg_word_index", _m009_pg_word_index),
 ]

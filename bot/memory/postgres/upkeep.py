@@ -181,6 +181,23 @@ class UpkeepMixin(PgBase):
                 (list(message_ids),),
             )
 
+    async def save_recall_note(self, message_id: int, note: str) -> None:
+        """Keep the recall note sent with a person's message (replaces an earlier one)."""
+        await self._val(
+            "UPDATE messages SET recall_note = $1 WHERE id = $2", (note or None, message_id)
+        )
+
+    async def recall_notes(self, message_ids: Sequence[int]) -> dict[int, str]:
+        """The recall notes kept with these messages (those that have one)."""
+        if not message_ids:
+            return {}
+        rows = await self._all(
+            "SELECT id, recall_note FROM messages WHERE id = ANY($1::bigint[]) "
+            "AND recall_note IS NOT NULL",
+            (list(message_ids),),
+        )
+        return {int(r[0]): str(r[1]) for r in rows}
+
     async def mark_important(self, conversation_id: int, message_ids: Sequence[int]) -> int:
         """``!pin``: these messages are never pruned by use."""
         if not message_ids:

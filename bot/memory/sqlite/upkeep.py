@@ -186,6 +186,25 @@ class UpkeepMixin(SqliteBase):
                 f"UPDATE messages SET uses = uses + 1 WHERE id IN ({marks})", list(message_ids)
             )
 
+    async def save_recall_note(self, message_id: int, note: str) -> None:
+        """Keep the recall note sent with a person's message (replaces an earlier one)."""
+        async with self._tx() as db:
+            await db.execute(
+                "UPDATE messages SET recall_note = ? WHERE id = ?", (note or None, message_id)
+            )
+
+    async def recall_notes(self, message_ids: Sequence[int]) -> dict[int, str]:
+        """The recall notes kept with these messages (those that have one)."""
+        if not message_ids:
+            return {}
+        marks = ",".join("?" * len(message_ids))
+        rows = await self._all(
+            f"SELECT id, recall_note FROM messages WHERE id IN ({marks}) "
+            "AND recall_note IS NOT NULL",
+            list(message_ids),
+        )
+        return {int(r[0]): str(r[1]) for r in rows}
+
     async def mark_important(self, conversation_id: int, message_ids: Sequence[int]) -> int:
         """``!pin``: these messages are never pruned by use."""
         if not message_ids:
