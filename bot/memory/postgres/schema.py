@@ -216,6 +216,20 @@ def _m004_memory_tiers() -> str:
         """
 
 
+def _m007_outbox_claims() -> str:
+    # As SQLite's 007_outbox_claims (claims, planned packet ids).
+    return """
+        ALTER TABLE outbox ADD COLUMN claimed_by TEXT,
+            ADD COLUMN claimed_at DOUBLE PRECISION;
+        CREATE TABLE outbox_packets (
+            outbox_id BIGINT NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
+            part INTEGER NOT NULL CHECK (part >= 0),
+            packet_id BIGINT NOT NULL CHECK (packet_id > 0),
+            PRIMARY KEY (outbox_id, part)
+        );
+        """
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -223,6 +237,7 @@ MIGRATIONS: list[Migration] = [
     ("002_keyed_search", _m002_keyed_search),
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
+    ("007_outbox_claims", _m007_outbox_claims),
 ]
 
 
