@@ -127,8 +127,10 @@ def _check(
     written_again = len(radio.repeats)
     assert written_again <= kills, f"{written_again} repeats for {kills} kills (seed {seed})"
     if report:  # the figures (pytest -s shows them)
-        print(f"crash harness: {kills} kills, {out} answers out, {doubles} shown twice, "
-              f"{written_again} repeat(s) on air dropped by the receiver (seed {seed})")  # fmt: skip
+        print(
+            f"crash harness: {kills} kills, {out} answers out, {doubles} shown twice, "
+            f"{written_again} repeat(s) on air dropped by the receiver (seed {seed})"
+        )
     return out
 
 
