@@ -296,6 +296,6 @@ def main(args: argparse.Namespace) -> None:
     print(f"\nmachine: {machine_notes()}")
     if args.write_docs:
         args.server_version = asyncio.run(_server_version(args))
-        write_docs(Path(args.readme), args, runs)
-        print(f"wrote the table into {args.readme}")
+        write_docs(Path(args.headline), args, runs)
+        print(f"wrote the table into {args.headline}")
     print(json.dumps([asdict(r) for r in runs]))

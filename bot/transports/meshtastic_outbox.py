@@ -2,7 +2,7 @@
 
 ``MeshtasticTransport`` mixes it in with the link (``meshtastic_link.py``).
 
-The sending model (README "Reliability" explains it for operators):
+The sending model (docs/reliability.md and docs/meshtastic.md explain it for operators):
 - The unit on air is a *burst*: consecutive parts of ONE reply, each at least
   ``spacing_seconds`` after the previous packet (measured on the injected clock from the end
   of one write to the start of the next). Two people's parts never interleave inside a burst.

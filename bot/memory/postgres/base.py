@@ -222,11 +222,14 @@ def explain(url: str, exc: BaseException) -> str:
     if isinstance(exc, asyncpg.InsufficientPrivilegeError):
         return (
             f"PostgreSQL at {where}: the bot's role lacks a privilege ({text}). Fix: grant what "
-            "README 'More than one gateway' lists (CONNECT on the database, USAGE and CREATE "
+            "docs/postgresql.md lists (CONNECT on the database, USAGE and CREATE "
             "on its schema)."
         )
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
-        return f"PostgreSQL at {where}: {text}. Fix: create the database (README lists how)."
+        return (
+            f"PostgreSQL at {where}: {text}. Fix: create the database "
+            "(docs/postgresql.md lists how)."
+        )
     if isinstance(exc, OSError | asyncpg.PostgresConnectionError | asyncpg.InterfaceError):
         return (
             f"cannot reach PostgreSQL at {where} ({text}). Fix: check that the server runs "

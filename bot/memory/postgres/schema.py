@@ -5,7 +5,7 @@ Invariants:
 - Each migration runs in one transaction together with its bookkeeping row, under a
   transaction-level advisory lock, so gateways starting at once migrate exactly once.
 - Nothing here needs a superuser: tables, indexes and a text search configuration are created
-  in the schema the bot's role may CREATE in (README "More than one gateway" lists the grants).
+  in the schema the bot's role may CREATE in (docs/postgresql.md lists the grants).
 - ``messages.search`` holds the words of the text and of its meta (author and date), folded in
   Python exactly as SQLite's ``unicode61 remove_diacritics 2`` tokenizer folds them
   (``bot.memory.postgres.words``) and stemmed by Snowball's original Porter stemmer, the

@@ -8,7 +8,7 @@ Invariants:
   ``VACUUM`` then removes the dead row versions and their index entries at once, so nothing
   can read them back. PostgreSQL does not zero the space it frees (SQLite's
   ``secure_delete`` does): the bytes stay in free space and in the WAL until overwritten,
-  which README "More than one gateway" says, with ``VACUUM FULL`` for a physical purge.
+  which docs/postgresql.md says, with ``VACUUM FULL`` for a physical purge.
 """
 
 from __future__ import annotations
