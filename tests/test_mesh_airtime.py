@@ -41,7 +41,7 @@ def test_without_metrics_only_spacing_applies() -> None:
 
 def test_with_metrics_the_bot_spaces_itself_to_the_channel_limit() -> None:
     p = _pacer()
-    p.note_metrics(Metrics(channel_utilization=0.0, air_util_tx=0.0))
+    p.note_metrics(Metrics(channel_utilization=0.0, air_util_tx=0.0), at=103.0)
     p.wrote(100.0, 2.0)
     v = p.wait(103.0, 2.0, last=100.0)
     # own share <= 20%: a 2 s packet every 10 s
@@ -51,15 +51,17 @@ def test_with_metrics_the_bot_spaces_itself_to_the_channel_limit() -> None:
 def test_others_leave_less_room_and_fill_it_to_a_hold() -> None:
     p = _pacer()
     p.wrote(100.0, 2.0)  # own last minute: 2 s = 3.3%
-    p.note_metrics(Metrics(channel_utilization=13.3 + 3.33, air_util_tx=0.1))
+    p.note_metrics(Metrics(channel_utilization=13.3 + 3.33, air_util_tx=0.1), at=110.0)
     v = p.wait(110.0, 2.0, last=100.0)
     assert v.reason == "slow" and v.wait == pytest.approx(2.0 * 100 / (20 - 13.3) - 10, 0.05)
-    p.note_metrics(Metrics(channel_utilization=22.0 + 3.33, air_util_tx=0.1))
+    p.note_metrics(Metrics(channel_utilization=22.0 + 3.33, air_util_tx=0.1), at=110.0)
     held = p.wait(110.0, 2.0, last=100.0)
     assert (held.reason, held.wait) == ("hold", 10.0)  # re-checked every poll
     urgent = p.wait(110.0, 0.4, last=100.0, urgent=True)  # a one-packet "busy" still goes
     assert urgent.wait == 0.0
-    p.note_metrics(Metrics(channel_utilization=FIRMWARE_CHANNEL_LIMIT + 5, air_util_tx=0.1))
+    p.note_metrics(
+        Metrics(channel_utilization=FIRMWARE_CHANNEL_LIMIT + 5, air_util_tx=0.1), at=110.0
+    )
     assert p.wait(110.0, 0.4, last=100.0, urgent=True).reason == "hold"
     assert p.hold_estimate(110.0, 2.0) >= 60.0  # what the "busy" notice says
 
@@ -76,6 +78,8 @@ def test_the_duty_cycle_stops_the_bot_until_the_hour_frees_room() -> None:
 
 def test_the_radios_own_hourly_figure_counts_too() -> None:
     p = _pacer(duty_cycle=10.0)
-    p.note_metrics(Metrics(channel_utilization=1.0, air_util_tx=10.5))  # relays, firmware ACKs
+    p.note_metrics(
+        Metrics(channel_utilization=1.0, air_util_tx=10.5), at=50.0
+    )  # relays, firmware ACKs
     v = p.wait(50.0, 1.0, last=0.0)
     assert (v.reason, v.wait) == ("duty", 10.0)

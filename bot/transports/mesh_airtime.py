@@ -16,8 +16,9 @@ Invariants:
   * channel: with the radio's ``channelUtilization`` (its last minute, the bot's own packets
     included) the others' part is estimated as reported - the bot's own last-minute share;
     the bot then spaces its packets so its own share stays within ``channel_limit`` - others
-    (longer spacing); when the others alone reach ``channel_limit``, non-urgent parts are
-    held (re-checked every ``poll``) and urgent ones (one-packet notices such as "busy")
+    (longer spacing: packets ``airtime / room`` apart, and no minute holding more); when
+    the others alone reach ``channel_limit``, non-urgent parts are held (re-checked every
+    ``poll``) and urgent ones (one-packet notices such as "busy")
     go out only below the firmware's own limit (``FIRMWARE_CHANNEL_LIMIT``);
   * without device metrics (old firmware) the channel rule is off: spacing and the bot's own
     duty cycle (from its ledger) still apply; the transport says so at start.
@@ -87,6 +88,7 @@ class Pacer:
         self.metrics = Metrics()
         self._ledger: deque[tuple[float, float]] = deque()  # (start of write, seconds on air)
         self._last_end = -math.inf
+        self._metrics_at = -math.inf
 
     # --- inputs ------------------------------------------------------------------------------
     def wrote(self, at: float, airtime: float) -> None:
@@ -95,18 +97,20 @@ class Pacer:
         self._last_end = max(self._last_end, at)
         self._prune(at)
 
-    def note_metrics(self, metrics: Metrics) -> None:
+    def note_metrics(self, metrics: Metrics, at: float) -> None:
+        """The radio reported ``metrics`` at ``at`` (they describe the minute before it)."""
         self.metrics = metrics
+        self._metrics_at = at
 
     # --- figures ------------------------------------------------------------------------------
     def own_share(self, now: float, window: float) -> float:
-        """Percent of the last ``window`` seconds the bot's own writes were on air."""
-        self._prune(now)
-        used = sum(a for t, a in self._ledger if t >= now - window)
+        """Percent of the ``window`` seconds before ``now`` the bot's own writes were on air."""
+        used = sum(a for t, a in self._ledger if now - window <= t <= now)
         return 100.0 * used / window
 
     def hourly_share(self, now: float) -> float:
         """The bot's (or, when reported, the node's) TX share of the last hour, percent."""
+        self._prune(now)
         own = self.own_share(now, HOUR)
         reported = self.metrics.air_util_tx
         return own if reported is None else max(own, reported)
@@ -116,7 +120,9 @@ class Pacer:
         util = self.metrics.channel_utilization
         if util is None:
             return None
-        return max(0.0, util - self.own_share(now, CHANNEL_WINDOW))
+        # the report covers the minute before it was made: subtract the bot's share of *that*
+        # minute (a stale report must not count the bot's own aged-out packets as others')
+        return max(0.0, util - self.own_share(self._metrics_at, CHANNEL_WINDOW))
 
     # --- the rule ------------------------------------------------------------------------------
     def wait(self, now: float, airtime: float, *, last: float, urgent: bool = False) -> Verdict:
@@ -136,9 +142,10 @@ class Pacer:
             if urgent and others < FIRMWARE_CHANNEL_LIMIT:
                 return Verdict(base, "")
             return Verdict(max(base, self.poll), "hold")
-        # Own share in the channel window must stay <= room: space writes by airtime / room.
+        # Own share in the channel window must stay <= room: space writes by airtime / room,
+        # and never let the last minute (this packet included) hold more than room allows.
         gap = airtime * 100.0 / room
-        slow = gap - (now - self._last_end)
+        slow = max(gap - (now - self._last_end), self._window_wait(now, airtime, room))
         if slow > base and slow >= RESOLUTION:
             return Verdict(slow, "slow")
         return Verdict(base if base >= RESOLUTION else 0.0, "")
@@ -169,6 +176,20 @@ class Pacer:
             if excess <= 0:
                 return max(0.0, t + HOUR - now)
         return HOUR
+
+    def _window_wait(self, now: float, airtime: float, room: float) -> float:
+        """Seconds until the bot's writes of the last ``CHANNEL_WINDOW`` plus this packet fit
+        ``room`` percent of the window."""
+        budget = room * CHANNEL_WINDOW / 100.0
+        recent = [(t, a) for t, a in self._ledger if t > now - CHANNEL_WINDOW]
+        excess = sum(a for _, a in recent) + airtime - budget
+        for t, a in recent:
+            if excess <= 0:
+                break
+            excess -= a
+            if excess <= 0:
+                return max(0.0, t + CHANNEL_WINDOW - now)
+        return 0.0 if excess <= 0 else CHANNEL_WINDOW
 
     def _prune(self, now: float) -> None:
         while self._ledger and self._ledger[0][0] < now - HOUR:

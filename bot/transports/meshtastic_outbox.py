@@ -181,7 +181,7 @@ class MeshOutbox(MeshLink):
     def _metrics_in(self, metrics: Metrics) -> None:
         if metrics.channel_utilization is None and metrics.air_util_tx is None:
             return
-        self._pacer.note_metrics(metrics)
+        self._pacer.note_metrics(metrics, self._clock.monotonic())
         self._jobs_changed.set()  # a held reply may go now
 
     # --- ACK bookkeeping (loop thread) ------------------------------------------------------
