@@ -101,7 +101,7 @@ def _check(
             r[0] for r in db.execute("SELECT parent_id FROM messages WHERE role = 'assistant'")
         )
         rows = db.execute(
-            "SELECT question_id, text, state, person FROM outbox WHERE kind = 'answer'"
+            "SELECT question_id, text, state, person, detail FROM outbox WHERE kind = 'answer'"
         ).fetchall()
     per_question = Counter(r[0] for r in rows)
     shown = Counter((p.to, bytes(p.decoded.payload).decode()) for _, p in radio.shown)
@@ -113,8 +113,8 @@ def _check(
     out = 0
     # "sent": every part was accepted by the radio but the ACK died with a killed process
     final = ("delivered", "sent", "expired", *(("pending",) if open_ok else ()))
-    for _qid, text, row_state, person in rows:
-        assert row_state in final, (person, row_state, seed)
+    for _qid, text, row_state, person, detail in rows:
+        assert row_state in final, (person, row_state, detail, seed)
         if row_state not in ("delivered", "sent"):
             continue
         out += 1
