@@ -427,8 +427,6 @@ class MeshOutbox(MeshLink):
         """Put one part on air: wait for the link, the spacing (and, for a broadcast, a link
         known to be up). A failed write takes the link down and the part is retried on the next
         link. None when no link came up before ``deadline``."""
-        from meshtastic.protobuf import mesh_pb2, portnums_pb2
-
         text = part.text
         reply_id = _reply_id(job.reply) if part.index == 0 else None
         packet_id = part.packet_id or 0
@@ -448,6 +446,11 @@ class MeshOutbox(MeshLink):
             generation = self._generation
 
             def write(iface: RadioInterface = iface) -> Any:
+                # Imported here, on the worker thread the library runs on: importing protobuf
+                # modules from two threads at once can fail ("Couldn't build proto file into
+                # descriptor pool"), seen when the loop thread imported mesh_pb2.
+                from meshtastic.protobuf import mesh_pb2, portnums_pb2
+
                 # As the library's sendData builds it, with our planned id (kept when nonzero).
                 packet = mesh_pb2.MeshPacket()
                 packet.channel = job.channel
