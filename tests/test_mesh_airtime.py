@@ -45,7 +45,7 @@ def test_with_metrics_the_bot_spaces_itself_to_the_channel_limit() -> None:
     p.wrote(100.0, 2.0)
     v = p.wait(103.0, 2.0, last=100.0)
     # own share <= 20%: a 2 s packet every 10 s
-    assert (v.reason, v.wait) == ("slow", pytest.approx(7.0))
+    assert v.reason == "slow" and v.wait == pytest.approx(7.0)
 
 
 def test_others_leave_less_room_and_fill_it_to_a_hold() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bot.domain import DeliveryStatus, Inbound, Reply
+from bot.memory.store import SqliteStore
 from bot.transports.mesh_airtime import lora_airtime
 from bot.transports.mesh_rules import node_id
 from tests.fakes.fake_llm import FakeLLM
@@ -85,18 +86,20 @@ async def test_a_reply_held_too_long_waits_in_the_outbox_and_max_age_still_appli
         await h.until(lambda: (h.transport._pacer.metrics.channel_utilization or 0) > 30, "spike")
         await h.until(lambda: len(h.radio.sent_texts()) >= 1 or not h.transport._jobs, "held")
         await app.responder.wait_idle()
-        rows = await app.store._all("SELECT state, claimed_by FROM outbox")
+        store = app.store
+        assert isinstance(store, SqliteStore)
+        rows = [tuple(r) for r in await store._all("SELECT state, claimed_by FROM outbox")]
         assert h.radio.sent_texts() == []
         assert rows == [("pending", None)]  # kept, claim given back for the next round
         assert await app.responder.redeliver() == 1  # still held: the round finds it again
         await h.until(lambda: not h.transport._jobs, "held again, back to the outbox")
         await app.responder.wait_idle()
         h.radio.inject_channel_utilization(0.0)
-        await app.store._db.execute("UPDATE outbox SET created_at = created_at - 7200")
+        await store._db.execute("UPDATE outbox SET created_at = created_at - 7200")
         assert await app.responder.redeliver() == 1
         await app.responder.wait_idle()
         assert h.radio.sent_texts() == []  # too old when the channel freed: expired, not sent
-        assert await app.store._all("SELECT state FROM outbox") == [("expired",)]
+        assert [tuple(r) for r in await store._all("SELECT state FROM outbox")] == [("expired",)]
 
 
 async def test_a_radio_without_device_metrics_paces_by_spacing_and_says_so(
