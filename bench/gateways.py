@@ -1,10 +1,14 @@
-"""Pipeline benchmark on PostgreSQL: per-turn overhead and turns/s with 1..N gateway processes
-sharing one database (issue 14). ``python -m bench.pipeline --store postgresql://...`` runs it.
+"""Pipeline benchmark, SQLite against PostgreSQL: per-turn overhead and turns/s on the same
+history, with 1..N gateway processes sharing one PostgreSQL database (issues 14, 19).
+``python -m bench.pipeline --store postgresql://...`` runs it.
 
 Steps:
+0. SQLite first, on the same history and machine (``bench.pipeline``'s ``ours`` run: one
+   process, a fresh copy of the generated file), unless ``--skip-sqlite``.
 1. the synthetic history of ``bench.pipeline`` (same generator, same cache under
    ``bench/results/``), copied into the PostgreSQL database once with ``bot.memory.move`` (the
-   code behind ``meshsage migrate-store``); a database already holding that history is reused.
+   code behind ``meshsage migrate-store``) and then VACUUM ANALYZEd, as autovacuum would do
+   after such a load; a database already holding that history is reused.
 2. one fake LLM process, answering at once over loopback HTTP, as in ``bench.pipeline``.
 3. for each gateway count N: N processes, each the real app (``bot.app.build`` with
    ``storage.url`` set, so a ``PostgresStore`` with its pool and lock connection) driven by an
@@ -52,6 +56,7 @@ from bot.domain import Inbound
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.memory.move import bar, copy_store
 from bot.memory.open import open_url
+from bot.memory.postgres import PostgresStore
 from bot.memory.sqlite import SqliteStore
 
 MARK_START = "<!-- bench:gateways:start -->"
@@ -67,6 +72,7 @@ class GatewayRun:
     overhead_p99_ms: float
     turns_per_s: float
     per_gateway_turns_per_s: float
+    duplicate_sends: int = 0  # a reply sent twice within its turn (an outbox race), counted
 
 
 # --- one gateway process ----------------------------------------------------------------------
@@ -88,6 +94,7 @@ async def serve_one(args: argparse.Namespace) -> dict[str, Any]:
     gen = TextGen(seed=args.seed + args.index)
     rng = random.Random(args.seed + 100 + args.index)
     overheads: list[float] = []
+    duplicates = [0]
     try:
         await app.start()
         count = 0
@@ -108,8 +115,14 @@ async def serve_one(args: argparse.Namespace) -> dict[str, Any]:
             await transport.inject(inbound)
             await app.responder.wait_idle()
             t1 = time.perf_counter()
-            if len(llm.foreground) != 1 or len(transport.sent) != sent + 1:
-                raise RuntimeError(f"turn {count} did not produce one LLM call and one reply")
+            new = transport.sent[sent:]
+            if len(llm.foreground) == 1 and len(new) > 1 and {r.text for r in new} == {new[0].text}:
+                duplicates[0] += len(new) - 1  # an outbox race: counted and reported
+            elif len(llm.foreground) != 1 or len(new) != 1:
+                raise RuntimeError(
+                    f"turn {count} did not produce one LLM call and one reply "
+                    f"({len(llm.foreground)} calls, replies {[r.text[:60] for r in new]})"
+                )
             a, b = llm.foreground[0]
             return Turn(total=t1 - t0, llm=b - a, before_llm=a - t0, after_llm=t1 - b)
 
@@ -124,7 +137,7 @@ async def serve_one(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await app.close()
         await real.close()
-    return {"overheads": overheads, "started": started, "ended": ended}
+    return {"overheads": overheads, "started": started, "ended": ended, "duplicates": duplicates[0]}
 
 
 # --- orchestration ----------------------------------------------------------------------------
@@ -147,6 +160,10 @@ async def load(args: argparse.Namespace, db: Path) -> int:
                 print(f"loaded in {time.perf_counter() - t0:.0f} s", flush=True)
             finally:
                 await source.close()
+            # Statistics and the visibility map (index-only word lookups skip the heap only on
+            # all-visible pages), as autovacuum sets them some time after a bulk load.
+            assert isinstance(pg, PostgresStore), "--store must be a postgresql:// URL"
+            await pg._run(lambda con: con.execute("VACUUM ANALYZE"))
         elif have != args.conversations:
             raise SystemExit(
                 f"{args.store} holds {have} conversations, not the {args.conversations} of this "
@@ -200,6 +217,7 @@ def run_gateways(args: argparse.Namespace, base_url: str, n: int, messages: int)
         overhead_p99_ms=1000 * percentile(overheads, 99),
         turns_per_s=len(overheads) / wall,
         per_gateway_turns_per_s=len(overheads) / wall / n,
+        duplicate_sends=sum(int(p.get("duplicates", 0)) for p in parts),
     )
 
 
@@ -225,7 +243,12 @@ def run_all(args: argparse.Namespace) -> list[GatewayRun]:
         runs = []
         for n in (int(x) for x in args.gateways.split(",")):
             print(f"{n} gateway(s): {args.turns} turns ...", flush=True)
-            runs.append(run_gateways(args, base_url, n, messages))
+            try:
+                runs.append(run_gateways(args, base_url, n, messages))
+            except RuntimeError as exc:  # said, and the other counts still measured
+                print(f"{n} gateway(s) FAILED: {exc}", flush=True)
+                continue
+            print("RUN " + json.dumps(asdict(runs[-1])), flush=True)
         return runs
     finally:
         if fake.stdin is not None:
@@ -233,17 +256,50 @@ def run_all(args: argparse.Namespace) -> list[GatewayRun]:
         fake.wait(timeout=10)
 
 
-def table(runs: Sequence[GatewayRun]) -> str:
+def sqlite_row(args: argparse.Namespace) -> GatewayRun | None:
+    """SQLite's ``ours`` run of ``bench.pipeline`` on the same history (one process)."""
+    if args.skip_sqlite:
+        return None
+    from bench import pipeline
+
+    ours = argparse.Namespace(**{**vars(args), "strategies": "ours"})
+    print(f"SQLite: {args.turns} turns ...", flush=True)
+    (r,) = pipeline.run_all(ours)
+    print("SQLITE " + json.dumps(asdict(r)), flush=True)
+    return GatewayRun(
+        gateways=1,
+        turns=r.turns,
+        messages_in_db=r.messages_in_db,
+        overhead_p50_ms=r.overhead_p50_ms,
+        overhead_p99_ms=r.overhead_p99_ms,
+        turns_per_s=r.turns_per_s,
+        per_gateway_turns_per_s=r.turns_per_s,
+        duplicate_sends=r.duplicate_sends,
+    )
+
+
+def table(runs: Sequence[GatewayRun], sqlite: GatewayRun | None = None) -> str:
     lines = [
-        "| gateway processes | overhead p50 ms | overhead p99 ms | turns/s (all) "
-        "| turns/s per gateway | messages in DB |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| store | gateway processes | overhead p50 ms | overhead p99 ms | turns/s (all) "
+        "| turns/s per gateway | messages in DB | duplicate sends |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in runs:
+    rows = [("SQLite", sqlite)] if sqlite is not None else []
+    for store, r in [*rows, *(("PostgreSQL", r) for r in runs)]:
+        assert r is not None
         lines.append(
-            f"| {r.gateways} | {r.overhead_p50_ms:.2f} | {r.overhead_p99_ms:.2f} | "
-            f"{r.turns_per_s:.0f} | {r.per_gateway_turns_per_s:.0f} | {r.messages_in_db:,} |"
+            f"| {store} | {r.gateways} | {r.overhead_p50_ms:.2f} | {r.overhead_p99_ms:.2f} | "
+            f"{r.turns_per_s:.0f} | {r.per_gateway_turns_per_s:.0f} | {r.messages_in_db:,} | "
+            f"{r.duplicate_sends} |"
         )
+    one = next((r for r in runs if r.gateways == 1), None)
+    if sqlite is not None and one is not None:
+        lines += [
+            "",
+            f"PostgreSQL (1 gateway) / SQLite: overhead p50 "
+            f"{one.overhead_p50_ms / sqlite.overhead_p50_ms:.2f}x, p99 "
+            f"{one.overhead_p99_ms / sqlite.overhead_p99_ms:.2f}x (target: p50 within 1.5x).",
+        ]
     return "\n".join(lines)
 
 
@@ -255,7 +311,9 @@ def command_line(args: argparse.Namespace) -> str:
     )
 
 
-def write_docs(path: Path, args: argparse.Namespace, runs: Sequence[GatewayRun]) -> None:
+def write_docs(
+    path: Path, args: argparse.Namespace, runs: Sequence[GatewayRun], sqlite: GatewayRun | None
+) -> None:
     block = "\n".join([
         MARK_START,
         f"Command: `{command_line(args)}` (warm-up {args.warmup} turns, seed {args.seed}); "
@@ -265,10 +323,10 @@ def write_docs(path: Path, args: argparse.Namespace, runs: Sequence[GatewayRun])
         f"average {args.load[0]:.1f} at the start, {args.load[1]:.1f} at the end (other work "
         "shares this machine: compare runs only at similar load).",
         "",
-        table(runs),
+        table(runs, sqlite),
         MARK_END,
     ])  # fmt: skip
-    text = path.read_text()
+    text = path.read_text() if path.exists() else ""
     if MARK_START not in text:
         raise SystemExit(f"{path} has no {MARK_START} marker; add one where the table goes")
     head, rest = text.split(MARK_START, 1)
@@ -289,13 +347,16 @@ def main(args: argparse.Namespace) -> None:
         print("GATEWAY " + json.dumps(asyncio.run(serve_one(args))))
         return
     load_before = os.getloadavg()[0]
+    sqlite = sqlite_row(args)
     runs = run_all(args)
     args.load = (load_before, os.getloadavg()[0])
     print()
-    print(table(runs))
+    print(table(runs, sqlite))
     print(f"\nmachine: {machine_notes()}")
     if args.write_docs:
         args.server_version = asyncio.run(_server_version(args))
-        write_docs(Path(args.headline), args, runs)
+        write_docs(Path(args.headline), args, runs, sqlite)
         print(f"wrote the table into {args.headline}")
-    print(json.dumps([asdict(r) for r in runs]))
+    print(
+        json.dumps({"sqlite": sqlite and asdict(sqlite), "postgresql": [asdict(r) for r in runs]})
+    )

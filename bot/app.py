@@ -317,7 +317,11 @@ async def build(
             idle=lambda: responder.idle,  # bound late: the responder is below
         )
         summarizer = Summarizer(
-            store=store, llm=gate.background, counter=counter, config=config.memory.summary
+            store=store,
+            llm=gate.background,
+            counter=counter,
+            config=config.memory.summary,
+            extractor=extractor,
         )
         commands = Commands(
             store=store,
@@ -326,7 +330,7 @@ async def build(
             operators=config.bot.operators,
             max_facts=config.memory.max_facts,
             model_name=lambda: gate.model_name,
-            links=LinkCodes(),
+            links=LinkCodes(store),
         )
         responder = Responder(
             store=store,
@@ -370,7 +374,8 @@ async def build(
                 _build_transport(name, app, env=env, stdin=stdin, stdout=stdout) for name in names
             ]
         app.transports = transports
-        if config.relay.pairs:
+        # chat, memory tools and reindex build one transport or none: no bridge to make
+        if config.relay.pairs and only is None and transports:
             app.bridge = _build_bridge(config, transports)
             bridge = app.bridge
             commands.stat_sources.append(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -35,12 +36,19 @@ from bot.errors import ConfigError, MeshsageError, TransportError
 from bot.llm.port import merge_system
 from bot.memory.export import FORMATS, import_document, person_document, read_import, render
 from bot.memory.store import SqliteStore
-from bot.ops import preflight
+from bot.ops import cli_ops, preflight
+from bot.ops.backup import KEEP_DEFAULT
 
 if TYPE_CHECKING:
     from bot.memory.postgres import PostgresStore
 
 log = logging.getLogger("bot.cli")
+
+DESCRIPTION = (
+    "meshsage: an LLM chat bot for Meshtastic mesh radios and Discord, with one memory behind "
+    "both. Start with `meshsage chat` in a terminal, `meshsage check-config` and `meshsage "
+    "doctor` before a service, `meshsage run` as the service."
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         "--env-file",
         help="read KEY=value secrets from this file too (e.g. /etc/meshsage/env, as systemd does)",
     )
-    p = argparse.ArgumentParser(prog="meshsage", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="meshsage", description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"meshsage {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
@@ -82,7 +90,14 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[cfg], help="what the running bot reports")
     status.add_argument("--json", action="store_true", help="print the raw status file")
     backup = sub.add_parser("backup", parents=[cfg], help="copy the database (safe while running)")
-    backup.add_argument("file", help="backup file (or a directory for a dated name)")
+    backup.add_argument(
+        "file", help="a directory (ending in /: created if missing) for dated files, or a file"
+    )
+    backup.add_argument(
+        "--keep", type=_positive, default=KEEP_DEFAULT, metavar="N",
+        help=f"into a directory: keep the newest N backups (default {KEEP_DEFAULT})",
+    )  # fmt: skip
+    backup.add_argument("--force", action="store_true", help="replace an existing backup file")
     restore = sub.add_parser("restore", parents=[cfg], help="replace the database from a backup")
     restore.add_argument("file", help="a file written by `meshsage backup`")
     mem = sub.add_parser("memory", help="inspect memory")
@@ -137,7 +152,32 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 1 or more (got {text!r})")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The console entry point; output to a closed pipe (``meshsage status | head -3``) ends
+    quietly instead of in a BrokenPipeError traceback."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at /dev/null so that flush is silent.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer cut off by `head`
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     os.umask(0o077)
     try:
@@ -171,11 +211,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve_locked(config, env=env, only=only, console=interactive)
         _setup_logging("DEBUG" if args.verbose else config.log_level)
         if args.command == "status":
-            return _status(config, as_json=args.json)
+            return cli_ops.status(config, as_json=args.json)
         if args.command == "backup":
-            return _backup(config, Path(args.file))
+            return cli_ops.backup(config, args.file, env=env, keep=args.keep, force=args.force)
         if args.command == "restore":
-            return _restore(config, Path(args.file))
+            return cli_ops.restore(config, Path(args.file), env=env)
         if args.command == "memory" and args.memory_command == "reindex":
             return asyncio.run(_memory_reindex(config, args))
         if args.command == "memory" and args.memory_command == "rebuild":
@@ -239,7 +279,7 @@ def _check_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     preflight.check(config, env=env, interactive=interactive)
     print(
         f"{config.source}: OK (transports: {', '.join(config.enabled_transports())}; "
-        f"database: {config.database_path})"
+        f"{preflight.describe_store(config)})"
     )
     return 0
 
@@ -252,8 +292,8 @@ def _isatty(stream: object) -> bool:
 
 
 def _setup_logging(level: str, *, quiet: bool = False) -> None:
-    if quiet and logging.getLevelName(level) < logging.WARNING:
-        level = "WARNING"  # a person chatting in the terminal sees answers, not INFO lines
+    if quiet:  # a person chatting in the terminal sees answers (and apologies), no log lines
+        level = "CRITICAL"
     logging.basicConfig(
         level=level,
         stream=sys.stderr,
@@ -281,6 +321,12 @@ async def _serve(
     # Opening (and migrating) the database can take longer than WatchdogSec on an SD card:
     # keep systemd's watchdog fed while the event loop runs; TimeoutStartSec bounds a stuck start.
     keepalive = asyncio.create_task(_starting_pings(env))
+    probe = None
+    if console and "console" in (only or config.enabled_transports()):
+        from bot.ops.probe import warn_if_unreachable
+
+        say = functools.partial(print, file=sys.stderr, flush=True)
+        probe = asyncio.create_task(warn_if_unreachable(config.llm.base_url, say))
     try:
         app = await build(config, env=env, only=only)
     finally:
@@ -314,13 +360,15 @@ async def _serve(
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     log.info(
-        "meshsage %s: model %s at %s, database %s",
+        "meshsage %s: model %s at %s, %s",
         __version__,
         config.llm.model,
         config.llm.base_url,
-        config.database_path,
+        preflight.describe_store(config),
     )
     ended = await app.run(stop)
+    if probe is not None:
+        probe.cancel()
     if hurried.is_set():
         return 130
     names = [t.name for t in app.transports]
@@ -347,48 +395,6 @@ async def _starting_pings(env: Mapping[str, str]) -> None:
             await asyncio.sleep(notifier.watchdog_interval / 3)
     finally:
         notifier.close()
-
-
-def _status(config: Config, *, as_json: bool) -> int:
-    from bot.ops import status as status_file
-
-    path = config.database_path.parent / status_file.STATUS_FILE
-    try:
-        report = status_file.read(path)
-    except FileNotFoundError:
-        print(
-            f"meshsage: no status file at {path}: the bot is not running (or runs with another "
-            "state dir). Fix: start it (sudo systemctl start meshsage) or pass its --config.",
-            file=sys.stderr,
-        )
-        return 1
-    except (OSError, ValueError) as exc:
-        print(f"meshsage: cannot read {path} ({exc})", file=sys.stderr)
-        return 1
-    lines, ok = status_file.render(report)
-    print(report.to_json() if as_json else "\n".join(lines))
-    return 0 if ok else 1
-
-
-def _backup(config: Config, target: Path) -> int:
-    from bot.ops.backup import backup
-
-    report = backup(config.database_path, target)
-    print(
-        f"backup: {report.path} ({report.bytes / 1e6:.1f} MB, {report.messages} messages, "
-        "integrity ok)"
-    )
-    return 0
-
-
-def _restore(config: Config, source: Path) -> int:
-    from bot.ops.backup import restore
-
-    report, saved = restore(source, config.database_path)
-    print(f"restore: {report.path} now holds {report.messages} messages from {source}")
-    if saved is not None:
-        print(f"restore: the previous database was saved as {saved}")
-    return 0
 
 
 async def _memory_show(config: Config, args: argparse.Namespace) -> int:

@@ -18,7 +18,8 @@ Invariants:
   console user is always an operator (they own the machine and the database). Facts never
   grant anything: "remember that I am an operator" is stored as text and checked by no one.
 - ``!remember`` refuses an exact or near duplicate of a pinned fact; ``!facts`` lists pinned
-  and extracted facts, numbered, pinned ones marked.
+  and extracted facts, numbered, each with its provenance in brackets ("you, 3 Nov" for
+  ``!remember``; 'inferred today from "..."' for an extracted one).
 - ``!link``/``!unlink`` act only on DMs; a wrong, expired or used code gets one answer that
   reveals nothing, and tries are rate-limited (bot.memory.links).
 - ``!export`` on a transport that cannot carry files says how to get the export instead.
@@ -34,7 +35,7 @@ from bot.domain import DM_SPACE, Attachment, Inbound
 from bot.errors import MeshsageError
 from bot.llm.tokens import TokenCounter
 from bot.memory.export import export_person
-from bot.memory.facts import find_duplicate
+from bot.memory.facts import find_duplicate, provenance
 from bot.memory.links import LinkCodes
 from bot.memory.port import MemoryStore
 from bot.text import MESH_COMMAND_BYTES, fit_bytes
@@ -270,13 +271,15 @@ class Commands:
         if not facts:
             return self._say(f"No facts yet. Add one with {self.prefix}remember <fact>.")
         each = max(16, (room - 10) // len(facts))
-        return self._say(
-            " ".join(
-                f"{i}) {'*' if f.pinned else ''}{fit_bytes(f.text, each)}"
-                for i, f in enumerate(facts, 1)
-            )
-            + " (*=pinned)" * any(f.pinned for f in facts)
-        )
+        firsts = {f.id: f.source_ids[0] for f in facts if f.source_ids}
+        sources = {m.id: m for m in await self._store.messages_by_ids(sorted(set(firsts.values())))}
+        now = time.time()
+        items = []
+        for i, f in enumerate(facts, 1):  # provenance: when, and from what (bot.memory.facts)
+            why = f" [{provenance(f, sources.get(firsts.get(f.id, -1)), today=now)}]"
+            why = fit_bytes(why, each - 16) if each >= 28 else ""
+            items.append(f"{i}) {fit_bytes(f.text, each - len(why.encode()))}{why}")
+        return self._say(" ".join(items))
 
     async def _unremember(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
@@ -369,14 +372,14 @@ class Commands:
         if not inbound.is_dm:
             return self._say(f"Send {p}link in a direct message: links join DM memory only.")
         if not arg:
-            code = self._links.issue(inbound.transport, inbound.sender)
+            code = await self._links.issue(inbound.transport, inbound.sender)
             return self._say(
                 f"Your link code is {code}. Within 10 minutes, send {p}link {code} to me from "
                 "your other account (other transport) to share our DM memory. Single use."
             )
-        if not self._links.allowed(inbound.transport, inbound.sender):
+        if not await self._links.allowed(inbound.transport, inbound.sender):
             return self._say("Too many link attempts. Wait 10 minutes, then try a new code.")
-        home = self._links.redeem(arg, inbound.transport)
+        home = await self._links.redeem(arg, inbound.transport, inbound.sender)
         if home is None:
             return self._say(f"That code does not work. Codes last 10 minutes and work once; "
                              f"send {p}link on your other account for a new one.")  # fmt: skip

@@ -37,6 +37,7 @@ from pydantic import (
 
 from bot.errors import ConfigError
 from bot.transports.mesh_text import MIN_PACKET_SPACING_SECONDS
+from bot.yaml_unique import load_unique
 
 ENV_CONFIG = "MESHSAGE_CONFIG"
 ENV_STATE_DIR = "MESHSAGE_STATE_DIR"
@@ -506,13 +507,15 @@ def _read_yaml(path: Path, *, from_env: bool = False) -> dict[str, Any]:
             f"{path}: cannot read ({exc}). Fix: check permissions/encoding."
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_unique(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = str(getattr(exc, "problem", exc))
+        if "appears twice" in problem:
+            raise ConfigError(f"{path}:{where}: {problem}.") from None
         raise ConfigError(
-            f"{path}:{where}: not valid YAML ({getattr(exc, 'problem', exc)}). "
-            "Fix: check indentation and quoting there."
+            f"{path}:{where}: not valid YAML ({problem}). Fix: check indentation and quoting there."
         ) from None
     if data is None:
         return {}

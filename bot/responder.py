@@ -73,6 +73,7 @@ from bot.errors import LLMUnavailable, StorageError
 from bot.llm.port import LLM, ContextTooLong
 from bot.llm.tokens import TokenCounter
 from bot.memory.indexer import Indexer
+from bot.memory.keep import CLAIM_STALE_SECONDS
 from bot.memory.layers import LayeredContext
 from bot.memory.port import MemoryStore
 from bot.memory.records import AlreadyStored, OutboxEntry, OutboxRow, StoredAnswer
@@ -357,6 +358,11 @@ class Responder:
             if not found or found[0].status != "pending":
                 log.debug("message %d in %s no longer pending; skipped", message_id, conv.id)
                 return
+            stale = time.time() - CLAIM_STALE_SECONDS  # another gateway's live claim: theirs
+            if not await self._store.claim_question(message_id, stale_before=stale):
+                log.debug("message %d in %s claimed by another gateway; skipped",
+                          message_id, conv.id)  # fmt: skip
+                return
             await self._answer(inbound, message_id)
 
     async def _answer(self, inbound: Inbound, message_id: int) -> None:
@@ -445,6 +451,8 @@ class Responder:
             log.error("could not store the answer for %s: %s", inbound.key, exc)
             await self._notice(inbound, ANSWER_NOT_STORED)
             return
+        folded = [m.id for m in ctx.window if m.role == "user" and m.status == "pending"]
+        await self._store.mark_answered(conv.id, [i for i in folded if i != message_id])
         row = await self._store.outbox_row(outbox_id)
         if row is None:
             return

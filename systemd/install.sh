@@ -4,9 +4,13 @@
 #   sudo systemd/install.sh --serial /dev/serial/by-id/usb-... [--discord] [--model NAME]
 #   sudo systemd/install.sh --tcp 192.168.1.50 --llm-url http://gpu-box:11434/v1 --yes
 # Idempotent: re-run it after "git pull" to upgrade. It never overwrites /etc/meshsage/config.yaml
-# or a token already in /etc/meshsage/env, repairs a half-made virtualenv, validates the config
-# with the same check `meshsage run` applies (as the service user, without a terminal), and
-# does not start or restart the service (it tells you how). Details: docs/operations.md.
+# (a re-run with other flags shows the difference and keeps it) or a token already in
+# /etc/meshsage/env, repairs a half-made virtualenv, checks the options before it installs
+# anything, validates the config with the same check `meshsage run` applies (as the service
+# user, without a terminal) before it enables anything, installs a daily backup timer
+# (--no-backup-timer skips it), and does not start or restart the service (it tells you how).
+# MESHSAGE_ROOT=DIR installs into DIR and touches nothing outside it (systemctl calls are only
+# recorded in DIR/systemctl.log). Details: docs/operations.md.
 set -euo pipefail
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,7 +20,9 @@ PREFIX=$ROOT/opt/meshsage
 VENV=$PREFIX/.venv
 ETC=$ROOT/etc/meshsage
 STATE=$ROOT/var/lib/meshsage
-UNIT=$ROOT/etc/systemd/system/meshsage.service
+UNITS=$ROOT/etc/systemd/system
+UNIT=$UNITS/meshsage.service
+BACKUPS=$STATE/backups
 SERIAL_DIR=${MESHSAGE_SERIAL_DIR:-/dev/serial/by-id}
 PYTHON=${PYTHON:-python3}
 EXTRAS=${EXTRAS:-meshtastic,discord}
@@ -35,6 +41,8 @@ Usage: sudo systemd/install.sh [options]
   --discord           enable Discord (token from $DISCORD_TOKEN or asked; see docs/discord.md)
   --llm-url URL       OpenAI-compatible server (default http://localhost:11434/v1, Ollama)
   --model NAME        model name on that server (default llama3.2:3b)
+  --postgres          also install asyncpg (storage.url: postgresql://...; docs/postgresql.md)
+  --no-backup-timer   do not install the daily backup timer (meshsage-backup.timer)
   --yes               ask nothing; fail when something needed is missing
   --interactive       ask even when stdin is not a terminal
 Without --serial, --tcp or --discord (and with a terminal), it asks. An existing
@@ -43,13 +51,16 @@ EOF
 }
 
 SERIAL="" TCP="" DISCORD=no LLM_URL="http://localhost:11434/v1" MODEL="llama3.2:3b" ASK=auto
+TIMER=yes FLAGS=no
 while [ $# -gt 0 ]; do
     case "$1" in
-    --serial) SERIAL=${2:?--serial needs a device path}; shift 2 ;;
-    --tcp) TCP=${2:?--tcp needs a host}; shift 2 ;;
-    --discord) DISCORD=yes; shift ;;
-    --llm-url) LLM_URL=${2:?--llm-url needs a URL}; shift 2 ;;
-    --model) MODEL=${2:?--model needs a name}; shift 2 ;;
+    --serial) SERIAL=${2:?--serial needs a device path}; FLAGS=yes; shift 2 ;;
+    --tcp) TCP=${2:?--tcp needs a host}; FLAGS=yes; shift 2 ;;
+    --discord) DISCORD=yes; FLAGS=yes; shift ;;
+    --llm-url) LLM_URL=${2:?--llm-url needs a URL}; FLAGS=yes; shift 2 ;;
+    --model) MODEL=${2:?--model needs a name}; FLAGS=yes; shift 2 ;;
+    --postgres) EXTRAS="$EXTRAS,postgres"; shift ;;
+    --no-backup-timer) TIMER=no; shift ;;
     --yes) ASK=no; shift ;;
     --interactive) ASK=yes; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -63,6 +74,90 @@ fi
 if [ -z "$ROOT" ] && [ "$(id -u)" -ne 0 ]; then
     die "run as root: sudo $0 $*"
 fi
+
+# --- choose transports (only when there is no config yet) ------------------------------------
+ask() { # ask VAR "question" default
+    local answer
+    printf '%s ' "$2" >&2
+    IFS= read -r answer || answer=""
+    printf -v "$1" '%s' "${answer:-$3}"
+}
+
+choose() {
+    local devices=() choice i
+    if [ -d "$SERIAL_DIR" ]; then
+        for dev in "$SERIAL_DIR"/*; do [ -e "$dev" ] && devices+=("$dev"); done
+    fi
+    say "Which radio? (the bot answers on the mesh through it)"
+    for i in "${!devices[@]}"; do printf '  %d) %s\n' "$((i + 1))" "${devices[$i]}" >&2; done
+    printf '  t) a node over TCP (WiFi/Ethernet, meshtasticd)\n  n) no radio\n' >&2
+    local default=n
+    [ "${#devices[@]}" -eq 0 ] || default=1
+    ask choice "radio [$default]:" "$default"
+    case "$choice" in
+    t | T) ask TCP "node address (host or host:port):" "" ;;
+    n | N) ;;
+    *)
+        [[ "$choice" =~ ^[0-9]+$ ]] && [ "$choice" -ge 1 ] && [ "$choice" -le "${#devices[@]}" ] ||
+            die "no such choice: $choice"
+        SERIAL=${devices[$((choice - 1))]}
+        ;;
+    esac
+    ask choice "Answer on Discord too? [y/N]:" "n"
+    case "$choice" in y | Y | yes) DISCORD=yes ;; esac
+    ask LLM_URL "LLM server URL [$LLM_URL]:" "$LLM_URL"
+    ask MODEL "model [$MODEL]:" "$MODEL"
+}
+
+render_config() { # the config these options make, on stdout
+    {
+        printf '# Written by systemd/install.sh. Every key: config.example.yaml;\n'
+        printf '# check it with: meshsage check-config --service --env-file /etc/meshsage/env\n'
+        printf 'llm:\n  base_url: %s\n  model: "%s"\n' "$LLM_URL" "$MODEL"
+        if [ -n "$SERIAL" ]; then
+            printf 'meshtastic:\n  connection: serial\n  device: %s\n' "$SERIAL"
+        elif [ -n "$TCP" ]; then
+            printf 'meshtastic:\n  connection: tcp\n  host: %s\n' "${TCP%%:*}"
+            [ "$TCP" = "${TCP#*:}" ] || printf '  port: %s\n' "${TCP#*:}"
+        fi
+        if [ "$DISCORD" = yes ]; then
+            printf 'discord:\n  # token: DISCORD_TOKEN in /etc/meshsage/env (docs/discord.md)\n  dms: true\n'
+        fi
+    }
+}
+
+svc() { # systemctl, or in a test root only a line in its log (nothing outside the root)
+    if [ -n "$ROOT" ]; then
+        echo "systemctl $*" >>"$ROOT/systemctl.log"
+        [ "$1" != is-active ] || return 3
+        return 0
+    fi
+    systemctl "$@"
+}
+
+# --- the options, checked before anything is installed ----------------------------------------
+check_options() {
+    [ -z "$SERIAL" ] || [ -z "$TCP" ] || die "choose one radio: --serial or --tcp, not both"
+    case "$LLM_URL" in
+    http://?* | https://?*) ;;
+    *) die "--llm-url must start with http:// or https:// (got '$LLM_URL'), e.g. http://localhost:11434/v1" ;;
+    esac
+    if [ -n "$SERIAL" ] && [ ! -e "$SERIAL" ]; then
+        say "warning: $SERIAL does not exist now (radio unplugged?); the bot retries until it appears"
+    fi
+    [ -e "$ETC/config.yaml" ] && return 0
+    if [ -z "$SERIAL$TCP" ] && [ "$DISCORD" = no ]; then
+        die "choose at least one transport: --serial DEVICE, --tcp HOST or --discord (a service has no terminal for the console; for a terminal chat run: meshsage chat)"
+    fi
+    if [ "$DISCORD" = yes ] && [ -z "${DISCORD_TOKEN:-}" ] && [ "$ASK" != yes ] &&
+        ! grep -qs '^DISCORD_TOKEN=.' "$ETC/env"; then
+        die "--discord needs the bot token, and DISCORD_TOKEN is not set: run again with DISCORD_TOKEN=... in the environment (sudo DISCORD_TOKEN=... $0 ...), or put DISCORD_TOKEN=... in $ETC/env first (docs/discord.md). Nothing was installed."
+    fi
+}
+if [ ! -e "$ETC/config.yaml" ] && [ "$ASK" = yes ]; then
+    choose
+fi
+check_options
 
 # --- Python and venv support first: a half-made venv is what a missing python3-venv leaves ---
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
@@ -118,72 +213,31 @@ as_owner chown root:meshsage "$ETC"
 install -d -m 0700 "$STATE"
 as_owner chown meshsage:meshsage "$STATE"
 
-# --- choose transports (only when there is no config yet) ------------------------------------
-ask() { # ask VAR "question" default
-    local answer
-    printf '%s ' "$2" >&2
-    IFS= read -r answer || answer=""
-    printf -v "$1" '%s' "${answer:-$3}"
-}
-
-choose() {
-    local devices=() choice i
-    if [ -d "$SERIAL_DIR" ]; then
-        for dev in "$SERIAL_DIR"/*; do [ -e "$dev" ] && devices+=("$dev"); done
-    fi
-    say "Which radio? (the bot answers on the mesh through it)"
-    for i in "${!devices[@]}"; do printf '  %d) %s\n' "$((i + 1))" "${devices[$i]}" >&2; done
-    printf '  t) a node over TCP (WiFi/Ethernet, meshtasticd)\n  n) no radio\n' >&2
-    local default=n
-    [ "${#devices[@]}" -eq 0 ] || default=1
-    ask choice "radio [$default]:" "$default"
-    case "$choice" in
-    t | T) ask TCP "node address (host or host:port):" "" ;;
-    n | N) ;;
-    *)
-        [[ "$choice" =~ ^[0-9]+$ ]] && [ "$choice" -ge 1 ] && [ "$choice" -le "${#devices[@]}" ] ||
-            die "no such choice: $choice"
-        SERIAL=${devices[$((choice - 1))]}
-        ;;
-    esac
-    ask choice "Answer on Discord too? [y/N]:" "n"
-    case "$choice" in y | Y | yes) DISCORD=yes ;; esac
-    ask LLM_URL "LLM server URL [$LLM_URL]:" "$LLM_URL"
-    ask MODEL "model [$MODEL]:" "$MODEL"
-}
-
-write_config() {
-    local tmp
-    tmp=$(mktemp)
-    {
-        printf '# Written by systemd/install.sh on %s. Every key: config.example.yaml;\n' "$(date +%F)"
-        printf '# check it with: meshsage check-config --service --env-file /etc/meshsage/env\n'
-        printf 'llm:\n  base_url: %s\n  model: "%s"\n' "$LLM_URL" "$MODEL"
-        if [ -n "$SERIAL" ]; then
-            printf 'meshtastic:\n  connection: serial\n  device: %s\n' "$SERIAL"
-        elif [ -n "$TCP" ]; then
-            printf 'meshtastic:\n  connection: tcp\n  host: %s\n' "${TCP%%:*}"
-            [ "$TCP" = "${TCP#*:}" ] || printf '  port: %s\n' "${TCP#*:}"
-        fi
-        if [ "$DISCORD" = yes ]; then
-            printf 'discord:\n  # token: DISCORD_TOKEN in /etc/meshsage/env (docs/discord.md)\n  dms: true\n'
-        fi
-    } >"$tmp"
-    install -m 0640 "$tmp" "$ETC/config.yaml"
-    rm -f "$tmp"
-    as_owner chown root:meshsage "$ETC/config.yaml"
-}
-
+NEW_CONFIG=""
 if [ -e "$ETC/config.yaml" ]; then
     say "keeping existing $ETC/config.yaml (validated below)"
-else
-    [ "$ASK" = yes ] && choose
-    if [ -z "$SERIAL$TCP" ] && [ "$DISCORD" = no ]; then
-        die "choose at least one transport: --serial DEVICE, --tcp HOST or --discord (a service has no terminal for the console; for a terminal chat run: meshsage chat)"
+    if [ "$FLAGS" = yes ]; then
+        candidate=$(mktemp)
+        render_config >"$candidate"
+        if diff -q "$ETC/config.yaml" "$candidate" >/dev/null; then
+            rm -f "$candidate"
+        else
+            say "your options differ from it; it is kept as it is. The difference (- kept, + options):"
+            diff -u --label "$ETC/config.yaml (kept)" --label "from these options" \
+                "$ETC/config.yaml" "$candidate" || true
+            say "to use the options instead: sudo mv $ETC/config.yaml $ETC/config.yaml.old, then run this again"
+            rm -f "$candidate"
+        fi
     fi
-    say "writing $ETC/config.yaml"
-    write_config
+else
+    # Written next to its final name and moved there only once it validates (below).
+    NEW_CONFIG=$ETC/.config.yaml.new
+    say "writing $ETC/config.yaml (moved into place once it validates)"
+    render_config >"$NEW_CONFIG"
+    chmod 0640 "$NEW_CONFIG"
+    as_owner chown root:meshsage "$NEW_CONFIG"
 fi
+CONFIG=${NEW_CONFIG:-$ETC/config.yaml}
 
 if [ ! -e "$ETC/env" ]; then
     say "creating $ETC/env (0640) for secrets"
@@ -205,11 +259,6 @@ if [ "$DISCORD" = yes ] && ! grep -q '^DISCORD_TOKEN=.' "$ETC/env"; then
     fi
 fi
 
-say "installing $UNIT and enabling it"
-install -d -m 0755 "$(dirname "$UNIT")"
-install -m 0644 "$SRC/systemd/meshsage.service" "$UNIT"
-systemctl daemon-reload
-systemctl enable meshsage.service
 
 # `meshsage status`, `meshsage doctor`, `meshsage backup FILE` for the operator, pointed at the
 # service's config and state dir (run them as the service user: sudo -u meshsage meshsage ...).
@@ -226,16 +275,36 @@ chmod 0755 "$BIN"
 "$VENV/bin/meshsage" --version
 # The same check `meshsage run` applies, as the service will run it: its user, its
 # environment file, no terminal.
-check=("$VENV/bin/meshsage" check-config --service --env-file "$ETC/env" "$ETC/config.yaml")
+check=("$VENV/bin/meshsage" check-config --service --env-file "$ETC/env" "$CONFIG")
 if [ -z "$ROOT" ] && command -v runuser >/dev/null 2>&1; then
     check=(runuser -u meshsage -- env MESHSAGE_STATE_DIR="$STATE" "${check[@]}")
 else
     check=(env MESHSAGE_STATE_DIR="$STATE" "${check[@]}")
 fi
 if ! "${check[@]}" </dev/null; then
-    die "the config above would not run. Fix $ETC/config.yaml (or $ETC/env) as the message says, then run this again."
+    [ -z "$NEW_CONFIG" ] || rm -f "$NEW_CONFIG"
+    die "the config above would not run, so nothing was enabled. Fix $ETC/config.yaml (or $ETC/env; or the options) as the message says, then run this again."
 fi
-if systemctl is-active --quiet meshsage.service; then
+[ -z "$NEW_CONFIG" ] || mv "$NEW_CONFIG" "$ETC/config.yaml"
+
+say "ensuring the backup directory $BACKUPS (meshsage 0700)"
+install -d -m 0700 "$BACKUPS"
+as_owner chown meshsage:meshsage "$BACKUPS"
+
+say "installing $UNIT and enabling it"
+install -d -m 0755 "$UNITS"
+install -m 0644 "$SRC/systemd/meshsage.service" "$UNIT"
+if [ "$TIMER" = yes ]; then
+    say "installing the daily backup timer (meshsage-backup.timer: $BACKUPS/, newest 7 kept)"
+    install -m 0644 "$SRC/systemd/meshsage-backup.service" "$UNITS/meshsage-backup.service"
+    install -m 0644 "$SRC/systemd/meshsage-backup.timer" "$UNITS/meshsage-backup.timer"
+fi
+svc daemon-reload
+svc enable meshsage.service
+if [ "$TIMER" = yes ]; then
+    svc enable --now meshsage-backup.timer
+fi
+if svc is-active --quiet meshsage.service; then
     say "done. The running service still has the old code: sudo systemctl restart meshsage"
 else
     say "done. Start it with: sudo systemctl start meshsage"

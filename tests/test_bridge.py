@@ -337,7 +337,7 @@ async def test_stats_show_relay_counters(fake_discord: FakeDiscord, tmp_path: An
     try:
         commands = Commands(
             store=store, counter=make_counter(), prefix="!", operators=(), max_facts=5,
-            model_name=lambda: "m", links=LinkCodes(),
+            model_name=lambda: "m", links=LinkCodes(store),
         )  # fmt: skip
         async with rig(fake_discord) as r:
             commands.stat_sources.append(

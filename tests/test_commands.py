@@ -80,7 +80,7 @@ async def test_remember_facts_unremember(harness: Harness) -> None:
     await harness.say("!remember I am vegetarian")
     await harness.say("!remember My radio is a T-Beam")
     await harness.say("!facts")
-    assert _last(harness) == "1) *I am vegetarian 2) *My radio is a T-Beam (*=pinned)"
+    assert _last(harness) == "1) I am vegetarian [you, today] 2) My radio is a T-Beam [you, today]"
     harness.llm.reply = "ok"
     await harness.say("what should I eat?")
     system = harness.llm.chat_requests()[-1]["messages"][0]["content"]
@@ -88,7 +88,7 @@ async def test_remember_facts_unremember(harness: Harness) -> None:
     await harness.say("!unremember 1")
     assert _last(harness) == "Removed fact 1: I am vegetarian"
     await harness.say("!facts")
-    assert _last(harness) == "1) *My radio is a T-Beam (*=pinned)"
+    assert _last(harness) == "1) My radio is a T-Beam [you, today]"
 
 
 async def test_reset_forgets_context_but_keeps_facts(harness: Harness) -> None:

@@ -161,10 +161,12 @@ def test_discord_token_goes_to_the_env_file(root: Path) -> None:
     assert again.returncode == 0, again.stderr
 
 
-def test_discord_without_a_token_is_refused_by_the_check(root: Path) -> None:
+def test_discord_without_a_token_is_refused_before_anything_is_installed(root: Path) -> None:
     result = install(root, "--discord", "--yes")
     assert result.returncode == 1
-    assert "DISCORD_TOKEN" in result.stderr and "is not set" in result.stderr
+    assert "DISCORD_TOKEN is not set" in result.stderr and "Nothing was installed" in result.stderr
+    assert not (root / "opt").exists() and not (root / "etc").exists()  # no venv, no pip
+    assert not (root / "systemctl.log").exists()  # nothing enabled
 
 
 def test_interactive_questions_pick_the_radio(root: Path) -> None:
@@ -185,3 +187,90 @@ def test_a_32_bit_userland_is_refused_with_the_reason(root: Path) -> None:
     assert result.returncode == 1
     assert "a 64-bit OS is required" in result.stderr and "32-bit" in result.stderr
     assert not (root / "opt").exists()
+
+
+def _outside_alarm(root: Path) -> Path:
+    """Make `systemctl` on PATH a tripwire: any call leaves a file outside the root."""
+    tripped = root.parent / "real-systemctl-was-called"
+    (root.parent / "stubs" / "systemctl").write_text(f"#!/bin/sh\ntouch {tripped}\nexit 1\n")
+    return tripped
+
+
+def test_test_root_mode_touches_nothing_outside_the_root(root: Path) -> None:
+    tripped = _outside_alarm(root)
+    before = sorted(p.name for p in root.parent.iterdir())
+    result = install(root, "--tcp", "192.0.2.7", "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not tripped.exists(), "the real systemctl was called in MESHSAGE_ROOT mode"
+    assert sorted(p.name for p in root.parent.iterdir()) == before  # only the root changed
+    log = (root / "systemctl.log").read_text().splitlines()
+    assert log == ["systemctl daemon-reload", "systemctl enable meshsage.service",
+                   "systemctl enable --now meshsage-backup.timer",
+                   "systemctl is-active --quiet meshsage.service"]  # fmt: skip
+
+
+def test_backup_directory_and_daily_timer_are_installed(root: Path) -> None:
+    result = install(root, "--tcp", "192.0.2.7", "--yes")
+    assert result.returncode == 0, result.stderr
+    backups = root / "var" / "lib" / "meshsage" / "backups"
+    assert backups.is_dir() and _mode(backups) == 0o700
+    units = root / "etc" / "systemd" / "system"
+    for name in ("meshsage-backup.service", "meshsage-backup.timer"):
+        assert (units / name).read_text() == (REPO / "systemd" / name).read_text()
+    service = (units / "meshsage-backup.service").read_text()
+    assert "meshsage backup --keep 7 /var/lib/meshsage/backups/" in service
+    assert "OnCalendar=daily" in (units / "meshsage-backup.timer").read_text()
+
+
+def test_no_backup_timer_skips_the_timer(root: Path) -> None:
+    result = install(root, "--tcp", "192.0.2.7", "--yes", "--no-backup-timer")
+    assert result.returncode == 0, result.stderr
+    assert not (root / "etc" / "systemd" / "system" / "meshsage-backup.timer").exists()
+    assert "backup.timer" not in (root / "systemctl.log").read_text()
+    assert (root / "var" / "lib" / "meshsage" / "backups").is_dir()  # `meshsage backup` by hand
+
+
+def test_rerun_with_other_flags_keeps_the_config_and_shows_the_difference(root: Path) -> None:
+    assert install(root, "--tcp", "192.0.2.7", "--yes").returncode == 0
+    config_path = root / "etc" / "meshsage" / "config.yaml"
+    before = config_path.read_text()
+    again = install(root, "--tcp", "192.0.2.99", "--model", "qwen2.5:1.5b", "--yes")
+    assert again.returncode == 0, again.stderr
+    assert config_path.read_text() == before  # kept
+    assert "your options differ" in again.stdout
+    assert "-  host: 192.0.2.7" in again.stdout and "+  host: 192.0.2.99" in again.stdout
+    assert '+  model: "qwen2.5:1.5b"' in again.stdout
+    assert "config.yaml.old" in again.stdout  # how to use the options instead
+    same = install(root, "--tcp", "192.0.2.7", "--yes")  # the same options: no difference shown
+    assert same.returncode == 0 and "differ" not in same.stdout
+
+
+def test_a_config_that_fails_the_check_enables_nothing(root: Path) -> None:
+    result = install(root, "--tcp", "192.0.2.7:notaport", "--yes")
+    assert result.returncode == 1
+    assert "meshtastic.port: must be a whole number" in result.stderr
+    assert "nothing was enabled" in result.stderr
+    log = root / "systemctl.log"
+    assert not log.exists() or "enable" not in log.read_text()
+    etc = root / "etc" / "meshsage"
+    assert not (etc / "config.yaml").exists() and not (etc / ".config.yaml.new").exists()
+    assert not (root / "etc" / "systemd" / "system" / "meshsage.service").exists()
+    fixed = install(root, "--tcp", "192.0.2.7:4403", "--yes")  # re-run with the fix: installs
+    assert fixed.returncode == 0, fixed.stderr
+    assert "systemctl enable meshsage.service" in (root / "systemctl.log").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--serial", "/dev/x", "--tcp", "h", "--yes"], "not both"),
+        (["--tcp", "h", "--llm-url", "localhost:11434", "--yes"], "must start with http://"),
+    ],
+    ids=["two-radios", "llm-url-without-scheme"],
+)
+def test_bad_options_are_refused_before_anything_is_installed(
+    root: Path, args: list[str], words: str
+) -> None:
+    result = install(root, *args)
+    assert result.returncode == 1 and words in result.stderr
+    assert not (root / "opt").exists() and not (root / "etc").exists()

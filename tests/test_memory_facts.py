@@ -198,10 +198,15 @@ async def test_remember_refuses_a_duplicate_of_a_pinned_fact_politely(
         conv = await h.store.conversation(h.transport_key("alice"))
         await h.store.add_fact(conv.id, text="Has a cat", tokens=2, pinned=False)
         await h.say("!facts")
-        assert h.transport.texts()[-1] == "1) *I am vegetarian 2) Has a cat (*=pinned)"
+        assert (
+            h.transport.texts()[-1]
+            == "1) I am vegetarian [you, today] 2) Has a cat [inferred today]"
+        )
         await h.say("!remember Has a cat")  # pinning an extracted fact replaces it
         await h.say("!facts")
-        assert h.transport.texts()[-1] == "1) *I am vegetarian 2) *Has a cat (*=pinned)"
+        assert (
+            h.transport.texts()[-1] == "1) I am vegetarian [you, today] 2) Has a cat [you, today]"
+        )
     finally:
         await h.app.close()
 

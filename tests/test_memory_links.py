@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from bot.app import App, build
 from bot.domain import DM_SPACE, ConversationKey
-from bot.memory.links import CODE_TTL, MAX_ATTEMPTS, LinkCodes
+from bot.memory.links import CODE_TTL, MAX_ATTEMPTS, MAX_FAILURES, LinkCodes
 from bot.memory.sqlite.identity import LinkError
 from bot.memory.store import SqliteStore
 from tests.conftest import make_config
@@ -106,22 +107,58 @@ async def test_codes_are_single_use_and_wrong_codes_reveal_nothing(rig: Rig) -> 
     assert "direct message" in channel
 
 
-def test_codes_expire_and_attempts_are_rate_limited() -> None:
-    now = [0.0]
-    codes = LinkCodes(clock=lambda: now[0])
-    code = codes.issue("mesh", "!a")
+async def test_codes_expire_and_attempts_are_rate_limited(store: SqliteStore) -> None:
+    now = [time.time()]
+    codes = LinkCodes(store, clock=lambda: now[0])
+    code = await codes.issue("mesh", "!a")
     assert len(code) == 6 and code.isdigit()
-    now[0] = CODE_TTL + 1
-    assert codes.redeem(code, "discord") is None  # expired
-    code = codes.issue("mesh", "!a")
-    assert codes.redeem(code, "discord") == ConversationKey("mesh", "!a", DM_SPACE)
-    assert all(codes.allowed("discord", "x") for _ in range(MAX_ATTEMPTS))
-    assert not codes.allowed("discord", "x")  # guessing stops here for 10 minutes
+    rows = await store._all("SELECT code_hash FROM link_codes")
+    assert [r[0] for r in rows] != [code] and len(rows[0][0]) == 64  # stored hashed
     now[0] += CODE_TTL + 1
-    assert codes.allowed("discord", "x")
-    first = codes.issue("mesh", "!b")
-    second = codes.issue("mesh", "!b")  # a new code replaces the old one
-    assert codes.redeem(first, "discord") is None or first == second
+    assert await codes.redeem(code, "discord", "x") is None  # expired
+    code = await codes.issue("mesh", "!a")
+    assert await codes.redeem(code, "discord", "y") == ConversationKey("mesh", "!a", DM_SPACE)
+    for _ in range(MAX_ATTEMPTS):
+        assert await codes.allowed("discord", "g")
+        assert await codes.redeem("000000", "discord", "g") is None
+    assert not await codes.allowed("discord", "g")  # guessing stops here for 10 minutes
+    assert await codes.allowed("discord", "h")  # another account still may
+    now[0] += CODE_TTL + 1
+    assert await codes.allowed("discord", "g")
+    first = await codes.issue("mesh", "!b")
+    second = await codes.issue("mesh", "!b")  # a new code replaces the old one
+    assert await codes.redeem(first, "discord", "z") is None or first == second
+
+
+async def test_failures_are_limited_for_the_whole_code_space(store: SqliteStore) -> None:
+    """Fresh accounts cannot share out the guessing: MAX_FAILURES in all, then everyone
+    waits (the issue's 20 fresh accounts x 5 tries)."""
+    now = [time.time()]
+    codes = LinkCodes(store, clock=lambda: now[0])
+    tried = 0
+    for account in range(20):
+        for _ in range(MAX_ATTEMPTS):
+            if not await codes.allowed("discord", f"fresh{account}"):
+                break
+            await codes.redeem(f"{tried:06d}", "discord", f"fresh{account}")
+            tried += 1
+    assert tried == MAX_FAILURES
+    assert not await codes.allowed("discord", "someone-new")
+    now[0] += CODE_TTL + 1
+    assert await codes.allowed("discord", "someone-new")
+
+
+async def test_a_code_survives_a_restart(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "m.db")
+    code = await LinkCodes(store).issue("mesh", "!a")
+    await store.close()
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        assert await LinkCodes(store).redeem(code, "discord", "1") == ConversationKey(
+            "mesh", "!a", DM_SPACE
+        )
+    finally:
+        await store.close()
 
 
 async def test_channels_never_link(store: SqliteStore) -> None:

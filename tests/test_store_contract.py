@@ -168,7 +168,6 @@ async def test_forget_removes_every_row_of_that_person_only(memory: MemoryStore)
 
 
 async def test_pending_messages_are_found_for_recovery(memory: MemoryStore) -> None:
-    q = await _say(memory, ALICE, "unanswered")
     conv = await memory.conversation(ALICE)
     await memory.add_message(
         conv.id,
@@ -179,6 +178,7 @@ async def test_pending_messages_are_found_for_recovery(memory: MemoryStore) -> N
         status="sent",
         answers=await _say(memory, ALICE, "answered"),
     )
+    q = await _say(memory, ALICE, "unanswered")  # (an earlier one would be folded into it)
     found = await memory.pending_messages(since=time.time() - 60, transports=["mesh"])
     assert [(key, m.id) for key, m in found] == [(ALICE, q)]
     assert await memory.pending_messages(since=time.time() - 60, transports=["discord"]) == []

@@ -217,3 +217,15 @@ def test_install_script_stops_at_the_first_error() -> None:
         if line.strip() and not line.startswith("#")
     ]
     assert code[0] == "set -euo pipefail"
+
+
+def test_backup_timer_units_verify(analyze: str, tmp_path: Path) -> None:
+    for name in ("meshsage-backup.service", "meshsage-backup.timer"):
+        text = (UNIT.parent / name).read_text(encoding="utf-8")
+        (tmp_path / name).write_text(
+            text.replace("/opt/meshsage/.venv/bin/meshsage", f"{sys.executable} -m bot.cli"),
+            encoding="utf-8",
+        )
+    result = run(analyze, "verify", "--man=no", str(tmp_path / "meshsage-backup.service"),
+                 str(tmp_path / "meshsage-backup.timer"))  # fmt: skip
+    assert result.returncode == 0 and result.stderr == "", result.stderr

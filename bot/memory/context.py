@@ -55,13 +55,14 @@ from typing import Literal
 
 from bot.llm.port import ChatMessage, Role, merge_system
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
+from bot.memory.facts import INFERRED_TOKENS, fact_line
 from bot.memory.port import MemoryStore
 from bot.memory.retrieval import RetrievedBlock, Retriever
 from bot.memory.store import ASSISTANT, USER, Conversation, Fact, StoredMessage, Summary
 from bot.text import fill_prompt
 
-FACTS_HEADER = "Notes this person asked you to remember:"
-NEW_FACTS_HEADER = "(New notes this person asked you to remember:"
+FACTS_HEADER = "Notes about this person (plain: they asked you to remember it):"
+NEW_FACTS_HEADER = "(New notes about this person (plain: they asked you to remember it):"
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 RETRIEVED_HEADER = "(Earlier messages that may be relevant, dated:"
 NOTE_END = ")"
@@ -199,10 +200,11 @@ class ContextBuilder:
         kept: list[Fact] = []
         fact_tokens = self._header_tokens[FACTS_HEADER]
         for fact in reversed(facts):
-            if fact_tokens + fact.tokens + 2 > int(free * FACTS_MAX_SHARE):
+            cost = fact.tokens + 2 + (0 if fact.pinned else INFERRED_TOKENS)
+            if fact_tokens + cost > int(free * FACTS_MAX_SHARE):
                 continue
             kept.insert(0, fact)
-            fact_tokens += fact.tokens + 2
+            fact_tokens += cost
 
         # A pending fold waits for its chapter (so the prompt changes once, not twice) while
         # the whole window still leaves room for everything else; then it folds regardless.
@@ -240,7 +242,7 @@ class ContextBuilder:
 
         blocks = [Block("system", system_tokens, system)]
         if stable:
-            text = FACTS_HEADER + "\n" + "\n".join(f"- {f.text}" for f in stable)
+            text = FACTS_HEADER + "\n" + "\n".join(fact_line(f) for f in stable)
             blocks.append(Block("facts", self._measure(text), text))
         if chapter_text:
             blocks.append(Block("summary", chapter_tokens, chapter_text))
@@ -257,7 +259,7 @@ class ContextBuilder:
         fresh_text = ""
         if fresh:
             noted_text = " ".join(notes.values())
-            lines = [f"- {f.text}" for f in fresh if f.text not in noted_text]
+            lines = [fact_line(f) for f in fresh if f.text not in noted_text]
             if lines:
                 fresh_text = NEW_FACTS_HEADER + "\n" + "\n".join(lines) + NOTE_END
                 extras.append(fresh_text)

@@ -18,12 +18,14 @@ Invariants:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bot.errors import MeshsageError
+from bot.domain import ConversationKey
+from bot.errors import MemoryRefused, MeshsageError
 from bot.memory.port import MemoryStore
 from bot.memory.records import (
     CONVERSATION_FIELDS,
@@ -33,6 +35,8 @@ from bot.memory.records import (
     SESSION_FIELDS,
     SUMMARY_FIELDS,
 )
+
+log = logging.getLogger("bot.memory.export")
 
 FORMAT = "meshsage-export"
 VERSION = 1
@@ -249,6 +253,14 @@ def validate(doc: Any, *, source: str = "the file") -> dict[str, Any]:
                     raise bad(f"{rwhere}: source_ids must be message ids")
                 if "first_message_id" in row and row["first_message_id"] > row["last_message_id"]:
                     raise bad(f"{rwhere}: first_message_id is after last_message_id")
+        link = conv.get("link")
+        if link is not None and not (
+            isinstance(link, dict)
+            and all(isinstance(link.get(k), str) and link[k] for k in ("transport", "person"))
+            and isinstance(link.get("home"), bool)
+        ):
+            raise bad(f'{where}.link must be {{"transport": ..., "person": ..., "home": '
+                      "true|false} or absent")  # fmt: skip
         lt = conv.get("longterm_summary", "missing")
         if lt == "missing":
             raise bad(f'{where}: "longterm_summary" is missing')
@@ -341,5 +353,33 @@ def _unique(seen: set[int], value: int, where: str, bad: Callable[[str], ImportF
 
 
 async def import_document(store: MemoryStore, doc: dict[str, Any]) -> dict[str, int]:
-    """Write a validated document (one transaction; raises when ids are taken)."""
-    return await store.load_dump(doc["transport"], doc["person"], doc["conversations"])
+    """Write a validated document (one transaction; raises when ids are taken), then restore
+    its links whose other side is already there (``links`` in the counts when any)."""
+    counts = await store.load_dump(doc["transport"], doc["person"], doc["conversations"])
+    links = await restore_links(store, doc)
+    if links:
+        counts["links"] = links
+    return counts
+
+
+async def restore_links(store: MemoryStore, doc: dict[str, Any]) -> int:
+    """Link again each imported DM whose export says it was linked, once both sides are in the
+    database (import the two sides' exports in any order): the absorbed side's rows move into
+    the home with their origin, as ``!link`` did."""
+    done = 0
+    for conv in doc["conversations"]:
+        link = conv.get("link")
+        if link is None:
+            continue
+        mine = ConversationKey(doc["transport"], doc["person"], conv["space"])
+        other = ConversationKey(link["transport"], link["person"], conv["space"])
+        if await store.find_conversation(other) is None:
+            continue  # linked when the other side's export is imported
+        home, absorbed = (mine, other) if link["home"] else (other, mine)
+        try:
+            await store.link_dm(home, absorbed)
+        except MemoryRefused as exc:
+            log.warning("import: the link of %s with %s was not restored: %s", mine, other, exc)
+            continue
+        done += 1
+    return done

@@ -19,6 +19,7 @@ import difflib
 import json
 import logging
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,9 @@ log = logging.getLogger("bot.memory.facts")
 
 FACT_MAX_CHARS = 300
 MAX_PROPOSALS = 20
-MAX_INPUT_MESSAGES = 60
+MAX_INPUT_MESSAGES = 60  # per model call: a longer session is read in chunks of this many
+INFERRED = " (inferred from your chats, not asked to remember)"
+INFERRED_TOKENS = 10  # what INFERRED adds to a fact's prompt cost (an upper bound)
 NEAR_DUPLICATE = 0.85
 EXTRACT_TOKENS = 400
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
@@ -160,9 +163,20 @@ class FactExtractor:
         self._max_facts = max_facts
 
     async def extract(self, conversation_id: int, messages: Sequence[StoredMessage]) -> Applied:
-        """Ask the model about ``messages`` and apply its decisions. LLM errors propagate
-        (the caller retries later); bad output is logged and applies nothing."""
-        messages = list(messages)[-MAX_INPUT_MESSAGES:]
+        """Ask the model about all of ``messages``, in chunks of ``MAX_INPUT_MESSAGES`` oldest
+        first (so what was said early in a long session counts), and apply its decisions after
+        each chunk. LLM errors propagate (the caller retries later); bad output is logged and
+        applies nothing for that chunk."""
+        messages = list(messages)
+        total = Applied()
+        for start in range(0, len(messages), MAX_INPUT_MESSAGES):
+            got = await self._extract_chunk(
+                conversation_id, messages[start : start + MAX_INPUT_MESSAGES]
+            )
+            total = Applied(*(a + b for a, b in zip(_counts(total), _counts(got), strict=True)))
+        return total
+
+    async def _extract_chunk(self, conversation_id: int, messages: list[StoredMessage]) -> Applied:
         if not any(m.role == USER for m in messages):
             return Applied()
         facts = await self._store.facts(conversation_id)
@@ -226,3 +240,31 @@ class FactExtractor:
             else:
                 ignored += 1
         return Applied(added, updated, deleted, ignored)
+
+
+def _counts(a: Applied) -> tuple[int, int, int, int]:
+    return a.added, a.updated, a.deleted, a.ignored
+
+
+def fact_line(fact: Fact) -> str:
+    """A fact as the model sees it: a pinned one is the person's own note; an extracted one
+    says it was inferred, so the model does not treat it as something they asked to keep."""
+    return f"- {fact.text}" if fact.pinned else f"- {fact.text}{INFERRED}"
+
+
+def provenance(fact: Fact, source: StoredMessage | None, *, today: float) -> str:
+    """``!facts``' short "when and from what": the date (or "today"), and for an inferred fact
+    the start of the message it came from."""
+    when = fact.updated_at or fact.created_at
+    day = (
+        "today"
+        if time.strftime("%Y%m%d", time.gmtime(when)) == time.strftime("%Y%m%d", time.gmtime(today))
+        else time.strftime("%d %b", time.gmtime(when)).lstrip("0")
+    )
+    if fact.pinned:
+        return f"you, {day}"
+    if source is None:
+        return f"inferred {day}"
+    words = " ".join(source.text.split())
+    quote = words if len(words) <= 24 else words[:23] + "…"
+    return f'inferred {day} from "{quote}"'

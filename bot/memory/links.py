@@ -3,67 +3,80 @@
 Invariants:
 - A code is 6 random digits (``secrets``), valid for ``CODE_TTL`` seconds, used at most once;
   a person holds at most one live code (a new ``!link`` replaces it).
+- Codes live in the store, hashed (the table never holds a code as typed), so every gateway
+  sharing the store and a restart honour them. Redeeming is one atomic delete of the live
+  row: a code redeemed twice at once, on two gateways, is won by exactly one.
 - ``redeem`` answers the same way for a wrong, expired or used code, so a guess learns nothing
-  about other codes; each (transport, person) gets ``MAX_ATTEMPTS`` tries per ``CODE_TTL``
-  (right or wrong), so guessing one of 10^6 codes within its lifetime is hopeless.
+  about other codes. Failed redemptions are counted in the store: each (transport, person)
+  gets ``MAX_ATTEMPTS`` failures per ``CODE_TTL``, and the whole code space gets
+  ``MAX_FAILURES`` (every account together), so fresh accounts cannot share out the guessing:
+  at most ``MAX_FAILURES`` guesses per 10 minutes against 10^6 codes.
 - A code redeemed on the transport that issued it does nothing (it must prove the *other*
-  account). Codes live in memory only: a restart voids them, which is safe.
+  account) and is not spent.
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Protocol
 
 from bot.domain import DM_SPACE, ConversationKey
 
 CODE_TTL = 600.0
-MAX_ATTEMPTS = 5
+MAX_ATTEMPTS = 5  # failures per account per CODE_TTL
+MAX_FAILURES = 30  # failures of all accounts together per CODE_TTL
 
 
-@dataclass(frozen=True, slots=True)
-class _Code:
-    key: ConversationKey
-    expires: float
+class CodeStore(Protocol):
+    """What link codes need from the memory store (both backends implement it)."""
+
+    async def save_link_code(
+        self, code_hash: str, transport: str, person: str, *, expires_at: float, now: float
+    ) -> bool: ...
+
+    async def take_link_code(
+        self, code_hash: str, *, transport: str, now: float
+    ) -> tuple[str, str] | None: ...
+
+    async def note_link_failure(self, transport: str, person: str, *, now: float) -> None: ...
+
+    async def link_failures(self, *, since: float) -> tuple[int, dict[tuple[str, str], int]]: ...
+
+
+def code_hash(code: str) -> str:
+    return hashlib.sha256(f"meshsage-link:{code.strip()}".encode()).hexdigest()
 
 
 class LinkCodes:
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, store: CodeStore, *, clock: Callable[[], float] = time.time) -> None:
+        self._store = store
         self._clock = clock
-        self._codes: dict[str, _Code] = {}
-        self._attempts: dict[tuple[str, str], deque[float]] = {}
 
-    def issue(self, transport: str, person: str) -> str:
+    async def issue(self, transport: str, person: str) -> str:
         now = self._clock()
-        key = ConversationKey(transport, person, DM_SPACE)
-        for code, live in list(self._codes.items()):
-            if live.key == key or live.expires <= now:
-                del self._codes[code]
         while True:
             code = f"{secrets.randbelow(10**6):06d}"
-            if code not in self._codes:
-                break
-        self._codes[code] = _Code(key, now + CODE_TTL)
-        return code
+            if await self._store.save_link_code(
+                code_hash(code), transport, person, expires_at=now + CODE_TTL, now=now
+            ):
+                return code
 
-    def allowed(self, transport: str, person: str) -> bool:
-        """Count one attempt; False when this account used up its tries for now."""
+    async def allowed(self, transport: str, person: str) -> bool:
+        """False while this account, or all accounts together, used up their failures."""
+        total, per = await self._store.link_failures(since=self._clock() - CODE_TTL)
+        return total < MAX_FAILURES and per.get((transport, person), 0) < MAX_ATTEMPTS
+
+    async def redeem(self, code: str, transport: str, person: str) -> ConversationKey | None:
+        """The issuing DM for a live code from another transport (the code is then spent);
+        None (and one failure counted) otherwise."""
         now = self._clock()
-        stamps = self._attempts.setdefault((transport, person), deque())
-        while stamps and now - stamps[0] > CODE_TTL:
-            stamps.popleft()
-        if len(stamps) >= MAX_ATTEMPTS:
-            return False
-        stamps.append(now)
-        return True
-
-    def redeem(self, code: str, transport: str) -> ConversationKey | None:
-        """The issuing DM for a live code from another transport (the code is then spent)."""
-        live = self._codes.get(code.strip())
-        if live is None or live.expires <= self._clock() or live.key.transport == transport:
+        found = None
+        if code.strip().isdigit() and len(code.strip()) == 6:
+            found = await self._store.take_link_code(code_hash(code), transport=transport, now=now)
+        if found is None:
+            await self._store.note_link_failure(transport, person, now=now)
             return None
-        del self._codes[code.strip()]
-        return live.key
+        return ConversationKey(found[0], found[1], DM_SPACE)

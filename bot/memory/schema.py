@@ -243,6 +243,31 @@ def _m007_outbox_claims() -> str:
             packet_id INTEGER NOT NULL CHECK (packet_id > 0),
             PRIMARY KEY (outbox_id, part)
         );
+
+
+def _m008_memory_promises() -> str:
+    # Link codes live in the store (hashed, expiring, single use) so every gateway and a
+    # restart honour them; failed redemptions are counted per code space (bot.memory.links).
+    # A pending question's claim (claimed_by/claimed_at) lets one gateway take it over by
+    # compare-and-set; finished outbox rows are pruned by age (bot.memory.keep).
+    return """
+        CREATE TABLE link_codes (
+            code_hash TEXT PRIMARY KEY,
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            expires_at REAL NOT NULL
+        );
+        CREATE INDEX link_codes_person ON link_codes (transport, person);
+        CREATE TABLE link_failures (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            at REAL NOT NULL
+        );
+        CREATE INDEX link_failures_at ON link_failures (at);
+        ALTER TABLE messages ADD COLUMN claimed_by TEXT;
+        ALTER TABLE messages ADD COLUMN claimed_at REAL;
+        CREATE INDEX outbox_finished ON outbox (updated_at) WHERE state != 'pending';
         """
 
 
@@ -255,6 +280,7 @@ MIGRATIONS: list[Migration] = [
     ("004_memory_tiers", _m004_memory_tiers),
     ("005_outbox_parts_platform", _m005_outbox_parts_platform),
     ("007_outbox_claims", _m007_outbox_claims),
+    ("008_memory_promises", _m008_memory_promises),
 ]
 
 

@@ -188,7 +188,7 @@ class SessionKeeper:
         )
         title, summary = parse_session_summary(completion.text)
         if self._extractor is not None:
-            await self._extractor.extract(session.conversation_id, shown)
+            await self._extractor.extract(session.conversation_id, messages)  # all, in chunks
         await self._store.set_session_summary(
             session.id, title=title, summary=summary, tokens=self._counter.count(summary)
         )

@@ -39,8 +39,9 @@ from bot.errors import LLMUnavailable
 from bot.llm.gate import BackgroundPreempted
 from bot.llm.port import LLM, TRUNCATED_MARK, ChatMessage
 from bot.llm.tokens import TokenCounter
+from bot.memory.facts import FactExtractor
 from bot.memory.port import MemoryStore
-from bot.memory.records import SUMMARY_CLAIM
+from bot.memory.records import FACTS_CLAIM, SUMMARY_CLAIM
 from bot.memory.store import USER, Conversation, StoredMessage, Summary
 
 log = logging.getLogger("bot.memory.summary")
@@ -72,7 +73,9 @@ class Summarizer:
         counter: TokenCounter,
         config: SummaryConfig,
         clock: Callable[[], float] = time.monotonic,
+        extractor: FactExtractor | None = None,
     ) -> None:
+        self._extractor = extractor  # facts from each folded chapter (issue 21), not only at close
         self._store = store
         self._llm = llm
         self._counter = counter
@@ -138,6 +141,14 @@ class Summarizer:
         if not saved:
             return False
         log.debug("conversation %d: chapter up to message %d", conversation.id, pending[-1].id)
+        if self._extractor is not None:
+            try:  # the chapter stands; missed facts are read again at the session's close
+                async with self._store.claim(FACTS_CLAIM, conversation.id) as mine:
+                    if mine:  # (a session close holding it reads these messages too)
+                        await self._extractor.extract(conversation.id, pending)
+            except (LLMUnavailable, BackgroundPreempted) as exc:
+                log.info("facts at the fold of conversation %d postponed: %s",
+                         conversation.id, exc)  # fmt: skip
         total = sum(c.tokens for c in chapters) + self._counter.count(text)
         if total > self._config.max_tokens * MERGE_FACTOR:
             await self._merge(conversation)

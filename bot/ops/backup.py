@@ -1,6 +1,9 @@
 """Backups and restores of the SQLite memory, and the lock that says "the bot is running".
 
 Invariants:
+- A backup into a directory gets a new dated name (never replacing one) and keeps the newest
+  N; to a file path it never overwrites without ``force``; old backups are pruned only after
+  the new one is complete, so a full disk loses nothing.
 - ``backup`` uses SQLite's online backup API in one step: a consistent snapshot taken while the
   bot keeps writing (WAL readers do not block the writer). The copy is a single self-contained
   file (journal mode DELETE), passes ``integrity_check`` before it is renamed into place, and is
@@ -17,15 +20,17 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import re
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bot.errors import StorageError
-from bot.ops.files import private_file
+from bot.errors import DiskFull, StorageError
+from bot.files import private_dir, private_file
 
 LOCK_FILE = "meshsage.lock"
 
@@ -79,19 +84,81 @@ class BackupReport:
     messages: int
 
 
-def backup(database: Path, target: Path) -> BackupReport:
-    """Copy ``database`` to ``target`` with the online backup API; safe while the bot runs."""
+KEEP_DEFAULT = 7  # dated backups kept in a directory (`backup --keep N`)
+
+
+def resolve_target(target: str | Path, *, suffix: str = ".db", force: bool = False) -> Path:
+    """Where a backup goes. A directory (existing, or written with a trailing slash; created
+    0700 if missing) gets a new dated file, never replacing one; a file path must not exist
+    unless ``force`` and its directory must."""
+    text = str(target)
+    path = Path(text)
+    if path.is_dir() or text.endswith("/"):
+        try:
+            private_dir(path)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot create the backup directory {path} ({exc.strerror}). Fix: create it "
+                f"as a user who may (sudo install -d -m 700 -o meshsage {path}), or pick another."
+            ) from None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        # Two backups in one second: both kept, the later one numbered after every file of
+        # that second (even one pruned since, so "newest" by name stays true).
+        taken = [n for s, n, _ in _dated(path, suffix) if s == stamp]
+        n = max(taken, default=0) + 1
+        return path / (f"meshsage-{stamp}{suffix}" if n == 1 else f"meshsage-{stamp}-{n}{suffix}")
+    if path.exists() and not force:
+        raise StorageError(
+            f"{path} already exists; a backup never overwrites one silently. Fix: pass a "
+            f"directory ({path.parent}/) for a new dated file, another name, or --force to "
+            "replace it."
+        )
+    if not path.parent.is_dir():
+        raise StorageError(
+            f"the directory {path.parent} does not exist. Fix: create it, or end the path with "
+            f"a slash ({path}/) to back up into a new directory."
+        )
+    return path
+
+
+def prune(directory: Path, *, keep: int, suffix: str = ".db", keeping: Path) -> list[Path]:
+    """Remove all but the newest ``keep`` dated backups in ``directory`` (never ``keeping``,
+    the one just written); returns what went. Only files named as ``resolve_target`` names
+    them are touched; "newest" is by the name's time stamp and counter (file times tie)."""
+    dated = [p for _, _, p in sorted(_dated(directory, suffix)) if p != keeping]
+    gone = dated[: max(0, len(dated) + 1 - keep)]
+    for old in gone:
+        old.unlink(missing_ok=True)
+    return gone
+
+
+def _dated(directory: Path, suffix: str) -> list[tuple[str, int, Path]]:
+    """(stamp, counter, path) of every dated backup in ``directory``; counter 1 = no suffix."""
+    pattern = re.compile(r"meshsage-(\d{8}-\d{6})(?:-(\d+))?" + re.escape(suffix))
+    found = []
+    for p in directory.iterdir():
+        m = pattern.fullmatch(p.name)
+        if m is not None and p.is_file():
+            found.append((m.group(1), int(m.group(2) or 1), p))
+    return found
+
+
+def backup(
+    database: Path, target: str | Path, *, force: bool = False, keep: int | None = None
+) -> BackupReport:
+    """Copy ``database`` with the online backup API; safe while the bot runs. Into a
+    directory, the newest ``keep`` dated backups stay (after this one is complete)."""
     if not database.is_file():
         raise StorageError(
             f"no database at {database}. Fix: pass --config (or set MESHSAGE_STATE_DIR) so it "
             "points at the bot's state dir."
         )
-    if target.exists() and target.is_dir():
-        target = target / f"meshsage-{time.strftime('%Y%m%d-%H%M%S')}.db"
+    into_dir = Path(target).is_dir() or str(target).endswith("/")
+    target = resolve_target(target, force=force)
     tmp = target.with_name(f".{target.name}.partial")
-    tmp.unlink(missing_ok=True)
-    private_file(tmp)
     try:
+        tmp.unlink(missing_ok=True)
+        private_file(tmp)
         src = sqlite3.connect(database, timeout=30)  # read-write: WAL readers need the -shm
         try:
             dst = sqlite3.connect(tmp)
@@ -105,16 +172,34 @@ def backup(database: Path, target: Path) -> BackupReport:
         finally:
             src.close()
         os.replace(tmp, target)
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, OSError) as exc:
         tmp.unlink(missing_ok=True)
-        raise StorageError(
-            f"backup of {database} to {target} failed ({exc}). Fix: check free space and that "
-            "the target directory is writable."
-        ) from None
+        raise _write_failed(target, exc) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if into_dir and keep is not None:
+        prune(target.parent, keep=keep, keeping=target)
     return BackupReport(path=target, bytes=target.stat().st_size, messages=messages)
+
+
+def _write_failed(target: Path, exc: BaseException) -> StorageError:
+    text = str(exc)
+    if getattr(exc, "errno", None) == errno.ENOSPC or "disk is full" in text:
+        return DiskFull(
+            f"no space left for the backup in {target.parent}; nothing was replaced and the "
+            "earlier backups are kept. Fix: free space there (or keep fewer: --keep N), or "
+            "back up to another disk."
+        )
+    if isinstance(exc, PermissionError):
+        return StorageError(
+            f"cannot write {target} (permission denied). Fix: run as the bot's user (sudo -u "
+            "meshsage meshsage backup ...) or pick a directory this user can write."
+        )
+    return StorageError(
+        f"backup to {target} failed ({getattr(exc, 'strerror', None) or text}). Fix: check "
+        "free space and that the target directory is writable."
+    )
 
 
 def restore(source: Path, database: Path) -> tuple[BackupReport, Path | None]:
@@ -144,9 +229,9 @@ def restore(source: Path, database: Path) -> tuple[BackupReport, Path | None]:
             saved = database.with_name(
                 f"{database.name}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}"
             )
-            backup(database, saved)
+            backup(database, saved, force=True)
         incoming = database.with_name(f".{database.name}.restoring")
-        report = backup(source, incoming)
+        report = backup(source, incoming, force=True)
         for suffix in ("-wal", "-shm"):
             database.with_name(database.name + suffix).unlink(missing_ok=True)
         os.replace(incoming, database)

@@ -30,6 +30,7 @@ from pathlib import Path
 from bot.config import Config, LLMConfig, MeshtasticConfig, default_state_dir, load_config
 from bot.errors import ConfigError
 from bot.ops import preflight
+from bot.ops.probe import missing_v1, v1_fix
 
 DISCORD_API = "https://discord.com/api/v10"
 MIN_FREE_BYTES = 200 * 1024 * 1024
@@ -85,24 +86,17 @@ async def diagnose(
     discord_api: str = DISCORD_API,
     interactive: bool = False,
 ) -> list[Check]:
-    try:
-        config = load_config(config_path, env=env)
-    except ConfigError as exc:
-        return [Check("config", Level.FAIL, str(exc))]
-    checks: list[Check] = []
-    found = preflight.problems(config, env=env, interactive=interactive)
-    if found:
-        checks.append(Check("config", Level.FAIL, " | ".join(found)))
-    else:
-        checks.append(
-            Check(
-                "config",
-                Level.OK,
-                f"{config.source} (transports: {', '.join(config.enabled_transports())})",
-            )
-        )
+    config, verdict = check_config(config_path, env=env, interactive=interactive)
+    if config is None:
+        return [verdict]
+    checks: list[Check] = [verdict]
     checks += check_state_dir(config)
-    checks.append(check_database(config.database_path))
+    if config.storage.postgres:
+        from bot.ops.doctor_pg import check_postgres
+
+        checks += await check_postgres(config.storage, env=env)
+    else:
+        checks.append(check_database(config.database_path))
     checks += await check_llm(config.llm, env=env)
     checks.append(check_tokenizer())
     if config.meshtastic is not None and "meshtastic" in config.enabled_transports():
@@ -115,6 +109,27 @@ async def diagnose(
         )
     checks.append(check_disk(config.state_dir or default_state_dir()))
     return checks
+
+
+def check_config(
+    config_path: str | None, *, env: Mapping[str, str], interactive: bool
+) -> tuple[Config | None, Check]:
+    """The config check: the same ``preflight.check`` (and the same words) as ``run`` and
+    ``check-config``; the config is None when it could not even be read."""
+    try:
+        config = load_config(config_path, env=env)
+    except ConfigError as exc:
+        return None, Check("config", Level.FAIL, str(exc))
+    try:
+        preflight.check(config, env=env, interactive=interactive)
+    except ConfigError as exc:
+        return config, Check("config", Level.FAIL, str(exc))
+    transports = ", ".join(config.enabled_transports())
+    return config, Check(
+        "config",
+        Level.OK,
+        f"{config.source} (transports: {transports}; {preflight.describe_store(config)})",
+    )
 
 
 # --- state dir and database ---------------------------------------------------------------------
@@ -214,11 +229,31 @@ def check_database(path: Path) -> Check:
 async def check_llm(llm: LLMConfig, *, env: Mapping[str, str]) -> list[Check]:
     """The model list (``/models``) and one tiny completion, through the same openai client
     the bot uses (so proxies, TLS and the API key behave the same)."""
+
+    key = (env.get(llm.api_key_env) if llm.api_key_env else None) or "not-needed"
+    warned = []
+    if llm.api_key_env and not env.get(llm.api_key_env, "").strip():
+        warned.append(
+            Check("llm key", Level.WARN, f"llm.api_key_env names {llm.api_key_env}, which is not "
+                  "set (the bot sends no key; a hosted API will refuse)",
+                  f"set {llm.api_key_env} (systemd: /etc/meshsage/env), or remove "
+                  "llm.api_key_env for a local server"),
+        )  # fmt: skip
+    if await asyncio.to_thread(missing_v1, llm.base_url, timeout=llm.connect_timeout):
+        return [
+            *warned,
+            Check("llm", Level.FAIL, f"{llm.base_url} answers, but not as an OpenAI-compatible "
+                  "API (that is under /v1)", v1_fix(llm.base_url)),
+            Check("llm completion", Level.SKIP, "wrong base_url"),
+        ]  # fmt: skip
+    return warned + await _check_llm_api(llm, key)
+
+
+async def _check_llm_api(llm: LLMConfig, key: str) -> list[Check]:
     import openai
 
     from bot.llm.openai_compat import describe_error
 
-    key = (env.get(llm.api_key_env) if llm.api_key_env else None) or "not-needed"
     client = openai.AsyncOpenAI(
         base_url=llm.base_url,
         api_key=key,
@@ -361,6 +396,15 @@ def check_serial(device: str) -> Check:
             f"{'' if member else ', not a member'})",
             fix,
         )
+    if not _is_tty(real):
+        return Check(
+            "radio",
+            Level.FAIL,
+            f"{device} -> {real} is not a serial port (a terminal device), so no radio answers "
+            "there",
+            "set meshtastic.device to the radio's /dev/serial/by-id/... path (ls "
+            "/dev/serial/by-id/ with the radio plugged in)",
+        )
     note = ""
     if "ttyACM" in real and _modemmanager_running():
         note = "; ModemManager runs and may grab ttyACM devices"
@@ -371,6 +415,18 @@ def check_serial(device: str) -> Check:
             "sudo systemctl disable --now ModemManager",
         )
     return Check("radio", Level.OK, f"{device} -> {real} is readable and writable")
+
+
+def _is_tty(real: str) -> bool:
+    """A character device the kernel lists as a tty (or a pseudo-terminal), judged without
+    opening it: opening a serial port toggles DTR, which resets many radios."""
+    try:
+        if not stat.S_ISCHR(os.stat(real).st_mode):
+            return False
+    except OSError:
+        return False
+    name = os.path.basename(real)
+    return real.startswith("/dev/pts/") or os.path.exists(f"/sys/class/tty/{name}")
 
 
 def _modemmanager_pids() -> list[int]:

@@ -26,6 +26,7 @@ from bot import __version__
 from bot.memory.store import SqliteStore
 from bot.ops import status as status_file
 from bot.ops.metrics import LastError, Latencies
+from bot.ops.preflight import redact
 from bot.ops.sdnotify import Notifier
 from bot.transports.base import Transport, health_of
 
@@ -67,6 +68,7 @@ class Monitor:
         self._status_line = ""
         self._write_failed = ""
         self._stopped = False
+        self._store_name = store_name(store)
 
     def stop(self) -> None:
         """Ends ``run`` at its next step, even if a cancel was lost."""
@@ -112,6 +114,13 @@ class Monitor:
             problems.append(f"the database did not answer within {self._store_timeout:g} s")
         except Exception as exc:  # health boundary: any store failure is a health problem
             problems.append(f"the database failed a trivial query ({exc})")
+        size = 0
+        if isinstance(self._store, SqliteStore):
+            size = _database_bytes(self._store.path)
+        elif not problems:  # PostgreSQL: the server sizes the whole (shared) database
+            with contextlib.suppress(Exception):  # health boundary, as above
+                async with asyncio.timeout(self._store_timeout):
+                    size = await self._store.database_bytes()
         transports = {}
         for t in self._transports():
             h = health_of(t)
@@ -133,10 +142,8 @@ class Monitor:
             llm_calls=len(self._latencies),
             llm_p50_seconds=self._latencies.percentile(50),
             llm_p95_seconds=self._latencies.percentile(95),
-            # a shared PostgreSQL database is sized by its server, not by this gateway
-            database_bytes=(
-                _database_bytes(self._store.path) if isinstance(self._store, SqliteStore) else 0
-            ),
+            database_bytes=size,
+            store=self._store_name,
             last_error_at=self._last_error.at,
             last_error=self._last_error.text,
             relay=dict(self._relay()) if self._relay is not None else {},
@@ -148,6 +155,13 @@ class Monitor:
         links = ", ".join(f"{n} {t.link}" for n, t in sorted(snapshot.transports.items()))
         head = "serving" if snapshot.healthy else "UNHEALTHY: " + "; ".join(snapshot.problems)
         return f"{head}; {links}; today {snapshot.messages_in_today} in"
+
+
+def store_name(store: SqliteStore | PostgresStore) -> str:
+    """The store in words for the status and the run log, never with a password."""
+    if isinstance(store, SqliteStore):
+        return f"SQLite {store.path}"
+    return f"PostgreSQL {redact(store.url)}"
 
 
 def _local_midnight(now: float) -> float:

@@ -66,21 +66,100 @@ def problems(
             )
     for name in names:
         module = _EXTRAS.get(name)
-        if module is not None and importlib.util.find_spec(module) is None:
+        if module is not None and not installed(module):
             found.append(
                 f"{src}: {name}: needs the {module} package, which is not installed. Fix: "
                 f"pip install 'meshsage[{name}]' (or meshsage[all]), or remove the {name}: section."
             )
-    if config.memory.embeddings.enabled and importlib.util.find_spec("numpy") is None:
+    if config.memory.embeddings.enabled and not installed("numpy"):
         found.append(
             f"{src}: memory.embeddings is enabled but numpy is not installed. Fix: "
             "pip install 'meshsage[embeddings]', or set memory.embeddings.enabled: false."
         )
+    if config.relay.pairs and only is None:
+        found += _relay_problems(config, names)
+    found += storage_problems(config, env=env)
     state = state_dir_problem(config.state_dir or default_state_dir())
     if state is not None:
         origin = config.origin("state_dir") if config.state_dir else "the default state dir"
         found.append(f"{origin}: {state}")
     return found
+
+
+def _relay_problems(config: Config, names: Sequence[str]) -> list[str]:
+    """``relay: pairs`` join the two sides: both must be configured and enabled."""
+    missing = []
+    for side in ("meshtastic", "discord"):
+        if getattr(config, side) is None:
+            missing.append(f"there is no {side}: section")
+        elif side not in names:
+            missing.append(f"{side}: is disabled (enabled: false)")
+    if not missing:
+        return []
+    return [
+        f"{config.source}: relay: pairs need both the meshtastic: and the discord: sections "
+        f"enabled, but {' and '.join(missing)}. Fix: configure and enable both, or remove the "
+        "relay: pairs."
+    ]
+
+
+def storage_problems(config: Config, *, env: Mapping[str, str]) -> list[str]:
+    """What would stop the store from opening that the config and environment already tell:
+    the password variable, the asyncpg extra, an SQLite file's directory."""
+    src = config.source
+    storage = config.storage
+    found: list[str] = []
+    if storage.postgres:
+        var = storage.password_env
+        if var is not None and env.get(var) is None:
+            found.append(
+                f"{src}: storage.password_env names {var}, which is not set. Fix: set it "
+                f"(systemd: /etc/meshsage/env, `{var}=...`; container: --env-file), or remove "
+                "password_env if the server needs no password."
+            )
+        if not installed("asyncpg"):
+            found.append(
+                f"{src}: storage.url is a postgresql:// store, which needs asyncpg, and it is "
+                "not installed. Fix: pip install 'meshsage[postgres]' (install.sh: "
+                "--postgres), or leave storage.url out for SQLite."
+            )
+    elif storage.url is not None:
+        folder = config.database_path.parent
+        if folder != (config.state_dir or default_state_dir()):
+            problem = state_dir_problem(folder)
+            if problem is not None:
+                found.append(f"{src}: storage.url: {problem}")
+    return found
+
+
+def installed(module: str) -> bool:
+    """Whether ``import module`` can work (a module set to None in sys.modules cannot)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def describe_store(config: Config) -> str:
+    """The store in one phrase, never with a password: "database: FILE" or "store: URL"."""
+    if config.storage.postgres:
+        return f"store: PostgreSQL {redact(config.storage.url or '')}"
+    return f"database: {config.database_path}"
+
+
+def redact(url: str) -> str:
+    """``url`` without any password (the config refuses one, but a URL from the command line
+    or an older file might carry it)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    host, slash, tail = rest.partition("/")
+    creds, at, where = host.rpartition("@")
+    if at and ":" in creds:
+        host = f"{creds.split(':', 1)[0]}:***@{where}"
+    path, q, query = tail.partition("?")
+    kept = [kv for kv in query.split("&") if kv and not kv.lower().startswith("password=")]
+    return f"{scheme}://{host}{slash}{path}{q if kept else ''}{'&'.join(kept)}"
 
 
 def check(

@@ -51,6 +51,7 @@ class Status:
     last_error_at: float | None = None
     last_error: str = ""
     relay: dict[str, int] = field(default_factory=dict)  # bridge counters (relay: pairs)
+    store: str = ""  # "SQLite /path" or "PostgreSQL postgresql://user@host/db" (no password)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -125,7 +126,8 @@ def render(status: Status, *, now: float | None = None) -> tuple[list[str], bool
         f"  today:      {status.messages_in_today} in, {status.messages_out_today} out",
         f"  LLM:        p50 {_seconds(status.llm_p50_seconds)}, p95 "
         f"{_seconds(status.llm_p95_seconds)} over the last {status.llm_calls} call(s)",
-        f"  database:   {status.database_bytes / 1e6:.1f} MB",
+        f"  database:   {status.store + ', ' if status.store else ''}"
+        f"{status.database_bytes / 1e6:.1f} MB",
     ]
     if status.relay:
         r = status.relay

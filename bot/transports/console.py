@@ -37,7 +37,7 @@ from bot.domain import (
     ReplyKind,
     TransportLimits,
 )
-from bot.ops.files import private_dir
+from bot.files import private_dir
 from bot.transports.base import OnMessage
 
 log = logging.getLogger("bot.transport.console")

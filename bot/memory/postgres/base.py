@@ -3,8 +3,11 @@ transactions, small query helpers, and the cross-process locks of several gatewa
 
 Invariants:
 - Queries go through a small pool; multi-statement writes run in one transaction on one
-  connection (``_tx``). Database errors leave this module as ``StorageError`` whose message
-  says how to fix the problem, so callers handle one error type for both backends.
+  connection (``_tx``). Pool connections keep no session state, so they go back to the pool
+  without asyncpg's reset query (one round trip per use saved; ``_keep_session``); asyncpg's
+  statement cache keeps each query prepared per connection. Database errors leave this module
+  as ``StorageError`` whose message says how to fix the problem, so callers handle one error
+  type for both backends.
 - Cross-process locks are PostgreSQL advisory locks held on one dedicated connection per
   process (``_locks``): a conversation's turn (``turn_lock``, waited for) and one-off derived
   work (``claim``, never waited for). They are released when the work ends or, if the process
@@ -39,6 +42,13 @@ _T = TypeVar("_T")
 
 Row = asyncpg.Record
 Conn: TypeAlias = "PoolConnectionProxy[Row]"
+
+
+async def _keep_session(con: asyncpg.Connection) -> None:
+    """Pool connections carry no session state (no session SET, LISTEN or advisory lock: locks
+    live on the lock connection), so asyncpg's reset query (``RESET ALL``, ``UNLISTEN *``...)
+    after every use would be a wasted round trip, half of them on a turn. asyncpg still rolls
+    back a transaction left open before calling this."""
 
 
 def redact(url: str) -> str:
@@ -83,7 +93,7 @@ class PgBase:
         pool: asyncpg.Pool | None = None
         try:
             pool = await asyncpg.create_pool(
-                dsn=url, password=password, min_size=1, max_size=POOL_SIZE
+                dsn=url, password=password, min_size=1, max_size=POOL_SIZE, reset=_keep_session
             )
             assert pool is not None
             async with pool.acquire() as con:
@@ -137,6 +147,10 @@ class PgBase:
     async def _val(self, sql: str, params: Iterable[Any] = ()) -> Any:
         args = tuple(params)
         return await self._run(lambda con: con.fetchval(sql, *args))
+
+    async def database_bytes(self) -> int:
+        """The whole database's size on the server (``pg_database_size``), for the monitor."""
+        return int(await self._val("SELECT pg_database_size(current_database())"))
 
     # --- cross-process locks ---------------------------------------------------------------
     @asynccontextmanager

@@ -83,7 +83,17 @@ class IdentityMixin(PgBase):
             await con.execute(
                 "UPDATE conversations SET merged_into = $1 WHERE id = $2", home_id, other_id
             )
-            await con.execute("DELETE FROM longterm_summaries WHERE conversation_id = $1", home_id)
+            # The long-term summary stays (the person's story so far); a home without one
+            # starts from a copy of the other side's (which keeps its own for !unlink).
+            await con.execute(
+                "INSERT INTO longterm_summaries (conversation_id, text, tokens, sessions, "
+                "up_to_message_id, updated_at) SELECT $1, text, tokens, sessions, "
+                "up_to_message_id, updated_at FROM longterm_summaries WHERE conversation_id = $2 "
+                "AND NOT EXISTS (SELECT 1 FROM longterm_summaries WHERE conversation_id = $1) "
+                "ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
+                home_id,
+                other_id,
+            )
         self._vectors.drop([home_id, other_id])
         return int(moved)
 
@@ -127,6 +137,64 @@ class IdentityMixin(PgBase):
             "SELECT incognito FROM conversations WHERE id = $1", (conversation_id,)
         )
         return bool(value)
+
+    # --- link codes (bot.memory.links decides; this is the SQL) ------------------------------
+    async def save_link_code(
+        self, code_hash: str, transport: str, person: str, *, expires_at: float, now: float
+    ) -> bool:
+        """Store a new code for the person (replacing theirs; expired ones go); False if the
+        hash is taken by a live code (the caller draws another)."""
+        async with self._tx() as con:
+            await con.execute(
+                "DELETE FROM link_codes WHERE expires_at <= $1 OR (transport = $2 AND person = $3)",
+                now,
+                transport,
+                person,
+            )
+            taken = await con.fetchval(
+                "INSERT INTO link_codes (code_hash, transport, person, expires_at) "
+                "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING 1",
+                code_hash,
+                transport,
+                person,
+                expires_at,
+            )
+            return taken is not None
+
+    async def take_link_code(
+        self, code_hash: str, *, transport: str, now: float
+    ) -> tuple[str, str] | None:
+        """Spend a live code issued on another transport: (transport, person) or None. Two
+        gateways redeeming it at once: the row lock lets one delete it, the other finds none."""
+        async with self._tx() as con:
+            row = await con.fetchrow(
+                "DELETE FROM link_codes WHERE code_hash = $1 AND expires_at > $2 "
+                "AND transport != $3 RETURNING transport, person",
+                code_hash,
+                now,
+                transport,
+            )
+            return None if row is None else (str(row[0]), str(row[1]))
+
+    async def note_link_failure(self, transport: str, person: str, *, now: float) -> None:
+        async with self._tx() as con:
+            await con.execute("DELETE FROM link_failures WHERE at < $1", now - 86_400)
+            await con.execute(
+                "INSERT INTO link_failures (transport, person, at) VALUES ($1, $2, $3)",
+                transport,
+                person,
+                now,
+            )
+
+    async def link_failures(self, *, since: float) -> tuple[int, dict[tuple[str, str], int]]:
+        """Failed redemptions since ``since``: in all, and per (transport, person)."""
+        rows = await self._all(
+            "SELECT transport, person, count(*) FROM link_failures WHERE at >= $1 "
+            "GROUP BY transport, person",
+            (since,),
+        )
+        per = {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
+        return sum(per.values()), per
 
 
 async def give_back(con: Conn, other_id: int) -> int:

@@ -185,10 +185,38 @@ class MessagesMixin(PgBase):
             # a message sent through a linked DM is answered on the transport it came from
             "JOIN conversations c ON c.id = coalesce(m.origin_conversation_id, m.conversation_id) "
             "WHERE m.status = 'pending' AND m.role = 'user' AND m.created_at >= $1 "
-            "AND c.transport = ANY($2::text[]) AND m.id > c.reset_after ORDER BY m.id",
+            "AND c.transport = ANY($2::text[]) AND m.id > c.reset_after "
+            # a later question's turn folds this one in: never answered on its own after it
+            "AND NOT EXISTS (SELECT 1 FROM messages l WHERE l.conversation_id = "
+            "m.conversation_id AND l.role = 'user' AND l.id > m.id) ORDER BY m.id",
             (since, list(transports)),
         )
         return [(ConversationKey(r[0], r[1], r[2]), msg_from_row(tuple(r)[3:])) for r in rows]
+
+    async def mark_answered(self, conversation_id: int, ids: Sequence[int]) -> int:
+        """Mark still-pending user messages of the conversation answered (a turn folded them
+        into its prompt and answered them with its own question)."""
+        if not ids:
+            return 0
+        value = await self._val(
+            "WITH done AS (UPDATE messages SET status = 'answered' WHERE conversation_id = $1 "
+            "AND role = 'user' AND status = 'pending' AND id = ANY($2::bigint[]) RETURNING 1) "
+            "SELECT count(*) FROM done",
+            (conversation_id, list(ids)),
+        )
+        return int(value or 0)
+
+    async def claim_question(self, message_id: int, *, stale_before: float) -> bool:
+        """Compare-and-set: take a pending question for this gateway unless another gateway's
+        claim is newer than ``stale_before`` (bot.memory.keep: its gateway may still be at
+        work). Two gateways racing for it: the row lock makes one win."""
+        value = await self._val(
+            "WITH took AS (UPDATE messages SET claimed_by = $1, claimed_at = $2 WHERE id = $3 "
+            "AND status = 'pending' AND (claimed_by IS NULL OR claimed_by = $1 OR "
+            "claimed_at < $4) RETURNING 1) SELECT count(*) FROM took",
+            (self.gateway, time.time(), message_id, stale_before),
+        )
+        return bool(value)
 
     async def known_platform_ids(
         self, transport: str, platform_ids: Sequence[str], *, since: float

@@ -46,6 +46,8 @@ class PortableMixin(PgBase):
                 elif origin is not None:
                     where += " AND origin_conversation_id = $2"
                     params = (home, origin)
+                else:  # a home's own rows: what a link joined in is the other side's export
+                    where += " AND origin_conversation_id IS NULL"
                 rows = await self._all(
                     f"SELECT {', '.join(fields)} FROM {table} WHERE {where} ORDER BY id", params
                 )
@@ -58,6 +60,14 @@ class PortableMixin(PgBase):
             conv["longterm_summary"] = (
                 None if lt is None else dict(zip(LONGTERM_FIELDS, lt, strict=True))
             )
+            partner = await self._one(  # the other side of a link (export.restore_links)
+                "SELECT transport, person, merged_into IS NULL FROM conversations "
+                "WHERE id = $1 OR merged_into = $2 ORDER BY id LIMIT 1",
+                (row[5] if row[5] is not None else -1, row[0]),
+            )
+            if partner is not None:
+                conv["link"] = {"transport": partner[0], "person": partner[1],
+                                "home": not bool(partner[2])}  # fmt: skip
             out.append(conv)
         return out
 

@@ -9,7 +9,10 @@ Invariants:
 - ``messages.search`` holds the words of the text and of its meta (author and date), folded in
   Python exactly as SQLite's ``unicode61 remove_diacritics 2`` tokenizer folds them
   (``bot.memory.postgres.words``) and stemmed by Snowball's original Porter stemmer, the
-  algorithm of FTS5's ``porter`` tokenizer: both backends find the same messages for a word.
+  algorithm of FTS5's ``porter`` tokenizer: both backends find the same messages for a word,
+  except where Snowball's and FTS5's Porter differ (words under three letters, a few doubled
+  consonants). ``message_words`` holds the same words, one row per (conversation, word,
+  message), kept equal to ``search`` by triggers on every write (009_pg_word_index).
 - ``heard`` is the unique claim on an inbound platform message id per conversation: the row
   that makes a message heard by two gateways stored (and answered) once.
 """
@@ -227,6 +230,102 @@ def _m007_outbox_claims() -> str:
             packet_id BIGINT NOT NULL CHECK (packet_id > 0),
             PRIMARY KEY (outbox_id, part)
         );
+
+
+def _m008_memory_promises() -> str:
+    # As SQLite's 008_memory_promises.
+    return """
+        CREATE TABLE link_codes (
+            code_hash TEXT PRIMARY KEY,
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX link_codes_person ON link_codes (transport, person);
+        CREATE TABLE link_failures (
+            id BIGSERIAL PRIMARY KEY,
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX link_failures_at ON link_failures (at);
+        ALTER TABLE messages ADD COLUMN claimed_by TEXT, ADD COLUMN claimed_at DOUBLE PRECISION;
+        CREATE INDEX outbox_finished ON outbox (updated_at) WHERE state != 'pending';
+        """
+
+
+def _m009_pg_word_index() -> str:
+    # Every (conversation, word, message) of ``messages.search`` as a row of ``message_words``,
+    # whose primary key is the whole row: a word's lookup is an index-only B-tree range scan over
+    # this conversation's entries for that word, in id order, and never reads the messages heap.
+    # (A GIN lookup could not be index-only: it read one heap page per match, scattered, since a
+    # conversation's rows are spread over the table; ~30 ms per turn at 1M messages.) Words are
+    # stored without the conversation key that ``search`` carries (002_keyed_search). Triggers
+    # keep the table equal to ``search`` on every write path (inserts, imports, re-keying when a
+    # DM is linked, deletes by forget/retention/cascade), in the same transaction. The GIN index
+    # is dropped: a phrase of several words is checked against ``search`` only on the rows the
+    # word table already found for its first word. Index-only scans skip the heap only for
+    # pages the visibility map marks all-visible, which VACUUM sets: autovacuum runs on this
+    # insert-only table after 1% new rows (default 20%), so few recent pages are ever unmarked.
+    return r"""
+        CREATE TABLE message_words (
+            conversation_id BIGINT NOT NULL,
+            word TEXT NOT NULL,
+            message_id BIGINT NOT NULL,
+            PRIMARY KEY (conversation_id, word, message_id)
+        ) WITH (autovacuum_vacuum_insert_scale_factor = 0.01);
+
+        CREATE FUNCTION meshsage_words_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO message_words (conversation_id, word, message_id)
+            SELECT n.conversation_id, regexp_replace(w.lexeme, '^[0-9]+_', ''), n.id
+            FROM new_rows n CROSS JOIN LATERAL unnest(tsvector_to_array(n.search)) AS w(lexeme)
+            ON CONFLICT DO NOTHING;
+            RETURN NULL;
+        END $$;
+
+        CREATE FUNCTION meshsage_words_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            DELETE FROM message_words x USING (
+                SELECT o.conversation_id, regexp_replace(w.lexeme, '^[0-9]+_', '') AS word, o.id
+                FROM old_rows o
+                CROSS JOIN LATERAL unnest(tsvector_to_array(o.search)) AS w(lexeme)
+            ) g
+            WHERE x.conversation_id = g.conversation_id AND x.word = g.word
+                AND x.message_id = g.id;
+            RETURN NULL;
+        END $$;
+
+        CREATE FUNCTION meshsage_words_update() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            DELETE FROM message_words
+            WHERE conversation_id = OLD.conversation_id AND message_id = OLD.id
+                AND word = ANY (SELECT regexp_replace(l, '^[0-9]+_', '')
+                                FROM unnest(tsvector_to_array(OLD.search)) AS l);
+            INSERT INTO message_words (conversation_id, word, message_id)
+            SELECT NEW.conversation_id, regexp_replace(l, '^[0-9]+_', ''), NEW.id
+            FROM unnest(tsvector_to_array(NEW.search)) AS l
+            ON CONFLICT DO NOTHING;
+            RETURN NULL;
+        END $$;
+
+        CREATE TRIGGER messages_words_insert AFTER INSERT ON messages
+            REFERENCING NEW TABLE AS new_rows
+            FOR EACH STATEMENT EXECUTE FUNCTION meshsage_words_insert();
+        CREATE TRIGGER messages_words_delete AFTER DELETE ON messages
+            REFERENCING OLD TABLE AS old_rows
+            FOR EACH STATEMENT EXECUTE FUNCTION meshsage_words_delete();
+        CREATE TRIGGER messages_words_update AFTER UPDATE OF search, conversation_id ON messages
+            FOR EACH ROW WHEN (OLD.search IS DISTINCT FROM NEW.search
+                               OR OLD.conversation_id IS DISTINCT FROM NEW.conversation_id)
+            EXECUTE FUNCTION meshsage_words_update();
+
+        INSERT INTO message_words (conversation_id, word, message_id)
+        SELECT m.conversation_id, regexp_replace(w.lexeme, '^[0-9]+_', ''), m.id
+        FROM messages m CROSS JOIN LATERAL unnest(tsvector_to_array(m.search)) AS w(lexeme)
+        ON CONFLICT DO NOTHING;
+        DROP INDEX messages_search;
+        ANALYZE message_words;
         """
 
 
@@ -238,6 +337,8 @@ MIGRATIONS: list[Migration] = [
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
     ("007_outbox_claims", _m007_outbox_claims),
+    ("008_memory_promises", _m008_memory_promises),
+    ("009_pg_word_index", _m009_pg_word_index),
 ]
 
 

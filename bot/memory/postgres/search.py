@@ -5,9 +5,11 @@ Invariants:
 - ``search_terms`` and ``outline`` read one conversation's id range only; ranking happens in
   ``bot.memory.retrieval`` with that conversation's own statistics, exactly as on SQLite.
 - A term matches where FTS5 would match it as a quoted phrase: it is folded like the text
-  (``words.fold``) and looked up as a phrase query over the stemmed words, each keyed by the
-  conversation as the stored words are (schema ``002_keyed_search``): the GIN index then hands
-  out this conversation's entries for the word, never every person's.
+  (``words.fold``) and stemmed as the stored words are; its words are looked up in
+  ``message_words`` (schema ``009_pg_word_index``), keyed by conversation, so a lookup reads
+  this conversation's entries for the word only, from the index alone, never every person's.
+- Ids come back in ascending order for each term (as from FTS5), so ranking sees the same
+  postings on both backends; retrieval's tie-break (score, then the newer id) does the rest.
 - Vector search runs in process (``bot.memory.vectors``), as on SQLite: vectors are stored as
   float32 bytes, and a conversation's cached matrix is used only while that conversation's
   vectors of that model still have the same count and id sum and maximum in the database
@@ -25,18 +27,26 @@ from bot.memory.postgres.words import fold
 from bot.memory.records import StoredMessage, msg_from_row
 from bot.memory.vectors import VectorMatrix, as_vectors, pack, unit
 
-# Each term as a phrase query whose words carry this conversation's key ("<id>_<word>"), as the
-# stored words do (schema 002_keyed_search). "id + 0" keeps the range check but stops a generic
-# (prepared) plan from walking the primary key in id order and filtering every row (seconds at
-# 1M messages). Measured on 300 queries among 1M messages, interleaved, loaded machine: p50
-# 5.7 ms, p99 39 ms, against 6.0 / 170 ms with the plain range.
+# One round trip for all terms. A term whose phrase query is one word is looked up in
+# ``message_words`` alone: an index-only range scan of the primary key (conversation, word,
+# message id), in id order, that never reads the messages heap (schema 009_pg_word_index). A
+# phrase of several words takes its first word's matches from the same index and keeps those
+# whose ``search`` holds the phrase (keyed by this conversation, as the stored words are), so
+# only those candidate rows are read. Ids come in ascending order, as FTS5 returns rowids.
+# Folded text holds only letters and digits, so a lexeme never contains a quote.
 _TERM_SQL = r"""
-SELECT t.i, m.id FROM unnest($1::int[], $2::text[]) AS t(i, q)
+SELECT t.i, m.id FROM (
+    SELECT i, pq, (regexp_match(pq::text, '''([^'']+)'''))[1] AS first, numnode(pq) = 1 AS single
+    FROM unnest($1::int[], $2::text[]) AS u(i, q),
+    LATERAL phraseto_tsquery('meshsage', q) AS pq
+) t
 CROSS JOIN LATERAL (
-    SELECT id FROM messages WHERE conversation_id = $3 AND id + 0 > $4 AND id + 0 < $5
-    AND search @@ regexp_replace(phraseto_tsquery('meshsage', t.q)::text,
-                                 '''([^'']+)''', '''' || $3::text || '_\1''', 'g')::tsquery
-    ORDER BY id LIMIT $6
+    SELECT w.message_id AS id FROM message_words w
+    WHERE w.conversation_id = $3 AND w.word = t.first AND w.message_id > $4
+    AND w.message_id < $5 AND (t.single OR EXISTS (
+        SELECT 1 FROM messages x WHERE x.id = w.message_id AND x.search @@ regexp_replace(
+            t.pq::text, '''([^'']+)''', '''' || $3::text || '_\1''', 'g')::tsquery))
+    ORDER BY w.message_id LIMIT $6
 ) m
 """
 

@@ -3,8 +3,11 @@
 Invariants:
 - ``forget_person`` deletes every row about a person in one transaction: conversations
   cascade to messages (and with them their search words, which live in the row, and their
-  vectors), summaries, facts and ``heard`` claims; the GIN index entries go with the rows.
-  The person's outbox rows (and their parts) go in the same transaction.
+  vectors), summaries, facts and ``heard`` claims; their ``message_words`` rows go with them
+  (a trigger).
+  The person's outbox rows (and their parts) go in the same transaction, and on one side of
+  a link what the other side derived from this side's words (``bot.memory.keep``).
+- Retention and forgetting by use also prune finished outbox rows past their short keep.
   ``VACUUM`` then removes the dead row versions and their index entries at once, so nothing
   can read them back. PostgreSQL does not zero the space it frees (SQLite's
   ``secure_delete`` does): the bytes stay in free space and in the WAL until overwritten,
@@ -14,9 +17,11 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from bot.memory.keep import facts_touching, outbox_cutoff
 from bot.memory.postgres.base import Conn, PgBase, advance_sequences
 from bot.memory.postgres.identity import give_back
 from bot.memory.postgres.messages import SEARCH_SQL
@@ -40,12 +45,27 @@ class UpkeepMixin(PgBase):
             if ids:
                 # Linked DMs first go back apart: what came from the other side stays theirs,
                 # what came from this person's side comes home to be deleted.
-                for (absorbed,) in await con.fetch(
-                    "SELECT id FROM conversations WHERE id = ANY($1) AND merged_into IS NOT NULL "
-                    "UNION SELECT id FROM conversations WHERE merged_into = ANY($1)",
-                    ids,
-                ):
+                absorbed_ids = [
+                    int(r[0])
+                    for r in await con.fetch(
+                        "SELECT id FROM conversations WHERE id = ANY($1) AND merged_into IS NOT "
+                        "NULL UNION SELECT id FROM conversations WHERE merged_into = ANY($1)",
+                        ids,
+                    )
+                ]
+                partners = await _partners(con, ids, absorbed_ids)
+                theirs = {  # this person's words, wherever a link put them
+                    int(r[0])
+                    for r in await con.fetch(
+                        "SELECT id FROM messages WHERE coalesce(origin_conversation_id, "
+                        "conversation_id) = ANY($1)",
+                        ids,
+                    )
+                }
+                for absorbed in absorbed_ids:
                     await give_back(con, absorbed)
+                await _clear_partners(con, partners, theirs)
+                self._vectors.drop([p for p, _, _ in partners])
                 for i, table in enumerate(("messages", "summaries", "facts")):
                     counts[i] = int(
                         await con.fetchval(
@@ -66,8 +86,8 @@ class UpkeepMixin(PgBase):
 
         async def work(con: Conn) -> None:
             for table in (
-                "messages", "message_vectors", "summaries", "facts", "heard", "outbox",
-                "outbox_parts",
+                "messages", "message_words", "message_vectors", "summaries", "facts", "heard",
+                "outbox", "outbox_parts", "sessions", "longterm_summaries",
             ):  # fmt: skip
                 self.last_erase = await con.execute(f"VACUUM {table}")
 
@@ -175,7 +195,9 @@ class UpkeepMixin(PgBase):
     async def prune_by_use(self, max_per_conversation: int, *, batch: int = 500) -> int:
         """Keep at most ``max_per_conversation`` messages in each conversation: delete the
         least retrieved, oldest first; never important ones, nor the sources of pinned facts,
-        nor messages still waiting for an answer."""
+        nor messages still waiting for an answer. Finished outbox rows past their short keep
+        go too (bot.memory.keep)."""
+        await self.prune_outbox(outbox_cutoff(time.time()), batch=batch)
         total = 0
         rows = await self._all(
             "SELECT conversation_id, count(*) - $1 FROM messages GROUP BY conversation_id "
@@ -206,8 +228,29 @@ class UpkeepMixin(PgBase):
                 await asyncio.sleep(0)
         return total
 
+    async def prune_outbox(self, before: float, *, batch: int = 500) -> int:
+        """Delete finished outbox rows last touched before ``before`` (their parts cascade),
+        in small batches; pending rows stay (bot.memory.keep)."""
+        total = 0
+        while True:
+            n = int(
+                await self._val(
+                    "WITH gone AS (DELETE FROM outbox WHERE id IN (SELECT id FROM outbox "
+                    "WHERE state != 'pending' AND updated_at < $1 ORDER BY updated_at LIMIT $2 "
+                    "FOR UPDATE SKIP LOCKED) RETURNING 1) SELECT count(*) FROM gone",
+                    (before, batch),
+                )
+                or 0
+            )
+            total += n
+            if n < batch:
+                return total
+            await asyncio.sleep(0)
+
     async def prune_older_than(self, cutoff: float, *, batch: int = 500) -> int:
-        """Retention: delete messages created before ``cutoff`` in small batches (no long lock)."""
+        """Retention: delete messages created before ``cutoff`` in small batches (no long lock),
+        and finished outbox rows (the answers' text) past their short keep."""
+        await self.prune_outbox(outbox_cutoff(time.time()), batch=batch)
         total = 0
         while True:
             n = int(
@@ -226,3 +269,39 @@ class UpkeepMixin(PgBase):
             if n < batch:
                 return total
             await asyncio.sleep(0)
+
+
+async def _partners(con: Conn, ids: list[int], absorbed: list[int]) -> list[tuple[int, str, str]]:
+    """The other sides (id, transport, person) of the links ``ids`` take part in."""
+    linked = set(absorbed)
+    for r in await con.fetch(
+        "SELECT merged_into FROM conversations WHERE id = ANY($1) AND merged_into IS NOT NULL",
+        ids,
+    ):
+        linked.add(int(r[0]))
+    rows = await con.fetch(
+        "SELECT id, transport, person FROM conversations WHERE id = ANY($1) ORDER BY id",
+        sorted(linked - set(ids)),
+    )
+    return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+
+async def _clear_partners(
+    con: Conn, partners: list[tuple[int, str, str]], theirs: set[int]
+) -> None:
+    """What the other side of a link derived from the forgotten side's words (bot.memory.keep)."""
+    for other, transport, person in partners:
+        await con.execute("DELETE FROM summaries WHERE conversation_id = $1", other)
+        await con.execute("DELETE FROM longterm_summaries WHERE conversation_id = $1", other)
+        await con.execute(
+            "UPDATE sessions SET title = NULL, summary = NULL, tokens = 0 "
+            "WHERE conversation_id = $1",
+            other,
+        )
+        rows = await con.fetch("SELECT id, source_ids FROM facts WHERE conversation_id = $1", other)
+        gone = facts_touching([(r[0], r[1]) for r in rows], theirs)
+        if gone:
+            await con.execute("DELETE FROM facts WHERE id = ANY($1::bigint[])", gone)
+        await con.execute(
+            "DELETE FROM outbox WHERE transport = $1 AND person = $2", transport, person
+        )

@@ -29,9 +29,9 @@ from typing import Any, Self
 import aiosqlite
 
 from bot.errors import DiskFull, StorageError
+from bot.files import private_dir, private_file, tighten_if_present
 from bot.memory.schema import MIGRATIONS, applied_migrations, migrate
 from bot.memory.vectors import VectorCache
-from bot.ops.files import private_dir, private_file, tighten_if_present
 
 log = logging.getLogger("bot.memory")
 

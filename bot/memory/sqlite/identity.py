@@ -7,8 +7,9 @@ Invariants:
   records ``origin_conversation_id`` on each; unlinking moves exactly those rows back (new
   messages that arrived through the absorbed side carry it too), so each side keeps its own.
   The FTS update trigger re-keys index rows when ``conversation_id`` changes.
-- Rolling summaries stay where they were written; the home's long-term summary is dropped at
-  link and unlink (it mixed or misses the other side) and rebuilt at the next session close.
+- Rolling summaries stay where they were written. Linking keeps the home's long-term summary
+  (or copies the other side's when the home has none); unlinking drops the home's (it mixed
+  both sides) and it is rebuilt at the next session close.
 """
 
 from __future__ import annotations
@@ -75,7 +76,16 @@ class IdentityMixin(SqliteBase):
             )
             await db.execute("UPDATE conversations SET merged_into = ? WHERE id = ?",
                              (home_id, other_id))  # fmt: skip
-            await db.execute("DELETE FROM longterm_summaries WHERE conversation_id = ?", (home_id,))
+            # The long-term summary stays (the person's story so far); a home without one
+            # starts from a copy of the other side's (which keeps its own for !unlink).
+            await db.execute(
+                "INSERT INTO longterm_summaries (conversation_id, text, tokens, sessions, "
+                "up_to_message_id, updated_at) SELECT ?, text, tokens, sessions, "
+                "up_to_message_id, updated_at FROM longterm_summaries WHERE conversation_id = ? "
+                "AND NOT EXISTS (SELECT 1 FROM longterm_summaries WHERE conversation_id = ?) "
+                "ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
+                (home_id, other_id, home_id),
+            )
             self._vectors.drop([home_id, other_id])
         return moved
 
@@ -117,6 +127,55 @@ class IdentityMixin(SqliteBase):
             "SELECT incognito FROM conversations WHERE id = ?", (conversation_id,)
         )
         return bool(row and row[0])
+
+    # --- link codes (bot.memory.links decides; this is the SQL) ------------------------------
+    async def save_link_code(
+        self, code_hash: str, transport: str, person: str, *, expires_at: float, now: float
+    ) -> bool:
+        """Store a new code for the person (replacing theirs; expired ones go); False if the
+        hash is taken by a live code (the caller draws another)."""
+        async with self._tx() as db:
+            await db.execute(
+                "DELETE FROM link_codes WHERE expires_at <= ? OR (transport = ? AND person = ?)",
+                (now, transport, person),
+            )
+            cur = await db.execute(
+                "INSERT OR IGNORE INTO link_codes (code_hash, transport, person, expires_at) "
+                "VALUES (?, ?, ?, ?)",
+                (code_hash, transport, person, expires_at),
+            )
+            return cur.rowcount == 1
+
+    async def take_link_code(
+        self, code_hash: str, *, transport: str, now: float
+    ) -> tuple[str, str] | None:
+        """Spend a live code issued on another transport: (transport, person) or None."""
+        async with self._tx() as db:
+            cur = await db.execute(
+                "DELETE FROM link_codes WHERE code_hash = ? AND expires_at > ? AND transport != ? "
+                "RETURNING transport, person",
+                (code_hash, now, transport),
+            )
+            row = await cur.fetchone()
+            return None if row is None else (str(row[0]), str(row[1]))
+
+    async def note_link_failure(self, transport: str, person: str, *, now: float) -> None:
+        async with self._tx() as db:
+            await db.execute("DELETE FROM link_failures WHERE at < ?", (now - 86_400,))
+            await db.execute(
+                "INSERT INTO link_failures (transport, person, at) VALUES (?, ?, ?)",
+                (transport, person, now),
+            )
+
+    async def link_failures(self, *, since: float) -> tuple[int, dict[tuple[str, str], int]]:
+        """Failed redemptions since ``since``: in all, and per (transport, person)."""
+        rows = await self._all(
+            "SELECT transport, person, count(*) FROM link_failures WHERE at >= ? "
+            "GROUP BY transport, person",
+            (since,),
+        )
+        per = {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
+        return sum(per.values()), per
 
 
 async def give_back(db: aiosqlite.Connection, other_id: int) -> int:

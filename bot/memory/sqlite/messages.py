@@ -179,7 +179,10 @@ class MessagesMixin(SqliteBase):
             # a message sent through a linked DM is answered on the transport it came from
             "JOIN conversations c ON c.id = coalesce(m.origin_conversation_id, m.conversation_id) "
             f"WHERE m.status = 'pending' AND m.role = 'user' AND m.created_at >= ? "
-            f"AND c.transport IN ({marks}) AND m.id > c.reset_after ORDER BY m.id",
+            f"AND c.transport IN ({marks}) AND m.id > c.reset_after "
+            # a later question's turn folds this one in: never answered on its own after it
+            "AND NOT EXISTS (SELECT 1 FROM messages l WHERE l.conversation_id = "
+            "m.conversation_id AND l.role = 'user' AND l.id > m.id) ORDER BY m.id",
             (since, *transports),
         )
         return [(ConversationKey(r[0], r[1], r[2]), msg_from_row(r[3:])) for r in rows]
@@ -210,6 +213,33 @@ class MessagesMixin(SqliteBase):
                 " status) VALUES (?, ?, ?, ?, ?, ?, 'imported')",
                 [(conversation_id, *r) for r in rows],
             )
+
+    async def mark_answered(self, conversation_id: int, ids: Sequence[int]) -> int:
+        """Mark still-pending user messages of the conversation answered (a turn folded them
+        into its prompt and answered them with its own question)."""
+        if not ids:
+            return 0
+        marks = ",".join("?" * len(ids))
+        async with self._tx() as db:
+            cur = await db.execute(
+                "UPDATE messages SET status = 'answered' WHERE conversation_id = ? AND role = "
+                f"'user' AND status = 'pending' AND id IN ({marks})",
+                [conversation_id, *ids],
+            )
+            return cur.rowcount
+
+    async def claim_question(self, message_id: int, *, stale_before: float) -> bool:
+        """Compare-and-set: take a pending question for this process unless another holder's
+        claim is newer than ``stale_before`` (bot.memory.keep). One process owns a SQLite
+        file, so the holder is always this one."""
+        async with self._tx() as db:
+            cur = await db.execute(
+                "UPDATE messages SET claimed_by = 'local', claimed_at = ? WHERE id = ? AND "
+                "status = 'pending' AND (claimed_by IS NULL OR claimed_by = 'local' OR "
+                "claimed_at < ?)",
+                (time.time(), message_id, stale_before),
+            )
+            return cur.rowcount == 1
 
     async def set_status(
         self, message_id: int, status: str, *, platform_id: str | None = None

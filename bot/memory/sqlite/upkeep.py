@@ -9,7 +9,9 @@ Invariants:
 - The erase is crash-safe: the delete and a ``scrub_pending`` mark commit together; the mark is
   cleared only after the index rewrite and the WAL truncation, and an open store finishes a
   marked scrub first (``finish_scrub``). A repeated ``!forget`` always scrubs, even when
-  nothing is left to delete. The person's outbox rows go too.
+  nothing is left to delete. The person's outbox rows go too, and on one side of a link
+  what the other side derived from this side's words (``bot.memory.keep``).
+- Retention and forgetting by use also prune finished outbox rows past their short keep.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from bot.memory.keep import facts_touching, outbox_cutoff
 from bot.memory.records import ForgetReport
 from bot.memory.sqlite.base import SqliteBase
 from bot.memory.sqlite.identity import give_back
@@ -47,8 +50,18 @@ class UpkeepMixin(SqliteBase):
                     f"NULL UNION SELECT id FROM conversations WHERE merged_into IN ({marks})",
                     [*ids, *ids],
                 )
-                for (absorbed,) in await cur.fetchall():
+                absorbed_ids = [int(r[0]) for r in await cur.fetchall()]
+                partners = await _partners(db, ids, absorbed_ids)
+                cur = await db.execute(  # this person's words, wherever a link put them
+                    "SELECT id FROM messages WHERE coalesce(origin_conversation_id, "
+                    f"conversation_id) IN ({marks})",
+                    ids,
+                )
+                theirs = {int(r[0]) for r in await cur.fetchall()}
+                for absorbed in absorbed_ids:
                     await give_back(db, absorbed)
+                await _clear_partners(db, partners, theirs)
+                self._vectors.drop([p for p, _, _ in partners])
                 for i, table in enumerate(("messages", "summaries", "facts")):
                     cur = await db.execute(
                         f"SELECT count(*) FROM {table} WHERE conversation_id IN ({marks})", ids
@@ -188,7 +201,9 @@ class UpkeepMixin(SqliteBase):
     async def prune_by_use(self, max_per_conversation: int, *, batch: int = 500) -> int:
         """Keep at most ``max_per_conversation`` messages in each conversation: delete the
         least retrieved, oldest first; never important ones, nor the sources of pinned facts,
-        nor messages still waiting for an answer. Summaries and sessions stay."""
+        nor messages still waiting for an answer. Summaries and sessions stay. Finished outbox
+        rows past their short keep go too (bot.memory.keep)."""
+        await self.prune_outbox(outbox_cutoff(time.time()), batch=batch)
         total = 0
         rows = await self._all(
             "SELECT conversation_id, count(*) - ? FROM messages GROUP BY conversation_id "
@@ -217,8 +232,27 @@ class UpkeepMixin(SqliteBase):
                 await asyncio.sleep(0)
         return total
 
+    async def prune_outbox(self, before: float, *, batch: int = 500) -> int:
+        """Delete finished outbox rows last touched before ``before`` (their parts cascade),
+        in small batches; pending rows stay (bot.memory.keep)."""
+        total = 0
+        while True:
+            async with self._tx() as db:
+                cur = await db.execute(
+                    "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox "
+                    "WHERE state != 'pending' AND updated_at < ? ORDER BY updated_at LIMIT ?)",
+                    (before, batch),
+                )
+                n = cur.rowcount
+            total += n
+            if n < batch:
+                return total
+            await asyncio.sleep(0)
+
     async def prune_older_than(self, cutoff: float, *, batch: int = 500) -> int:
-        """Retention: delete messages created before ``cutoff`` in small batches (no long lock)."""
+        """Retention: delete messages created before ``cutoff`` in small batches (no long lock),
+        and finished outbox rows (the answers' text) past their short keep."""
+        await self.prune_outbox(outbox_cutoff(time.time()), batch=batch)
         total = 0
         while True:
             async with self._tx() as db:
@@ -234,3 +268,45 @@ class UpkeepMixin(SqliteBase):
             if n < batch:
                 return total
             await asyncio.sleep(0)
+
+
+async def _partners(db: Any, ids: list[int], absorbed: list[int]) -> list[tuple[int, str, str]]:
+    """The other sides (id, transport, person) of the links ``ids`` take part in."""
+    linked = set(absorbed)
+    if ids:
+        marks = ",".join("?" * len(ids))
+        cur = await db.execute(
+            f"SELECT merged_into FROM conversations WHERE id IN ({marks}) "
+            "AND merged_into IS NOT NULL",
+            ids,
+        )
+        linked |= {int(r[0]) for r in await cur.fetchall()}
+    out = []
+    for other in sorted(linked - set(ids)):
+        cur = await db.execute("SELECT transport, person FROM conversations WHERE id = ?",
+                               (other,))  # fmt: skip
+        row = await cur.fetchone()
+        if row is not None:
+            out.append((other, str(row[0]), str(row[1])))
+    return out
+
+
+async def _clear_partners(db: Any, partners: list[tuple[int, str, str]], theirs: set[int]) -> None:
+    """What the other side of a link derived from the forgotten side's words (bot.memory.keep)."""
+    for other, transport, person in partners:
+        await db.execute("DELETE FROM summaries WHERE conversation_id = ?", (other,))
+        await db.execute("DELETE FROM longterm_summaries WHERE conversation_id = ?", (other,))
+        await db.execute(
+            "UPDATE sessions SET title = NULL, summary = NULL, tokens = 0 "
+            "WHERE conversation_id = ?",
+            (other,),
+        )
+        cur = await db.execute(
+            "SELECT id, source_ids FROM facts WHERE conversation_id = ?", (other,)
+        )
+        gone = facts_touching([(r[0], r[1]) for r in await cur.fetchall()], theirs)
+        if gone:
+            await db.execute(f"DELETE FROM facts WHERE id IN ({','.join('?' * len(gone))})", gone)
+        await db.execute(
+            "DELETE FROM outbox WHERE transport = ? AND person = ?", (transport, person)
+        )
