@@ -243,6 +243,7 @@ def _m007_outbox_claims() -> str:
             packet_id INTEGER NOT NULL CHECK (packet_id > 0),
             PRIMARY KEY (outbox_id, part)
         );
+        """
 
 
 def _m008_memory_promises() -> str:
