@@ -20,6 +20,7 @@ from bot.app import build
 from bot.config import load_config
 from bot.domain import ConversationKey, ReplyKind
 from bot.errors import StorageError
+from bot.memory.context import recall_weight
 from bot.memory.store import SqliteStore
 from bot.responder import EMPTY, UNAVAILABLE
 from tests.conftest import Harness, start_harness
@@ -156,6 +157,7 @@ FTS_QUESTIONS = [
     "^kayak - name +",
     "kayak'); DROP TABLE messages; --",
 ]
+WEAK_QUESTIONS = {"body:kayak meta:alice", "kayak'); DROP TABLE messages; --"}
 
 
 FILLER_TURNS = 30
@@ -190,10 +192,23 @@ async def test_fts5_and_sql_syntax_in_a_question_still_retrieves(
     long_chat: Harness, question: str
 ) -> None:
     long_chat.llm.reply = "answer"
+    conv = await long_chat.store.conversation(long_chat.transport_key("alice"))
+    ranked, _, _ = await long_chat.app.context.inner._retriever.rank(
+        conv, question, before_id=2**62
+    )
+    kayak = [m.id for m in await long_chat.store.recent_messages(conv, limit=10_000)
+             if m.text == "my kayak is named Bluebird"]  # fmt: skip
+    # The syntax reaches the index as plain words: the kayak turn is found.
+    assert kayak[0] in [r.id for r in ranked], question
     await long_chat.say(question)
     assert long_chat.transport.texts()[-1] == "answer"
     final = long_chat.llm.chat_requests()[-1]["messages"][-1]["content"]  # recalled turns
-    assert "my kayak is named Bluebird" in final
+    # Recall is spent by match strength (bot.memory.context): a question whose words mostly
+    # match nothing (one word of four) is weak, and gets little or no recall.
+    if question in WEAK_QUESTIONS:
+        assert recall_weight(ranked[0].score) < 0.1, ranked[0]
+    else:
+        assert "my kayak is named Bluebird" in final
     assert (await _user_texts(long_chat))[-1] == question  # stored exactly
     assert (await long_chat.store.stats())["messages"] == 2 * (FILLER_TURNS + 4)
 
