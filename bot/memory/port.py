@@ -25,19 +25,15 @@ Invariants every implementation keeps:
   ``finish_delivery`` ends a row (``delivered``/``sent``/``failed``/``expired``) and sets the
   answer message's status to the same value; ``undelivered`` lists ``pending`` rows oldest
   first with their recorded parts; ``take_more`` returns the ``rest`` of the newest answer (or
-<<<<<<< HEAD
   ``more``) row of a conversation once, then clears it. A row is sent only under its claim
   (``claim_delivery``, a compare-and-set; ``queue_delivery(claim=True)``); ``undelivered``
   lists only unclaimed rows; ``release_stale_claims`` frees the claims of this gateway's dead
   processes at start; ``plan_part`` fixes a part's packet id before it is written (see
   ``bot.memory.outbox_claims``).
-=======
-  ``more``) row of a conversation once, then clears it.
 - ``pending_messages`` never lists a question that has a later user message in its
   conversation (that turn folded it in); ``mark_answered`` marks the pending questions a turn
   folded; ``claim_question`` is a compare-and-set that takes a pending question only when its
   claim is free, ours, or stale (bot.memory.keep).
->>>>>>> main
 - ``search_terms``, ``outline`` and ``vector_search`` are scoped to one conversation and never
   read other people's rows; ``vector_search`` scores with the cosine similarity, best first.
 - A user message whose platform id the conversation already stored within
