@@ -7,13 +7,14 @@ Importing this package imports ``asyncpg`` (the optional ``meshsage[postgres]`` 
 
 from __future__ import annotations
 
+from bot.memory.core.sessions import SessionsMixin
+from bot.memory.postgres.base import PgBase
 from bot.memory.postgres.derived import DerivedMixin
 from bot.memory.postgres.identity import IdentityMixin
 from bot.memory.postgres.messages import MessagesMixin
 from bot.memory.postgres.outbox import OutboxMixin
 from bot.memory.postgres.portable import PortableMixin
 from bot.memory.postgres.search import SearchMixin
-from bot.memory.postgres.sessions import SessionsMixin
 from bot.memory.postgres.upkeep import UpkeepMixin
 
 
@@ -26,6 +27,7 @@ class PostgresStore(
     IdentityMixin,
     PortableMixin,
     UpkeepMixin,
+    PgBase,
 ):
     """Open with ``await PostgresStore.open(url, password=...)``; close with ``close()``."""
 

@@ -8,13 +8,14 @@ record which messages they cover.
 
 from __future__ import annotations
 
+from bot.memory.core.sessions import SessionsMixin
+from bot.memory.sqlite.base import SqliteBase
 from bot.memory.sqlite.derived import DerivedMixin
 from bot.memory.sqlite.identity import IdentityMixin
 from bot.memory.sqlite.messages import MessagesMixin
 from bot.memory.sqlite.outbox import OutboxMixin
 from bot.memory.sqlite.portable import PortableMixin
 from bot.memory.sqlite.search import SearchMixin
-from bot.memory.sqlite.sessions import SessionsMixin
 from bot.memory.sqlite.upkeep import UpkeepMixin
 
 
@@ -27,6 +28,7 @@ class SqliteStore(
     IdentityMixin,
     PortableMixin,
     UpkeepMixin,
+    SqliteBase,
 ):
     """Open with ``await SqliteStore.open(path)``; close with ``await store.close()``."""
 

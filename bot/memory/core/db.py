@@ -1,0 +1,112 @@
+"""The database as the store core sees it: four query calls, one transaction, one dialect.
+
+Each backend base (``bot.memory.sqlite.base``, ``bot.memory.postgres.base``) implements
+``CoreBase``; the table families in ``bot.memory.core`` are written once against it.
+
+Invariants:
+- SQL is written once with ``?`` placeholders. PostgreSQL rewrites it to ``$1, $2, ...`` once per
+  distinct string (``numbered``, memoised), so the cost per query is a dict lookup; SQLite runs
+  it as written, with no extra await per query.
+- ``_exec`` returns the number of rows the statement changed, on both backends.
+- ``_atomic()`` yields a ``Tx``: the same calls on one connection inside one transaction
+  (SQLite: ``BEGIN IMMEDIATE`` under the store lock, so it is already serialised; PostgreSQL:
+  a pooled connection's transaction, where ``Dialect.for_update`` locks the rows a decision
+  reads). It commits on exit and rolls back on any exception.
+- Only fragments that really differ live in ``Dialect``; anything both engines accept
+  (``RETURNING``, ``INSERT ... ON CONFLICT DO NOTHING``, ``coalesce``) is written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from bot.memory.vectors import VectorCache
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """The SQL fragments that differ between the backends."""
+
+    name: str  # "sqlite" or "postgres"
+    for_update: str  # appended to a SELECT whose rows a transaction is about to change
+    rekey_search: str  # extra SET item re-keying a moved message's search words (one ``?``)
+
+
+SQLITE = Dialect(name="sqlite", for_update="", rekey_search="")
+POSTGRES = Dialect(
+    name="postgres",
+    for_update=" FOR UPDATE",
+    rekey_search=", search = meshsage_keyed(?, search)",
+)
+
+
+class Tx(Protocol):
+    """Queries on the one connection of an open transaction."""
+
+    async def all(self, sql: str, params: Iterable[Any] = ()) -> Sequence[Any]: ...
+    async def one(self, sql: str, params: Iterable[Any] = ()) -> Any: ...
+    async def val(self, sql: str, params: Iterable[Any] = ()) -> Any: ...
+    async def exec(self, sql: str, params: Iterable[Any] = ()) -> int: ...
+    async def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None: ...
+
+
+class CoreBase:
+    """What the core table families need from a backend (implemented by each base)."""
+
+    dialect: ClassVar[Dialect]
+    _vectors: VectorCache
+
+    async def _all(self, sql: str, params: Iterable[Any] = ()) -> Sequence[Any]:
+        raise NotImplementedError
+
+    async def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        """The first row, or None."""
+        raise NotImplementedError
+
+    async def _val(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        """The first column of the first row, or None."""
+        raise NotImplementedError
+
+    async def _exec(self, sql: str, params: Iterable[Any] = ()) -> int:
+        """Run a statement in its own transaction; the number of rows it changed."""
+        raise NotImplementedError
+
+    def _atomic(self) -> AbstractAsyncContextManager[Tx]:
+        raise NotImplementedError
+
+
+_NUMBERED: dict[str, str] = {}
+
+
+def numbered(sql: str) -> str:
+    """``sql`` with each ``?`` outside string literals replaced by ``$1, $2, ...`` (memoised;
+    a string that already uses ``$n`` comes back unchanged)."""
+    done = _NUMBERED.get(sql)
+    if done is not None:
+        return done
+    parts: list[str] = []
+    n = 0
+    quoted = False
+    for ch in sql:
+        if ch == "'":
+            quoted = not quoted
+        if ch == "?" and not quoted:
+            n += 1
+            parts.append(f"${n}")
+        else:
+            parts.append(ch)
+    done = "".join(parts)
+    _NUMBERED[sql] = done
+    return done
+
+
+def changed(status: str) -> int:
+    """Rows changed, from a PostgreSQL command tag (``UPDATE 3``, ``INSERT 0 1``)."""
+    tail = status.rpartition(" ")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+MAX_ID = (1 << 63) - 1  # above every row id on both backends (64-bit signed)
