@@ -8,9 +8,9 @@ Importing this package imports ``asyncpg`` (the optional ``meshsage[postgres]`` 
 from __future__ import annotations
 
 from bot.memory.core.derived import DerivedMixin
+from bot.memory.core.identity import IdentityMixin
 from bot.memory.core.sessions import SessionsMixin
 from bot.memory.postgres.base import PgBase
-from bot.memory.postgres.identity import IdentityMixin
 from bot.memory.postgres.messages import MessagesMixin
 from bot.memory.postgres.outbox import OutboxMixin
 from bot.memory.postgres.portable import PortableMixin

@@ -21,9 +21,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from bot.memory.core.db import POSTGRES
+from bot.memory.core.identity import give_back
 from bot.memory.keep import facts_touching, outbox_cutoff
-from bot.memory.postgres.base import Conn, PgBase, advance_sequences
-from bot.memory.postgres.identity import give_back
+from bot.memory.postgres.base import Conn, PgBase, PgTx, advance_sequences
 from bot.memory.postgres.messages import SEARCH_SQL
 from bot.memory.postgres.words import fold, meta
 from bot.memory.records import ForgetReport
@@ -63,7 +64,7 @@ class UpkeepMixin(PgBase):
                     )
                 }
                 for absorbed in absorbed_ids:
-                    await give_back(con, absorbed)
+                    await give_back(PgTx(con), POSTGRES, absorbed)
                 await _clear_partners(con, partners, theirs)
                 self._vectors.drop([p for p, _, _ in partners])
                 for i, table in enumerate(("messages", "summaries", "facts")):

@@ -9,9 +9,9 @@ record which messages they cover.
 from __future__ import annotations
 
 from bot.memory.core.derived import DerivedMixin
+from bot.memory.core.identity import IdentityMixin
 from bot.memory.core.sessions import SessionsMixin
 from bot.memory.sqlite.base import SqliteBase
-from bot.memory.sqlite.identity import IdentityMixin
 from bot.memory.sqlite.messages import MessagesMixin
 from bot.memory.sqlite.outbox import OutboxMixin
 from bot.memory.sqlite.portable import PortableMixin

@@ -22,10 +22,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from bot.memory.core.db import SQLITE
+from bot.memory.core.identity import give_back
 from bot.memory.keep import facts_touching, outbox_cutoff
 from bot.memory.records import ForgetReport
-from bot.memory.sqlite.base import SqliteBase
-from bot.memory.sqlite.identity import give_back
+from bot.memory.sqlite.base import SqliteBase, SqliteTx
 
 WAL_FORCE_BYTES = 64 * 1024 * 1024
 FTS_MERGE_PAGES = 64  # a bounded slice of merge work per idle tick
@@ -59,7 +60,7 @@ class UpkeepMixin(SqliteBase):
                 )
                 theirs = {int(r[0]) for r in await cur.fetchall()}
                 for absorbed in absorbed_ids:
-                    await give_back(db, absorbed)
+                    await give_back(SqliteTx(db), SQLITE, absorbed)
                 await _clear_partners(db, partners, theirs)
                 self._vectors.drop([p for p, _, _ in partners])
                 for i, table in enumerate(("messages", "summaries", "facts")):
