@@ -33,13 +33,22 @@ class Dialect:
     name: str  # "sqlite" or "postgres"
     for_update: str  # appended to a SELECT whose rows a transaction is about to change
     rekey_search: str  # extra SET item re-keying a moved message's search words (one ``?``)
+    fresh: str  # how to get an empty store, for messages that ask for one
+
+    def in_ids(self, column: str, ids: Sequence[int]) -> tuple[str, tuple[Any, ...]]:
+        """``column`` is one of ``ids``: one array parameter on PostgreSQL (one prepared
+        statement for every length), a list of ``?`` on SQLite."""
+        if self.name == "postgres":
+            return f"{column} = ANY(?::bigint[])", ([int(i) for i in ids],)
+        return f"{column} IN ({','.join('?' * len(ids))})", tuple(ids)
 
 
-SQLITE = Dialect(name="sqlite", for_update="", rekey_search="")
+SQLITE = Dialect(name="sqlite", for_update="", rekey_search="", fresh="a new state_dir")
 POSTGRES = Dialect(
     name="postgres",
     for_update=" FOR UPDATE",
     rekey_search=", search = meshsage_keyed(?, search)",
+    fresh="a new database",
 )
 
 
@@ -75,6 +84,19 @@ class CoreBase:
         raise NotImplementedError
 
     def _atomic(self) -> AbstractAsyncContextManager[Tx]:
+        raise NotImplementedError
+
+    def _insert_rows(
+        self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
+    ) -> tuple[str, list[tuple[Any, ...]]]:
+        """The INSERT statement and its rows for copying ``rows`` (values of ``columns``) into
+        ``table`` as they are; a backend adds what it derives on write (PostgreSQL: a message's
+        search words)."""
+        raise NotImplementedError
+
+    async def _after_import(self, tx: Tx) -> None:
+        """Called in the transaction that wrote rows with explicit ids (PostgreSQL moves its
+        id sequences past them)."""
         raise NotImplementedError
 
 

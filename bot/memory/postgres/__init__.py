@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from bot.memory.core.derived import DerivedMixin
 from bot.memory.core.identity import IdentityMixin
+from bot.memory.core.portable import PortableMixin
 from bot.memory.core.sessions import SessionsMixin
 from bot.memory.postgres.base import PgBase
 from bot.memory.postgres.messages import MessagesMixin
 from bot.memory.postgres.outbox import OutboxMixin
-from bot.memory.postgres.portable import PortableMixin
+from bot.memory.postgres.rows import RowsMixin
 from bot.memory.postgres.search import SearchMixin
 from bot.memory.postgres.upkeep import UpkeepMixin
 
@@ -27,6 +28,7 @@ class PostgresStore(
     IdentityMixin,
     PortableMixin,
     UpkeepMixin,
+    RowsMixin,
     PgBase,
 ):
     """Open with ``await PostgresStore.open(url, password=...)``; close with ``close()``."""

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from bot.memory.core.derived import DerivedMixin
 from bot.memory.core.identity import IdentityMixin
+from bot.memory.core.portable import PortableMixin
 from bot.memory.core.sessions import SessionsMixin
 from bot.memory.sqlite.base import SqliteBase
 from bot.memory.sqlite.messages import MessagesMixin
 from bot.memory.sqlite.outbox import OutboxMixin
-from bot.memory.sqlite.portable import PortableMixin
 from bot.memory.sqlite.search import SearchMixin
 from bot.memory.sqlite.upkeep import UpkeepMixin
 

@@ -30,7 +30,7 @@ import aiosqlite
 
 from bot.errors import DiskFull, StorageError
 from bot.files import private_dir, private_file, tighten_if_present
-from bot.memory.core.db import SQLITE, CoreBase, Dialect
+from bot.memory.core.db import SQLITE, CoreBase, Dialect, Tx
 from bot.memory.schema import MIGRATIONS, applied_migrations, migrate
 from bot.memory.vectors import VectorCache
 
@@ -201,6 +201,16 @@ class SqliteBase(CoreBase):
     async def _atomic(self) -> AsyncIterator[SqliteTx]:
         async with self._tx() as db:
             yield SqliteTx(db)
+
+    def _insert_rows(
+        self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
+    ) -> tuple[str, list[tuple[Any, ...]]]:
+        # The FTS triggers index messages as they arrive.
+        marks = ", ".join("?" * len(columns))
+        return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows
+
+    async def _after_import(self, tx: Tx) -> None:
+        """Nothing: SQLite's next rowid is always past the largest id."""
 
 
 class SqliteTx:
