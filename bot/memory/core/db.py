@@ -34,6 +34,8 @@ class Dialect:
     for_update: str  # appended to a SELECT whose rows a transaction is about to change
     rekey_search: str  # extra SET item re-keying a moved message's search words (one ``?``)
     fresh: str  # how to get an empty store, for messages that ask for one
+    skip_locked: str  # after a batch's id subquery: leave rows another gateway is deleting
+    json_ids: str  # ``{col}``'s JSON list of ids as rows of one column ``{alias}``
 
     def in_ids(self, column: str, ids: Sequence[int]) -> tuple[str, tuple[Any, ...]]:
         """``column`` is one of ``ids``: one array parameter on PostgreSQL (one prepared
@@ -43,12 +45,21 @@ class Dialect:
         return f"{column} IN ({','.join('?' * len(ids))})", tuple(ids)
 
 
-SQLITE = Dialect(name="sqlite", for_update="", rekey_search="", fresh="a new state_dir")
+SQLITE = Dialect(
+    name="sqlite",
+    for_update="",
+    rekey_search="",
+    fresh="a new state_dir",
+    skip_locked="",
+    json_ids="json_each({col}) {alias}",
+)
 POSTGRES = Dialect(
     name="postgres",
     for_update=" FOR UPDATE",
     rekey_search=", search = meshsage_keyed(?, search)",
     fresh="a new database",
+    skip_locked=" FOR UPDATE SKIP LOCKED",
+    json_ids="jsonb_array_elements_text({col}::jsonb) AS {alias}(value)",
 )
 
 
@@ -97,6 +108,16 @@ class CoreBase:
     async def _after_import(self, tx: Tx) -> None:
         """Called in the transaction that wrote rows with explicit ids (PostgreSQL moves its
         id sequences past them)."""
+        raise NotImplementedError
+
+    async def _mark_erase(self, tx: Tx) -> None:
+        """Inside a forget's transaction: record that an erase is due (SQLite's crash-safe
+        scrub mark; nothing on PostgreSQL)."""
+        raise NotImplementedError
+
+    async def _erase(self) -> None:
+        """After a forget commits: make the deletions physical (SQLite: rewrite the FTS index
+        and truncate the WAL; PostgreSQL: VACUUM)."""
         raise NotImplementedError
 
 

@@ -11,12 +11,13 @@ from bot.memory.core.derived import DerivedMixin
 from bot.memory.core.identity import IdentityMixin
 from bot.memory.core.portable import PortableMixin
 from bot.memory.core.sessions import SessionsMixin
+from bot.memory.core.upkeep import UpkeepMixin
 from bot.memory.postgres.base import PgBase
 from bot.memory.postgres.messages import MessagesMixin
 from bot.memory.postgres.outbox import OutboxMixin
 from bot.memory.postgres.rows import RowsMixin
 from bot.memory.postgres.search import SearchMixin
-from bot.memory.postgres.upkeep import UpkeepMixin
+from bot.memory.postgres.upkeep import PgUpkeepMixin
 
 
 class PostgresStore(
@@ -28,6 +29,7 @@ class PostgresStore(
     IdentityMixin,
     PortableMixin,
     UpkeepMixin,
+    PgUpkeepMixin,
     RowsMixin,
     PgBase,
 ):

@@ -1,5 +1,6 @@
 """What PostgreSQL derives when rows are copied in with their ids (imports, ``migrate-store``):
-each message's search words, and id sequences moved past the copied ids.
+each message's search words, the gateway of outbox rows copied from SQLite (this one), and id
+sequences moved past the copied ids.
 
 Invariant: a message never exists without its ``search`` column (the word table's trigger
 reads it), whatever path wrote it.
@@ -21,6 +22,10 @@ class RowsMixin(PgBase):
         self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
     ) -> tuple[str, list[tuple[Any, ...]]]:
         cols, values = list(columns), [f"${i}" for i in range(1, len(columns) + 1)]
+        if table == "outbox" and "gateway" not in columns:  # migrated rows: this gateway's
+            cols.append("gateway")
+            values.append(f"${len(columns) + 1}")
+            rows = [(*r, self.gateway) for r in rows]
         if table == "messages":
             text, author, created = (columns.index(c) for c in ("text", "author", "created_at"))
             n = len(columns)
