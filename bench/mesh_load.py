@@ -10,10 +10,16 @@ radio stamps every packet with that clock, so airtime and latency are exact and 
 timeout costs milliseconds. Scenarios: ``people`` nodes send one DM each at the same moment;
 ACKs instant or delayed (20 s, as on a multi-hop mesh); optionally one node that never ACKs.
 
+Each scenario runs with the airtime limit (the radio reports device metrics, so the bot keeps
+its channel share under ``busy_threshold``, 20% by default) and, for comparison, without it (a
+radio without device metrics: spacing alone, the behaviour before issue 18).
+
 Reported per scenario (virtual seconds):
 - airtime share: the bot's own transmissions (LoRa LongFast time-on-air of each text packet,
   plus the firmware's 3 retransmissions for every part that got no ACK) divided by the time
   from the first question to the last packet;
+- channel utilisation: what the radio reports (its last minute of traffic; only the bot talks
+  here), peak and mean over the bot's packets;
 - first-part latency: from the questions to the first packet to each person; first, median and
   last person; ``ideal`` is the time the paced radio needs for every reply (packets x spacing);
 - packets per answer, busy notices (outbox full), undelivered answers (live nodes only).
@@ -37,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.app import App, build
+from bot.transports.mesh_airtime import lora_airtime
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_radio import Later
@@ -49,21 +56,15 @@ SAMPLE_EVERY = 1000  # soak: messages between RSS samples
 ANSWER = "Rain later today, about 5 mm; take a jacket if you go out this afternoon."
 
 
-def lora_airtime(payload: int, *, sf: int = 11, bw: float = 250e3, cr: int = 1) -> float:
-    """Time on air (s) of one LongFast packet carrying ``payload`` text bytes (+16 header,
-    +~6 protobuf); Semtech's formula, 16-symbol preamble, explicit header, CRC on."""
-    t_sym = (2**sf) / bw
-    size = payload + 16 + 6
-    n = 8 + max(math.ceil((8 * size - 4 * sf + 28 + 16) / (4 * sf)) * (cr + 4), 0)
-    return float((16 + 4.25) * t_sym + n * t_sym)
-
-
 @dataclass
 class Result:
     people: int
     acks: str
     dead: bool
+    limit: bool
     share: float
+    channel_peak: float
+    channel_mean: float
     first: float
     median: float
     last: float
@@ -85,7 +86,9 @@ async def _app(tmp: Path, llm: FakeLLM, h: Harness) -> AsyncIterator[App]:
         await app.close()
 
 
-async def scenario(people: int, *, delayed: bool, dead: bool, llm: FakeLLM) -> Result:
+async def scenario(
+    people: int, *, delayed: bool, dead: bool, llm: FakeLLM, limit: bool = True
+) -> Result:
     nodes = [0xB0000001 + i for i in range(people)]
     dead_node = nodes[people // 2] if dead else None
 
@@ -96,10 +99,11 @@ async def scenario(people: int, *, delayed: bool, dead: bool, llm: FakeLLM) -> R
 
     with tempfile.TemporaryDirectory() as tmp:
         async with (
-            mesh_harness(start=False, spacing_seconds=SPACING, cooldown=0.0) as h,
+            mesh_harness(start=False, spacing_seconds=SPACING, cooldown=0.0, metrics=limit) as h,
             _app(Path(tmp), llm, h) as app,
         ):
             h.radio.routing = routing
+            _hold_clock_during_store_writes(app, h)
             t0 = h.clock.monotonic()
             for num in nodes:
                 h.radio.inject_text("what is the weather tomorrow?", frm=num)
@@ -128,6 +132,8 @@ async def scenario(people: int, *, delayed: bool, dead: bool, llm: FakeLLM) -> R
         one = lora_airtime(len(packet.decoded.payload))
         airtime += one * (1 + (FIRMWARE_RETRIES if packet.id in unacked else 0))
     span = max(t for t, _ in sent) - t0 if sent else 1.0
+    own = [(t, lora_airtime(len(p.decoded.payload))) for t, p in sent]
+    channel = [100.0 * sum(a for u, a in own if t - 60.0 < u <= t) / 60.0 for t, _ in own]
     latencies = sorted(v for k, v in first_at.items() if k != dead_node)
     answers = [s for s in states if s[0] != f"!{dead_node or 0:08x}"]
     undelivered = sum(1 for _, state in answers if state not in ("delivered", "sent"))
@@ -135,7 +141,10 @@ async def scenario(people: int, *, delayed: bool, dead: bool, llm: FakeLLM) -> R
         people=people,
         acks="delayed 20 s" if delayed else "instant",
         dead=dead,
+        limit=limit,
         share=airtime / span,
+        channel_peak=max(channel, default=0.0),
+        channel_mean=statistics.mean(channel) if channel else 0.0,
         first=latencies[0] if latencies else math.nan,
         median=statistics.median(latencies) if latencies else math.nan,
         last=latencies[-1] if latencies else math.nan,
@@ -146,14 +155,37 @@ async def scenario(people: int, *, delayed: bool, dead: bool, llm: FakeLLM) -> R
     )
 
 
+def _hold_clock_during_store_writes(app: App, h: Harness) -> None:
+    """Virtual time must not jump while the outbox records a part (a write of milliseconds on
+    a real machine): the fake clock otherwise advances to the next sleeper (a 20 s delayed
+    ACK) whenever the loop waits for SQLite's thread, which inflates latencies."""
+    store: Any = app.store
+    inflight = [0]
+    for name in ("plan_part", "record_part", "claim_delivery", "finish_delivery"):
+        original = getattr(store, name)
+
+        async def counted(*args: Any, _original: Any = original, **kw: Any) -> Any:
+            inflight[0] += 1
+            try:
+                return await _original(*args, **kw)
+            finally:
+                inflight[0] -= 1
+
+        setattr(store, name, counted)
+    h.clock.settle_hooks.append(lambda: inflight[0] > 0)
+
+
 def table(results: list[Result]) -> str:
     head = (
-        "| people | ACKs | dead node | bot airtime share | first-part latency first / median"
-        " / last (s) | ideal (s) | packets/answer | busy notices | undelivered |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
+        "| people | ACKs | dead node | airtime limit | bot airtime share | channel util. peak /"
+        " mean | first-part latency first / median / last (s) | ideal (s) | packets/answer |"
+        " busy notices | undelivered |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = [
-        f"| {r.people} | {r.acks} | {'yes' if r.dead else 'no'} | {r.share:.1%} | "
+        f"| {r.people} | {r.acks} | {'yes' if r.dead else 'no'} | "
+        f"{'20%' if r.limit else 'off (spacing only)'} | {r.share:.1%} | "
+        f"{r.channel_peak:.0f}% / {r.channel_mean:.0f}% | "
         f"{r.first:.0f} / {r.median:.0f} / {r.last:.0f} | {r.ideal:.0f} | "
         f"{r.packets_per_answer:.2f} | {r.busy} | {r.undelivered} |"
         for r in results
@@ -222,8 +254,10 @@ async def main(argv: list[str] | None = None) -> None:
         results = []
         for people in args.people:
             for delayed in (False, True):
-                for dead in (False, True):
-                    results.append(await scenario(people, delayed=delayed, dead=dead, llm=llm))
+                for dead, limit in ((False, False), (False, True), (True, True)):
+                    results.append(
+                        await scenario(people, delayed=delayed, dead=dead, llm=llm, limit=limit)
+                    )
                     print(table(results[-1:]).splitlines()[-1], file=sys.stderr)
         text = table(results)
         print(text)

@@ -193,12 +193,16 @@ class MeshLikeTransport:
         await self._closed.wait()
 
 
-def bench_config(state_dir: Path, base_url: str) -> Config:
+def bench_config(state_dir: Path, base_url: str, *, share: float | None = None) -> Config:
+    memory = MemoryConfig()
+    if share is not None:  # memory.retrieval.share, as a config file would set it
+        retrieval = memory.retrieval.model_copy(update={"share": share})
+        memory = memory.model_copy(update={"retrieval": retrieval})
     return Config(
         state_dir=state_dir,
         llm=LLMConfig(base_url=base_url, model="fake", api_key_env=None, retries=0),
         bot=BotConfig(rate_limit=RateLimit(messages=10_000, per_seconds=1.0), queue_limit=100),
-        memory=MemoryConfig(),
+        memory=memory,
     )
 
 
@@ -283,7 +287,14 @@ def measure(
     return shares, reeval, prompt, summaries
 
 
-async def run(layout: str, scenario: str, turns: int, seed: int, counter: TokenCounter) -> Result:
+async def run(
+    layout: str,
+    scenario: str,
+    turns: int,
+    seed: int,
+    counter: TokenCounter,
+    share: float | None = None,
+) -> Result:
     from tests.fakes.fake_llm import FakeLLM
 
     fake = FakeLLM()
@@ -293,7 +304,9 @@ async def run(layout: str, scenario: str, turns: int, seed: int, counter: TokenC
     scripts = {p: script(turns, seed=seed + i) for i, p in enumerate(people)}
     with tempfile.TemporaryDirectory() as d:
         transport = MeshLikeTransport()
-        app = await build(bench_config(Path(d), fake.base_url), env={}, transports=[transport])
+        app = await build(
+            bench_config(Path(d), fake.base_url, share=share), env={}, transports=[transport]
+        )
         use_layout(app, layout)
         owners: list[str | None] = []
         try:
@@ -379,14 +392,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--write-docs", action="store_true", help="rewrite docs/memory.md's prefix table"
     )
+    p.add_argument("--share", type=float, default=None, help="memory.retrieval.share")
+    p.add_argument("--scenarios", default="one person,two people")
     args = p.parse_args(argv)
     counter = make_counter()
     results: list[Result] = []
-    for scenario in ("one person", "two people"):
+    for scenario in args.scenarios.split(","):
         for layout in args.layouts.split(","):
             if layout not in LAYOUTS:
                 p.error(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
-            results.append(asyncio.run(run(layout, scenario, args.turns, args.seed, counter)))
+            results.append(
+                asyncio.run(run(layout, scenario, args.turns, args.seed, counter, args.share))
+            )
             print(table(results[-1:]).splitlines()[-1], flush=True)
     print()
     print(table(results))

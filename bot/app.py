@@ -296,6 +296,7 @@ async def build(
                 counter=counter,
                 system_prompt=config.bot.system_prompt,
                 retrieval_share=config.memory.retrieval.share,
+                min_fold_messages=config.memory.summary.min_evicted,
             ),
             store=store,
             counter=counter,

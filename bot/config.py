@@ -119,7 +119,7 @@ class BotConfig(_Strict):
 
 class RetrievalConfig(_Strict):
     enabled: bool = True
-    share: float = Field(0.4, ge=0, le=0.9)  # most of the free budget retrieval may take
+    share: float = Field(0.4, ge=0, le=0.9)  # of the free budget kept for recall (strong match)
     # Share (0-1) of the query's IDF mass a turn or its neighbours must match to be retrieved.
     min_score: float = Field(0.2, ge=0, le=1)
     max_turns: int = Field(40, ge=0, le=200)
@@ -253,9 +253,14 @@ class MeshtasticConfig(TransportBase):
     # Transmissions one reply may cost, the firmware's own retransmissions included (each
     # unacknowledged part costs 1 + 3); re-sends stop when the next would exceed it.
     airtime_budget: int = Field(24, ge=1, le=1000)
-    busy_threshold: float = Field(25.0, ge=0, le=100)  # channel utilization %, defer above
-    busy_max_wait: float = Field(120.0, ge=0, le=3600)  # then send anyway
+    busy_threshold: float = Field(20.0, gt=0, le=100)  # channel utilization %, slow/hold above
+    busy_max_wait: float = Field(120.0, ge=0, le=3600)  # held this long: back to the outbox
     busy_poll: float = Field(10.0, gt=0, le=600)
+    duty_cycle: float = Field(10.0, gt=0, le=100)  # % of each hour the bot may transmit
+    modem_preset: Literal[
+        "LONG_FAST", "LONG_MODERATE", "LONG_SLOW", "MEDIUM_FAST", "MEDIUM_SLOW", "SHORT_FAST",
+        "SHORT_SLOW",
+    ] = "LONG_FAST"  # fmt: skip
     outbox_limit: int = Field(20, ge=1, le=1000)  # replies not started; more get "busy"
     queue_wait: float = Field(600.0, gt=0, le=86_400)  # then the reply waits in the database
 

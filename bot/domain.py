@@ -80,9 +80,15 @@ class Reply:
     outbox_id: int | None = None
     done_parts: frozenset[int] = frozenset()
     progress: PartProgress | None = None
+    # Transports that choose packet ids (the mesh): ids planned for parts by an earlier send,
+    # and ``plan(part index, packet id)`` to store one before the part is written; it returns
+    # the id to use (one stored earlier wins), so a re-send repeats the same packet id.
+    packet_ids: tuple[tuple[int, int], ...] = ()
+    plan: PartPlan | None = None
 
 
 PartProgress = Callable[[int, str], Awaitable[None]]
+PartPlan = Callable[[int, int], Awaitable[int]]
 
 
 @dataclass(frozen=True, slots=True)

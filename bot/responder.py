@@ -27,7 +27,14 @@ Invariants:
   delivery result. Rows the transport could not send (``PENDING``: no link) and rows left by a
   crash are sent again by ``redeliver`` (at start and on every maintenance tick), only their
   missing parts; rows older than the transport's ``delivery.max_age`` are marked expired.
-  A row is in flight at most once (``self._in_flight``), so nothing is sent twice.
+- At most once by construction: a row is sent only under its claim in the store (a
+  compare-and-set, ``bot.memory.outbox_claims``). A turn creates its row already claimed
+  (``queue_delivery(claim=True)``), so no round sees it while it is sent or streamed; a round
+  claims each row it queues when its turn comes and sends the row *as the claim returned it*
+  (its recorded parts are current), so a row delivered meanwhile is skipped, never re-sent.
+  A reply that waits for its link gives its claim back; claims a dead process left are
+  released at start (``recover_pending``). ``self._in_flight`` only keeps a row from being
+  queued twice in this process.
 - Notices (rate limited, busy, not stored) are sent straight away, never behind a worker or
   the LLM, and never stored as something the model said. "LLM unavailable" is an outbox row
   (it settles the question as ``failed`` in the same transaction). Command replies are outbox
@@ -42,7 +49,9 @@ Invariants:
   timeout.
 - Incognito (``!incognito``): the person's new messages and the answers are not stored; the
   bot answers from the stored memory plus the incognito turns it holds in memory (at most
-  ``INCOGNITO_TURNS``), which are dropped when incognito ends or the process stops.
+  ``INCOGNITO_TURNS``), which are dropped when incognito ends (any ``!incognito``,
+  ``!reset`` or ``!forget``) or the process stops: nothing said in an ended stretch reaches a
+  later prompt.
 - A message through a linked DM is stored with its origin (``Conversation.origin_id``), so
   ``!unlink`` can give it back, even when the unlink lands during the turn.
 """
@@ -105,6 +114,7 @@ def _command_room(transport: Transport) -> int:
 
 
 INCOGNITO_TURNS = 20
+ENDS_INCOGNITO = ("incognito", "reset", "forget")  # commands that end an incognito stretch
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +302,8 @@ class Responder:
     async def _command(self, inbound: Inbound) -> None:
         parsed = self._commands.parse(inbound.text)
         assert parsed is not None
+        if parsed[0] in ENDS_INCOGNITO:
+            self._end_incognito(inbound, everywhere=parsed[0] == "forget")
         transport = self._transports[inbound.transport]
         if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
             await self._notice(inbound, _busy(wait))
@@ -320,16 +332,22 @@ class Responder:
             reply_to=inbound.message_id,
             rest=rest,
         )
-        outbox_id = await self._store.queue_delivery(entry)
+        outbox_id = await self._store.queue_delivery(entry, claim=True)
         row = await self._store.outbox_row(outbox_id)
         if row is None:  # the person ran !forget meanwhile
             return
-        self._in_flight.add(row.id)
-        try:
-            delivery = await self._deliver(inbound, row)
-        finally:
-            self._in_flight.discard(row.id)
+        delivery = await self._deliver_now(inbound, row)
         self._after_delivery(result, delivery)
+
+    def _end_incognito(self, inbound: Inbound, *, everywhere: bool) -> None:
+        """Forget the in-memory turns of an incognito stretch: ``!incognito`` (off, or a new
+        stretch), ``!reset``, and ``!forget`` (every space of the person) end it, so nothing
+        said in it reaches a later prompt."""
+        for key in list(self._ephemeral):
+            if key == inbound.key or (
+                everywhere and (key.transport, key.person) == (inbound.transport, inbound.sender)
+            ):
+                del self._ephemeral[key]
 
     @staticmethod
     def _after_delivery(result: CommandResult, delivery: Delivery) -> None:
@@ -414,7 +432,9 @@ class Responder:
                 entry = OutboxEntry(
                     inbound.key, "notice", transport.fit(UNAVAILABLE), question_id=message_id
                 )
-                outbox_id = await self._store.queue_delivery(entry, question_status="failed")
+                outbox_id = await self._store.queue_delivery(
+                    entry, question_status="failed", claim=True
+                )
                 row = await self._store.outbox_row(outbox_id)
                 if row is not None:
                     await self._deliver_now(inbound, row)
@@ -440,6 +460,7 @@ class Responder:
                     self._counter.count(whole),
                     origin_id=conv.origin_id,
                 ),
+                claim=True,
             )
         except (sqlite3.Error, StorageError) as exc:  # disk full: the person hears why
             log.error("could not store the answer for %s: %s", inbound.key, exc)
@@ -499,9 +520,10 @@ class Responder:
         note: str | None = None,
         stream: AnswerStream | None = None,
     ) -> Delivery:
+        """Send a row this process created claimed (``queue_delivery(claim=True)``)."""
         self._in_flight.add(row.id)
         try:
-            return await self._deliver(inbound, row, note=note, stream=stream)
+            return await self._deliver(inbound, row, note=note, stream=stream, claimed=True)
         finally:
             self._in_flight.discard(row.id)
 
@@ -512,9 +534,18 @@ class Responder:
         *,
         note: str | None = None,
         stream: AnswerStream | None = None,
+        claimed: bool = False,
     ) -> Delivery:
         """Send one outbox row (its missing parts) and record the outcome. A streamed answer
-        (already on screen) is finished by its stream instead of being sent again."""
+        (already on screen) is finished by its stream instead of being sent again. Unless
+        ``claimed`` (this process created the row claimed), the row is claimed first and sent
+        as the claim returned it; a row claimed or finished meanwhile is not sent."""
+        if not claimed:
+            fresh = await self._store.claim_delivery(row.id)
+            if fresh is None:
+                log.debug("outbox row %d is claimed or finished already; not sent again", row.id)
+                return Delivery(DeliveryStatus.PENDING, detail="claimed or finished elsewhere")
+            row = fresh
         age = time.time() - row.created_at
         max_age = self._max_age.get(row.entry.key.transport, DEFAULT_MAX_AGE)
         if age > max_age:
@@ -531,6 +562,9 @@ class Responder:
         async def progress(part: int, platform_id: str) -> None:
             await self._store.record_part(row.id, part, platform_id)
 
+        async def plan(part: int, packet_id: int) -> int:
+            return await self._store.plan_part(row.id, part, packet_id)
+
         kind = {"answer": ReplyKind.ANSWER, "notice": ReplyKind.NOTICE}.get(
             row.entry.kind, ReplyKind.COMMAND
         )
@@ -545,12 +579,15 @@ class Responder:
                 outbox_id=row.id,
                 done_parts=frozenset(i for i, _ in row.parts),
                 progress=progress,
+                packet_ids=row.packet_ids,
+                plan=plan,
             )
             delivery = await (stream.finish(reply) if stream is not None else self._send(reply))
         finally:
             self._delivering.discard(qkey)
         if delivery.status is DeliveryStatus.PENDING:
             log.info("outbox row %d for %s waits for its link", row.id, row.entry.key)
+            await self._store.release_delivery(row.id)  # the next round may claim it again
         else:
             await self._store.finish_delivery(row.id, delivery.status.value, detail=delivery.detail)
         return delivery
@@ -591,6 +628,9 @@ class Responder:
     async def recover_pending(self, *, within_seconds: float = RECOVER_WITHIN_SECONDS) -> int:
         """At start: send what the outbox still holds, then queue stored-but-unanswered
         messages from a crash or shutdown (recent ones only)."""
+        released = await self._store.release_stale_claims()
+        if released:
+            log.info("released %d outbox claim(s) left by a process that died", released)
         sent = await self.redeliver()
         jobs = await self._store.pending_messages(
             since=time.time() - within_seconds, transports=tuple(self._transports)

@@ -81,7 +81,10 @@ async def test_each_request_extends_the_previous_until_a_fold(
         # turn of the previous request is gone from the new window.
         folds += 1
         assert after[0] != before[0] and before[1] not in after[1:]
-    assert folds >= 2 and extended >= 3 * folds
+    # Every message here matches earlier ones strongly (the topics repeat), so each turn keeps
+    # a recall note and the window folds about every third turn at this small budget (issue 17:
+    # recall that answers; the trade-off is measured in docs/memory.md).
+    assert folds >= 2 and extended >= 2 * folds
 
 
 async def test_no_summary_is_requested_while_a_reply_waits(

@@ -110,6 +110,7 @@ async def test_a_summary_fold_extracts_facts_before_the_session_closes(
         ]
         assert await summarizer.refresh(conv, window_start_id=ids[8])
         assert len(await store.summaries(conv)) == 1
+        await summarizer.wait_quiet()  # facts are read in their own task after the chapter
         assert [f.text for f in await store.facts(conv.id)] == ["Lives in Oslo"]
         assert await store.sessions(conv.id) == []  # no session has closed
     finally:

@@ -388,3 +388,41 @@ async def test_listeners_are_kept_alive_and_unsubscribed_on_stop() -> None:
         topic: Any = pub.getDefaultTopicMgr().getTopic("meshtastic.receive")
         assert topic.hasListener(h.transport._on_packet)
     assert not topic.hasListener(h.transport._on_packet)
+
+
+async def test_a_part_keeps_its_planned_packet_id_through_retries_and_a_restart() -> None:
+    """The id is chosen and stored before the write (``Reply.plan``); an ACK retry and a
+    re-send after a crash (the id planned, the part not recorded) repeat it, and the
+    receiving radio drops the copy it already has instead of showing it twice."""
+    async with mesh_harness(ack_backoff=10.0) as h:
+        h.radio.routing = lambda p, attempt: "MAX_RETRANSMIT" if attempt == 0 else "NONE"
+        h.radio.inject_text("question")
+        inbound = await h.message()
+        planned: dict[int, int] = {}
+        recorded: list[tuple[int, str]] = []
+        on_air_at_plan: list[int] = []
+
+        async def plan(part: int, packet_id: int) -> int:
+            on_air_at_plan.append(len(h.radio.on_air))  # stored before the radio has it
+            return planned.setdefault(part, packet_id)
+
+        async def progress(part: int, platform_id: str) -> None:
+            recorded.append((part, platform_id))
+
+        text = h.transport.fit("Kept once.")
+        delivery = await h.transport.send(
+            Reply(inbound=inbound, text=text, plan=plan, progress=progress)
+        )
+        assert delivery.status is DeliveryStatus.DELIVERED
+        first, retry = (p for _, p in h.radio.sent_texts())
+        assert first.id == retry.id == planned[0] and on_air_at_plan == [0]
+        assert [p.id for _, p in h.radio.shown] == [planned[0]]  # the NAKed copy never arrived
+        # A restart after a kill between the radio taking the part and the store recording it:
+        # the row has the planned id but not the part. The re-send repeats the id; the
+        # recipient's radio already has it and drops it (no second answer on screen, no ACK).
+        again = await h.transport.send(
+            Reply(inbound=inbound, text=text, packet_ids=tuple(planned.items()), plan=plan)
+        )
+        assert again.status is DeliveryStatus.SENT  # unconfirmed: the firmware does not re-ACK
+        assert [p.id for _, p in h.radio.repeats] == [planned[0]]
+        assert len(h.radio.shown) == 1 and len(h.radio.sent_texts()) == 3

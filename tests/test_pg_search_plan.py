@@ -157,3 +157,33 @@ async def test_word_table_follows_every_write(url: str) -> None:
         )
     finally:
         await store.close()
+
+
+async def test_an_existing_database_gets_its_words_at_upgrade(url: str) -> None:
+    """A database written before 009_pg_word_index: the migration fills ``message_words`` from
+    the stored words, and search then finds what it found before."""
+    from bot.memory.postgres.schema import MIGRATIONS, migrate
+
+    before = [m for m in MIGRATIONS if m[0] < "009"]
+    con = await asyncpg.connect(url, password=pg_server.BOT_PASSWORD)
+    try:
+        await migrate(con, before)
+        await con.execute(
+            "INSERT INTO conversations (transport, person, space, created_at) "
+            "VALUES ('mesh', 'a', 'dm', 0), ('mesh', 'b', 'dm', 0)"
+        )
+        await con.execute(
+            "INSERT INTO messages (conversation_id, role, author, text, created_at, tokens, "
+            "status, search) SELECT c, 'user', 'x', t, 0, 1, 'sent', "
+            "meshsage_keyed(c, to_tsvector('meshsage', t)) FROM (VALUES (1, 'running dogs'), "
+            "(2, 'running cats'), (1, 'quiet evening')) v(c, t)"
+        )
+    finally:
+        await con.close()
+    store = await _open(url)  # applies 009 to the existing rows
+    try:
+        await _words_match_search(store)
+        assert await store.search_terms(1, ["run", "cats", "evening"], after_id=0,
+                                        before_id=10**9) == [[1], [], [3]]  # fmt: skip
+    finally:
+        await store.close()

@@ -353,3 +353,68 @@ async def test_context_for_a_second_question_includes_the_first_answer(
                                   tokens=1, status="sent", parent_id=q1, answers=q1)  # fmt: skip
     seen = await memory.recent_messages(conv, limit=9, before_id=q2)
     assert [m.id for m in seen] == [a1, q1]
+
+
+# --- outbox claims and planned packet ids (bot.memory.outbox_claims) -----------------------------
+
+
+async def test_a_row_is_claimed_once_and_a_claimed_row_is_not_listed(memory: MemoryStore) -> None:
+    oid = await memory.queue_delivery(OutboxEntry(ALICE, "answer", "hi"))
+    await memory.record_part(oid, 0, "11")
+    row = await memory.claim_delivery(oid)
+    assert row is not None and row.id == oid and row.parts == ((0, "11"),)  # as it stands now
+    assert await memory.claim_delivery(oid) is None  # compare-and-set: the second ask loses
+    assert await memory.undelivered(transports=["mesh"]) == []
+    await memory.release_delivery(oid)  # waits for its link: any round may claim it again
+    assert [r.id for r in await memory.undelivered(transports=["mesh"])] == [oid]
+    assert await memory.claim_delivery(oid) is not None
+    await memory.finish_delivery(oid, "delivered")
+    await memory.release_delivery(oid)
+    assert await memory.claim_delivery(oid) is None  # finished rows are never claimed
+    assert await memory.claim_delivery(oid + 1000) is None  # nor rows that do not exist
+
+
+async def test_a_row_queued_claimed_is_never_listed_until_released(memory: MemoryStore) -> None:
+    oid = await memory.queue_delivery(OutboxEntry(ALICE, "answer", "streaming"), claim=True)
+    assert await memory.undelivered(transports=["mesh"]) == []
+    assert await memory.claim_delivery(oid) is None
+    assert await memory.release_stale_claims() == 0  # this process's own claim is live
+    await memory.release_delivery(oid)
+    assert [r.id for r in await memory.undelivered(transports=["mesh"])] == [oid]
+
+
+async def test_stale_claims_of_a_dead_process_are_released(
+    memory: MemoryStore, tmp_path: Path
+) -> None:
+    oid = await memory.queue_delivery(OutboxEntry(ALICE, "answer", "owed"), claim=True)
+    done = await memory.queue_delivery(OutboxEntry(BOB, "answer", "done"), claim=True)
+    await memory.finish_delivery(done, "sent")
+    # the same gateway restarted: a new store on the same database (the old one "died")
+    if isinstance(memory, SqliteStore):
+        again: MemoryStore = await SqliteStore.open(memory.path)
+    else:
+        from bot.memory.postgres import PostgresStore
+
+        assert isinstance(memory, PostgresStore)
+        again = await PostgresStore.open(
+            memory.url, password=pg_server.BOT_PASSWORD, gateway=memory.gateway
+        )
+    try:
+        assert again.claim_owner != memory.claim_owner
+        assert await again.undelivered(transports=["mesh"]) == []
+        assert await again.release_stale_claims() == 1  # only the pending row's claim
+        [row] = await again.undelivered(transports=["mesh"])
+        assert row.id == oid
+    finally:
+        await again.close()
+
+
+async def test_a_part_keeps_the_first_packet_id_planned_for_it(memory: MemoryStore) -> None:
+    oid = await memory.queue_delivery(OutboxEntry(ALICE, "answer", "two parts"))
+    assert await memory.plan_part(oid, 0, 0x1234) == 0x1234
+    assert await memory.plan_part(oid, 0, 0x9999) == 0x1234  # a re-send repeats the id
+    assert await memory.plan_part(oid, 1, 0xFFFF_FFF0) == 0xFFFF_FFF0  # ids are 32-bit
+    row = await memory.outbox_row(oid)
+    assert row is not None and row.packet_ids == ((0, 0x1234), (1, 0xFFFF_FFF0))
+    await memory.forget_person("mesh", ALICE.person)
+    assert await memory.plan_part(oid, 2, 7) == 0  # the row is gone (!forget)

@@ -88,3 +88,30 @@ async def test_claim_goes_to_one_holder_and_is_released(memory: MemoryStore) -> 
             assert other
     async with memory.claim(SUMMARY_CLAIM, conv.id) as again:
         assert again
+
+
+async def test_concurrent_claims_of_one_outbox_row_have_one_winner(memory: MemoryStore) -> None:
+    from bot.memory.records import OutboxEntry
+
+    oid = await memory.queue_delivery(OutboxEntry(ALICE, "answer", "once"))
+    results = await asyncio.gather(*(memory.claim_delivery(oid) for _ in range(6)))
+    assert sum(r is not None for r in results) == 1
+
+
+async def test_two_postgres_gateways_claiming_the_same_row_one_wins() -> None:
+    """Two gateway processes (two stores, two pools) on one PostgreSQL database race for a row
+    many times over: each time exactly one claim succeeds."""
+    from bot.memory.postgres import PostgresStore
+    from bot.memory.records import OutboxEntry
+    from tests import pg_server
+
+    first = await pg_server.open_store()
+    second = await PostgresStore.open(first.url, password=pg_server.BOT_PASSWORD, gateway="other")
+    try:
+        for i in range(20):
+            oid = await first.queue_delivery(OutboxEntry(ALICE, "answer", f"row {i}"))
+            a, b = await asyncio.gather(first.claim_delivery(oid), second.claim_delivery(oid))
+            assert (a is None) != (b is None), f"row {i}: {a!r} {b!r}"
+    finally:
+        await second.close()
+        await first.close()

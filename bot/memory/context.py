@@ -28,10 +28,15 @@ The fold rule (what keeps the prefix stable):
   join the system message.
 - Retrieved older turns (only turns older than the window) go in the final message
   (``recall="inline"``), or as notes kept at the turn where they were recalled (``"notes"``,
-  the default, measured better by ``bench.prefix``: the note is remembered in this process and
-  shown again with that turn until it folds, so the whole prompt is append-only; all notes of
-  one window share ``NOTES_SHARE`` of the budget, one turn adds at most ``NOTE_TURN_SHARE``;
-  after a restart old notes are gone and the window is evaluated once more).
+  the default, measured better by ``bench.prefix``): the note is stored with that message
+  (``save_recall_note``) and shown again with it until it folds, so the whole prompt is
+  append-only, across restarts too. A note counts in its turn's cost (fold points included):
+  it is paid once, and later turns reuse it from the cache.
+- How much a message recalls (``recall_weight``): up to ``retrieval.share`` of the free budget
+  (and never more than the budget has left) for a message that matches older turns strongly
+  (it asks about the past), scaled down linearly to nothing between ``STRONG_MATCH`` and
+  ``WEAK_MATCH`` (small talk: its turns stay cache-cheap). A turn already in the window, in
+  a note in the window, or in a pinned fact is not recalled again.
 
 Invariants:
 - The assembled prompt never exceeds the budget as counted by the injected counter (each
@@ -70,16 +75,22 @@ JOIN_OVERHEAD = 2  # tokens a "\n\n" join and header line break may add
 MIN_NEW_MESSAGE_TOKENS = 16
 FACTS_MAX_SHARE = 0.15  # of the budget left after the system prompt
 SUMMARY_MAX_SHARE = 0.25
-WINDOW_SHARE = 0.6  # of what chapters leave: the window's cap (the rest: message, facts, notes)
+MIN_WINDOW_SHARE = (
+    0.1  # the window's cap is (1 - retrieval.share) of what chapters leave, at least this
+)
 FOLD_SHARE = 0.95  # a fold moves at least this share of the window's cap into a chapter
 FOLD_MARGIN = 16  # tokens a held window leaves spare (joins; recall may get nothing that turn)
 FETCH_ANCHOR = 500  # a lagging summarizer: fold points restart every this many messages
 THREAD_HOPS = 4  # how far up a reply chain the context follows (answer, question, ...)
-NOTES_SHARE = 0.2  # "notes": all notes in the window together (at most retrieval.share)
-NOTE_TURN_SHARE = 0.1  # "notes": what one turn may add
-MIN_RECALL_TOKENS = 64  # "notes": small budgets still recall a turn or two
+MIN_RECALL_TOKENS = 64  # small budgets still recall a turn or two for a strong match
+NOTE_SHARE = 0.1  # of the free budget: the best part of a recall kept as its turn's note
+# Best retrieval score (a share of the query's rare-word weight, bot.memory.retrieval) at or
+# above which a message gets its whole recall budget, and at or below which it gets none
+# (measured on LoCoMo, bench.memory_e2e: 86% of questions about the past reach 0.5, 20% of
+# ordinary conversational lines do; 97% / 48% reach 0.3).
+STRONG_MATCH = 0.5
+WEAK_MATCH = 0.25
 LATE_ANSWERS = 16  # answers stored after the message being answered that may belong before it
-NOTES_KEPT = 2000  # recall notes remembered per process (oldest forgotten first)
 
 RecallMode = Literal["inline", "notes"]
 __all__ = ["AssembledContext", "Block", "ContextBuilder", "group_turns", "merge_system"]
@@ -130,22 +141,29 @@ def group_turns(messages: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
     return turns
 
 
-def fold_start(costs: Sequence[int], *, cap: int) -> int:
+def fold_start(costs: Sequence[int], *, cap: int, min_turns: int = 1) -> int:
     """Index of the first turn of the window: the first fold point from which ``costs`` fit
     ``cap``. Fold points are found from the front in blocks of at least ``FOLD_SHARE * cap``;
-    a block only counts once a turn follows it. So fold points never move when turns are
-    appended (the window is stable between folds) and a fold always keeps the newest turn."""
+    a block only counts once a turn follows it, and holds at least ``min_turns`` turns (the
+    summarizer writes a chapter only for enough messages). So fold points never move when
+    turns are appended (the window is stable between folds) and a fold always keeps the newest
+    turn."""
     block = max(1, int(cap * FOLD_SHARE))
     start, total = 0, sum(costs)
     while total > cap:
         moved, end = 0, start
-        while end < len(costs) and moved < block:
+        while end < len(costs) and (moved < block or end - start < min_turns):
             moved += costs[end]
             end += 1
         if end >= len(costs):
             break  # the block is not complete yet
         start, total = end, total - moved
     return start
+
+
+def recall_weight(score: float) -> float:
+    """Share (0-1) of the recall budget a message whose best older turn scores ``score`` gets."""
+    return min(1.0, max(0.0, (score - WEAK_MATCH) / (STRONG_MATCH - WEAK_MATCH)))
 
 
 class ContextBuilder:
@@ -158,14 +176,15 @@ class ContextBuilder:
         system_prompt: str,
         retrieval_share: float,
         recall: RecallMode = "notes",
+        min_fold_messages: int = 6,
     ) -> None:
         self._store = store
         self._retriever = retriever
         self._counter = counter
         self._system_prompt = system_prompt
         self._share = retrieval_share
+        self._min_fold_turns = max(1, (min_fold_messages + 1) // 2)  # summary.min_evicted
         self.recall: RecallMode = recall
-        self._notes: dict[int, str] = {}  # user message id -> note sent with it ("notes")
         self._header_tokens = {
             h: counter.count(h) + JOIN_OVERHEAD
             for h in (FACTS_HEADER, NEW_FACTS_HEADER, SUMMARY_HEADER, RETRIEVED_HEADER)
@@ -190,10 +209,13 @@ class ContextBuilder:
         chapters = await self._store.summaries(conversation)
         chapters, chapter_text, chapter_tokens = self._chapters(chapters, free)
         # Chapters change only at a fold, so the cap (and the fold points) stay put between.
-        window_cap = int((free - chapter_tokens) * WINDOW_SHARE)
+        # The rest of the cap (retrieval.share) is kept for the new message, facts and recall.
+        window_cap = int((free - chapter_tokens) * max(MIN_WINDOW_SHARE, 1.0 - self._share))
         base = chapters[-1].last_message_id if chapters else conversation.reset_after
         base = max(base, conversation.reset_after)
-        turns, fold, anchored = await self._window(conversation, base, new_message_id, window_cap)
+        turns, notes, fold, anchored = await self._window(
+            conversation, base, new_message_id, window_cap
+        )
 
         # Facts: the newest that fit their share; those older than the window are stable.
         facts = await self._store.facts(conversation.id)
@@ -210,32 +232,29 @@ class ContextBuilder:
         # the whole window still leaves room for everything else; then it folds regardless.
         room = free - chapter_tokens - fact_tokens - FOLD_MARGIN
         room -= self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
-        pending_fold = turns[fold][0].id if 0 < fold < len(turns) else None
-        if (
-            fold
-            and not anchored
-            and sum(self._turn_cost(t) + self._noted(t) for t in turns) <= room
-        ):
+        # The fold point this turn completes (a block is complete once a turn follows it): its
+        # chapter is written right after this answer, so the next prompt changes once (a new
+        # chapter and a shorter window) instead of dropping turns before the chapter exists.
+        ahead = fold_start(
+            [*(self._cost(t, notes) for t in turns), window_cap + 1],
+            cap=window_cap,
+            min_turns=self._min_fold_turns,
+        )
+        pending_fold = None
+        if 0 < ahead < len(turns):
+            pending_fold = turns[ahead][0].id
+        elif ahead and ahead == len(turns) and new_message_id is not None and not anchored:
+            pending_fold = new_message_id
+        if fold and not anchored and sum(self._cost(t, notes) for t in turns) <= room:
             fold = 0
-        while fold < len(turns) and sum(self._turn_cost(t) for t in turns[fold:]) > room:
+        while fold < len(turns) and sum(self._cost(t, notes) for t in turns[fold:]) > room:
             fold += 1  # no complete fold block yet and no room: drop the oldest turns (rare)
         window = turns[fold:]
         folded = anchored or fold > 0
         flat = [m for turn in window for m in turn]
-        # Notes recalled earlier in this window stay with their turns (append-only prompt) and
-        # spend one recall budget per window; if they no longer fit, they are dropped.
-        recall_cap = int(free * self._share)
-        notes: dict[int, str] = {}
-        if self.recall == "notes":
-            notes = {m.id: self._notes[m.id] for m in flat if m.id in self._notes}
-            noted = sum(self._noted(t) for t in window)
-            room = free - chapter_tokens - fact_tokens - FOLD_MARGIN
-            room -= self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
-            if sum(self._turn_cost(t) for t in window) + noted > room:
-                notes, noted = {}, 0
-            notes_cap = max(int(free * min(self._share, NOTES_SHARE)), 2 * MIN_RECALL_TOKENS)
-            turn_cap = max(int(free * NOTE_TURN_SHARE), MIN_RECALL_TOKENS)
-            recall_cap = max(0, min(notes_cap - noted, turn_cap, recall_cap))
+        # Notes recalled earlier in this window stay with their turns (append-only prompt).
+        notes = {m.id: notes[m.id] for m in flat if m.id in notes}
+        recall_cap = max(int(free * self._share), MIN_RECALL_TOKENS)
         since = flat[0].created_at if flat else float("inf")
         stable = [f for f in kept if f.created_at < since]
         fresh = [f for f in kept if f.created_at >= since]
@@ -282,12 +301,17 @@ class ContextBuilder:
             if new_message_id is not None:  # a reply: the chain it answers, if out of the window
                 chain = await self._store.ancestors(new_message_id, limit=THREAD_HOPS)
                 thread = [m for m in chain if conversation.reset_after < m.id < before]
+            # Not again what the prompt already holds: notes of this window, pinned facts.
+            seen = "\n".join([*notes.values(), *(f.text for f in kept)])
             block = await self._retriever.retrieve(
                 conversation,
                 new_text,
                 budget_tokens=retrieve_budget,
                 before_id=before,
                 thread=thread,
+                weight=recall_weight,
+                floor=MIN_RECALL_TOKENS,
+                skip=(lambda m: m.text in seen) if seen else None,
             )
         recalled_text = ""
         if block.turns:
@@ -300,10 +324,8 @@ class ContextBuilder:
             cost = block.tokens + self._header_tokens[RETRIEVED_HEADER]
             tail.append(Block("retrieved", cost, recalled_text))
         note = "\n\n".join(extras)
-        if note and self.recall == "notes" and new_message_id is not None:
-            self._notes[new_message_id] = note
-            while len(self._notes) > NOTES_KEPT:
-                del self._notes[next(iter(self._notes))]
+        if self.recall == "notes" and new_message_id is not None:  # "" clears a retried one
+            await self._store.save_recall_note(new_message_id, self._keep(block, fresh_text, free))
         final = f"{note}\n\n{new_text}" if note else new_text
         messages.extend(_join_final(window_msgs, final))
         tail.append(Block("new", new_tokens, new_text))
@@ -325,9 +347,10 @@ class ContextBuilder:
 
     async def _window(
         self, conversation: Conversation, base: int, new_message_id: int | None, cap: int
-    ) -> tuple[list[list[StoredMessage]], int, bool]:
-        """Turns since the base, the index of the fold point the window starts at, and whether
-        the turns were re-anchored (older ones since the base left out)."""
+    ) -> tuple[list[list[StoredMessage]], dict[int, str], int, bool]:
+        """Turns since the base, their stored recall notes, the index of the fold point the
+        window starts at, and whether the turns were re-anchored (older ones since the base
+        left out)."""
         up_to = (new_message_id - 1) if new_message_id is not None else 1 << 62
         msgs = await self._store.messages_between(conversation.id, after_id=base, up_to_id=up_to)
         if new_message_id is not None:  # answers stored after this message to ones before it
@@ -341,15 +364,27 @@ class ContextBuilder:
         if anchored:  # summaries far behind (or off): a nearer anchor keeps this cheap
             msgs = msgs[(len(msgs) // FETCH_ANCHOR - 1) * FETCH_ANCHOR :]
         turns = group_turns(msgs)
-        return turns, fold_start([self._turn_cost(t) for t in turns], cap=cap), anchored
+        notes: dict[int, str] = {}
+        if self.recall == "notes":
+            notes = await self._store.recall_notes([m.id for m in msgs if m.role == USER])
+        costs = [self._cost(t, notes) for t in turns]
+        return turns, notes, fold_start(costs, cap=cap, min_turns=self._min_fold_turns), anchored
 
-    def _noted(self, turn: Sequence[StoredMessage]) -> int:
-        if self.recall != "notes":
-            return 0
-        return sum(self._measure(self._notes[m.id]) for m in turn if m.id in self._notes)
+    def _keep(self, block: RetrievedBlock, fresh_text: str, free: int) -> str:
+        """The note that stays with this turn: new facts, and the best recalled turns within
+        ``NOTE_SHARE`` of the budget (a large recall is evaluated once, in this prompt only;
+        kept whole, it would fill the window and fold it every turn or two)."""
+        cap = max(int(free * NOTE_SHARE), MIN_RECALL_TOKENS)
+        kept = block.head(self._counter, cap) if block.tokens > cap else block
+        parts = [fresh_text] if fresh_text else []
+        if kept.turns:
+            parts.append(f"{RETRIEVED_HEADER}\n{kept.text}{NOTE_END}")
+        return "\n\n".join(parts)
 
-    def _turn_cost(self, turn: Sequence[StoredMessage]) -> int:
-        return sum(m.tokens + MESSAGE_OVERHEAD for m in turn)
+    def _cost(self, turn: Sequence[StoredMessage], notes: dict[int, str]) -> int:
+        """A turn's tokens in the window, its recall note included."""
+        own = sum(m.tokens + MESSAGE_OVERHEAD for m in turn)
+        return own + sum(self._measure(notes[m.id]) for m in turn if m.id in notes)
 
     def _chapters(self, chapters: list[Summary], free: int) -> tuple[list[Summary], str, int]:
         """The newest chapters that fit their share, oldest first, and their rendered text."""

@@ -31,11 +31,13 @@ ORDER: tuple[tuple[str, str], ...] = (
     ("longterm_summaries", "id"),
     ("outbox", "id"),
     ("outbox_parts", "outbox_id"),
+    ("outbox_packets", "outbox_id"),
 )
-WHOLE = {"outbox_parts"}  # key not unique: copied in one batch (small tables only)
+WHOLE = {"outbox_parts", "outbox_packets"}  # key not unique: one batch (small tables only)
 # Columns one store keeps for itself: PostgreSQL's search words (rebuilt from the row) and the
-# outbox row's gateway (rows copied into PostgreSQL belong to the gateway that migrates them).
-DERIVED = {"search", "gateway"}
+# outbox row's gateway (rows copied into PostgreSQL belong to the gateway that migrates them)
+# and its claim (a copy is claimed by nobody: the process that held it is not the one reading).
+DERIVED = {"search", "gateway", "claimed_by", "claimed_at"}
 DEFERRED = {("conversations", "merged_into")}
 BATCH = 2000
 

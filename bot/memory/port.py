@@ -25,7 +25,11 @@ Invariants every implementation keeps:
   ``finish_delivery`` ends a row (``delivered``/``sent``/``failed``/``expired``) and sets the
   answer message's status to the same value; ``undelivered`` lists ``pending`` rows oldest
   first with their recorded parts; ``take_more`` returns the ``rest`` of the newest answer (or
-  ``more``) row of a conversation once, then clears it.
+  ``more``) row of a conversation once, then clears it. A row is sent only under its claim
+  (``claim_delivery``, a compare-and-set; ``queue_delivery(claim=True)``); ``undelivered``
+  lists only unclaimed rows; ``release_stale_claims`` frees the claims of this gateway's dead
+  processes at start; ``plan_part`` fixes a part's packet id before it is written (see
+  ``bot.memory.outbox_claims``).
 - ``pending_messages`` never lists a question that has a later user message in its
   conversation (that turn folded it in); ``mark_answered`` marks the pending questions a turn
   folded; ``claim_question`` is a compare-and-set that takes a pending question only when its
@@ -268,6 +272,10 @@ class MemoryStore(Protocol):
     # --- forgetting by use, identities, incognito, export/import ----------------------------
     async def note_retrieved(self, message_ids: Sequence[int]) -> None: ...
 
+    async def save_recall_note(self, message_id: int, note: str) -> None: ...
+
+    async def recall_notes(self, message_ids: Sequence[int]) -> dict[int, str]: ...
+
     async def mark_important(self, conversation_id: int, message_ids: Sequence[int]) -> int: ...
 
     async def prune_by_use(self, max_per_conversation: int, *, batch: int = 500) -> int: ...
@@ -297,7 +305,19 @@ class MemoryStore(Protocol):
         *,
         answer: StoredAnswer | None = None,
         question_status: str | None = None,
+        claim: bool = False,
     ) -> int: ...
+
+    @property
+    def claim_owner(self) -> str: ...
+
+    async def claim_delivery(self, outbox_id: int) -> OutboxRow | None: ...
+
+    async def release_delivery(self, outbox_id: int) -> None: ...
+
+    async def release_stale_claims(self) -> int: ...
+
+    async def plan_part(self, outbox_id: int, part: int, packet_id: int) -> int: ...
 
     async def record_part(self, outbox_id: int, part: int, platform_id: str) -> None: ...
 

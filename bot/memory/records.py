@@ -158,6 +158,7 @@ class OutboxRow:
     parts: tuple[tuple[int, str], ...]  # (part index, platform id) already delivered
     created_at: float
     answer_id: int | None  # the assistant message, for answers
+    packet_ids: tuple[tuple[int, int], ...] = ()  # (part index, packet id) planned before a write
 
 
 MSG_COLS = (

@@ -41,7 +41,7 @@ import re
 import sys
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -108,10 +108,18 @@ class RetrievedBlock:
     lines: list[str] = field(default_factory=list)
     tokens: int = 0
     reasons: dict[int, str] = field(default_factory=dict)  # message id -> why it is here
+    order: list[StoredMessage] = field(default_factory=list)  # best first (thread, then rank)
 
     @property
     def text(self) -> str:
         return "\n".join(self.lines)
+
+    def head(self, counter: TokenCounter, budget: int) -> RetrievedBlock:
+        """The best turns of this block that fit ``budget`` (what a recall note keeps)."""
+        packer = _Packer(counter, budget)
+        for msg in self.order:
+            packer.add(msg, self.reasons.get(msg.id, ""))
+        return packer.block()
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,17 +418,23 @@ class Retriever:
         budget_tokens: int,
         before_id: int,
         thread: Sequence[StoredMessage] = (),
+        weight: Callable[[float], float] | None = None,
+        floor: int = 0,
+        skip: Callable[[StoredMessage], bool] | None = None,
     ) -> RetrievedBlock:
         """Best older turns for ``query`` that fit ``budget_tokens`` (rendered, newline-joined).
 
         ``thread`` is the reply chain the new message answers (nearest first, already older
         than the window): it goes in first, and its words join the query, so a reply such as
         "explain that" brings back what it replies to and what that was about.
+        ``weight`` maps the best ranked score to the share (0-1) of the budget the ranked turns
+        may take (at least ``floor`` tokens when the share is above 0); ``skip`` leaves out
+        turns the prompt already holds.
         """
         cfg = self._config
         if not cfg.enabled or budget_tokens <= 0 or cfg.max_turns == 0:
             return RetrievedBlock()
-        packer = _Packer(self._counter, budget_tokens)
+        packer = _Packer(self._counter, budget_tokens, skip=skip)
         for msg in thread[: cfg.max_turns]:
             packer.add(msg, "in the reply thread being answered")
         if thread:
@@ -428,6 +442,13 @@ class Retriever:
         ranked, outline, span = await self.rank(conversation, query, before_id=before_id)
         if not ranked:
             return packer.block()
+        if weight is not None:
+            share = weight(ranked[0].score)
+            scaled = max(int(budget_tokens * share), floor) if share > 0 else 0
+            budget_tokens = min(budget_tokens, packer.used + scaled)
+            packer.budget = budget_tokens
+            if scaled <= 0:
+                return packer.block()
         # Read the text of only as many hits as can fit (the outline knows their stored token
         # counts; twice the budget leaves room for a counter that counts differently).
         pool: list[int] = []
@@ -456,22 +477,29 @@ class Retriever:
 class _Packer:
     """Whole turns under a token budget; a day's date line is paid for by its first turn."""
 
-    def __init__(self, counter: TokenCounter, budget: int) -> None:
+    def __init__(
+        self,
+        counter: TokenCounter,
+        budget: int,
+        *,
+        skip: Callable[[StoredMessage], bool] | None = None,
+    ) -> None:
         self._counter = counter
-        self._budget = budget
+        self.budget = budget
+        self._skip = skip
         self._days: set[str] = set()
         self.chosen: list[StoredMessage] = []
         self.reasons: dict[int, str] = {}
         self.used = 0
 
     def add(self, message: StoredMessage, reason: str) -> bool:
-        if message.id in self.reasons:
+        if message.id in self.reasons or (self._skip is not None and self._skip(message)):
             return False
         day = day_label(message.created_at)
         cost = self._counter.count(render_turn(message)) + 1
         if day not in self._days:
             cost += self._counter.count(day) + 1
-        if self.used + cost > self._budget:
+        if self.used + cost > self.budget:
             return False  # a smaller, lower-ranked turn may still fit
         self._days.add(day)
         self.chosen.append(message)
@@ -489,4 +517,10 @@ class _Packer:
                 lines.append(day)
                 last_day = day
             lines.append(render_turn(msg))
-        return RetrievedBlock(turns=turns, lines=lines, tokens=self.used, reasons=self.reasons)
+        return RetrievedBlock(
+            turns=turns,
+            lines=lines,
+            tokens=self.used,
+            reasons=self.reasons,
+            order=list(self.chosen),
+        )

@@ -230,6 +230,22 @@ def _m005_outbox_parts_platform() -> str:
     return "CREATE INDEX outbox_parts_platform ON outbox_parts (platform_id);"
 
 
+def _m007_outbox_claims() -> str:
+    # Claims (bot.memory.outbox_claims): who is sending a row right now, since when; a row is
+    # sent only by its claimer. Planned packet ids: chosen and stored before a part is written,
+    # so a re-send carries the same id and the receiving radio drops the repeat.
+    return """
+        ALTER TABLE outbox ADD COLUMN claimed_by TEXT;
+        ALTER TABLE outbox ADD COLUMN claimed_at REAL;
+        CREATE TABLE outbox_packets (
+            outbox_id INTEGER NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
+            part INTEGER NOT NULL CHECK (part >= 0),
+            packet_id INTEGER NOT NULL CHECK (packet_id > 0),
+            PRIMARY KEY (outbox_id, part)
+        );
+        """
+
+
 def _m008_memory_promises() -> str:
     # Link codes live in the store (hashed, expiring, single use) so every gateway and a
     # restart honour them; failed redemptions are counted per code space (bot.memory.links).
@@ -256,6 +272,12 @@ def _m008_memory_promises() -> str:
         """
 
 
+def _m006_recall_notes() -> str:
+    # The recall note sent with a person's message (bot.memory.context) is kept with it, so a
+    # restart shows the same prompt; deleted with its message (!forget, retention).
+    return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -264,6 +286,8 @@ MIGRATIONS: list[Migration] = [
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
     ("005_outbox_parts_platform", _m005_outbox_parts_platform),
+    ("006_recall_notes", _m006_recall_notes),
+    ("007_outbox_claims", _m007_outbox_claims),
     ("008_memory_promises", _m008_memory_promises),
 ]
 

@@ -46,15 +46,19 @@ from bot.memory.store import USER, Conversation, StoredMessage, Summary
 
 log = logging.getLogger("bot.memory.summary")
 
+# What people ask about later is concrete: who, when, where, how many, what was decided. The
+# prompts ask for those first and verbatim (a paraphrased date or number cannot be recalled).
 CHAPTER_PROMPT = (
     "You summarize one stretch of a chat between a person and an assistant, as a chapter "
-    "that follows the earlier ones. In at most {words} words keep names, dates, decisions, "
-    "preferences and open questions; drop small talk and anything the earlier chapters "
+    "that follows the earlier ones. In at most {words} words, first keep every name, date, "
+    "time, place, number and decision exactly as written, with who said or did it; then "
+    "preferences and open questions. Drop small talk and anything the earlier chapters "
     "already say. Write plain sentences, no preamble."
 )
 MERGE_PROMPT = (
     "Merge these consecutive summary chapters of one chat into a single summary of at most "
-    "{words} words. Keep names, dates, decisions, preferences and open questions; drop what "
+    "{words} words. Keep every name, date, time, place, number and decision exactly as "
+    "written, with who said or did it; then preferences and open questions. Drop only what "
     "later chapters superseded. Write plain sentences, no preamble."
 )
 MAX_FOLD_MESSAGES = 60
@@ -76,6 +80,7 @@ class Summarizer:
         extractor: FactExtractor | None = None,
     ) -> None:
         self._extractor = extractor  # facts from each folded chapter (issue 21), not only at close
+        self._extracting: set[asyncio.Task[None]] = set()
         self._store = store
         self._llm = llm
         self._counter = counter
@@ -141,14 +146,10 @@ class Summarizer:
         if not saved:
             return False
         log.debug("conversation %d: chapter up to message %d", conversation.id, pending[-1].id)
-        if self._extractor is not None:
-            try:  # the chapter stands; missed facts are read again at the session's close
-                async with self._store.claim(FACTS_CLAIM, conversation.id) as mine:
-                    if mine:  # (a session close holding it reads these messages too)
-                        await self._extractor.extract(conversation.id, pending)
-            except (LLMUnavailable, BackgroundPreempted) as exc:
-                log.info("facts at the fold of conversation %d postponed: %s",
-                         conversation.id, exc)  # fmt: skip
+        if self._extractor is not None:  # its own task: folds are not held up by it
+            task = asyncio.create_task(self._extract_fold(conversation.id, pending))
+            self._extracting.add(task)
+            task.add_done_callback(self._extracting.discard)
         total = sum(c.tokens for c in chapters) + self._counter.count(text)
         if total > self._config.max_tokens * MERGE_FACTOR:
             await self._merge(conversation)
@@ -159,6 +160,19 @@ class Summarizer:
         one gateway at a time, as ``refresh``."""
         async with self._store.claim(SUMMARY_CLAIM, conversation.id) as mine:
             return mine and await self._merge(conversation)
+
+    async def _extract_fold(self, conversation_id: int, pending: list[StoredMessage]) -> None:
+        """Facts from a folded chapter's messages (the chapter stands whatever happens here;
+        what is missed is read again at the session's close)."""
+        assert self._extractor is not None
+        try:
+            async with self._store.claim(FACTS_CLAIM, conversation_id) as mine:
+                if mine:  # (a session close holding it reads these messages too)
+                    await self._extractor.extract(conversation_id, pending)
+        except (LLMUnavailable, BackgroundPreempted) as exc:
+            log.info("facts at the fold of conversation %d postponed: %s", conversation_id, exc)
+        except Exception:  # loop boundary: facts must never take the bot down
+            log.exception("facts at the fold of conversation %d failed", conversation_id)
 
     async def _merge(self, conversation: Conversation) -> bool:
         chapters = await self._store.summaries(conversation)
@@ -198,7 +212,7 @@ class Summarizer:
 
     async def stop(self, *, timeout: float = 5.0) -> None:
         self._closed = True
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._extracting]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -211,8 +225,8 @@ class Summarizer:
 
     async def wait_quiet(self) -> None:
         """Until no summary task runs (benchmarks and tests pacing a conversation)."""
-        while self._tasks:
-            await asyncio.wait(list(self._tasks.values()))
+        while self._tasks or self._extracting:
+            await asyncio.wait([*self._tasks.values(), *self._extracting])
 
 
 def _bounded(pending: list[StoredMessage], counter: TokenCounter) -> list[StoredMessage]:

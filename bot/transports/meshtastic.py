@@ -45,6 +45,7 @@ from bot.domain import (
 )
 from bot.errors import TransportError
 from bot.transports.base import OnMessage, Transport, TransportHealth
+from bot.transports.mesh_airtime import Pacer
 from bot.transports.mesh_rules import (
     BROADCAST_NUM,
     Accepted,
@@ -76,6 +77,7 @@ from bot.transports.meshtastic_link import (
     _Counter,
     _Worker,
     default_interface_factory,
+    metrics_from,
 )
 from bot.transports.meshtastic_outbox import MeshOutbox, _Job, _Part
 
@@ -155,7 +157,14 @@ class MeshtasticTransport(MeshOutbox):
         self._last_tx = float("-inf")
         self._last_rx = clock.monotonic()
         self._traffic = asyncio.Event()
-        self._channel_util: float | None = None
+        self._pacer = Pacer(
+            spacing=config.spacing_seconds,
+            channel_limit=config.busy_threshold,
+            duty_cycle=config.duty_cycle,
+            poll=config.busy_poll,
+        )
+        self._metrics_said = False  # "no device metrics" is logged once
+        self._held = ""  # why the outbox is holding replies now ("" when it is not)
         self._dm_channel: dict[int, int] = {}
         self.channel_listener: Callable[[MeshText], None] | None = None  # the bridge, if any
         self._subscribed = False
@@ -256,9 +265,9 @@ class MeshtasticTransport(MeshOutbox):
             self._routing_in(packet, decoded)
             return
         if port == "TELEMETRY_APP" and packet.get("from") == self._my_num:
-            metrics = decoded.get("telemetry", {}).get("deviceMetrics", {})  # type: ignore[union-attr]
-            if "channelUtilization" in metrics:
-                self._channel_util = float(metrics["channelUtilization"])
+            telemetry = decoded.get("telemetry") if isinstance(decoded, Mapping) else None
+            if isinstance(telemetry, Mapping):
+                self._metrics_in(metrics_from(telemetry.get("deviceMetrics")))
             return
         if self._my_num is None:
             return
@@ -430,8 +439,15 @@ class MeshtasticTransport(MeshOutbox):
         texts = render_parts(
             split_parts(text, chunk_bytes=self._cfg.chunk_bytes, max_parts=self._cfg.max_parts)
         )
+        planned = dict(reply.packet_ids)  # ids an earlier run chose (and perhaps wrote)
         parts = [
-            _Part(i, t, state="done" if i in reply.done_parts else "todo")
+            _Part(
+                i,
+                t,
+                state="done" if i in reply.done_parts else "todo",
+                packet_id=planned.get(i),
+                repeat=i in planned,
+            )
             for i, t in enumerate(texts)
         ]
         if inbound.space == DM_SPACE:

@@ -42,6 +42,7 @@ from typing import Any, Protocol, TypeVar
 
 from bot.config import MeshtasticConfig
 from bot.errors import ConfigError, TransportError
+from bot.transports.mesh_airtime import Metrics
 from bot.transports.mesh_rules import Backoff, Clock, node_id
 
 log = logging.getLogger("bot.transport.meshtastic")
@@ -63,6 +64,10 @@ class RadioInterface(Protocol):
     nodesByNum: Any
 
     def sendData(self, data: Any, *args: Any, **kwargs: Any) -> Any: ...
+
+    # The library's own send path: it keeps a MeshPacket's nonzero ``id`` (it picks one only
+    # for ``id == 0``), which is how a part goes out with the packet id planned for it.
+    def _sendPacket(self, meshPacket: Any, *args: Any, **kwargs: Any) -> Any: ...
 
     def close(self) -> None: ...
 
@@ -178,11 +183,13 @@ class MeshLink:
     _stopping: bool
     _last_rx: float
     _traffic: asyncio.Event
-    _channel_util: float | None
     _subscribed: bool
     _closing: _Counter
 
     def _packet_in(self, packet: dict[str, Any], interface: object) -> None:
+        raise NotImplementedError
+
+    def _metrics_at_connect(self, metrics: Metrics) -> None:
         raise NotImplementedError
 
     # --- pubsub listeners (publishing thread) -------------------------------------------------
@@ -250,7 +257,7 @@ class MeshLink:
                 await self._close_interface(iface)
                 await self._clock.sleep(backoff.next())
                 continue
-            self._channel_util = _channel_utilization(iface, self._my_num)
+            self._metrics_at_connect(_device_metrics(iface, self._my_num))
             self._last_rx = self._clock.monotonic()
             self._lost.clear()
             self._up.set()
@@ -429,13 +436,26 @@ def _release_tx_queue(iface: RadioInterface) -> None:
         iface.queueStatus = None
 
 
-def _channel_utilization(iface: RadioInterface, my_num: int) -> float | None:
+def _device_metrics(iface: RadioInterface, my_num: int) -> Metrics:
+    """The local node's device metrics as the library keeps them (``nodesByNum``)."""
     try:
         metrics = (iface.nodesByNum or {}).get(my_num, {}).get("deviceMetrics", {})
-        value = metrics.get("channelUtilization")
-        return float(value) if value is not None else None
+        return metrics_from(metrics)
     except (AttributeError, TypeError, ValueError):
-        return None
+        return Metrics()
+
+
+def metrics_from(metrics: Any) -> Metrics:
+    """``Metrics`` from the library's ``deviceMetrics`` dict. The library drops fields that
+    are zero (protobuf to dict), so in a non-empty dict a missing figure is 0; no dict at all
+    (or an empty one) means the radio reports no device metrics (None)."""
+    if not isinstance(metrics, dict) or not metrics:
+        return Metrics()
+    util, tx = metrics.get("channelUtilization", 0.0), metrics.get("airUtilTx", 0.0)
+    return Metrics(
+        channel_utilization=float(util) if isinstance(util, int | float) else None,
+        air_util_tx=float(tx) if isinstance(tx, int | float) else None,
+    )
 
 
 # --- construction ------------------------------------------------------------------------------

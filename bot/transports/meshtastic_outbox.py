@@ -24,12 +24,28 @@ The sending model (docs/reliability.md and docs/meshtastic.md explain it for ope
   is re-sent at most ``ack_retries`` times, after ``ack_backoff`` doubling per attempt.
 - Broadcasts (channel replies) get no ACK, so they are written only on a link *known* to be up:
   a packet from the node within ``KNOWN_UP_SECONDS``, else a probe answered first.
+- Every part carries a packet id chosen here and stored with the part (``reply.plan``)
+  *before* it is written; every later send of that part (an ACK retry, a re-send after a
+  crash) repeats that id, so a receiving radio that already has the packet drops the repeat
+  (the firmware ignores a (sender, packet id) it has seen) instead of showing it twice. The
+  firmware does not ACK a repeat it dropped, so a part re-sent with an id an earlier run
+  planned (it may have been on air already) that gets no ACK ends ``sent`` (unconfirmed),
+  without further re-sends.
 - Every part the library accepted is reported to the durable outbox (``reply.progress``)
   before the next is written; parts listed in ``reply.done_parts`` (sent by an earlier run)
   are skipped. A reply that could not get a link for ``queue_wait`` seconds ends ``PENDING``
   (the responder's outbox tries again later); so do replies waiting at ``stop``.
 - ``busy_for`` tells the responder when new replies would wait too long (``outbox_limit``
-  replies not started yet), so the LLM is not asked for an answer that cannot be sent.
+  replies not started yet, or the channel rule holding replies), so the LLM is not asked for
+  an answer that cannot be sent and the person is told when to try again.
+- Channel courtesy (``mesh_airtime.Pacer``, its docstring states the rule): every write waits
+  for the pacer, which reads the radio's device metrics (``channelUtilization``,
+  ``airUtilTx``) and the bot's own airtime ledger: normal spacing, longer spacing while the
+  channel is near ``busy_threshold``, and holding non-urgent parts while the others alone fill
+  it or the bot's hourly share reaches ``duty_cycle``. A reply held longer than
+  ``busy_max_wait`` ends ``PENDING``: the durable outbox keeps it (its ``max_age`` applies)
+  and sends it when there is room. A radio without device metrics gets spacing and the own
+  duty cycle only, and the transport says so when it connects.
 """
 
 from __future__ import annotations
@@ -38,13 +54,15 @@ import asyncio
 import contextlib
 import logging
 import math
+import secrets
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from bot.config import MeshtasticConfig
-from bot.domain import Delivery, DeliveryStatus, Reply
+from bot.domain import Delivery, DeliveryStatus, Reply, ReplyKind
+from bot.transports.mesh_airtime import Metrics, Pacer, lora_airtime
 from bot.transports.mesh_rules import Clock, Cooldown
 from bot.transports.meshtastic_link import MeshLink, RadioInterface
 
@@ -67,6 +85,7 @@ RESENDABLE = frozenset(
 )
 KNOWN_UP_SECONDS = 60.0
 NO_ACK = "no ACK"
+UNCONFIRMED_REPEAT = frozenset({NO_ACK, "MAX_RETRANSMIT"})
 
 
 @dataclass
@@ -79,6 +98,8 @@ class _Part:
     sends: int = 0
     relayed: bool = False
     reason: str = ""
+    packet_id: int | None = None  # planned before the first write; every send repeats it
+    repeat: bool = False  # the id was planned by an earlier run: it may be on air already
 
 
 @dataclass
@@ -114,15 +135,54 @@ class MeshOutbox(MeshLink):
     _recent_routing: OrderedDict[int, tuple[int | None, str]]
     _last_tx: float
     _reply_cooldown: Cooldown
+    _pacer: Pacer
+    _metrics_said: bool
+    _held: str
 
     # --- capacity ------------------------------------------------------------------------------
     def busy_for(self) -> float | None:
         """None when a new reply can be queued; else roughly when there will be room."""
+        held = self._pacer.hold_estimate(
+            self._clock.monotonic(), lora_airtime(self._cfg.chunk_bytes, preset=self._preset)
+        )
         waiting = [j for j in self._jobs if not j.started]
         if len(waiting) < self._cfg.outbox_limit:
-            return None
+            return held if held > 0 else None
         packets = sum(len(j.parts) for j in waiting)
-        return packets * self._cfg.spacing_seconds + self._cfg.ack_timeout
+        return held + packets * self._cfg.spacing_seconds + self._cfg.ack_timeout
+
+    # --- device metrics -----------------------------------------------------------------------
+    @property
+    def _preset(self) -> str:
+        return self._cfg.modem_preset
+
+    def _metrics_at_connect(self, metrics: Metrics) -> None:
+        if metrics.channel_utilization is None and metrics.air_util_tx is None:
+            if not self._metrics_said:
+                self._metrics_said = True
+                log.warning(
+                    "the radio reports no device metrics (channelUtilization, airUtilTx: older "
+                    "firmware?); pacing by spacing_seconds (%.1f s) and the bot's own airtime "
+                    "(duty_cycle %.0f%%) only, without the channel rule",
+                    self._cfg.spacing_seconds,
+                    self._cfg.duty_cycle,
+                )
+            return
+        self._metrics_in(metrics)
+        log.info(
+            "radio metrics: channel %.1f%%, own TX %.1f%% of the hour; pacing to channel %.0f%%, "
+            "duty cycle %.0f%%",
+            metrics.channel_utilization or 0.0,
+            metrics.air_util_tx or 0.0,
+            self._cfg.busy_threshold,
+            self._cfg.duty_cycle,
+        )
+
+    def _metrics_in(self, metrics: Metrics) -> None:
+        if metrics.channel_utilization is None and metrics.air_util_tx is None:
+            return
+        self._pacer.note_metrics(metrics, self._clock.monotonic())
+        self._jobs_changed.set()  # a held reply may go now
 
     # --- ACK bookkeeping (loop thread) ------------------------------------------------------
     def _routing_in(self, packet: Mapping[str, Any], decoded: Mapping[str, Any]) -> None:
@@ -160,6 +220,13 @@ class MeshOutbox(MeshLink):
     def _miss(self, job: _Job, part: _Part, reason: str) -> None:
         """A part that was not delivered: re-send later if that can help and is affordable."""
         part.reason = reason
+        if part.repeat and reason in UNCONFIRMED_REPEAT:
+            # Re-sent with the id an earlier run wrote it with: the recipient's radio drops a
+            # packet it already has without ACKing it again, so silence is no news.
+            part.state = "sent"
+            log.info("part %d to %s: no ACK for a re-send after a restart (same packet id; "
+                     "it may have arrived before)", part.index + 1, job.person)  # fmt: skip
+            return
         if reason not in RESENDABLE and reason != NO_ACK:
             part.state = "failed"
             log.info("part %d to %s failed: %s (a re-send cannot fix it)", part.index + 1,
@@ -202,13 +269,11 @@ class MeshOutbox(MeshLink):
                 self._finish(job, Delivery(DeliveryStatus.FAILED, detail=f"internal error: {exc}"))
                 continue
             if not sent:
+                detail = self._held or f"no radio link for {self._cfg.queue_wait:.0f} s"
+                self._held = ""
                 self._finish(
                     job,
-                    Delivery(
-                        DeliveryStatus.PENDING,
-                        message_ids=tuple(job.ids),
-                        detail=f"no radio link for {self._cfg.queue_wait:.0f} s",
-                    ),
+                    Delivery(DeliveryStatus.PENDING, message_ids=tuple(job.ids), detail=detail),
                 )
 
     async def _next_burst(self) -> tuple[_Job, list[_Part]]:
@@ -251,7 +316,6 @@ class MeshOutbox(MeshLink):
             log.info("re-sending %d of %d part(s) to %s (attempt %d)", len(parts),
                      len(job.parts), job.person, attempt + 1)  # fmt: skip
         deadline = job.enqueued_at + self._cfg.queue_wait
-        await self._wait_for_quiet_channel()
         for part in parts:
             if job.future.done():  # dropped (send cancelled) while we were writing
                 return True
@@ -274,6 +338,8 @@ class MeshOutbox(MeshLink):
 
     async def _send_part(self, job: _Job, part: _Part, deadline: float) -> bool:
         """Write one part and record it (in memory and in the durable outbox)."""
+        if part.packet_id is None:
+            part.packet_id = await self._plan_packet_id(job, part)
         pid = await self._transmit(job, part, deadline)
         if pid is None:
             return False
@@ -295,6 +361,22 @@ class MeshOutbox(MeshLink):
             except Exception:  # the store failing must not stop the radio; logged
                 log.exception("could not record part %d to %s", part.index + 1, job.person)
         return True
+
+    async def _plan_packet_id(self, job: _Job, part: _Part) -> int:
+        """A fresh nonzero 32-bit packet id, stored with the part before it is written (the
+        id stored first wins). A store that fails is logged; the part still goes out."""
+        chosen = secrets.randbelow((1 << 32) - 1) + 1  # never a seeded rng: ids must not repeat
+        if job.reply.plan is None:
+            return chosen
+        try:
+            stored = await job.reply.plan(part.index, chosen)
+        except Exception:  # the store failing must not stop the radio; logged
+            log.exception("could not store the packet id of part %d to %s", part.index + 1,
+                          job.person)  # fmt: skip
+            return chosen
+        if stored and stored != chosen:
+            part.repeat = True  # another run planned (and perhaps wrote) this part already
+        return stored or chosen
 
     def _maybe_finish(self, job: _Job) -> None:
         if job.future.done():
@@ -345,10 +427,9 @@ class MeshOutbox(MeshLink):
         """Put one part on air: wait for the link, the spacing (and, for a broadcast, a link
         known to be up). A failed write takes the link down and the part is retried on the next
         link. None when no link came up before ``deadline``."""
-        from meshtastic.protobuf import portnums_pb2
-
         text = part.text
         reply_id = _reply_id(job.reply) if part.index == 0 else None
+        packet_id = part.packet_id or 0
         min_generation = 0
         while True:
             if not await self._wait_link(min_generation, deadline):
@@ -357,21 +438,33 @@ class MeshOutbox(MeshLink):
                 self._link_down("no answer from the node before a broadcast")
                 min_generation = self._generation + 1
                 continue
-            await self._pace()
+            if not await self._pace(job, part):
+                return None  # held past busy_max_wait: the durable outbox keeps the reply
             iface = self._iface
             if iface is None or not self._link_ready(min_generation):
                 continue
             generation = self._generation
 
             def write(iface: RadioInterface = iface) -> Any:
-                return iface.sendData(
-                    text.encode("utf-8"),
+                # Imported here, on the worker thread the library runs on: importing protobuf
+                # modules from two threads at once can fail ("Couldn't build proto file into
+                # descriptor pool"), seen when the loop thread imported mesh_pb2.
+                from meshtastic.protobuf import mesh_pb2, portnums_pb2
+
+                # As the library's sendData builds it, with our planned id (kept when nonzero).
+                packet = mesh_pb2.MeshPacket()
+                packet.channel = job.channel
+                packet.decoded.payload = text.encode("utf-8")
+                packet.decoded.portnum = portnums_pb2.PortNum.TEXT_MESSAGE_APP
+                packet.id = packet_id
+                if reply_id is not None:
+                    packet.decoded.reply_id = reply_id
+                packet.priority = mesh_pb2.MeshPacket.Priority.RELIABLE
+                return iface._sendPacket(
+                    packet,
                     destinationId=job.dest,
-                    portNum=portnums_pb2.PortNum.TEXT_MESSAGE_APP,
                     wantAck=job.want_ack,
-                    channelIndex=job.channel,
                     hopLimit=self._cfg.hop_limit,
-                    replyId=reply_id,
                 )
 
             try:
@@ -386,6 +479,7 @@ class MeshOutbox(MeshLink):
                 min_generation = generation + 1
                 continue
             self._last_tx = self._clock.monotonic()
+            self._pacer.wrote(self._last_tx, self._airtime(part))
             log.debug("sent part %d/%d to %s: %r", part.index + 1, len(job.parts), job.person,
                       text)  # fmt: skip
             return int(packet.id)
@@ -395,27 +489,51 @@ class MeshOutbox(MeshLink):
             return True
         return await self._probe()
 
-    async def _pace(self) -> None:
-        while True:
-            remaining = self._cfg.spacing_seconds - (self._clock.monotonic() - self._last_tx)
-            if remaining <= 0:
-                return
-            await self._clock.sleep(remaining)
+    def _airtime(self, part: _Part) -> float:
+        return lora_airtime(len(part.text.encode("utf-8")), preset=self._preset)
 
-    async def _wait_for_quiet_channel(self) -> None:
-        util = self._channel_util
-        if util is None or util <= self._cfg.busy_threshold:
-            return
-        log.info("channel busy (%.0f%% > %.0f%%); deferring", util, self._cfg.busy_threshold)
-        waited = 0.0
-        while waited < self._cfg.busy_max_wait:
-            step = min(self._cfg.busy_poll, self._cfg.busy_max_wait - waited)
-            await self._clock.sleep(step)
-            waited += step
-            util = self._channel_util
-            if util is None or util <= self._cfg.busy_threshold:
-                return
-        log.warning("channel still busy after %.0f s; sending anyway", waited)
+    async def _pace(self, job: _Job, part: _Part) -> bool:
+        """Wait until the pacer lets this part go. False when it was held (channel busy or
+        duty cycle spent) for ``busy_max_wait``: the reply then goes back to the outbox."""
+        urgent = job.reply.kind is ReplyKind.NOTICE and len(job.parts) == 1
+        airtime = self._airtime(part)
+        held_since: float | None = None
+        while True:
+            now = self._clock.monotonic()
+            verdict = self._pacer.wait(now, airtime, last=self._last_tx, urgent=urgent)
+            if verdict.wait <= 0:
+                if held_since is not None:
+                    log.info("channel has room again after %.0f s; sending", now - held_since)
+                return True
+            if verdict.reason in ("hold", "duty"):
+                if held_since is None:
+                    held_since = now
+                    log.info("%s; holding replies (%s)", _why(verdict.reason), self._figures(now))
+                if now - held_since >= self._cfg.busy_max_wait:
+                    self._held = f"held {now - held_since:.0f} s: {_why(verdict.reason)}"
+                    log.warning("%s for %.0f s; the reply to %s waits in the outbox",
+                                _why(verdict.reason), now - held_since, job.person)  # fmt: skip
+                    return False
+                step = min(verdict.wait, held_since + self._cfg.busy_max_wait - now)
+                await self._wait(self._jobs_changed, max(step, 0.001))
+                self._jobs_changed.clear()
+                continue
+            await self._clock.sleep(verdict.wait)
+
+    def _figures(self, now: float) -> str:
+        m = self._pacer.metrics
+        util = "n/a" if m.channel_utilization is None else f"{m.channel_utilization:.1f}%"
+        return (
+            f"channel {util}, bot {self._pacer.own_share(now, 3600):.1f}% of the hour, limits "
+            f"{self._cfg.busy_threshold:.0f}% / {self._cfg.duty_cycle:.0f}%"
+        )
+
+
+def _why(reason: str) -> str:
+    return {
+        "hold": "channel busy with other nodes' traffic",
+        "duty": "the bot's hourly airtime (duty cycle) is spent",
+    }.get(reason, reason)
 
 
 def _reply_id(reply: Reply) -> int | None:

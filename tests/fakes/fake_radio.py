@@ -16,6 +16,18 @@ What it does:
   a relay-only implicit ACK when ``frm`` is a neighbour (scheduled on the harness's clock);
 - records every ToRadio with the time of ``clock`` when it was read (``log``), so tests measure
   packet spacing on the same virtual clock the transport uses;
+- the receiving firmware drops a packet whose (sender, packet id) it has already received
+  (``FloodingRouter::shouldFilterReceived``) and does not ACK it again ("resending real ACKs
+  is omitted"): a text the destination got before (an ACKed DM, a broadcast) and written again
+  with the same id goes on air (``on_air``, airtime) but is not shown (``shown`` lists what
+  people's radios display, ``repeats`` what they dropped); a DM repeat gets the local
+  firmware's ``MAX_RETRANSMIT`` after its own retransmissions went unanswered;
+- reports the local node's device metrics as the firmware does, computed from what is on air:
+  ``channelUtilization`` = the bot's own text packets' LoRa time on air in the last minute
+  (``lora_airtime``, ``preset``) + ``others_util`` (other nodes' traffic, a knob tests turn
+  up for a spike), ``airUtilTx`` = its own time on air in the last hour; in its node info at
+  connect and as a TELEMETRY packet after every text it sends (the firmware sends them every
+  minute); ``metrics = False`` is an old firmware that reports none;
 - ``settle()`` waits until everything the library wrote has been read and handled; the fake
   clock calls it before it moves time.
 - Every radio ever built is registered; ``check_on_air`` enforces the on-air rules on what it
@@ -42,6 +54,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from meshtastic.protobuf import admin_pb2, channel_pb2, mesh_pb2, portnums_pb2, telemetry_pb2
+
+from bot.transports.mesh_airtime import lora_airtime
 
 START1, START2 = 0x94, 0xC3
 MY_NUM = 0x1234ABCD
@@ -106,6 +120,13 @@ def ack_from_destination(packet: mesh_pb2.MeshPacket, attempt: int) -> str | Lat
     return "NONE" if packet.want_ack else None
 
 
+def _delivered(answer: str | Later | None, dest: int) -> bool:
+    """Whether a DM's routing answer says its destination received it (its own ACK)."""
+    if isinstance(answer, Later):
+        return answer.answer == "NONE" and answer.frm in (None, dest)
+    return answer == "NONE"
+
+
 @dataclass(frozen=True)
 class Later:
     """A routing answer that arrives ``delay`` seconds (on the radio's clock) after the packet:
@@ -123,6 +144,9 @@ class _Radio:
         self.log: list[tuple[float, mesh_pb2.ToRadio]] = []
         # (client connection number, time read, packet) for every text packet
         self.on_air: list[tuple[int, float, mesh_pb2.MeshPacket]] = []
+        self.shown: list[tuple[float, mesh_pb2.MeshPacket]] = []  # displayed by receivers
+        self.repeats: list[tuple[float, mesh_pb2.MeshPacket]] = []  # dropped as already seen
+        self._received: set[tuple[int, int]] = set()  # (sender, packet id) a receiver has
         self.connections = 0  # client connections (TCP accepts, pty plug-ins) so far
         self.min_spacing = FIRMWARE_SPACING  # the harness raises it to the configured spacing
         self.routing: Callable[[mesh_pb2.MeshPacket, int], str | Later | None] = (
@@ -131,7 +155,10 @@ class _Radio:
         self.scheduled: list[tuple[int, int, Later]] = []  # (packet id, dest, answer) to schedule
         self.answer_probes = True
         self.frozen = False
-        self.channel_utilization: float | None = None
+        self.metrics = True  # False: an old firmware without device metrics
+        self.others_util = 0.0  # percent of the channel other nodes' packets take
+        self.preset = "LONG_FAST"
+        self._tx: list[tuple[float, float]] = []  # (time, seconds on air) of our text packets
         self._attempts: dict[bytes, int] = {}
         self._buf = b""
         self._lock = threading.RLock()  # held while reading+handling input (see settle)
@@ -201,8 +228,11 @@ class _Radio:
             fr.node_info.user.id = f"!{num:08x}"
             fr.node_info.user.long_name = long
             fr.node_info.user.short_name = short
-            if num == MY_NUM and self.channel_utilization is not None:
-                fr.node_info.device_metrics.channel_utilization = self.channel_utilization
+            if num == MY_NUM and self.metrics:
+                util, tx = self.device_metrics()
+                fr.node_info.device_metrics.channel_utilization = util
+                fr.node_info.device_metrics.air_util_tx = tx
+                fr.node_info.device_metrics.uptime_seconds = 60
             self.send(fr)
         fr = mesh_pb2.FromRadio()
         fr.config.lora.hop_limit = 3
@@ -234,11 +264,27 @@ class _Radio:
                     payload=resp.SerializeToString(),
                     request_id=packet.id,
                 )
-        elif port == portnums_pb2.PortNum.TEXT_MESSAGE_APP and packet.to != BROADCAST:
+        elif port == portnums_pb2.PortNum.TEXT_MESSAGE_APP:
+            now = self.clock.monotonic()
+            self._tx.append((now, lora_airtime(len(packet.decoded.payload), preset=self.preset)))
+            self.report_metrics()
+            seen = (MY_NUM, packet.id)  # a client's packet carries from=0: the node fills it in
+            if packet.id and seen in self._received:
+                self.repeats.append((now, packet))  # the receiving firmware ignores a dupe
+                if packet.to != BROADCAST and packet.want_ack:  # no ACK comes back for it
+                    self.inject_routing(packet.id, "MAX_RETRANSMIT")
+                return
+            if packet.to == BROADCAST:
+                self._received.add(seen)
+                self.shown.append((now, packet))
+                return
             key = packet.decoded.payload
             attempt = self._attempts.get(key, 0)
             self._attempts[key] = attempt + 1
             answer = self.routing(packet, attempt)
+            if not packet.want_ack or _delivered(answer, packet.to):  # the destination shows it
+                self._received.add(seen)
+                self.shown.append((now, packet))
             if isinstance(answer, Later):
                 with self._lock:
                     self.scheduled.append((packet.id, packet.to, answer))
@@ -326,15 +372,33 @@ class _Radio:
             request_id=request_id,
         )
 
-    def inject_channel_utilization(self, percent: float) -> None:
+    def device_metrics(self) -> tuple[float, float]:
+        """(channelUtilization, airUtilTx) in percent, from what is on air now."""
+        now = self.clock.monotonic()
+        minute = sum(a for t, a in self._tx if t >= now - 60.0)
+        hour = sum(a for t, a in self._tx if t >= now - 3600.0)
+        return min(100.0, self.others_util + 100.0 * minute / 60.0), 100.0 * hour / 3600.0
+
+    def report_metrics(self) -> None:
+        """A device-metrics TELEMETRY packet from the local node (if it reports metrics)."""
+        if not self.metrics:
+            return
+        util, tx = self.device_metrics()
         tm = telemetry_pb2.Telemetry()
-        tm.device_metrics.channel_utilization = percent
+        tm.device_metrics.channel_utilization = util
+        tm.device_metrics.air_util_tx = tx
+        tm.device_metrics.uptime_seconds = 60
         self._inject(
             frm=MY_NUM,
             to=BROADCAST,
             port=portnums_pb2.PortNum.TELEMETRY_APP,
             payload=tm.SerializeToString(),
         )
+
+    def inject_channel_utilization(self, percent: float) -> None:
+        """Other nodes now take ``percent`` of the channel; the node reports its metrics."""
+        self.others_util = percent
+        self.report_metrics()
 
     def report_tx_queue(self, free: int) -> None:
         """An unsolicited QueueStatus (as the firmware sends when its TX queue changes)."""

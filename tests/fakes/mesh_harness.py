@@ -129,12 +129,14 @@ async def mesh_harness(
     start_radio: bool = True,
     start: bool = True,
     after_connect: Callable[[int], None] | None = None,
+    metrics: bool = True,
     **overrides: Any,
 ) -> AsyncIterator[Harness]:
     """``start=False``: the transport is built but not started (a test hands it to the app,
     whose responder then receives the messages instead of ``Harness.inbox``).
     ``after_connect(n)`` runs on the worker thread once connect attempt ``n`` (from 0) has built
-    its interface, before the transport gets it (a slow handshake)."""
+    its interface, before the transport gets it (a slow handshake). ``metrics=False``: a radio
+    without device metrics (old firmware; the transport paces by spacing alone)."""
     clock = FakeClock()
     radio: FakeTcpRadio | FakePtyRadio = (
         FakePtyRadio(clock=clock) if serial else FakeTcpRadio(clock=clock)
@@ -148,6 +150,7 @@ async def mesh_harness(
         settings.update(connection="tcp", host="127.0.0.1", port=radio.port)
     config = MeshtasticConfig.model_validate(settings)
     radio.min_spacing = config.spacing_seconds
+    radio.metrics = metrics
     interfaces: list[Any] = []
     attempts: list[float] = []
 

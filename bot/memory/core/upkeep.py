@@ -126,6 +126,23 @@ class UpkeepMixin(CoreBase):
             where, params = self.dialect.in_ids("id", message_ids)
             await self._exec(f"UPDATE messages SET uses = uses + 1 WHERE {where}", params)
 
+    async def save_recall_note(self, message_id: int, note: str) -> None:
+        """Keep the recall note sent with a person's message (replaces an earlier one)."""
+        await self._exec(
+            "UPDATE messages SET recall_note = ? WHERE id = ?", (note or None, message_id)
+        )
+
+    async def recall_notes(self, message_ids: Sequence[int]) -> dict[int, str]:
+        """The recall notes kept with these messages (those that have one)."""
+        if not message_ids:
+            return {}
+        where, params = self.dialect.in_ids("id", message_ids)
+        rows = await self._all(
+            f"SELECT id, recall_note FROM messages WHERE {where} AND recall_note IS NOT NULL",
+            params,
+        )
+        return {int(r[0]): str(r[1]) for r in rows}
+
     async def mark_important(self, conversation_id: int, message_ids: Sequence[int]) -> int:
         """``!pin``: these messages are never pruned by use."""
         if not message_ids:

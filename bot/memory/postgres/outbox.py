@@ -10,6 +10,9 @@ Invariants (as ``bot.memory.sqlite.outbox``), plus one for several gateways:
   holds the link to that person (the radio that heard them, the Discord session that got the
   DM). ``undelivered`` lists only this gateway's rows, so another gateway never sends them;
   a gateway restarted under the same name picks its rows up again.
+- Claims and planned packet ids: see ``bot.memory.outbox_claims``. A claim is one UPDATE with
+  its condition (``pending`` and unclaimed): of two gateways claiming a row, one wins. At start
+  a gateway releases the claims its own dead processes left (owner token prefix).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bot.domain import ConversationKey
+from bot.memory.outbox_claims import new_owner, owner_prefix
 from bot.memory.postgres.base import PgBase
 from bot.memory.postgres.messages import SEARCH_SQL
 from bot.memory.postgres.words import fold, meta
@@ -37,12 +41,22 @@ _COLS = (
 
 
 class OutboxMixin(PgBase):
+    _owner: str | None = None
+
+    @property
+    def claim_owner(self) -> str:
+        """This store's claim owner token (``bot.memory.outbox_claims``)."""
+        if self._owner is None:
+            self._owner = new_owner(self.gateway)
+        return self._owner
+
     async def queue_delivery(
         self,
         entry: OutboxEntry,
         *,
         answer: StoredAnswer | None = None,
         question_status: str | None = None,
+        claim: bool = False,
     ) -> int:
         """Add an outbox row (state ``pending``) and return its id; see the SQLite twin."""
         if entry.kind not in OUTBOX_KINDS:
@@ -74,8 +88,9 @@ class OutboxMixin(PgBase):
             k = entry.key
             new_id = await con.fetchval(
                 "INSERT INTO outbox (transport, person, space, kind, text, reply_to, question_id,"
-                " answer_id, rest, created_at, updated_at, gateway)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11) RETURNING id",
+                " answer_id, rest, created_at, updated_at, gateway, claimed_by, claimed_at)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13)"
+                " RETURNING id",
                 k.transport,
                 k.person,
                 k.space,
@@ -87,6 +102,8 @@ class OutboxMixin(PgBase):
                 entry.rest,
                 now,
                 self.gateway,
+                self.claim_owner if claim else None,
+                now if claim else None,
             )
             return int(new_id)
 
@@ -105,6 +122,62 @@ class OutboxMixin(PgBase):
             await con.execute(
                 "UPDATE outbox SET updated_at = $1 WHERE id = $2", time.time(), outbox_id
             )
+
+    async def claim_delivery(self, outbox_id: int) -> OutboxRow | None:
+        """Claim a ``pending``, unclaimed row for this process (compare-and-set) and return it
+        as it stands now; None when it is claimed (by any gateway), finished or gone."""
+        async with self._tx() as con:
+            won = await con.fetchval(
+                "UPDATE outbox SET claimed_by = $1, claimed_at = $2 WHERE id = $3 AND"
+                " state = 'pending' AND claimed_by IS NULL RETURNING id",
+                self.claim_owner,
+                time.time(),
+                outbox_id,
+            )
+        return await self.outbox_row(outbox_id) if won is not None else None
+
+    async def release_delivery(self, outbox_id: int) -> None:
+        """Give back this process's claim on a row that stays ``pending``."""
+        async with self._tx() as con:
+            await con.execute(
+                "UPDATE outbox SET claimed_by = NULL, claimed_at = NULL WHERE id = $1 AND"
+                " claimed_by = $2",
+                outbox_id,
+                self.claim_owner,
+            )
+
+    async def release_stale_claims(self) -> int:
+        """At start: release claims a dead process of this gateway left on ``pending`` rows
+        (other gateways' claims are theirs)."""
+        prefix = owner_prefix(self.gateway)
+        async with self._tx() as con:
+            rows = await con.fetch(
+                "UPDATE outbox SET claimed_by = NULL, claimed_at = NULL WHERE state = 'pending'"
+                " AND claimed_by IS NOT NULL AND claimed_by <> $1"
+                " AND left(claimed_by, length($2)) = $2 RETURNING id",
+                self.claim_owner,
+                prefix,
+            )
+        return len(rows)
+
+    async def plan_part(self, outbox_id: int, part: int, packet_id: int) -> int:
+        """Store the packet id chosen for a part before it is written; the first id stored for
+        the part wins and is returned (0 when the row is gone)."""
+        async with self._tx() as con:
+            await con.execute(
+                "INSERT INTO outbox_packets (outbox_id, part, packet_id) SELECT $1, $2, $3 "
+                "WHERE EXISTS (SELECT 1 FROM outbox WHERE id = $1 FOR KEY SHARE) "
+                "ON CONFLICT (outbox_id, part) DO NOTHING",
+                outbox_id,
+                part,
+                packet_id,
+            )
+            got = await con.fetchval(
+                "SELECT packet_id FROM outbox_packets WHERE outbox_id = $1 AND part = $2",
+                outbox_id,
+                part,
+            )
+        return int(got) if got is not None else 0
 
     async def finish_delivery(
         self, outbox_id: int, state: str, *, detail: str | None = None
@@ -129,12 +202,12 @@ class OutboxMixin(PgBase):
             )
 
     async def undelivered(self, *, transports: Sequence[str]) -> list[OutboxRow]:
-        """This gateway's rows still ``pending`` on these transports, oldest first."""
+        """This gateway's unclaimed rows still ``pending`` on these transports, oldest first."""
         if not transports:
             return []
         rows = await self._all(
-            f"SELECT {_COLS} FROM outbox WHERE state = 'pending' AND transport = ANY($1) "
-            "AND gateway = $2 ORDER BY id",
+            f"SELECT {_COLS} FROM outbox WHERE state = 'pending' AND claimed_by IS NULL "
+            "AND transport = ANY($1) AND gateway = $2 ORDER BY id",
             (list(transports), self.gateway),
         )
         return [await self._outbox_row(r) for r in rows]
@@ -163,6 +236,10 @@ class OutboxMixin(PgBase):
             "SELECT part, platform_id FROM outbox_parts WHERE outbox_id = $1 ORDER BY part",
             (r[0],),
         )
+        planned = await self._all(
+            "SELECT part, packet_id FROM outbox_packets WHERE outbox_id = $1 ORDER BY part",
+            (r[0],),
+        )
         entry = OutboxEntry(
             key=ConversationKey(r[1], r[2], r[3]),
             kind=r[4],
@@ -178,4 +255,5 @@ class OutboxMixin(PgBase):
             parts=tuple((int(p[0]), str(p[1])) for p in parts),
             created_at=float(r[10]),
             answer_id=r[11],
+            packet_ids=tuple((int(p[0]), int(p[1])) for p in planned),
         )

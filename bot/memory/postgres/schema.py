@@ -219,6 +219,20 @@ def _m004_memory_tiers() -> str:
         """
 
 
+def _m007_outbox_claims() -> str:
+    # As SQLite's 007_outbox_claims (claims, planned packet ids).
+    return """
+        ALTER TABLE outbox ADD COLUMN claimed_by TEXT,
+            ADD COLUMN claimed_at DOUBLE PRECISION;
+        CREATE TABLE outbox_packets (
+            outbox_id BIGINT NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
+            part INTEGER NOT NULL CHECK (part >= 0),
+            packet_id BIGINT NOT NULL CHECK (packet_id > 0),
+            PRIMARY KEY (outbox_id, part)
+        );
+        """
+
+
 def _m008_memory_promises() -> str:
     # As SQLite's 008_memory_promises.
     return """
@@ -316,6 +330,11 @@ def _m009_pg_word_index() -> str:
         """
 
 
+def _m006_recall_notes() -> str:
+    # The recall note sent with a person's message (bot.memory.context), kept with it.
+    return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -323,6 +342,8 @@ MIGRATIONS: list[Migration] = [
     ("002_keyed_search", _m002_keyed_search),
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
+    ("006_recall_notes", _m006_recall_notes),
+    ("007_outbox_claims", _m007_outbox_claims),
     ("008_memory_promises", _m008_memory_promises),
     ("009_pg_word_index", _m009_pg_word_index),
 ]

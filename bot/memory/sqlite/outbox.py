@@ -10,6 +10,8 @@ Invariants:
 - ``finish_delivery`` ends a row (delivered, sent, failed, expired) and gives the assistant
   message the same status; finished rows are never listed by ``undelivered`` again.
 - ``take_more`` hands out the rest of a cut answer once.
+- Claims and planned packet ids: see ``bot.memory.outbox_claims`` (one process owns a SQLite
+  file, so every claim not held by this store is stale when it opens).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bot.domain import ConversationKey
+from bot.memory.outbox_claims import SQLITE_GATEWAY, new_owner, owner_prefix
 from bot.memory.records import (
     OUTBOX_KINDS,
     OUTBOX_STATES,
@@ -35,17 +38,28 @@ _COLS = (
 
 
 class OutboxMixin(SqliteBase):
+    _owner: str | None = None
+
+    @property
+    def claim_owner(self) -> str:
+        """This store's claim owner token (``bot.memory.outbox_claims``)."""
+        if self._owner is None:
+            self._owner = new_owner(SQLITE_GATEWAY)
+        return self._owner
+
     async def queue_delivery(
         self,
         entry: OutboxEntry,
         *,
         answer: StoredAnswer | None = None,
         question_status: str | None = None,
+        claim: bool = False,
     ) -> int:
         """Add an outbox row (state ``pending``) and return its id. With ``answer``, the
         assistant message (status ``sending``, parent: the question) is stored and the question
         marked ``answered`` in the same transaction; else ``question_status`` (e.g. ``failed``)
-        is set on ``entry.question_id`` in that transaction."""
+        is set on ``entry.question_id`` in that transaction. ``claim``: the row is created
+        claimed by this process (``undelivered`` never lists it while the claim holds)."""
         if entry.kind not in OUTBOX_KINDS:
             raise ValueError(f"unknown outbox kind {entry.kind!r}")
         now = time.time()
@@ -84,8 +98,8 @@ class OutboxMixin(SqliteBase):
             k = entry.key
             cur = await db.execute(
                 "INSERT INTO outbox (transport, person, space, kind, text, reply_to, question_id,"
-                " answer_id, rest, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " answer_id, rest, created_at, updated_at, claimed_by, claimed_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     k.transport,
                     k.person,
@@ -98,6 +112,8 @@ class OutboxMixin(SqliteBase):
                     entry.rest,
                     now,
                     now,
+                    self.claim_owner if claim else None,
+                    now if claim else None,
                 ),
             )
             assert cur.lastrowid is not None
@@ -115,6 +131,62 @@ class OutboxMixin(SqliteBase):
             await db.execute(
                 "UPDATE outbox SET updated_at = ? WHERE id = ?", (time.time(), outbox_id)
             )
+
+    async def claim_delivery(self, outbox_id: int) -> OutboxRow | None:
+        """Claim a ``pending``, unclaimed row for this process (compare-and-set) and return it
+        as it stands now; None when it is claimed, finished or gone."""
+        async with self._lock:
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = await self._db.execute(
+                    "UPDATE outbox SET claimed_by = ?, claimed_at = ? WHERE id = ? AND"
+                    " state = 'pending' AND claimed_by IS NULL",
+                    (self.claim_owner, time.time(), outbox_id),
+                )
+                won = cur.rowcount == 1
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+            await self._db.execute("COMMIT")
+        return await self.outbox_row(outbox_id) if won else None
+
+    async def release_delivery(self, outbox_id: int) -> None:
+        """Give back this process's claim on a row that stays ``pending`` (it waits for its
+        link); the next outbox round may claim it again."""
+        async with self._tx() as db:
+            await db.execute(
+                "UPDATE outbox SET claimed_by = NULL, claimed_at = NULL WHERE id = ? AND"
+                " claimed_by = ?",
+                (outbox_id, self.claim_owner),
+            )
+
+    async def release_stale_claims(self) -> int:
+        """At start: release claims a dead process of this gateway left on ``pending`` rows."""
+        prefix = owner_prefix(SQLITE_GATEWAY)
+        async with self._tx() as db:
+            cur = await db.execute(
+                "UPDATE outbox SET claimed_by = NULL, claimed_at = NULL WHERE state = 'pending'"
+                " AND claimed_by IS NOT NULL AND claimed_by != ?"
+                " AND substr(claimed_by, 1, length(?)) = ?",
+                (self.claim_owner, prefix, prefix),
+            )
+            return max(0, cur.rowcount)
+
+    async def plan_part(self, outbox_id: int, part: int, packet_id: int) -> int:
+        """Store the packet id chosen for a part before it is written; the first id stored for
+        the part wins and is returned (0 when the row is gone: ``!forget``)."""
+        async with self._tx() as db:
+            await db.execute(
+                "INSERT OR IGNORE INTO outbox_packets (outbox_id, part, packet_id) "
+                "SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM outbox WHERE id = ?)",
+                (outbox_id, part, packet_id, outbox_id),
+            )
+            cur = await db.execute(
+                "SELECT packet_id FROM outbox_packets WHERE outbox_id = ? AND part = ?",
+                (outbox_id, part),
+            )
+            row = await cur.fetchone()
+        return int(row[0]) if row is not None else 0
 
     async def finish_delivery(
         self, outbox_id: int, state: str, *, detail: str | None = None
@@ -135,13 +207,14 @@ class OutboxMixin(SqliteBase):
             )
 
     async def undelivered(self, *, transports: Sequence[str]) -> list[OutboxRow]:
-        """Rows still ``pending`` on these transports, oldest first, with their progress."""
+        """Unclaimed rows still ``pending`` on these transports, oldest first, with their
+        progress."""
         if not transports:
             return []
         marks = ",".join("?" * len(transports))
         rows = await self._all(
-            f"SELECT {_COLS} FROM outbox WHERE state = 'pending' AND transport IN ({marks}) "
-            "ORDER BY id",
+            f"SELECT {_COLS} FROM outbox WHERE state = 'pending' AND claimed_by IS NULL "
+            f"AND transport IN ({marks}) ORDER BY id",
             tuple(transports),
         )
         return [await self._outbox_row(r) for r in rows]
@@ -169,6 +242,10 @@ class OutboxMixin(SqliteBase):
             "SELECT part, platform_id FROM outbox_parts WHERE outbox_id = ? ORDER BY part",
             (r[0],),
         )
+        planned = await self._all(
+            "SELECT part, packet_id FROM outbox_packets WHERE outbox_id = ? ORDER BY part",
+            (r[0],),
+        )
         entry = OutboxEntry(
             key=ConversationKey(r[1], r[2], r[3]),
             kind=r[4],
@@ -184,4 +261,5 @@ class OutboxMixin(SqliteBase):
             parts=tuple((int(p[0]), str(p[1])) for p in parts),
             created_at=float(r[10]),
             answer_id=r[11],
+            packet_ids=tuple((int(p[0]), int(p[1])) for p in planned),
         )

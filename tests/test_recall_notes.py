@@ -1,0 +1,275 @@
+"""Recall that answers (issue 17): how much a message recalls, notes kept with their turn in
+the store (same prompt after a restart, same prompt on SQLite and PostgreSQL), no repeats, and
+the edge cases: no history, small talk, !reset, !forget, incognito (never noted)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from bot.config import RetrievalConfig
+from bot.domain import ConversationKey
+from bot.llm.port import ChatMessage
+from bot.llm.tokens import MESSAGE_OVERHEAD, make_counter
+from bot.memory.context import (
+    NOTE_SHARE,
+    RETRIEVED_HEADER,
+    ContextBuilder,
+    recall_weight,
+)
+from bot.memory.layers import LayeredContext
+from bot.memory.port import MemoryStore
+from bot.memory.retrieval import Retriever
+from bot.memory.store import SqliteStore
+from tests import pg_server
+
+COUNTER = make_counter()
+KEY = ConversationKey("console", "alice")
+BUDGET = 1536
+FILLER = [
+    ("Any tips for keeping batteries warm in winter?", "Insulate the box and keep it dry."),
+    ("How often should I check the solar charge controller?", "Once a month is plenty."),
+    ("What makes LoRa work so well over long distances?", "Chirp spread spectrum."),
+    ("Can you suggest a simple dinner for a cold evening?", "A thick lentil soup."),
+]
+DETAILS = [
+    ("My boat is called Osprey and she is moored at the north pier.", "Lovely name."),
+    ("My sister Ingrid lives in Bergen and works as a nurse.", "Good to know."),
+    ("I run the repeater on Mount Storsteinen at 433 MHz.", "Nice site."),
+]
+
+
+async def _sqlite(tmp: Path) -> MemoryStore:
+    return await SqliteStore.open(tmp / "notes.db")
+
+
+async def _postgres(tmp: Path) -> MemoryStore:
+    return await pg_server.open_store()
+
+
+STORES: dict[str, Callable[[Path], Awaitable[MemoryStore]]] = {
+    "sqlite": _sqlite,
+    "postgres": _postgres,
+}
+
+
+@pytest.fixture(params=sorted(STORES))
+async def memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
+    store = await STORES[request.param](tmp_path)
+    yield store
+    await store.close()
+
+
+def _builder(store: MemoryStore, share: float = 0.4) -> ContextBuilder:
+    """A builder as app.py wires it; a new one stands for a restarted process."""
+    return ContextBuilder(
+        store=store,
+        retriever=Retriever(store=store, counter=COUNTER, config=RetrievalConfig()),
+        counter=COUNTER,
+        system_prompt="You are a test bot.",
+        retrieval_share=share,
+    )
+
+
+async def _pair(store: MemoryStore, q: str, a: str, at: float) -> int:
+    conv = await store.conversation(KEY)
+    qid = await store.add_message(conv.id, role="user", author="alice", text=q,
+                                  tokens=COUNTER.count(q), status="answered",
+                                  created_at=at)  # fmt: skip
+    await store.add_message(conv.id, role="assistant", author="bot", text=a,
+                            tokens=COUNTER.count(a), status="delivered", created_at=at + 1,
+                            parent_id=qid)  # fmt: skip
+    return qid
+
+
+async def _history(store: MemoryStore, rounds: int = 12) -> None:
+    """Details early, then enough small talk that they are far out of the window."""
+    at = 1_700_000_000.0
+    for q, a in DETAILS:
+        await _pair(store, q, a, at)
+        at += 10
+    for i in range(8):  # much to recall about the boat
+        await _pair(store, f"Osprey log {i}: sanded and varnished the hull, {i} coats.", "Ok.", at)
+        at += 10
+    for i in range(rounds):
+        for q, a in FILLER:
+            await _pair(store, f"{q} ({i})", f"{a} ({i})", at)
+            at += 10
+
+
+async def _ask(
+    store: MemoryStore, builder: ContextBuilder, text: str, *, answer: str | None = None
+) -> tuple[list[ChatMessage], int]:
+    """Store the message, build its prompt (saving its note), store an answer."""
+    conv = await store.conversation(KEY)
+    mid = await store.add_message(conv.id, role="user", author="alice", text=text,
+                                  tokens=COUNTER.count(text), status="pending")  # fmt: skip
+    ctx = await builder.build(conv, new_text=text, new_message_id=mid, budget=BUDGET)
+    assert sum(COUNTER.count(m.content) + MESSAGE_OVERHEAD for m in ctx.messages) <= BUDGET
+    if answer is not None:
+        await store.add_message(conv.id, role="assistant", author="bot", text=answer,
+                                tokens=COUNTER.count(answer), status="delivered",
+                                parent_id=mid)  # fmt: skip
+    return ctx.messages, mid
+
+
+def _recalled(messages: list[ChatMessage]) -> str:
+    final = messages[-1].content
+    return final.split(RETRIEVED_HEADER, 1)[1] if RETRIEVED_HEADER in final else ""
+
+
+def test_recall_weight_ramps_from_small_talk_to_strong_matches() -> None:
+    assert recall_weight(0.0) == 0.0 and recall_weight(0.25) == 0.0
+    assert 0.0 < recall_weight(0.4) < 1.0
+    assert recall_weight(0.5) == 1.0 and recall_weight(3.0) == 1.0
+
+
+async def test_strong_question_recalls_more_than_the_old_cap_small_talk_nothing(
+    memory: MemoryStore,
+) -> None:
+    await _history(memory)
+    builder = _builder(memory)
+    none, _ = await _ask(memory, builder, "Any plans for the weekend?", answer="Not yet.")
+    assert _recalled(none) == ""  # nothing matches: nothing recalled
+    strong, _ = await _ask(
+        memory, builder, "Where is my boat Osprey moored, and what is she?", answer="North."
+    )
+    recalled = _recalled(strong)
+    assert "north pier" in recalled
+    # A strong match gets more than the 10% per turn notes were capped at before ...
+    assert COUNTER.count(recalled) > 0.1 * (BUDGET - 20)
+    # ... small talk that matches weakly ("good" in "Good to know.") gets little.
+    small, _ = await _ask(memory, builder, "Good morning, how are you today?")
+    assert COUNTER.count(_recalled(small)) < COUNTER.count(recalled) / 2
+
+
+async def test_note_is_stored_with_its_turn_and_a_restart_sends_the_same_prompt(
+    memory: MemoryStore,
+) -> None:
+    await _history(memory)
+    builder = _builder(memory)
+    _, asked = await _ask(memory, builder, "What is my boat called?", answer="Osprey.")
+    note = (await memory.recall_notes([asked]))[asked]
+    assert "Osprey and she is moored" in note
+    assert COUNTER.count(note) <= NOTE_SHARE * BUDGET + 8  # the best part only
+    conv = await memory.conversation(KEY)
+    nid = await memory.add_message(conv.id, role="user", author="alice", text="thanks!",
+                                   tokens=2, status="pending")  # fmt: skip
+    same = await builder.build(conv, new_text="thanks!", new_message_id=nid, budget=BUDGET)
+    restarted = await _builder(memory).build(
+        conv, new_text="thanks!", new_message_id=nid, budget=BUDGET
+    )
+    assert restarted.messages == same.messages
+    window = "\n".join(m.content for m in same.messages[1:-1])
+    assert "Osprey and she is moored" in window  # the note rides with its turn
+
+
+async def test_sqlite_and_postgres_send_the_same_prompt(tmp_path: Path) -> None:
+    prompts = []
+    for name in sorted(STORES):
+        store = await STORES[name](tmp_path / name if name == "sqlite" else tmp_path)
+        try:
+            await _history(store)
+            builder = _builder(store)
+            sent = []
+            for text in ("Where does Ingrid live?", "nice weather today", "Which frequency?"):
+                messages, _ = await _ask(store, builder, text, answer="ok")
+                sent.append(messages)
+            prompts.append(sent)
+        finally:
+            await store.close()
+    assert prompts[0] == prompts[1]
+
+
+async def test_no_history_and_a_question_right_after_a_restart(memory: MemoryStore) -> None:
+    messages, _ = await _ask(memory, _builder(memory), "What is my boat called?")
+    assert _recalled(messages) == ""  # nothing to recall, nothing breaks
+    await _history(memory)
+    messages, _ = await _ask(memory, _builder(memory), "What is my boat called?")
+    assert "Osprey" in _recalled(messages)
+
+
+async def test_a_turn_already_noted_is_not_recalled_again(memory: MemoryStore) -> None:
+    await _history(memory)
+    builder = _builder(memory)
+    _, first = await _ask(memory, builder, "What is my boat called?", answer="Osprey.")
+    assert "Osprey and she is moored" in (await memory.recall_notes([first]))[first]
+    again, _ = await _ask(memory, builder, "Tell me about my boat Osprey again")
+    assert "Osprey and she is moored" not in _recalled(again)  # the window's note has it
+    assert "Osprey and she is moored" in "\n".join(m.content for m in again)
+
+
+async def test_reset_hides_notes_and_everything_before(memory: MemoryStore) -> None:
+    await _history(memory)
+    builder = _builder(memory)
+    await _ask(memory, builder, "What is my boat called?", answer="Osprey.")
+    conv = await memory.conversation(KEY)
+    await memory.reset(conv.id)
+    messages, _ = await _ask(memory, builder, "What is my boat called?")
+    assert "Osprey" not in "\n".join(m.content for m in messages)
+
+
+async def test_forget_deletes_the_notes_with_the_turns(memory: MemoryStore) -> None:
+    await _history(memory)
+    _, asked = await _ask(memory, _builder(memory), "What is my boat called?", answer="Osprey.")
+    assert await memory.recall_notes([asked])
+    await memory.forget_person(KEY.transport, KEY.person)
+    assert await memory.recall_notes([asked]) == {}
+
+
+async def test_incognito_turns_are_never_noted(memory: MemoryStore) -> None:
+    await _history(memory)
+    conv = await memory.conversation(KEY)
+    layered = LayeredContext(inner=_builder(memory), store=memory, counter=COUNTER)
+    ctx = await layered.build(
+        conv,
+        new_text="What is my boat called?",
+        new_message_id=None,  # incognito: the message is not stored
+        budget=BUDGET,
+        ephemeral=[("person", "my secret is 4242"), ("you", "ok")],
+    )
+    assert "Osprey" in ctx.messages[-1].content
+    ids = [m.id for m in await memory.all_messages(conv.id)]
+    assert await memory.recall_notes(ids) == {}
+
+
+async def test_a_fold_on_the_same_turn_as_a_large_recall(memory: MemoryStore) -> None:
+    """The turn that completes a fold block recalls a lot: the prompt stays in budget, its note
+    is only the best part, the chapter is asked for right away, and the next prompt (chapter
+    written) keeps the window's notes and stays in budget."""
+    await _history(memory, rounds=3)
+    builder = _builder(memory)
+    conv = await memory.conversation(KEY)
+    for i in range(60):
+        text = f"Tell me again about the Osprey hull and its coats of varnish ({i})"
+        mid = await memory.add_message(conv.id, role="user", author="alice", text=text,
+                                       tokens=COUNTER.count(text), status="pending")  # fmt: skip
+        ctx = await builder.build(conv, new_text=text, new_message_id=mid, budget=BUDGET)
+        assert ctx.tokens <= BUDGET
+        answer = "She has four coats now. " * 4
+        await memory.add_message(conv.id, role="assistant", author="bot", text=answer,
+                                 tokens=COUNTER.count(answer), status="delivered",
+                                 parent_id=mid)  # fmt: skip
+        recalled = next((b.tokens for b in ctx.blocks if b.name == "retrieved"), 0)
+        if ctx.pending_fold is not None and recalled > NOTE_SHARE * BUDGET:
+            break
+    else:
+        raise AssertionError("no turn both completed a fold block and recalled a lot")
+    note = (await memory.recall_notes([mid]))[mid]
+    assert COUNTER.count(note) <= NOTE_SHARE * BUDGET + 8
+    chapters = await memory.summaries(conv)
+    first = chapters[-1].last_message_id + 1 if chapters else 1
+    await memory.save_summary(conv.id, text="They talked about the boat Osprey.",
+                              first_message_id=first, last_message_id=ctx.pending_fold - 1,
+                              tokens=8)  # fmt: skip
+    text = "and the mast?"
+    nid = await memory.add_message(conv.id, role="user", author="alice", text=text,
+                                   tokens=COUNTER.count(text), status="pending")  # fmt: skip
+    after = await builder.build(conv, new_text=text, new_message_id=nid, budget=BUDGET)
+    assert after.tokens <= BUDGET
+    assert after.window[0].id == ctx.pending_fold  # one change: the chapter and the window
+    notes = await memory.recall_notes([m.id for m in after.window])
+    window = "\n".join(m.content for m in after.messages[1:])
+    assert all(n in window for n in notes.values())  # the notes ride with their turns
