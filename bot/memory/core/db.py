@@ -36,6 +36,8 @@ class Dialect:
     fresh: str  # how to get an empty store, for messages that ask for one
     skip_locked: str  # after a batch's id subquery: leave rows another gateway is deleting
     json_ids: str  # ``{col}``'s JSON list of ids as rows of one column ``{alias}``
+    key_share: str  # in a subquery: keep the row from being deleted until the commit
+    outbox_gateway: bool  # outbox rows record (and are listed by) the gateway that queued them
 
     def in_ids(self, column: str, ids: Sequence[int]) -> tuple[str, tuple[Any, ...]]:
         """``column`` is one of ``ids``: one array parameter on PostgreSQL (one prepared
@@ -43,6 +45,12 @@ class Dialect:
         if self.name == "postgres":
             return f"{column} = ANY(?::bigint[])", ([int(i) for i in ids],)
         return f"{column} IN ({','.join('?' * len(ids))})", tuple(ids)
+
+    def in_texts(self, column: str, values: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
+        """As ``in_ids``, for text values."""
+        if self.name == "postgres":
+            return f"{column} = ANY(?::text[])", ([str(v) for v in values],)
+        return f"{column} IN ({','.join('?' * len(values))})", tuple(values)
 
 
 SQLITE = Dialect(
@@ -52,6 +60,8 @@ SQLITE = Dialect(
     fresh="a new state_dir",
     skip_locked="",
     json_ids="json_each({col}) {alias}",
+    key_share="",
+    outbox_gateway=False,
 )
 POSTGRES = Dialect(
     name="postgres",
@@ -60,6 +70,8 @@ POSTGRES = Dialect(
     fresh="a new database",
     skip_locked=" FOR UPDATE SKIP LOCKED",
     json_ids="jsonb_array_elements_text({col}::jsonb) AS {alias}(value)",
+    key_share=" FOR KEY SHARE",
+    outbox_gateway=True,
 )
 
 
@@ -108,6 +120,10 @@ class CoreBase:
     async def _after_import(self, tx: Tx) -> None:
         """Called in the transaction that wrote rows with explicit ids (PostgreSQL moves its
         id sequences past them)."""
+        raise NotImplementedError
+
+    def _claim_gateway(self) -> str:
+        """The gateway name in this process's claim owner token (``bot.memory.outbox_claims``)."""
         raise NotImplementedError
 
     async def _mark_erase(self, tx: Tx) -> None:

@@ -139,6 +139,9 @@ class PgBase(CoreBase):
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             raise StorageError(explain(self.url, exc)) from exc
 
+    def _claim_gateway(self) -> str:
+        return self.gateway
+
     @asynccontextmanager
     async def _atomic(self) -> AsyncIterator[PgTx]:
         async with self._tx() as con:

@@ -31,6 +31,7 @@ import aiosqlite
 from bot.errors import DiskFull, StorageError
 from bot.files import private_dir, private_file, tighten_if_present
 from bot.memory.core.db import SQLITE, CoreBase, Dialect, Tx
+from bot.memory.outbox_claims import SQLITE_GATEWAY
 from bot.memory.schema import MIGRATIONS, applied_migrations, migrate
 from bot.memory.vectors import VectorCache
 
@@ -208,6 +209,9 @@ class SqliteBase(CoreBase):
         # The FTS triggers index messages as they arrive.
         marks = ", ".join("?" * len(columns))
         return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows
+
+    def _claim_gateway(self) -> str:
+        return SQLITE_GATEWAY  # one process owns a SQLite file: one gateway
 
     async def _after_import(self, tx: Tx) -> None:
         """Nothing: SQLite's next rowid is always past the largest id."""
