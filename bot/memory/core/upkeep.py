@@ -7,7 +7,7 @@ Invariants:
   SQLite's FTS delete trigger and PostgreSQL's word-table trigger see each row; vectors
   cascade), conversations (summaries, facts, sessions, ``heard`` cascade), and the person's
   outbox rows; on the other side of a link, what it derived from this person's words
-  (``bot.memory.keep``). The backend then makes the deletions physical (``_erase``); on
+  (``bot.memory.keep``), its recall notes included (they quote what retrieval found). The backend then makes the deletions physical (``_erase``); on
   SQLite a scrub mark commits with the delete (``_mark_erase``) so a crash cannot skip it.
   A repeated ``!forget`` always erases, even when nothing is left to delete.
 - Retention and forgetting by use delete in small batches (no long lock) and also prune
@@ -253,6 +253,11 @@ async def _clear_partners(
         await tx.exec(
             "UPDATE sessions SET title = NULL, summary = NULL, tokens = 0 "
             "WHERE conversation_id = ?",
+            (other,),
+        )
+        await tx.exec(  # recall notes quote what retrieval found: maybe this side's words
+            "UPDATE messages SET recall_note = NULL WHERE conversation_id = ? "
+            "AND recall_note IS NOT NULL",
             (other,),
         )
         rows = await tx.all("SELECT id, source_ids FROM facts WHERE conversation_id = ?", (other,))
