@@ -7,8 +7,9 @@ Invariants:
   SQLite's FTS delete trigger and PostgreSQL's word-table trigger see each row; vectors
   cascade), conversations (summaries, facts, sessions, ``heard`` cascade), and the person's
   outbox rows; on the other side of a link, what it derived from this person's words
-  (``bot.memory.keep``), its recall notes included (they quote what retrieval found). The backend then makes the deletions physical (``_erase``); on
-  SQLite a scrub mark commits with the delete (``_mark_erase``) so a crash cannot skip it.
+  (``bot.memory.keep``), its recall notes included (they quote what retrieval found). The
+  backend then makes the deletions physical (``_erase``); on SQLite a scrub mark commits
+  with the delete (``_mark_erase``) so a crash cannot skip it.
   A repeated ``!forget`` always erases, even when nothing is left to delete.
 - Retention and forgetting by use delete in small batches (no long lock) and also prune
   finished outbox rows past their short keep. On PostgreSQL a batch skips rows another
