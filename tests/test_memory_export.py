@@ -14,6 +14,7 @@ import pytest
 
 from bot.cli import main
 from bot.domain import DM_SPACE, ConversationKey, Inbound
+from bot.memory.core.portable import ImportRefused
 from bot.memory.export import (
     FORMATS,
     ImportFileError,
@@ -22,7 +23,6 @@ from bot.memory.export import (
     read_import,
     render,
 )
-from bot.memory.sqlite.portable import ImportRefused
 from bot.memory.store import SqliteStore
 from tests.conftest import make_config, start_harness
 from tests.fakes.fake_llm import FakeLLM

@@ -14,8 +14,8 @@ import pytest
 
 from bot.app import App, build
 from bot.domain import DM_SPACE, ConversationKey
+from bot.memory.core.identity import LinkError
 from bot.memory.links import CODE_TTL, MAX_ATTEMPTS, MAX_FAILURES, LinkCodes
-from bot.memory.sqlite.identity import LinkError
 from bot.memory.store import SqliteStore
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM

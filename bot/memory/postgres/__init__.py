@@ -7,14 +7,17 @@ Importing this package imports ``asyncpg`` (the optional ``meshsage[postgres]`` 
 
 from __future__ import annotations
 
-from bot.memory.postgres.derived import DerivedMixin
-from bot.memory.postgres.identity import IdentityMixin
+from bot.memory.core.derived import DerivedMixin
+from bot.memory.core.identity import IdentityMixin
+from bot.memory.core.outbox import OutboxMixin
+from bot.memory.core.portable import PortableMixin
+from bot.memory.core.sessions import SessionsMixin
+from bot.memory.core.upkeep import UpkeepMixin
+from bot.memory.postgres.base import PgBase
 from bot.memory.postgres.messages import MessagesMixin
-from bot.memory.postgres.outbox import OutboxMixin
-from bot.memory.postgres.portable import PortableMixin
+from bot.memory.postgres.rows import RowsMixin
 from bot.memory.postgres.search import SearchMixin
-from bot.memory.postgres.sessions import SessionsMixin
-from bot.memory.postgres.upkeep import UpkeepMixin
+from bot.memory.postgres.upkeep import PgUpkeepMixin
 
 
 class PostgresStore(
@@ -26,6 +29,9 @@ class PostgresStore(
     IdentityMixin,
     PortableMixin,
     UpkeepMixin,
+    PgUpkeepMixin,
+    RowsMixin,
+    PgBase,
 ):
     """Open with ``await PostgresStore.open(url, password=...)``; close with ``close()``."""
 

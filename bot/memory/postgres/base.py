@@ -22,14 +22,15 @@ import asyncio
 import logging
 import random
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Self, TypeAlias, TypeVar
+from typing import Any, ClassVar, Self, TypeAlias, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from bot.errors import StorageError
+from bot.memory.core.db import POSTGRES, CoreBase, Dialect, changed, numbered
 from bot.memory.postgres.schema import migrate
 from bot.memory.vectors import VectorCache
 
@@ -60,8 +61,10 @@ def redact(url: str) -> str:
     return f"{head}{sep}{creds.split(':', 1)[0]}:***@{rest}"
 
 
-class PgBase:
+class PgBase(CoreBase):
     """Open with ``await PostgresStore.open(url, password=...)``; close with ``close()``."""
+
+    dialect: ClassVar[Dialect] = POSTGRES
 
     def __init__(
         self,
@@ -136,17 +139,29 @@ class PgBase:
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             raise StorageError(explain(self.url, exc)) from exc
 
+    def _claim_gateway(self) -> str:
+        return self.gateway
+
+    @asynccontextmanager
+    async def _atomic(self) -> AsyncIterator[PgTx]:
+        async with self._tx() as con:
+            yield PgTx(con)
+
     async def _all(self, sql: str, params: Iterable[Any] = ()) -> list[Row]:
-        args = tuple(params)
-        return await self._run(lambda con: con.fetch(sql, *args))
+        args, q = tuple(params), numbered(sql)
+        return await self._run(lambda con: con.fetch(q, *args))
 
     async def _one(self, sql: str, params: Iterable[Any] = ()) -> Row | None:
-        args = tuple(params)
-        return await self._run(lambda con: con.fetchrow(sql, *args))
+        args, q = tuple(params), numbered(sql)
+        return await self._run(lambda con: con.fetchrow(q, *args))
 
     async def _val(self, sql: str, params: Iterable[Any] = ()) -> Any:
-        args = tuple(params)
-        return await self._run(lambda con: con.fetchval(sql, *args))
+        args, q = tuple(params), numbered(sql)
+        return await self._run(lambda con: con.fetchval(q, *args))
+
+    async def _exec(self, sql: str, params: Iterable[Any] = ()) -> int:
+        args, q = tuple(params), numbered(sql)
+        return changed(await self._run(lambda con: con.execute(q, *args)))
 
     async def database_bytes(self) -> int:
         """The whole database's size on the server (``pg_database_size``), for the monitor."""
@@ -206,6 +221,35 @@ class PgBase:
                 return await self._locks.fetchval(sql, *args)
             except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as again:
                 raise StorageError(explain(self.url, again)) from again
+
+
+class PgTx:
+    """The core's ``Tx`` on one pooled connection inside its transaction (``_tx``)."""
+
+    __slots__ = ("_con",)
+
+    def __init__(self, con: Conn) -> None:
+        self._con = con
+
+    @property
+    def con(self) -> Conn:
+        """The raw connection, for what only PostgreSQL does (``advance_sequences``)."""
+        return self._con
+
+    async def all(self, sql: str, params: Iterable[Any] = ()) -> list[Row]:
+        return await self._con.fetch(numbered(sql), *params)
+
+    async def one(self, sql: str, params: Iterable[Any] = ()) -> Row | None:
+        return await self._con.fetchrow(numbered(sql), *params)
+
+    async def val(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        return await self._con.fetchval(numbered(sql), *params)
+
+    async def exec(self, sql: str, params: Iterable[Any] = ()) -> int:
+        return changed(await self._con.execute(numbered(sql), *params))
+
+    async def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        await self._con.executemany(numbered(sql), rows)
 
 
 async def advance_sequences(con: Conn) -> None:

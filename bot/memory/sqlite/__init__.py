@@ -8,14 +8,16 @@ record which messages they cover.
 
 from __future__ import annotations
 
-from bot.memory.sqlite.derived import DerivedMixin
-from bot.memory.sqlite.identity import IdentityMixin
+from bot.memory.core.derived import DerivedMixin
+from bot.memory.core.identity import IdentityMixin
+from bot.memory.core.outbox import OutboxMixin
+from bot.memory.core.portable import PortableMixin
+from bot.memory.core.sessions import SessionsMixin
+from bot.memory.core.upkeep import UpkeepMixin
+from bot.memory.sqlite.base import SqliteBase
 from bot.memory.sqlite.messages import MessagesMixin
-from bot.memory.sqlite.outbox import OutboxMixin
-from bot.memory.sqlite.portable import PortableMixin
 from bot.memory.sqlite.search import SearchMixin
-from bot.memory.sqlite.sessions import SessionsMixin
-from bot.memory.sqlite.upkeep import UpkeepMixin
+from bot.memory.sqlite.upkeep import SqliteUpkeepMixin
 
 
 class SqliteStore(
@@ -27,6 +29,8 @@ class SqliteStore(
     IdentityMixin,
     PortableMixin,
     UpkeepMixin,
+    SqliteUpkeepMixin,
+    SqliteBase,
 ):
     """Open with ``await SqliteStore.open(path)``; close with ``await store.close()``."""
 

@@ -21,23 +21,27 @@ import errno
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import aiosqlite
 
 from bot.errors import DiskFull, StorageError
 from bot.files import private_dir, private_file, tighten_if_present
+from bot.memory.core.db import SQLITE, CoreBase, Dialect, Tx
+from bot.memory.outbox_claims import SQLITE_GATEWAY
 from bot.memory.schema import MIGRATIONS, applied_migrations, migrate
 from bot.memory.vectors import VectorCache
 
 log = logging.getLogger("bot.memory")
 
 
-class SqliteBase:
+class SqliteBase(CoreBase):
     """Open with ``await SqliteStore.open(path)``; close with ``await store.close()``."""
+
+    dialect: ClassVar[Dialect] = SQLITE
 
     def __init__(self, *, db: aiosqlite.Connection, path: Path) -> None:
         self._db = db
@@ -183,6 +187,62 @@ class SqliteBase:
     async def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
         rows = await self._all(sql, params)
         return rows[0] if rows else None
+
+    async def _val(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        rows = await self._all(sql, params)
+        return rows[0][0] if rows else None
+
+    async def _exec(self, sql: str, params: Iterable[Any] = ()) -> int:
+        # Autocommit: one statement is its own transaction, so no BEGIN/COMMIT round trips.
+        async with self._lock:
+            cur = await self._db.execute(sql, tuple(params))
+            return cur.rowcount
+
+    @asynccontextmanager
+    async def _atomic(self) -> AsyncIterator[SqliteTx]:
+        async with self._tx() as db:
+            yield SqliteTx(db)
+
+    def _insert_rows(
+        self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
+    ) -> tuple[str, list[tuple[Any, ...]]]:
+        # The FTS triggers index messages as they arrive.
+        marks = ", ".join("?" * len(columns))
+        return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows
+
+    def _claim_gateway(self) -> str:
+        return SQLITE_GATEWAY  # one process owns a SQLite file: one gateway
+
+    async def _after_import(self, tx: Tx) -> None:
+        """Nothing: SQLite's next rowid is always past the largest id."""
+
+
+class SqliteTx:
+    """The core's ``Tx`` on the store's connection, inside ``_tx`` (lock held, BEGIN IMMEDIATE
+    done): each call is one hop to the connection's thread."""
+
+    __slots__ = ("_db",)
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    async def all(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        return list(await self._db.execute_fetchall(sql, tuple(params)))
+
+    async def one(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        rows = await self.all(sql, params)
+        return rows[0] if rows else None
+
+    async def val(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        rows = await self.all(sql, params)
+        return rows[0][0] if rows else None
+
+    async def exec(self, sql: str, params: Iterable[Any] = ()) -> int:
+        cur = await self._db.execute(sql, tuple(params))
+        return cur.rowcount
+
+    async def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        await self._db.executemany(sql, rows)
 
 
 async def _backup_before_upgrade(db: aiosqlite.Connection, path: Path, first: str) -> None:

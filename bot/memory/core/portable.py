@@ -1,11 +1,14 @@
-"""Export and import at the row level on PostgreSQL: one person's memory as plain data.
+"""Export and import at the row level: one person's memory on one transport as plain data
+(both backends).
 
-Invariants (as ``bot.memory.sqlite.portable``):
-- ``dump_person`` is deterministic (rows in id order, no clock reads).
+Invariants:
+- ``dump_person`` is deterministic (rows in id order, no clock reads), so dumping what
+  ``load_dump`` wrote gives back the same data.
 - ``load_dump`` writes everything in one transaction, or nothing: a conversation the database
   already has, or an id already taken, raises ``ImportRefused`` before any row is written.
-  Imported rows keep their ids; each id sequence is then moved past them.
-- Messages get their search words as they are written, as every other write does.
+  Imported rows keep their ids (PostgreSQL then moves its id sequences past them) and messages
+  get their search words as they are written, as every other write does.
+- The input was already validated (bot.memory.export); this layer trusts shapes, not content.
 """
 
 from __future__ import annotations
@@ -14,23 +17,23 @@ import json
 from typing import Any
 
 from bot.errors import MemoryRefused
-from bot.memory.postgres.base import Conn, PgBase, advance_sequences
-from bot.memory.postgres.messages import SEARCH_SQL
-from bot.memory.postgres.words import fold, meta
+from bot.memory.core.db import CoreBase, Dialect, Tx
 from bot.memory.records import CONVERSATION_FIELDS, LONGTERM_FIELDS
 from bot.memory.records import DUMP_TABLES as TABLES
+
+_CHUNK = 500  # ids per "already taken?" query
 
 
 class ImportRefused(MemoryRefused):
     """Import refused before writing anything (ids or conversations already taken)."""
 
 
-class PortableMixin(PgBase):
+class PortableMixin(CoreBase):
     async def dump_person(self, transport: str, person: str) -> list[dict[str, Any]]:
         """Every conversation of ``person`` on ``transport`` with all its rows."""
         convs = await self._all(
             "SELECT id, space, created_at, reset_after, incognito, merged_into "
-            "FROM conversations WHERE transport = $1 AND person = $2 ORDER BY id",
+            "FROM conversations WHERE transport = ? AND person = ? ORDER BY id",
             (transport, person),
         )
         out: list[dict[str, Any]] = []
@@ -39,12 +42,12 @@ class PortableMixin(PgBase):
             conv["incognito"] = bool(conv["incognito"])
             home, origin = (row[0], None) if row[5] is None else (row[5], row[0])
             for table, fields in TABLES.items():
-                where = "conversation_id = $1"
+                where = "conversation_id = ?"
                 params: tuple[Any, ...] = (home,)
                 if table == "summaries":
                     params = (row[0],)
                 elif origin is not None:
-                    where += " AND origin_conversation_id = $2"
+                    where += " AND origin_conversation_id = ?"
                     params = (home, origin)
                 else:  # a home's own rows: what a link joined in is the other side's export
                     where += " AND origin_conversation_id IS NULL"
@@ -54,7 +57,7 @@ class PortableMixin(PgBase):
                 conv[table] = [_out(table, dict(zip(fields, r, strict=True))) for r in rows]
             lt = await self._one(
                 f"SELECT {', '.join(LONGTERM_FIELDS)} FROM longterm_summaries "
-                "WHERE conversation_id = $1 ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
+                "WHERE conversation_id = ? ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
                 (row[0],),
             )
             conv["longterm_summary"] = (
@@ -62,7 +65,7 @@ class PortableMixin(PgBase):
             )
             partner = await self._one(  # the other side of a link (export.restore_links)
                 "SELECT transport, person, merged_into IS NULL FROM conversations "
-                "WHERE id = $1 OR merged_into = $2 ORDER BY id LIMIT 1",
+                "WHERE id = ? OR merged_into = ? ORDER BY id LIMIT 1",
                 (row[5] if row[5] is not None else -1, row[0]),
             )
             if partner is not None:
@@ -76,45 +79,33 @@ class PortableMixin(PgBase):
     ) -> dict[str, int]:
         """Insert validated conversations with their own ids; all or nothing."""
         counts = {"conversations": 0, **dict.fromkeys(TABLES, 0)}
-        async with self._tx() as con:
+        async with self._atomic() as tx:
             for conv in conversations:
-                await _refuse_taken(con, transport, person, conv)
+                await _refuse_taken(tx, self.dialect, transport, person, conv)
             for conv in conversations:
-                await con.execute(
+                await tx.exec(
                     "INSERT INTO conversations (id, transport, person, space, created_at, "
-                    "reset_after, incognito) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                    conv["id"], transport, person, conv["space"], conv["created_at"],
-                    conv["reset_after"], int(conv["incognito"]),
+                    "reset_after, incognito) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (conv["id"], transport, person, conv["space"], conv["created_at"],
+                     conv["reset_after"], int(conv["incognito"])),
                 )  # fmt: skip
                 counts["conversations"] += 1
                 for table, fields in TABLES.items():
-                    cols = ["conversation_id", *fields]
-                    values = [f"${i}" for i in range(1, len(cols) + 1)]
                     rows = [
                         (conv["id"], *(_in(table, f, r[f]) for f in fields)) for r in conv[table]
                     ]
-                    if table == "messages":
-                        n = len(cols)
-                        cols.append("search")
-                        values.append(SEARCH_SQL.format(c=1, a=n + 1, b=n + 2))
-                        rows = [
-                            (*row, fold(r["text"]), fold(meta(r["author"], r["created_at"])))
-                            for row, r in zip(rows, conv[table], strict=True)
-                        ]
                     if rows:
-                        await con.executemany(
-                            f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join(values)})",
-                            rows,
-                        )
+                        sql, args = self._insert_rows(table, ("conversation_id", *fields), rows)
+                        await tx.many(sql, args)
                     counts[table] += len(rows)
                 lt = conv["longterm_summary"]
                 if lt is not None:
-                    await con.execute(
+                    await tx.exec(
                         "INSERT INTO longterm_summaries (conversation_id, text, tokens, sessions,"
-                        " up_to_message_id, updated_at) VALUES ($1, $2, $3, $4, $5, $6)",
-                        conv["id"], *(lt[f] for f in LONGTERM_FIELDS),
-                    )  # fmt: skip
-            await advance_sequences(con)
+                        " up_to_message_id, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                        (conv["id"], *(lt[f] for f in LONGTERM_FIELDS)),
+                    )
+            await self._after_import(tx)
         return counts
 
 
@@ -135,27 +126,26 @@ def _in(table: str, field: str, value: Any) -> Any:
     return value
 
 
-async def _refuse_taken(con: Conn, transport: str, person: str, conv: dict[str, Any]) -> None:
-    taken = await con.fetchval(
-        "SELECT 1 FROM conversations WHERE id = $1 OR "
-        "(transport = $2 AND person = $3 AND space = $4)",
-        conv["id"], transport, person, conv["space"],
-    )  # fmt: skip
+async def _refuse_taken(
+    tx: Tx, d: Dialect, transport: str, person: str, conv: dict[str, Any]
+) -> None:
+    taken = await tx.val(
+        "SELECT 1 FROM conversations WHERE id = ? OR (transport = ? AND person = ? AND space = ?)",
+        (conv["id"], transport, person, conv["space"]),
+    )
     if taken is not None:
         raise ImportRefused(
             f"this database already has a conversation with id {conv['id']} or for "
             f"{transport}:{person} in {conv['space']!r}. Fix: import into an empty database "
-            "(a new database), or delete that memory first (!forget)."
+            f"({d.fresh}), or delete that memory first (!forget)."
         )
     for table in TABLES:
         ids = [r["id"] for r in conv[table]]
-        if not ids:
-            continue
-        hit = await con.fetchval(
-            f"SELECT id FROM {table} WHERE id = ANY($1::bigint[]) LIMIT 1", ids
-        )
-        if hit is not None:
-            raise ImportRefused(
-                f"{table} id {hit} is already used in this database. Fix: import "
-                "into an empty database."
-            )
+        for start in range(0, len(ids), _CHUNK):
+            where, params = d.in_ids("id", ids[start : start + _CHUNK])
+            hit = await tx.val(f"SELECT id FROM {table} WHERE {where} LIMIT 1", params)
+            if hit is not None:
+                raise ImportRefused(
+                    f"{table} id {hit} is already used in this database. Fix: import "
+                    f"into an empty database ({d.fresh})."
+                )

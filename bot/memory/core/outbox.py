@@ -1,17 +1,26 @@
-"""The durable outbox: answers and notices that must still reach someone, with progress.
+"""The durable outbox: answers and notices that must still reach someone, with progress
+(both backends).
 
 Invariants:
 - ``queue_delivery`` writes the outbox row, the assistant turn (when it carries an answer) and
   the question's new status in one transaction: after a crash either all of them exist (the
   answer is delivered from the outbox at the next start) or none (the question is still
-  ``pending`` and is answered again).
+  ``pending`` and is answered again). An answer asked through a linked DM records the DM it
+  came from, or goes to its own conversation if the link was undone during the turn.
 - A part's platform id is recorded as soon as the platform accepted it (``record_part``); a
   part with a recorded id is never sent again.
 - ``finish_delivery`` ends a row (delivered, sent, failed, expired) and gives the assistant
   message the same status; finished rows are never listed by ``undelivered`` again.
-- ``take_more`` hands out the rest of a cut answer once.
-- Claims and planned packet ids: see ``bot.memory.outbox_claims`` (one process owns a SQLite
-  file, so every claim not held by this store is stale when it opens).
+- ``take_more`` hands out the rest of a cut answer once (on PostgreSQL the row is locked
+  while taken).
+- On PostgreSQL each row records the gateway that queued it (``Dialect.outbox_gateway``): the
+  one whose transport holds the link to that person. ``undelivered`` lists only this
+  gateway's rows, so another gateway never sends them; a gateway restarted under the same
+  name picks its rows up again. SQLite has one gateway.
+- Claims and planned packet ids: see ``bot.memory.outbox_claims``. A claim is one UPDATE with
+  its condition (``pending`` and unclaimed): of two claimers, one wins. At start a gateway
+  releases the claims its own dead processes left (owner token prefix); on SQLite, one
+  process owns the file, so every claim not held by this store is stale when it opens.
 """
 
 from __future__ import annotations
@@ -21,7 +30,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from bot.domain import ConversationKey
-from bot.memory.outbox_claims import SQLITE_GATEWAY, new_owner, owner_prefix
+from bot.memory.core.db import CoreBase
+from bot.memory.outbox_claims import new_owner, owner_prefix
 from bot.memory.records import (
     OUTBOX_KINDS,
     OUTBOX_STATES,
@@ -29,22 +39,25 @@ from bot.memory.records import (
     OutboxRow,
     StoredAnswer,
 )
-from bot.memory.sqlite.base import SqliteBase
 
 _COLS = (
     "id, transport, person, space, kind, text, reply_to, question_id, rest, state, created_at,"
     " answer_id"
 )
+_ANSWER_COLS = (
+    "conversation_id", "role", "author", "text", "created_at", "tokens", "parent_id", "status",
+    "origin_conversation_id",
+)  # fmt: skip
 
 
-class OutboxMixin(SqliteBase):
+class OutboxMixin(CoreBase):
     _owner: str | None = None
 
     @property
     def claim_owner(self) -> str:
         """This store's claim owner token (``bot.memory.outbox_claims``)."""
         if self._owner is None:
-            self._owner = new_owner(SQLITE_GATEWAY)
+            self._owner = new_owner(self._claim_gateway())
         return self._owner
 
     async def queue_delivery(
@@ -63,130 +76,103 @@ class OutboxMixin(SqliteBase):
         if entry.kind not in OUTBOX_KINDS:
             raise ValueError(f"unknown outbox kind {entry.kind!r}")
         now = time.time()
-        async with self._tx() as db:
+        async with self._atomic() as tx:
             answer_id: int | None = None
             if answer is not None:
                 conversation_id, origin_id = answer.conversation_id, answer.origin_id
                 if origin_id is not None:  # asked through a linked DM: is the link still there?
-                    cur = await db.execute(
+                    home = await tx.val(
                         "SELECT merged_into FROM conversations WHERE id = ?", (origin_id,)
                     )
-                    link = await cur.fetchone()
-                    if link is None or link[0] != conversation_id:  # !unlink during the turn
+                    if home != conversation_id:  # !unlink during the turn
                         conversation_id, origin_id = origin_id, None
-                cur = await db.execute(
-                    "INSERT INTO messages (conversation_id, role, author, text, created_at,"
-                    " tokens, parent_id, status, origin_conversation_id)"
-                    " VALUES (?, 'assistant', ?, ?, ?, ?, ?, 'sending', ?)",
-                    (
-                        conversation_id,
-                        answer.author,
-                        answer.text,
-                        now,
-                        answer.tokens,
-                        entry.question_id,
-                        origin_id,
-                    ),
-                )
-                answer_id = cur.lastrowid
+                row = (conversation_id, "assistant", answer.author, answer.text, now,
+                       answer.tokens, entry.question_id, "sending", origin_id)  # fmt: skip
+                sql, args = self._insert_rows("messages", _ANSWER_COLS, [row])
+                answer_id = int(await tx.val(sql + " RETURNING id", args[0]))
                 question_status = "answered"
             if question_status is not None and entry.question_id is not None:
-                await db.execute(
+                await tx.exec(
                     "UPDATE messages SET status = ? WHERE id = ?",
                     (question_status, entry.question_id),
                 )
             k = entry.key
-            cur = await db.execute(
-                "INSERT INTO outbox (transport, person, space, kind, text, reply_to, question_id,"
-                " answer_id, rest, created_at, updated_at, claimed_by, claimed_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    k.transport,
-                    k.person,
-                    k.space,
-                    entry.kind,
-                    entry.text,
-                    entry.reply_to,
-                    entry.question_id,
-                    answer_id,
-                    entry.rest,
-                    now,
-                    now,
-                    self.claim_owner if claim else None,
-                    now if claim else None,
-                ),
+            cols = (
+                "transport, person, space, kind, text, reply_to, question_id, answer_id, rest,"
+                " created_at, updated_at, claimed_by, claimed_at"
             )
-            assert cur.lastrowid is not None
-            return cur.lastrowid
+            values: tuple[Any, ...] = (
+                k.transport, k.person, k.space, entry.kind, entry.text, entry.reply_to,
+                entry.question_id, answer_id, entry.rest, now, now,
+                self.claim_owner if claim else None, now if claim else None,
+            )  # fmt: skip
+            if self.dialect.outbox_gateway:
+                cols += ", gateway"
+                values += (self._claim_gateway(),)
+            marks = ", ".join("?" * len(values))
+            new_id = await tx.val(
+                f"INSERT INTO outbox ({cols}) VALUES ({marks}) RETURNING id", values
+            )
+            return int(new_id)
 
     async def record_part(self, outbox_id: int, part: int, platform_id: str) -> None:
         """Part ``part`` (0-based) of the row went out with ``platform_id``. A row deleted
         meanwhile (``!forget``) is left alone."""
-        async with self._tx() as db:
-            await db.execute(
-                "INSERT OR REPLACE INTO outbox_parts (outbox_id, part, platform_id) "
-                "SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM outbox WHERE id = ?)",
+        async with self._atomic() as tx:
+            await tx.exec(
+                "INSERT INTO outbox_parts (outbox_id, part, platform_id) SELECT ?, ?, ? "
+                f"WHERE EXISTS (SELECT 1 FROM outbox WHERE id = ?{self.dialect.key_share}) "
+                "ON CONFLICT (outbox_id, part) DO UPDATE SET platform_id = excluded.platform_id",
                 (outbox_id, part, platform_id, outbox_id),
             )
-            await db.execute(
-                "UPDATE outbox SET updated_at = ? WHERE id = ?", (time.time(), outbox_id)
-            )
+            await tx.exec("UPDATE outbox SET updated_at = ? WHERE id = ?", (time.time(), outbox_id))
 
     async def claim_delivery(self, outbox_id: int) -> OutboxRow | None:
         """Claim a ``pending``, unclaimed row for this process (compare-and-set) and return it
-        as it stands now; None when it is claimed, finished or gone."""
-        async with self._lock:
-            await self._db.execute("BEGIN IMMEDIATE")
-            try:
-                cur = await self._db.execute(
-                    "UPDATE outbox SET claimed_by = ?, claimed_at = ? WHERE id = ? AND"
-                    " state = 'pending' AND claimed_by IS NULL",
-                    (self.claim_owner, time.time(), outbox_id),
-                )
-                won = cur.rowcount == 1
-            except BaseException:
-                await self._db.execute("ROLLBACK")
-                raise
-            await self._db.execute("COMMIT")
-        return await self.outbox_row(outbox_id) if won else None
+        as it stands now; None when it is claimed (by any gateway), finished or gone."""
+        won = await self._exec(
+            "UPDATE outbox SET claimed_by = ?, claimed_at = ? WHERE id = ? AND"
+            " state = 'pending' AND claimed_by IS NULL",
+            (self.claim_owner, time.time(), outbox_id),
+        )
+        return await self.outbox_row(outbox_id) if won == 1 else None
 
     async def release_delivery(self, outbox_id: int) -> None:
         """Give back this process's claim on a row that stays ``pending`` (it waits for its
         link); the next outbox round may claim it again."""
-        async with self._tx() as db:
-            await db.execute(
-                "UPDATE outbox SET claimed_by = NULL, claimed_at = NULL WHERE id = ? AND"
-                " claimed_by = ?",
-                (outbox_id, self.claim_owner),
-            )
+        await self._exec(
+            "UPDATE outbox SET claimed_by = NULL, claimed_at = NULL WHERE id = ? AND"
+            " claimed_by = ?",
+            (outbox_id, self.claim_owner),
+        )
 
     async def release_stale_claims(self) -> int:
-        """At start: release claims a dead process of this gateway left on ``pending`` rows."""
-        prefix = owner_prefix(SQLITE_GATEWAY)
-        async with self._tx() as db:
-            cur = await db.execute(
-                "UPDATE outbox SET claimed_by = NULL, claimed_at = NULL WHERE state = 'pending'"
-                " AND claimed_by IS NOT NULL AND claimed_by != ?"
-                " AND substr(claimed_by, 1, length(?)) = ?",
-                (self.claim_owner, prefix, prefix),
-            )
-            return max(0, cur.rowcount)
+        """At start: release claims a dead process of this gateway left on ``pending`` rows
+        (other gateways' claims are theirs)."""
+        prefix = owner_prefix(self._claim_gateway())
+        n = await self._exec(
+            "UPDATE outbox SET claimed_by = NULL, claimed_at = NULL WHERE state = 'pending'"
+            " AND claimed_by IS NOT NULL AND claimed_by != ?"
+            " AND substr(claimed_by, 1, length(?)) = ?",
+            (self.claim_owner, prefix, prefix),
+        )
+        return max(0, n)
 
     async def plan_part(self, outbox_id: int, part: int, packet_id: int) -> int:
         """Store the packet id chosen for a part before it is written; the first id stored for
         the part wins and is returned (0 when the row is gone: ``!forget``)."""
-        async with self._tx() as db:
-            await db.execute(
-                "INSERT OR IGNORE INTO outbox_packets (outbox_id, part, packet_id) "
-                "SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM outbox WHERE id = ?)",
+        async with self._atomic() as tx:
+            await tx.exec(
+                "INSERT INTO outbox_packets (outbox_id, part, packet_id) SELECT ?, ?, ? "
+                f"WHERE EXISTS (SELECT 1 FROM outbox WHERE id = ?{self.dialect.key_share}) "
+                "ON CONFLICT (outbox_id, part) DO NOTHING",
                 (outbox_id, part, packet_id, outbox_id),
             )
-            cur = await db.execute(
+            got = await tx.val(
                 "SELECT packet_id FROM outbox_packets WHERE outbox_id = ? AND part = ?",
                 (outbox_id, part),
             )
-            row = await cur.fetchone()
-        return int(row[0]) if row is not None else 0
+        return int(got) if got is not None else 0
 
     async def finish_delivery(
         self, outbox_id: int, state: str, *, detail: str | None = None
@@ -194,12 +180,12 @@ class OutboxMixin(SqliteBase):
         """End the row in ``state`` (not ``pending``); the answer message follows."""
         if state not in OUTBOX_STATES or state == "pending":
             raise ValueError(f"not a final outbox state: {state!r}")
-        async with self._tx() as db:
-            await db.execute(
+        async with self._atomic() as tx:
+            await tx.exec(
                 "UPDATE outbox SET state = ?, detail = ?, updated_at = ? WHERE id = ?",
                 (state, detail, time.time(), outbox_id),
             )
-            await db.execute(
+            await tx.exec(
                 "UPDATE messages SET status = ?, platform_id = coalesce(platform_id,"
                 " (SELECT platform_id FROM outbox_parts WHERE outbox_id = ? ORDER BY part"
                 " LIMIT 1)) WHERE id = (SELECT answer_id FROM outbox WHERE id = ?)",
@@ -207,15 +193,18 @@ class OutboxMixin(SqliteBase):
             )
 
     async def undelivered(self, *, transports: Sequence[str]) -> list[OutboxRow]:
-        """Unclaimed rows still ``pending`` on these transports, oldest first, with their
-        progress."""
+        """Unclaimed rows still ``pending`` on these transports (this gateway's), oldest
+        first, with their progress."""
         if not transports:
             return []
-        marks = ",".join("?" * len(transports))
+        where, params = self.dialect.in_texts("transport", transports)
+        if self.dialect.outbox_gateway:
+            where += " AND gateway = ?"
+            params += (self._claim_gateway(),)
         rows = await self._all(
             f"SELECT {_COLS} FROM outbox WHERE state = 'pending' AND claimed_by IS NULL "
-            f"AND transport IN ({marks}) ORDER BY id",
-            tuple(transports),
+            f"AND {where} ORDER BY id",
+            params,
         )
         return [await self._outbox_row(r) for r in rows]
 
@@ -225,16 +214,15 @@ class OutboxMixin(SqliteBase):
 
     async def take_more(self, key: ConversationKey) -> str | None:
         """The rest of the newest cut answer in ``key`` (once), or None."""
-        async with self._tx() as db:
-            cur = await db.execute(
+        async with self._atomic() as tx:
+            row = await tx.one(
                 "SELECT id, rest FROM outbox WHERE transport = ? AND person = ? AND space = ? "
-                "AND kind IN ('answer', 'more') ORDER BY id DESC LIMIT 1",
+                "AND kind IN ('answer', 'more') ORDER BY id DESC LIMIT 1" + self.dialect.for_update,
                 (key.transport, key.person, key.space),
             )
-            row = await cur.fetchone()
             if row is None or not row[1]:
                 return None
-            await db.execute("UPDATE outbox SET rest = NULL WHERE id = ?", (row[0],))
+            await tx.exec("UPDATE outbox SET rest = NULL WHERE id = ?", (row[0],))
             return str(row[1])
 
     async def _outbox_row(self, r: Any) -> OutboxRow:

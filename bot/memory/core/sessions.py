@@ -1,9 +1,12 @@
-"""Sessions and long-term summaries: the tiers above the raw log.
+"""Sessions and long-term summaries: the tiers above the raw log (both backends).
 
 Invariants:
 - A session covers the messages of one conversation from ``first_message_id`` to
   ``last_message_id`` (ids, not times: a clock that jumps backwards cannot reorder them);
   sessions of a conversation never overlap, and a new one starts after the newest one's end.
+  On PostgreSQL ``add_session`` first locks the conversation row, so two gateways closing the
+  same session at once record it once (the other gets None); SQLite's ``BEGIN IMMEDIATE``
+  already serialises writers.
 - A session's title and summary are written once, later, by the background summarizer.
 - Long-term summaries are versions: each covers the sessions up to ``up_to_message_id``; the
   newest ``LONGTERM_VERSIONS`` are kept, so a prompt can keep one version until its window
@@ -13,12 +16,9 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
 
+from bot.memory.core.db import MAX_ID, CoreBase
 from bot.memory.records import LongTermSummary, Session
-from bot.memory.schema import FTS_STRIDE
-from bot.memory.sqlite.base import SqliteBase
 
 LONGTERM_VERSIONS = 8
 SESSION_COLS = (
@@ -27,27 +27,23 @@ SESSION_COLS = (
 )
 
 
-def _session(row: Sequence[Any]) -> Session:
-    return Session(*row)
-
-
-class SessionsMixin(SqliteBase):
+class SessionsMixin(CoreBase):
     async def sessions(self, conversation_id: int, *, limit: int = 1000) -> list[Session]:
         """The newest ``limit`` sessions, oldest first."""
         rows = await self._all(
             f"SELECT {SESSION_COLS} FROM (SELECT * FROM sessions WHERE conversation_id = ? "
-            "ORDER BY last_message_id DESC LIMIT ?) ORDER BY last_message_id",
+            "ORDER BY last_message_id DESC LIMIT ?) s ORDER BY last_message_id",
             (conversation_id, limit),
         )
-        return [_session(r) for r in rows]
+        return [Session(*r) for r in rows]
 
     async def session_end(self, conversation_id: int) -> int:
         """The last message id covered by a session (0 if none)."""
-        row = await self._one(
+        value = await self._val(
             "SELECT coalesce(max(last_message_id), 0) FROM sessions WHERE conversation_id = ?",
             (conversation_id,),
         )
-        return int(row[0]) if row else 0
+        return int(value or 0)
 
     async def add_session(
         self,
@@ -60,42 +56,43 @@ class SessionsMixin(SqliteBase):
         messages: int,
     ) -> int | None:
         """Record a closed session; None if it would overlap one already recorded."""
-        async with self._tx() as db:
-            cur = await db.execute(
+        async with self._atomic() as tx:
+            if self.dialect.for_update:
+                await tx.exec(
+                    "SELECT 1 FROM conversations WHERE id = ?" + self.dialect.for_update,
+                    (conversation_id,),
+                )
+            taken = await tx.val(
                 "SELECT 1 FROM sessions WHERE conversation_id = ? AND last_message_id >= ?",
                 (conversation_id, first_message_id),
             )
-            if await cur.fetchone() is not None:
+            if taken is not None:
                 return None
-            cur = await db.execute(
+            new_id = await tx.val(
                 "INSERT INTO sessions (conversation_id, first_message_id, last_message_id, "
-                "started_at, ended_at, messages) VALUES (?, ?, ?, ?, ?, ?)",
+                "started_at, ended_at, messages) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
                 (conversation_id, first_message_id, last_message_id, started_at, ended_at,
                  messages),
             )  # fmt: skip
-            assert cur.lastrowid is not None
-            return cur.lastrowid
+            return int(new_id)
 
     async def set_session_summary(
         self, session_id: int, *, title: str, summary: str, tokens: int
     ) -> bool:
-        async with self._tx() as db:
-            cur = await db.execute(
-                "UPDATE sessions SET title = ?, summary = ?, tokens = ? WHERE id = ?",
-                (title, summary, tokens, session_id),
-            )
-            return cur.rowcount > 0
+        changed = await self._exec(
+            "UPDATE sessions SET title = ?, summary = ?, tokens = ? WHERE id = ?",
+            (title, summary, tokens, session_id),
+        )
+        return changed > 0
 
     async def clear_sessions(self, conversation_id: int) -> int:
         """Drop every session and the long-term summary (``memory rebuild``)."""
-        async with self._tx() as db:
-            cur = await db.execute(
-                "DELETE FROM sessions WHERE conversation_id = ?", (conversation_id,)
-            )
-            await db.execute(
+        async with self._atomic() as tx:
+            n = await tx.exec("DELETE FROM sessions WHERE conversation_id = ?", (conversation_id,))
+            await tx.exec(
                 "DELETE FROM longterm_summaries WHERE conversation_id = ?", (conversation_id,)
             )
-            return cur.rowcount
+            return n
 
     async def unsummarized_sessions(self, *, limit: int, ended_after: float = 0.0) -> list[Session]:
         rows = await self._all(
@@ -103,7 +100,7 @@ class SessionsMixin(SqliteBase):
             "ORDER BY id LIMIT ?",
             (ended_after, limit),
         )
-        return [_session(r) for r in rows]
+        return [Session(*r) for r in rows]
 
     async def idle_conversations(self, *, idle_before: float, limit: int) -> list[int]:
         """Conversations with messages after their last session whose newest message is older
@@ -133,18 +130,18 @@ class SessionsMixin(SqliteBase):
             "ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
             (
                 conversation_id,
-                FTS_STRIDE if up_to is None else up_to,
+                MAX_ID if up_to is None else up_to,
                 float("inf") if written_before is None else written_before,
             ),
         )
         return None if row is None else LongTermSummary(*row)
 
     async def has_longterm_summary(self, conversation_id: int) -> bool:
-        row = await self._one(
+        value = await self._val(
             "SELECT 1 FROM longterm_summaries WHERE conversation_id = ? LIMIT 1",
             (conversation_id,),
         )
-        return row is not None
+        return value is not None
 
     async def save_longterm_summary(
         self,
@@ -157,14 +154,14 @@ class SessionsMixin(SqliteBase):
         updated_at: float | None = None,
     ) -> None:
         """Add a version; only the newest ``LONGTERM_VERSIONS`` are kept."""
-        async with self._tx() as db:
-            await db.execute(
+        async with self._atomic() as tx:
+            await tx.exec(
                 "INSERT INTO longterm_summaries (conversation_id, text, tokens, sessions, "
                 "up_to_message_id, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
                 (conversation_id, text, tokens, sessions, up_to_message_id,
                  time.time() if updated_at is None else updated_at),
             )  # fmt: skip
-            await db.execute(
+            await tx.exec(
                 "DELETE FROM longterm_summaries WHERE conversation_id = ? AND id NOT IN "
                 "(SELECT id FROM longterm_summaries WHERE conversation_id = ? "
                 "ORDER BY up_to_message_id DESC, id DESC LIMIT ?)",

@@ -1,9 +1,13 @@
-"""Summaries and facts on PostgreSQL: derived from the raw log, each recording what it covers.
+"""Summaries and facts: derived from the raw log, each recording what it covers (both backends).
 
 Invariants:
-- Summaries are chapters: saving one deletes only the rows whose message range it covers.
 - A summary computed before a ``!reset`` is refused at save time, inside the same transaction
-  (the conversation row is locked, so a concurrent reset from another gateway waits or wins).
+  (on PostgreSQL the conversation row is locked, so a concurrent reset from another gateway
+  waits or wins; SQLite's ``BEGIN IMMEDIATE`` already serialises writers).
+- Summaries are chapters: saving one deletes only the rows whose message range it covers, so
+  folds append chapters and a merge (one row over their union) replaces them.
+- Pinned facts (``!remember``) are never changed by ``update_fact`` or an ``extracted_only``
+  removal; ``source_ids`` is a JSON list of the message ids a fact came from.
 """
 
 from __future__ import annotations
@@ -13,17 +17,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bot.memory.postgres.base import PgBase
+from bot.memory.core.db import CoreBase
 from bot.memory.records import Conversation, Fact, Summary
 
 
-class DerivedMixin(PgBase):
+class DerivedMixin(CoreBase):
     # --- summaries --------------------------------------------------------------------------
     async def latest_summary(self, conversation: Conversation) -> Summary | None:
         """The newest chapter (the one reaching furthest into the log)."""
         row = await self._one(
             "SELECT id, text, first_message_id, last_message_id, tokens, created_at "
-            "FROM summaries WHERE conversation_id = $1 AND first_message_id > $2 "
+            "FROM summaries WHERE conversation_id = ? AND first_message_id > ? "
             "ORDER BY last_message_id DESC, id DESC LIMIT 1",
             (conversation.id, conversation.reset_after),
         )
@@ -33,7 +37,7 @@ class DerivedMixin(PgBase):
         """Summary chapters after the reset mark, oldest first."""
         rows = await self._all(
             "SELECT id, text, first_message_id, last_message_id, tokens, created_at "
-            "FROM summaries WHERE conversation_id = $1 AND first_message_id > $2 "
+            "FROM summaries WHERE conversation_id = ? AND first_message_id > ? "
             "ORDER BY first_message_id, id",
             (conversation.id, conversation.reset_after),
         )
@@ -49,31 +53,23 @@ class DerivedMixin(PgBase):
         tokens: int,
     ) -> bool:
         """Store a summary unless a reset happened after ``first_message_id`` was chosen."""
-        async with self._tx() as con:
-            mark = await con.fetchval(
-                "SELECT reset_after FROM conversations WHERE id = $1 FOR UPDATE", conversation_id
+        async with self._atomic() as tx:
+            mark = await tx.val(
+                "SELECT reset_after FROM conversations WHERE id = ?" + self.dialect.for_update,
+                (conversation_id,),
             )
             if mark is None or first_message_id <= mark:
                 return False
-            new_id = await con.fetchval(
+            new_id = await tx.val(
                 "INSERT INTO summaries (conversation_id, text, first_message_id, "
-                "last_message_id, tokens, created_at) VALUES ($1, $2, $3, $4, $5, $6) "
-                "RETURNING id",
-                conversation_id,
-                text,
-                first_message_id,
-                last_message_id,
-                tokens,
-                time.time(),
+                "last_message_id, tokens, created_at) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                (conversation_id, text, first_message_id, last_message_id, tokens, time.time()),
             )
             # Chapters this one covers are superseded (a merge); earlier chapters stay.
-            await con.execute(
-                "DELETE FROM summaries WHERE conversation_id = $1 AND id < $2 "
-                "AND first_message_id >= $3 AND last_message_id <= $4",
-                conversation_id,
-                new_id,
-                first_message_id,
-                last_message_id,
+            await tx.exec(
+                "DELETE FROM summaries WHERE conversation_id = ? AND id < ? "
+                "AND first_message_id >= ? AND last_message_id <= ?",
+                (conversation_id, new_id, first_message_id, last_message_id),
             )
             return True
 
@@ -81,7 +77,7 @@ class DerivedMixin(PgBase):
     async def facts(self, conversation_id: int) -> list[Fact]:
         rows = await self._all(
             "SELECT id, text, tokens, created_at, pinned, source_ids, updated_at FROM facts "
-            "WHERE conversation_id = $1 ORDER BY id",
+            "WHERE conversation_id = ? ORDER BY id",
             (conversation_id,),
         )
         return [_fact(r) for r in rows]
@@ -99,8 +95,8 @@ class DerivedMixin(PgBase):
         now = time.time() if created_at is None else created_at
         value = await self._val(
             "INSERT INTO facts (conversation_id, text, tokens, created_at, pinned, source_ids,"
-            " updated_at) VALUES ($1, $2, $3, $4, $5, $6, $4) RETURNING id",
-            (conversation_id, text, tokens, now, int(pinned), _ids(source_ids)),
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            (conversation_id, text, tokens, now, int(pinned), _ids(source_ids), now),
         )
         return int(value)
 
@@ -116,43 +112,37 @@ class DerivedMixin(PgBase):
     ) -> bool:
         """Rewrite an extracted fact (never a pinned one); provenance accumulates."""
         now = time.time() if updated_at is None else updated_at
-        async with self._tx() as con:
-            old = await con.fetchval(
-                "SELECT source_ids FROM facts WHERE conversation_id = $1 AND id = $2 "
-                "AND pinned = 0 FOR UPDATE",
-                conversation_id,
-                fact_id,
+        async with self._atomic() as tx:
+            old = await tx.val(
+                "SELECT source_ids FROM facts WHERE conversation_id = ? AND id = ? AND pinned = 0"
+                + self.dialect.for_update,
+                (conversation_id, fact_id),
             )
             if old is None:
                 return False
             merged = sorted({*json.loads(old), *source_ids})
-            await con.execute(
-                "UPDATE facts SET text = $1, tokens = $2, source_ids = $3, updated_at = $4 "
-                "WHERE id = $5",
-                text,
-                tokens,
-                _ids(merged),
-                now,
-                fact_id,
+            await tx.exec(
+                "UPDATE facts SET text = ?, tokens = ?, source_ids = ?, updated_at = ? "
+                "WHERE id = ?",
+                (text, tokens, _ids(merged), now, fact_id),
             )
             return True
 
     async def remove_fact(
         self, conversation_id: int, fact_id: int, *, extracted_only: bool = False
     ) -> bool:
-        value = await self._val(
-            "DELETE FROM facts WHERE conversation_id = $1 AND id = $2 "
-            "AND (NOT $3 OR pinned = 0) RETURNING id",
-            (conversation_id, fact_id, extracted_only),
+        removed = await self._exec(
+            "DELETE FROM facts WHERE conversation_id = ? AND id = ? AND (? = 0 OR pinned = 0)",
+            (conversation_id, fact_id, int(extracted_only)),
         )
-        return value is not None
+        return removed > 0
 
 
 def _ids(ids: Sequence[int]) -> str:
     return json.dumps([int(i) for i in ids], separators=(",", ":"))
 
 
-def _fact(row: Any) -> Fact:
+def _fact(row: Sequence[Any]) -> Fact:
     return Fact(
         id=row[0],
         text=row[1],
