@@ -18,8 +18,9 @@ Invariants:
   thirds of the tokens; its message and the fix are logged. Before calling the LLM, a
   congested transport (the mesh outbox) is asked for room: a full
   one gets the person a one-packet "busy, try again in N min" and no LLM call.
-- A person over the queue limit or the rate limit gets one polite notice per limit window;
-  their message is still stored (status ``limited``) and never answered by the LLM.
+- A person over the queue limit or the rate limit (``bot.limits``) gets one polite notice per
+  limit window; their message is still stored (status ``limited``) and never answered by the
+  LLM.
 - The durable outbox: the model's whole answer (the assistant turn), the question's
   ``answered`` mark and an outbox row holding exactly what the transport sends are one
   transaction. The row is created already claimed (``queue_delivery(claim=True)``) and sent by
@@ -65,6 +66,7 @@ from bot.config import BotConfig
 from bot.delivery import OutboxSender
 from bot.domain import ConversationKey, Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import LLMUnavailable, StorageError
+from bot.limits import PersonLimits
 from bot.llm.port import LLM, ContextTooLong
 from bot.llm.tokens import TokenCounter
 from bot.memory.indexer import Indexer
@@ -134,13 +136,11 @@ class Responder:
         self._commands = commands
         self._counter = counter
         self._config = config
-        self._clock = clock
+        self._limits = PersonLimits(config=config, clock=clock)
         self._transports: dict[str, Transport] = {}
         self._outbox = OutboxSender(store=store, transports=self._transports, max_age=max_age)
         self._queues: dict[tuple[str, str, str], deque[_Job]] = {}
         self._workers: dict[tuple[str, str, str], asyncio.Task[None]] = {}
-        self._recent: dict[tuple[str, str], deque[float]] = {}
-        self._noticed: dict[tuple[str, str], float] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._accepting = True
@@ -209,36 +209,12 @@ class Responder:
             for key, q in self._queues.items()
             if key[:2] == who
         )
-        if queued >= self._config.queue_limit:
-            return (
-                f"You have {queued} messages waiting; I'll answer those first. "
-                "Please wait for my reply."
-            )
-        rl = self._config.rate_limit
-        now = self._clock()
-        stamps = self._recent.setdefault(who, deque())
-        while stamps and now - stamps[0] > rl.per_seconds:
-            stamps.popleft()
-        for stale in [k for k, v in self._recent.items() if not v and k != who]:
-            del self._recent[stale]  # keep the table as small as the set of active people
-        for stale in [k for k, t in self._noticed.items() if now - t > rl.per_seconds]:
-            del self._noticed[stale]
-        if len(stamps) >= rl.messages:
-            wait = int(rl.per_seconds - (now - stamps[0])) + 1
-            return (
-                f"Slow down: at most {rl.messages} messages per {int(rl.per_seconds)} s. "
-                f"Try again in {wait} s."
-            )
-        stamps.append(now)
-        return None
+        return self._limits.over(who, queued=queued)
 
     async def _notice_once(self, inbound: Inbound, text: str) -> None:
         who = (inbound.transport, inbound.sender)
-        now = self._clock()
-        if now - self._noticed.get(who, -1e18) < self._config.rate_limit.per_seconds:
-            return  # one notice per window: a flood must not make us flood back
-        self._noticed[who] = now
-        await self._notice(inbound, text)
+        if self._limits.may_notice(who):  # one per window: a flood must not make us flood back
+            await self._notice(inbound, text)
 
     def _enqueue(self, job: _Job) -> None:
         key = job.inbound.key
