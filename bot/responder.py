@@ -18,33 +18,26 @@ Invariants:
   thirds of the tokens; its message and the fix are logged. Before calling the LLM, a
   congested transport (the mesh outbox) is asked for room: a full
   one gets the person a one-packet "busy, try again in N min" and no LLM call.
-- A person over the queue limit or the rate limit gets one polite notice per limit window;
-  their message is still stored (status ``limited``) and never answered by the LLM.
+- A person over the queue limit or the rate limit (``bot.limits``) gets one polite notice per
+  limit window; their message is still stored (status ``limited``) and never answered by the
+  LLM.
 - The durable outbox: the model's whole answer (the assistant turn), the question's
-  ``answered`` mark and an outbox row holding exactly what the transport sends
-  (``transport.fit``; on the mesh the rest is kept for ``!more``) are one transaction. The
-  transport reports every part it put out (``record_part``) and the row is finished with the
-  delivery result. Rows the transport could not send (``PENDING``: no link) and rows left by a
-  crash are sent again by ``redeliver`` (at start and on every maintenance tick), only their
-  missing parts; rows older than the transport's ``delivery.max_age`` are marked expired.
-- At most once by construction: a row is sent only under its claim in the store (a
-  compare-and-set, ``bot.memory.outbox_claims``). A turn creates its row already claimed
-  (``queue_delivery(claim=True)``), so no round sees it while it is sent or streamed; a round
-  claims each row it queues when its turn comes and sends the row *as the claim returned it*
-  (its recorded parts are current), so a row delivered meanwhile is skipped, never re-sent.
-  A reply that waits for its link gives its claim back; claims a dead process left are
-  released at start (``recover_pending``). ``self._in_flight`` only keeps a row from being
-  queued twice in this process.
+  ``answered`` mark and an outbox row holding exactly what the transport sends are one
+  transaction. The row is created already claimed (``queue_delivery(claim=True)``) and sent by
+  the composed ``OutboxSender`` (``bot.delivery``, which keeps the delivery invariants: parts
+  recorded, at most once under the store's claim, expiry, streams finishing their row).
+  ``redeliver`` (at start and on every maintenance tick) queues the rows still waiting behind
+  their person's jobs; ``recover_pending`` first releases the claims a dead process left.
 - Notices (rate limited, busy, not stored) are sent straight away, never behind a worker or
   the LLM, and never stored as something the model said. "LLM unavailable" is an outbox row
   (it settles the question as ``failed`` in the same transaction). Command replies are outbox
   rows too (except exports, whose files cannot be stored there); commands and their replies
   are not part of the conversation log.
 - Streaming (transports with ``Streams``, Discord): the growing answer is shown while the LLM
-  writes; once the outbox row exists, the stream finishes it (exactly the row's text, parts
-  recorded through ``progress``) instead of a second send. An LLM failure aborts the stream
-  (what was shown is removed) before the notice. Images (``Inbound.images``) go to the model
-  with the new message only; they are never stored.
+  writes; once the outbox row exists, the stream finishes it instead of a second send
+  (``bot.delivery``). An LLM failure aborts the stream (what was shown is removed) before the
+  notice. Images (``Inbound.images``) go to the model with the new message only; they are
+  never stored.
 - Every background task is owned (``self._workers``) and ``drain`` waits for them with a
   timeout.
 - Incognito (``!incognito``): the person's new messages and the answers are not stored; the
@@ -70,8 +63,10 @@ from dataclasses import dataclass, replace
 
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
+from bot.delivery import OutboxSender
 from bot.domain import ConversationKey, Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import LLMUnavailable, StorageError
+from bot.limits import PersonLimits
 from bot.llm.port import LLM, ContextTooLong
 from bot.llm.tokens import TokenCounter
 from bot.memory.indexer import Indexer
@@ -82,14 +77,7 @@ from bot.memory.records import AlreadyStored, OutboxEntry, OutboxRow, StoredAnsw
 from bot.memory.store import USER
 from bot.memory.summary import Summarizer
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
-from bot.transports.base import (
-    AnswerStream,
-    Congested,
-    KeepsFiles,
-    Paginates,
-    Streams,
-    Transport,
-)
+from bot.transports.base import AnswerStream, Congested, KeepsFiles, Paginates, Streams, Transport
 
 log = logging.getLogger("bot.responder")
 
@@ -101,7 +89,6 @@ NOT_STORED = "I could not save your message (storage problem), so I did not answ
 ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
 BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
 RECOVER_WITHIN_SECONDS = 15 * 60
-DEFAULT_MAX_AGE = 3600.0
 MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
 
 
@@ -149,15 +136,11 @@ class Responder:
         self._commands = commands
         self._counter = counter
         self._config = config
-        self._max_age = dict(max_age or {})
-        self._clock = clock
+        self._limits = PersonLimits(config=config, clock=clock)
         self._transports: dict[str, Transport] = {}
+        self._outbox = OutboxSender(store=store, transports=self._transports, max_age=max_age)
         self._queues: dict[tuple[str, str, str], deque[_Job]] = {}
         self._workers: dict[tuple[str, str, str], asyncio.Task[None]] = {}
-        self._in_flight: set[int] = set()  # outbox rows queued or being sent
-        self._delivering: set[tuple[str, str, str]] = set()  # workers waiting on a transport
-        self._recent: dict[tuple[str, str], deque[float]] = {}
-        self._noticed: dict[tuple[str, str], float] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._accepting = True
@@ -226,42 +209,18 @@ class Responder:
             for key, q in self._queues.items()
             if key[:2] == who
         )
-        if queued >= self._config.queue_limit:
-            return (
-                f"You have {queued} messages waiting; I'll answer those first. "
-                "Please wait for my reply."
-            )
-        rl = self._config.rate_limit
-        now = self._clock()
-        stamps = self._recent.setdefault(who, deque())
-        while stamps and now - stamps[0] > rl.per_seconds:
-            stamps.popleft()
-        for stale in [k for k, v in self._recent.items() if not v and k != who]:
-            del self._recent[stale]  # keep the table as small as the set of active people
-        for stale in [k for k, t in self._noticed.items() if now - t > rl.per_seconds]:
-            del self._noticed[stale]
-        if len(stamps) >= rl.messages:
-            wait = int(rl.per_seconds - (now - stamps[0])) + 1
-            return (
-                f"Slow down: at most {rl.messages} messages per {int(rl.per_seconds)} s. "
-                f"Try again in {wait} s."
-            )
-        stamps.append(now)
-        return None
+        return self._limits.over(who, queued=queued)
 
     async def _notice_once(self, inbound: Inbound, text: str) -> None:
         who = (inbound.transport, inbound.sender)
-        now = self._clock()
-        if now - self._noticed.get(who, -1e18) < self._config.rate_limit.per_seconds:
-            return  # one notice per window: a flood must not make us flood back
-        self._noticed[who] = now
-        await self._notice(inbound, text)
+        if self._limits.may_notice(who):  # one per window: a flood must not make us flood back
+            await self._notice(inbound, text)
 
     def _enqueue(self, job: _Job) -> None:
         key = job.inbound.key
         qkey = (key.transport, key.person, key.space)
         if job.outbox is not None:
-            self._in_flight.add(job.outbox.id)
+            self._outbox.in_flight.add(job.outbox.id)
         self._queues.setdefault(qkey, deque()).append(job)
         if qkey not in self._workers:
             self._idle.clear()
@@ -277,7 +236,7 @@ class Responder:
                     break  # shutting down: the row stays in the outbox for the next start
                 try:
                     if job.outbox is not None:
-                        await self._deliver(job.inbound, job.outbox)
+                        await self._outbox.deliver(job.inbound, job.outbox)
                     elif job.command:
                         await self._command(job.inbound)
                     elif job.incognito:
@@ -291,7 +250,7 @@ class Responder:
                 finally:
                     queue.popleft()
                     if job.outbox is not None:
-                        self._in_flight.discard(job.outbox.id)
+                        self._outbox.in_flight.discard(job.outbox.id)
         finally:
             self._queues.pop(qkey, None)
             self._workers.pop(qkey, None)
@@ -314,7 +273,7 @@ class Responder:
             if removed:
                 log.info("removed %d file(s) written for %s", removed, inbound.key)
         if result.attachments:  # files cannot wait in the outbox: sent now, once
-            delivery = await self._send(
+            delivery = await self._outbox.send(
                 Reply(
                     inbound=inbound,
                     text=transport.fit(result.text),
@@ -336,7 +295,7 @@ class Responder:
         row = await self._store.outbox_row(outbox_id)
         if row is None:  # the person ran !forget meanwhile
             return
-        delivery = await self._deliver_now(inbound, row)
+        delivery = await self._outbox.deliver_now(inbound, row)
         self._after_delivery(result, delivery)
 
     def _end_incognito(self, inbound: Inbound, *, everywhere: bool) -> None:
@@ -437,7 +396,7 @@ class Responder:
                 )
                 row = await self._store.outbox_row(outbox_id)
                 if row is not None:
-                    await self._deliver_now(inbound, row)
+                    await self._outbox.deliver_now(inbound, row)
                 return
         whole = completion.text.strip()
         text, rest = self._cut(transport, whole)
@@ -471,7 +430,7 @@ class Responder:
         row = await self._store.outbox_row(outbox_id)
         if row is None:
             return
-        delivery = await self._deliver_now(
+        delivery = await self._outbox.deliver_now(
             inbound, row, note=TRIMMED_NOTE if trimmed else None, stream=stream
         )
         log.info(
@@ -510,105 +469,14 @@ class Responder:
         text = transport.fit(completion.text)
         turns.append(("person", inbound.text[: self._config.max_message_chars]))
         turns.append(("you", text))
-        await self._send(Reply(inbound=inbound, text=text))
-
-    async def _deliver_now(
-        self,
-        inbound: Inbound,
-        row: OutboxRow,
-        *,
-        note: str | None = None,
-        stream: AnswerStream | None = None,
-    ) -> Delivery:
-        """Send a row this process created claimed (``queue_delivery(claim=True)``)."""
-        self._in_flight.add(row.id)
-        try:
-            return await self._deliver(inbound, row, note=note, stream=stream, claimed=True)
-        finally:
-            self._in_flight.discard(row.id)
-
-    async def _deliver(
-        self,
-        inbound: Inbound,
-        row: OutboxRow,
-        *,
-        note: str | None = None,
-        stream: AnswerStream | None = None,
-        claimed: bool = False,
-    ) -> Delivery:
-        """Send one outbox row (its missing parts) and record the outcome. A streamed answer
-        (already on screen) is finished by its stream instead of being sent again. Unless
-        ``claimed`` (this process created the row claimed), the row is claimed first and sent
-        as the claim returned it; a row claimed or finished meanwhile is not sent."""
-        if not claimed:
-            fresh = await self._store.claim_delivery(row.id)
-            if fresh is None:
-                log.debug("outbox row %d is claimed or finished already; not sent again", row.id)
-                return Delivery(DeliveryStatus.PENDING, detail="claimed or finished elsewhere")
-            row = fresh
-        age = time.time() - row.created_at
-        max_age = self._max_age.get(row.entry.key.transport, DEFAULT_MAX_AGE)
-        if age > max_age:
-            log.warning(
-                "outbox row %d for %s expired (%.0f s old, max_age %.0f s)",
-                row.id,
-                row.entry.key,
-                age,
-                max_age,
-            )
-            await self._store.finish_delivery(row.id, "expired", detail=f"{age:.0f} s old")
-            return Delivery(DeliveryStatus.FAILED, detail="expired")
-
-        async def progress(part: int, platform_id: str) -> None:
-            await self._store.record_part(row.id, part, platform_id)
-
-        async def plan(part: int, packet_id: int) -> int:
-            return await self._store.plan_part(row.id, part, packet_id)
-
-        kind = {"answer": ReplyKind.ANSWER, "notice": ReplyKind.NOTICE}.get(
-            row.entry.kind, ReplyKind.COMMAND
-        )
-        qkey = (row.entry.key.transport, row.entry.key.person, row.entry.key.space)
-        self._delivering.add(qkey)
-        try:
-            reply = Reply(
-                inbound=inbound,
-                text=row.entry.text,
-                kind=kind,
-                note=note,
-                outbox_id=row.id,
-                done_parts=frozenset(i for i, _ in row.parts),
-                progress=progress,
-                packet_ids=row.packet_ids,
-                plan=plan,
-            )
-            delivery = await (stream.finish(reply) if stream is not None else self._send(reply))
-        finally:
-            self._delivering.discard(qkey)
-        if delivery.status is DeliveryStatus.PENDING:
-            log.info("outbox row %d for %s waits for its link", row.id, row.entry.key)
-            await self._store.release_delivery(row.id)  # the next round may claim it again
-        else:
-            await self._store.finish_delivery(row.id, delivery.status.value, detail=delivery.detail)
-        return delivery
-
-    async def _send(self, reply: Reply) -> Delivery:
-        transport = self._transports[reply.inbound.transport]
-        try:
-            return await transport.send(reply)
-        except Exception as exc:  # transports report trouble in Delivery; this is a bug guard
-            log.exception("transport %s raised from send", transport.name)
-            return Delivery(DeliveryStatus.FAILED, detail=str(exc))
+        await self._outbox.send(Reply(inbound=inbound, text=text))
 
     async def _after_failure(self, job: _Job) -> None:
         """A turn that crashed: tell the person briefly (first: the store may be what failed)
         and mark the message failed, so it is not retried (and crashing again) at every
         restart."""
         if job.outbox is not None:  # a delivery that crashed: end the row, never loop on it
-            try:
-                await self._store.finish_delivery(job.outbox.id, "failed", detail="internal error")
-            except Exception:  # loop boundary: the store may be what failed; retried later
-                log.exception("could not mark outbox row %d failed", job.outbox.id)
+            await self._outbox.fail(job.outbox.id)
             return
         try:
             await self._notice(job.inbound, INTERNAL_ERROR)
@@ -621,16 +489,13 @@ class Responder:
             log.exception("could not mark the failed turn in %s", job.inbound.key)
 
     async def _notice(self, inbound: Inbound, text: str) -> None:
-        transport = self._transports[inbound.transport]
-        await self._send(Reply(inbound=inbound, text=transport.fit(text), kind=ReplyKind.NOTICE))
+        await self._outbox.notice(inbound, text)
 
     # --- lifecycle --------------------------------------------------------------------------
     async def recover_pending(self, *, within_seconds: float = RECOVER_WITHIN_SECONDS) -> int:
         """At start: send what the outbox still holds, then queue stored-but-unanswered
         messages from a crash or shutdown (recent ones only)."""
-        released = await self._store.release_stale_claims()
-        if released:
-            log.info("released %d outbox claim(s) left by a process that died", released)
+        await self._outbox.release_stale_claims()
         sent = await self.redeliver()
         jobs = await self._store.pending_messages(
             since=time.time() - within_seconds, transports=tuple(self._transports)
@@ -654,19 +519,8 @@ class Responder:
         worker sends it in order; expired rows are marked so). Returns how many."""
         if not self._accepting:
             return 0
-        rows = await self._store.undelivered(transports=tuple(self._transports))
         n = 0
-        for row in rows:
-            if row.id in self._in_flight:
-                continue
-            key = row.entry.key
-            inbound = Inbound(
-                transport=key.transport,
-                sender=key.person,
-                space=key.space,
-                text="",
-                message_id=row.entry.reply_to,
-            )
+        for inbound, row in await self._outbox.waiting():
             self._enqueue(_Job(inbound, outbox=row))
             n += 1
         if n:
@@ -690,7 +544,7 @@ class Responder:
         # to deliver is cut at once (its row stays pending, sent at the next start), so a long
         # mesh queue never makes a shutdown slow.
         while self._workers and loop.time() < end:
-            if set(self._workers) <= self._delivering:
+            if set(self._workers) <= self._outbox.delivering:
                 break
             await asyncio.wait(list(self._workers.values()), timeout=0.05)
         workers = list(self._workers.values())

@@ -1,0 +1,447 @@
+"""The configuration schema: every section as a frozen, strict pydantic model with its defaults.
+
+Loading, environment overrides and the operator-facing messages live in ``bot.config``, which
+re-exports every name here (``from bot.config import X`` is how the code imports them).
+
+Invariants:
+- Every model is frozen and forbids unknown keys (``_Strict``); ranges, patterns and the
+  cross-field checks (``reconnect_initial <= reconnect_max``, URLs without passwords, node ids)
+  are declared here, so no part of the program can hold an out-of-range value.
+- Secrets never come from YAML: only the *name* of an environment variable is configured
+  (``api_key_env``, ``token_env``, ``password_env``); the value is read from the environment
+  when needed.
+- No file at all is valid: the defaults run the console transport against Ollama on localhost.
+- A ``Config`` remembers where it came from (``source``, ``origin``); the loader fills it in.
+- This module imports nothing above it (no loading, no ``bot.ops``): importing it does nothing.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from bot.transports.mesh_text import MIN_PACKET_SPACING_SECONDS
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are meshsage, a helpful assistant reached over chat and LoRa mesh radio. "
+    "Answer briefly and plainly. Use the notes about the person and earlier conversation "
+    "when they are relevant; say so when you do not know."
+)
+
+
+def _http_url(v: str) -> str:
+    if not v.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https:// (e.g. http://localhost:11434/v1)")
+    return v.rstrip("/")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class Endpoint(_Strict):
+    base_url: str = "http://localhost:11434/v1"
+    model: str = "llama3.2:3b"
+    api_key_env: str | None = "OPENAI_API_KEY"
+    # False for chat templates without a system role (Gemma): the system text then opens the
+    # first user message (the turns already alternate strictly, user first and last).
+    system_role: bool = True
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _http_url(v)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name a model the server has (e.g. llama3.2:3b)")
+        return v
+
+
+class LLMConfig(Endpoint):
+    fallbacks: tuple[Endpoint, ...] = ()
+    connect_timeout: float = Field(5.0, gt=0, le=120)
+    read_timeout: float = Field(120.0, gt=0, le=3600)
+    retries: int = Field(1, ge=0, le=10)
+    retry_backoff: float = Field(2.0, ge=0, le=300)
+    concurrency: int = Field(1, ge=1, le=64)
+    temperature: float = Field(0.7, ge=0, le=2)
+    strip_thinking: bool = True
+    vision: bool = False  # the model reads images (OpenAI image parts); Discord sends them
+
+
+class RateLimit(_Strict):
+    messages: int = Field(6, ge=1, le=10_000)
+    per_seconds: float = Field(60.0, gt=0, le=86_400)
+
+
+class BotConfig(_Strict):
+    name: str = Field("meshsage", min_length=1, max_length=40)
+    system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, min_length=1)
+    command_prefix: str = Field("!", min_length=1, max_length=3)
+    operators: tuple[str, ...] = ()  # "transport:person", e.g. "meshtastic:!1234abcd"
+    rate_limit: RateLimit = RateLimit()
+    queue_limit: int = Field(3, ge=1, le=100)  # turns waiting per person before we say "slow down"
+    max_message_chars: int = Field(4000, ge=100, le=100_000)  # longer inbound text is cut
+
+    @field_validator("operators")
+    @classmethod
+    def _ops(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for op in v:
+            if ":" not in op:
+                raise ValueError(f"{op!r} must be 'transport:person', e.g. 'console:alice'")
+        return v
+
+
+class RetrievalConfig(_Strict):
+    enabled: bool = True
+    share: float = Field(0.4, ge=0, le=0.9)  # of the free budget kept for recall (strong match)
+    # Share (0-1) of the query's IDF mass a turn or its neighbours must match to be retrieved.
+    min_score: float = Field(0.2, ge=0, le=1)
+    max_turns: int = Field(40, ge=0, le=200)
+    k1: float = Field(1.2, ge=0, le=5)  # BM25 term-frequency saturation
+    b: float = Field(0.4, ge=0, le=1)  # BM25 length normalisation (low: chat turns are short)
+    neighbour: float = Field(0.6, ge=0, le=1)  # share of the better adjacent turn's score
+
+
+class SummaryConfig(_Strict):
+    enabled: bool = True
+    min_evicted: int = Field(6, ge=2, le=1000)  # unsummarized old messages before a refresh
+    max_tokens: int = Field(200, ge=32, le=4000)
+    retry_seconds: float = Field(300.0, ge=1, le=86_400)
+
+
+class EmbeddingsConfig(_Strict):
+    """Optional vector search next to FTS5; off by default (a Pi does fine on words alone)."""
+
+    enabled: bool = False
+    model: str = "nomic-embed-text"
+    base_url: str | None = None  # None: the same server as llm.base_url
+    api_key_env: str | None = None  # None: the same variable as llm.api_key_env
+    # Short: the new message is embedded on the reply path, and retrieval falls back to words.
+    connect_timeout: float = Field(2.0, gt=0, le=60)
+    read_timeout: float = Field(10.0, gt=0, le=600)
+    batch: int = Field(32, ge=1, le=1024)  # messages per request when indexing
+    weight: float = Field(0.5, ge=0, le=1)  # share of the vector score in the hybrid ranking
+    # The longest a reply waits for the new message's vector before ranking by words alone.
+    query_timeout: float = Field(1.0, gt=0, le=60)
+    # Cosine similarity at which a turn is retrieved without sharing a word with the message.
+    min_similarity: float = Field(0.3, ge=-1, le=1)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return None if v is None else _http_url(v)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name an embedding model the server has (e.g. nomic-embed-text)")
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError("must be the name of an environment variable, e.g. OPENAI_API_KEY")
+        return v
+
+    def endpoint(self, llm: Endpoint) -> tuple[str, str | None]:
+        """(base_url, api_key_env) with the LLM's values where this section leaves them out."""
+        return (
+            self.base_url or llm.base_url,
+            self.api_key_env if self.api_key_env is not None else llm.api_key_env,
+        )
+
+
+class MemoryConfig(_Strict):
+    retrieval: RetrievalConfig = RetrievalConfig()
+    summary: SummaryConfig = SummaryConfig()
+    embeddings: EmbeddingsConfig = EmbeddingsConfig()
+    max_facts: int = Field(20, ge=1, le=500)
+    retention_days: int = Field(0, ge=0, le=36_500)  # 0 keeps everything
+    # A session ends after this many idle seconds (or at !reset); closed sessions get a short
+    # summary, and facts are extracted from them, in the background.
+    session_gap: float = Field(6 * 3600.0, ge=60.0, le=90 * 86_400.0)
+    extract_facts: bool = True
+    # Forgetting by use: keep at most this many messages per person and space, dropping the
+    # least retrieved, oldest first (never !pin-ned turns or sources of pinned facts); 0 = off.
+    max_turns_per_person: int = Field(0, ge=0, le=10_000_000)
+
+
+class DeliveryConfig(_Strict):
+    """The durable outbox, per transport: how old an undelivered reply may get before it is
+    dropped (marked expired) instead of sent after an outage or restart."""
+
+    max_age: float = Field(3600.0, ge=0, le=30 * 86_400)
+
+
+class TransportBase(_Strict):
+    enabled: bool = True
+    delivery: DeliveryConfig = DeliveryConfig()
+    context_tokens: int = Field(2048, ge=256, le=1_000_000)
+    max_tokens: int = Field(400, ge=16, le=100_000)
+
+
+class ConsoleConfig(TransportBase):
+    user: str = Field(default_factory=lambda: _login_name(), min_length=1)
+
+
+# --- meshtastic: section (transport adapter in bot/transports/meshtastic.py) -----------------
+class MeshtasticConfig(TransportBase):
+    """Every key is documented in config.example.yaml; times are seconds."""
+
+    context_tokens: int = Field(1536, ge=256, le=1_000_000)
+    max_tokens: int = Field(120, ge=16, le=4000)
+    # link
+    connection: Literal["serial", "tcp", "ble"] = "serial"
+    device: str | None = None  # serial: /dev/serial/by-id/... (required for serial)
+    host: str | None = None  # tcp: WiFi node or meshtasticd (required for tcp)
+    port: int = Field(4403, ge=1, le=65535)
+    address: str | None = None  # ble: MAC address or device name (required for ble)
+    connect_timeout: float = Field(60.0, ge=1, le=600)
+    call_timeout: float = Field(60.0, ge=0.1, le=600)  # one library call; longer means reconnect
+    reconnect_initial: float = Field(5.0, gt=0, le=3600)
+    reconnect_max: float = Field(300.0, gt=0, le=86_400)
+    stale_after: float = Field(900.0, ge=0, le=86_400)  # quiet this long -> probe; 0 disables
+    probe_timeout: float = Field(30.0, gt=0, le=600)
+    # receiving
+    channels: tuple[int, ...] = ()  # channel indexes where triggers are answered; () = DMs only
+    trigger: str | None = Field(None, min_length=1, max_length=40)  # default "@<bot.name>"
+    prefix_trigger: bool = True  # a channel message starting with the command prefix triggers
+    ignore_nodes: tuple[str, ...] = ()  # other bots and relays never answered ("!1234abcd")
+    ignore_mqtt: bool = True
+    dedup_seconds: float = Field(120.0, ge=0, le=86_400)
+    channel_cooldown: float = Field(60.0, ge=0, le=86_400)  # per person, extra triggers ignored
+    # sending
+    reply_in_channel: bool = True  # False: answer channel triggers by DM
+    # between any two packets on air
+    spacing_seconds: float = Field(3.0, ge=MIN_PACKET_SPACING_SECONDS, le=120)
+    max_parts: int = Field(3, ge=1, le=9)
+    chunk_bytes: int = Field(200, ge=60, le=200)
+    hop_limit: int | None = Field(None, ge=0, le=7)  # None: the node's own setting
+    cooldown: float = Field(15.0, ge=0, le=3600)  # per person, between consecutive replies
+    want_ack: bool = True  # DMs only; broadcasts get no end-to-end ACK
+    ack_timeout: float = Field(45.0, gt=0, le=600)
+    ack_retries: int = Field(2, ge=0, le=10)
+    ack_backoff: float = Field(10.0, ge=0, le=600)  # before the first re-send; doubles
+    # Transmissions one reply may cost, the firmware's own retransmissions included (each
+    # unacknowledged part costs 1 + 3); re-sends stop when the next would exceed it.
+    airtime_budget: int = Field(24, ge=1, le=1000)
+    busy_threshold: float = Field(20.0, gt=0, le=100)  # channel utilization %, slow/hold above
+    busy_max_wait: float = Field(120.0, ge=0, le=3600)  # held this long: back to the outbox
+    busy_poll: float = Field(10.0, gt=0, le=600)
+    duty_cycle: float = Field(10.0, gt=0, le=100)  # % of each hour the bot may transmit
+    modem_preset: Literal[
+        "LONG_FAST", "LONG_MODERATE", "LONG_SLOW", "MEDIUM_FAST", "MEDIUM_SLOW", "SHORT_FAST",
+        "SHORT_SLOW",
+    ] = "LONG_FAST"  # fmt: skip
+    outbox_limit: int = Field(20, ge=1, le=1000)  # replies not started; more get "busy"
+    queue_wait: float = Field(600.0, gt=0, le=86_400)  # then the reply waits in the database
+
+    @field_validator("channels")
+    @classmethod
+    def _channels(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        for ch in v:
+            if not 0 <= ch <= 7:
+                raise ValueError(f"channel index {ch} must be 0-7 (0 is the primary channel)")
+        return tuple(sorted(set(v)))
+
+    @field_validator("ignore_nodes")
+    @classmethod
+    def _nodes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for node in v:
+            text = node.strip().lower()
+            if not re.fullmatch(r"!?[0-9a-f]{8}", text):
+                raise ValueError(f"{node!r} must be a node id like '!1234abcd'")
+            out.append("!" + text.lstrip("!"))
+        return tuple(out)
+
+    @model_validator(mode="after")
+    def _backoff(self) -> MeshtasticConfig:
+        if self.reconnect_initial > self.reconnect_max:
+            raise ValueError("reconnect_initial must not exceed reconnect_max")
+        return self
+
+    def link_problem(self) -> str | None:
+        """What is missing to open the radio link (checked when the transport is built)."""
+        needed = {"serial": "device", "tcp": "host", "ble": "address"}[self.connection]
+        if getattr(self, needed):
+            return None
+        example = {
+            "device": "device: /dev/serial/by-id/usb-...",
+            "host": "host: 192.168.1.50",
+            "address": "address: AA:BB:CC:DD:EE:FF",
+        }[needed]
+        return f"meshtastic: connection: {self.connection} needs '{needed}'. Fix: add {example}"
+
+
+# --- discord: section (transport adapter in bot/transports/discord.py) ------------------------
+Snowflake = Annotated[int, Field(gt=0, lt=2**64)]  # a Discord id (user, channel, role)
+
+
+class CatchUpConfig(_Strict):
+    """After a restart or a session Discord could not resume: read what was missed."""
+
+    max_age: float = Field(6 * 3600.0, ge=0, le=14 * 86400)  # seconds back; 0 turns it off
+    max_messages: int = Field(50, ge=0, le=1000)  # per channel (DM or allowed channel)
+
+
+class DiscordConfig(TransportBase):
+    context_tokens: int = Field(4096, ge=256, le=1_000_000)
+    max_tokens: int = Field(800, ge=16, le=100_000)
+    # Discord keeps the conversation on screen: a day-old answer still reads in context.
+    delivery: DeliveryConfig = DeliveryConfig(max_age=86_400.0)
+    token_env: str = Field("DISCORD_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    dms: bool = True  # answer direct messages
+    channels: tuple[Snowflake, ...] = ()  # guild channels (or thread parents) where @mentions work
+    reply_trigger: bool = True  # a reply to one of the bot's messages counts as addressing it
+    allowed_users: tuple[Snowflake, ...] = ()  # when set, only these users (DMs and guilds)
+    blocked_users: tuple[Snowflake, ...] = ()
+    allowed_roles: tuple[Snowflake, ...] = ()  # when set, guild authors need one of these roles
+    blocked_roles: tuple[Snowflake, ...] = ()
+    message_content_intent: bool = True  # privileged; without it, replies without a ping are empty
+    max_parts: int = Field(4, ge=1, le=10)  # messages per answer; longer answers are cut
+    login_timeout: float = Field(30.0, gt=0, le=600)
+    retry_initial: float = Field(2.0, gt=0, le=300)  # first wait after a failed login (network)
+    retry_max: float = Field(300.0, gt=0, le=3600)  # longest wait between login attempts
+    remembered_messages: int = Field(1000, ge=10, le=100_000)  # inbound messages we can reply to
+    # bytes per upload message; Discord's default is 10 MiB (boosted servers allow more)
+    upload_limit: int = Field(10 * 1024 * 1024, ge=64 * 1024, le=500 * 1024 * 1024)
+    catch_up: CatchUpConfig = CatchUpConfig()
+    stream: bool = True  # answers appear and grow by message edits
+    stream_edit_seconds: float = Field(1.5, ge=0.2, le=60)  # least time between two edits
+
+
+class RelayPair(_Strict):
+    """One mesh channel mirrored to one Discord channel."""
+
+    mesh_channel: int = Field(ge=0, le=7)
+    discord_channel: Snowflake
+    direction: Literal["both", "mesh_to_discord", "discord_to_mesh"] = "both"
+
+
+class RelayConfig(_Strict):
+    """The mesh <-> Discord bridge. Nothing is relayed unless a pair is listed."""
+
+    pairs: tuple[RelayPair, ...] = ()
+    webhook: bool = True  # post mesh text through a channel webhook (node name as author)
+    mqtt: bool = False  # also relay packets that reached the radio through MQTT
+    addressed: bool = False  # also relay messages addressed to the AI (trigger or command)
+    max_parts: int = Field(2, ge=1, le=9)  # mesh packets per relayed Discord message
+    author_messages: int = Field(3, ge=1, le=1000)  # per Discord author per author_seconds
+    author_seconds: float = Field(60.0, gt=0, le=86400)
+    channel_messages: int = Field(10, ge=1, le=10000)  # per paired channel per channel_seconds
+    channel_seconds: float = Field(300.0, gt=0, le=86400)
+    show_signal: bool = False  # add hops and SNR to mesh -> Discord posts
+
+
+class StorageConfig(_Strict):
+    """Where the memory lives. Leave out for SQLite in ``state_dir`` (the Pi default); a
+    ``postgresql://user@host:port/database`` URL lets several gateways share one memory."""
+
+    url: str | None = None  # sqlite:///path/to/file.db or postgresql://user@host/db
+    password_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # This gateway's name in a shared database: it delivers its own undelivered replies after
+    # a restart. Keep it stable and unique per gateway. Default: host name and state_dir.
+    gateway: str | None = Field(None, min_length=1, max_length=200)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        scheme, sep, rest = v.partition("://")
+        if not sep or scheme not in ("sqlite", "postgresql", "postgres"):
+            raise ValueError(
+                "must start with sqlite:/// (a file) or postgresql:// "
+                "(e.g. postgresql://meshsage@db.lan/meshsage)"
+            )
+        creds = rest.split("/", 1)[0].rpartition("@")[0]
+        if ":" in creds:
+            raise ValueError(
+                "must not contain a password: put it in an environment variable and name that "
+                "variable in storage.password_env (e.g. password_env: MESHSAGE_PG_PASSWORD)"
+            )
+        if scheme == "sqlite" and not rest.removeprefix("/"):
+            raise ValueError("must name a file, e.g. sqlite:///var/lib/meshsage/meshsage.db")
+        return v
+
+    @property
+    def postgres(self) -> bool:
+        return self.url is not None and self.url.startswith(("postgresql://", "postgres://"))
+
+
+class Config(_Strict):
+    state_dir: Path | None = None  # default: $XDG_DATA_HOME/meshsage (~/.local/share/meshsage)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    llm: LLMConfig = LLMConfig()
+    bot: BotConfig = BotConfig()
+    memory: MemoryConfig = MemoryConfig()
+    console: ConsoleConfig | None = None
+    meshtastic: MeshtasticConfig | None = None
+    discord: DiscordConfig | None = None
+    relay: RelayConfig = RelayConfig()
+    storage: StorageConfig = StorageConfig()
+    _source: str = PrivateAttr("<defaults>")
+    _env_keys: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        """The file this config was read from, or "<defaults>"."""
+        return self._source
+
+    def origin(self, key: str) -> str:
+        """Where ``key`` (dotted path) got its value: "VAR (environment)" or "FILE: key"."""
+        var = self._env_keys.get(key)
+        if var is not None:
+            return f"environment variable {var}"
+        return f"{self._source}: {key}"
+
+    @property
+    def database_path(self) -> Path:
+        """The SQLite file (``storage.url: sqlite:///...`` or the state dir's meshsage.db);
+        with PostgreSQL, its directory still holds exports and the status file."""
+        url = self.storage.url
+        if url is not None and url.startswith("sqlite://"):
+            return Path(url.removeprefix("sqlite://"))
+        return (self.state_dir or default_state_dir()) / "meshsage.db"
+
+    def enabled_transports(self) -> list[str]:
+        """Sections present and not disabled; the console when no transport is configured."""
+        present = {
+            name: section
+            for name, section in (
+                ("console", self.console),
+                ("meshtastic", self.meshtastic),
+                ("discord", self.discord),
+            )
+            if section is not None
+        }
+        if not present:
+            return ["console"]
+        return [name for name, section in present.items() if section.enabled]
+
+    def console_config(self) -> ConsoleConfig:
+        return self.console or ConsoleConfig()
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "local"
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "meshsage"

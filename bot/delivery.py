@@ -1,0 +1,186 @@
+"""Outbox delivery: sending the rows of the durable outbox, and recovering the ones left behind.
+
+The responder (``bot.responder``) runs the turns and composes one ``OutboxSender``; the sender
+owns how a stored reply reaches a transport and how its row is finished.
+
+Invariants:
+- The durable outbox: an outbox row holds exactly what the transport sends (``transport.fit``;
+  on the mesh the rest is kept for ``!more``). The transport reports every part it put out
+  (``record_part``; mesh packet ids are planned before the write, ``plan_part``) and the row is
+  finished with the delivery result. Rows the transport could not send (``PENDING``: no link)
+  and rows left by a crash are sent again (``waiting``, queued by the responder's ``redeliver``
+  at start and on every maintenance tick), only their missing parts; rows older than the
+  transport's ``delivery.max_age`` are marked expired instead of sent.
+- At most once by construction: a row is sent only under its claim in the store (a
+  compare-and-set, ``bot.memory.outbox_claims``). A turn creates its row already claimed
+  (``queue_delivery(claim=True)``) and sends it with ``deliver_now``, so no round sees it while
+  it is sent or streamed; a round claims each row it queued when its turn comes (``deliver``)
+  and sends the row *as the claim returned it* (its recorded parts are current), so a row
+  delivered meanwhile is skipped, never re-sent. A reply that waits for its link gives its claim
+  back; claims a dead process left are released at start (``release_stale_claims``).
+  ``in_flight`` only keeps a row from being queued twice in this process.
+- Streaming (transports with ``Streams``): once the outbox row exists, the stream finishes it
+  (exactly the row's text, parts recorded through ``progress``) instead of a second send.
+- ``delivering`` names the conversations whose worker is waiting on a transport right now, so a
+  shutdown can cut them at once (the row stays pending and goes out after the restart).
+- A transport that raises from ``send`` (a bug: trouble is reported in ``Delivery``) yields a
+  ``FAILED`` delivery; it never breaks the person's queue. Notices are sent straight away,
+  fitted to the transport, never stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
+from bot.memory.port import MemoryStore
+from bot.memory.records import OutboxRow
+from bot.transports.base import AnswerStream, Transport
+
+log = logging.getLogger("bot.responder")
+
+DEFAULT_MAX_AGE = 3600.0
+
+
+class OutboxSender:
+    """Sends outbox rows through the attached transports and records each outcome."""
+
+    def __init__(
+        self,
+        *,
+        store: MemoryStore,
+        transports: Mapping[str, Transport],
+        max_age: Mapping[str, float] | None = None,
+    ) -> None:
+        self._store = store
+        self._transports = transports  # the responder's table: attached transports appear here
+        self._max_age = dict(max_age or {})
+        self.in_flight: set[int] = set()  # outbox rows queued or being sent
+        self.delivering: set[tuple[str, str, str]] = set()  # workers waiting on a transport
+
+    async def deliver_now(
+        self,
+        inbound: Inbound,
+        row: OutboxRow,
+        *,
+        note: str | None = None,
+        stream: AnswerStream | None = None,
+    ) -> Delivery:
+        """Send a row this process created claimed (``queue_delivery(claim=True)``)."""
+        self.in_flight.add(row.id)
+        try:
+            return await self.deliver(inbound, row, note=note, stream=stream, claimed=True)
+        finally:
+            self.in_flight.discard(row.id)
+
+    async def deliver(
+        self,
+        inbound: Inbound,
+        row: OutboxRow,
+        *,
+        note: str | None = None,
+        stream: AnswerStream | None = None,
+        claimed: bool = False,
+    ) -> Delivery:
+        """Send one outbox row (its missing parts) and record the outcome. A streamed answer
+        (already on screen) is finished by its stream instead of being sent again. Unless
+        ``claimed`` (this process created the row claimed), the row is claimed first and sent
+        as the claim returned it; a row claimed or finished meanwhile is not sent."""
+        if not claimed:
+            fresh = await self._store.claim_delivery(row.id)
+            if fresh is None:
+                log.debug("outbox row %d is claimed or finished already; not sent again", row.id)
+                return Delivery(DeliveryStatus.PENDING, detail="claimed or finished elsewhere")
+            row = fresh
+        age = time.time() - row.created_at
+        max_age = self._max_age.get(row.entry.key.transport, DEFAULT_MAX_AGE)
+        if age > max_age:
+            log.warning(
+                "outbox row %d for %s expired (%.0f s old, max_age %.0f s)",
+                row.id,
+                row.entry.key,
+                age,
+                max_age,
+            )
+            await self._store.finish_delivery(row.id, "expired", detail=f"{age:.0f} s old")
+            return Delivery(DeliveryStatus.FAILED, detail="expired")
+
+        async def progress(part: int, platform_id: str) -> None:
+            await self._store.record_part(row.id, part, platform_id)
+
+        async def plan(part: int, packet_id: int) -> int:
+            return await self._store.plan_part(row.id, part, packet_id)
+
+        kind = {"answer": ReplyKind.ANSWER, "notice": ReplyKind.NOTICE}.get(
+            row.entry.kind, ReplyKind.COMMAND
+        )
+        qkey = (row.entry.key.transport, row.entry.key.person, row.entry.key.space)
+        self.delivering.add(qkey)
+        try:
+            reply = Reply(
+                inbound=inbound,
+                text=row.entry.text,
+                kind=kind,
+                note=note,
+                outbox_id=row.id,
+                done_parts=frozenset(i for i, _ in row.parts),
+                progress=progress,
+                packet_ids=row.packet_ids,
+                plan=plan,
+            )
+            delivery = await (stream.finish(reply) if stream is not None else self.send(reply))
+        finally:
+            self.delivering.discard(qkey)
+        if delivery.status is DeliveryStatus.PENDING:
+            log.info("outbox row %d for %s waits for its link", row.id, row.entry.key)
+            await self._store.release_delivery(row.id)  # the next round may claim it again
+        else:
+            await self._store.finish_delivery(row.id, delivery.status.value, detail=delivery.detail)
+        return delivery
+
+    async def send(self, reply: Reply) -> Delivery:
+        transport = self._transports[reply.inbound.transport]
+        try:
+            return await transport.send(reply)
+        except Exception as exc:  # transports report trouble in Delivery; this is a bug guard
+            log.exception("transport %s raised from send", transport.name)
+            return Delivery(DeliveryStatus.FAILED, detail=str(exc))
+
+    async def notice(self, inbound: Inbound, text: str) -> None:
+        transport = self._transports[inbound.transport]
+        await self.send(Reply(inbound=inbound, text=transport.fit(text), kind=ReplyKind.NOTICE))
+
+    async def fail(self, row_id: int) -> None:
+        """A delivery that crashed: end the row, never loop on it."""
+        try:
+            await self._store.finish_delivery(row_id, "failed", detail="internal error")
+        except Exception:  # loop boundary: the store may be what failed; retried later
+            log.exception("could not mark outbox row %d failed", row_id)
+
+    async def release_stale_claims(self) -> int:
+        """At start: give back the claims a process that died left on its rows."""
+        released = await self._store.release_stale_claims()
+        if released:
+            log.info("released %d outbox claim(s) left by a process that died", released)
+        return released
+
+    async def waiting(self) -> list[tuple[Inbound, OutboxRow]]:
+        """Every undelivered row not already on its way in this process, with the inbound its
+        person's worker sends it for (expired rows are marked so when their turn comes)."""
+        rows = await self._store.undelivered(transports=tuple(self._transports))
+        out: list[tuple[Inbound, OutboxRow]] = []
+        for row in rows:
+            if row.id in self.in_flight:
+                continue
+            key = row.entry.key
+            inbound = Inbound(
+                transport=key.transport,
+                sender=key.person,
+                space=key.space,
+                text="",
+                message_id=row.entry.reply_to,
+            )
+            out.append((inbound, row))
+        return out
