@@ -92,7 +92,7 @@ async def running(
     app = await build(config, env={}, transports=[discord_transport, *others])
     await app.start()
     try:
-        await asyncio.wait_for(fake_discord.ready.wait(), 5)
+        await asyncio.wait_for(fake_discord.ready.wait(), 30)
         yield Rig(app, fake_discord, llm)
     finally:
         await app.close()
@@ -303,11 +303,11 @@ async def test_discord_failing_at_startup_leaves_the_console_running(
         [discord_transport] = [t for t in app.transports if t.name == "discord"]
         run = asyncio.create_task(app.run(asyncio.Event()))
         try:
-            await asyncio.wait_for(discord_transport.wait_closed(), 10)
+            await asyncio.wait_for(discord_transport.wait_closed(), 30)
             os.write(write_fd, b"hello\n")  # the console is asked only after Discord gave up
         finally:
             os.close(write_fd)
-            await asyncio.wait_for(run, 20)  # ends at the console's EOF
+            await asyncio.wait_for(run, 60)  # ends at the console's EOF
     assert "console answer" in out.getvalue()
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and needle in errors[0] and "Other transports keep running" in errors[0]
@@ -340,15 +340,15 @@ async def test_meshsage_run_serves_console_and_discord_on_one_database(
     try:
         proc.stdin.write(b"hello from the terminal\n")
         await proc.stdin.drain()
-        line = await asyncio.wait_for(proc.stdout.readline(), 20)
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
         assert line.decode().strip() == "Hello from fake"
-        await asyncio.wait_for(fake_discord.ready.wait(), 20)
+        await asyncio.wait_for(fake_discord.ready.wait(), 60)
         await fake_discord.say(fake_discord.dm_message("hello from Discord"))
-        [sent] = await fake_discord.wait_sent(1, timeout=20)
-        await fake_discord.wait_content(sent, "Hello from fake", timeout=20)  # streamed
+        [sent] = await fake_discord.wait_sent(1, timeout=60)
+        await fake_discord.wait_content(sent, "Hello from fake", timeout=60)  # streamed
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), 20)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     assert "stopped cleanly" in err.decode()
 
@@ -397,9 +397,9 @@ async def test_messages_sent_while_stopped_are_answered_once_after_start(
     async def run_once() -> App:
         app = await build(config, env={"DISCORD_TOKEN": TOKEN})
         await app.start()
-        await asyncio.wait_for(fake_discord.ready.wait(), 5)
+        await asyncio.wait_for(fake_discord.ready.wait(), 30)
         [transport] = app.transports
-        await asyncio.wait_for(transport.caught_up.wait(), 10)  # type: ignore[attr-defined]
+        await asyncio.wait_for(transport.caught_up.wait(), 30)  # type: ignore[attr-defined]
         await app.responder.wait_idle()
         return app
 
@@ -466,7 +466,7 @@ async def test_images_reach_a_vision_model_as_image_parts(
     app = await build(config, env={}, transports=[chat])
     await app.start()
     try:
-        await asyncio.wait_for(fake_discord.ready.wait(), 5)
+        await asyncio.wait_for(fake_discord.ready.wait(), 30)
         png = b"\x89PNG\r\n\x1a\nfake image bytes"
         data = fake_discord.dm_message("what is in this picture?")
         data["attachments"] = [fake_discord.attachment("cat.png", png, "image/png")]

@@ -352,6 +352,10 @@ class DiscordTransport:
             task.cancel()  # a login attempt or backoff sleep in progress
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        # discord.py runs each event handler in a task of its own; one scheduled by the last
+        # gateway events (the disconnect itself) gets a loop turn to start, so a loop closed
+        # right after stop() cancels a started task, never an unstarted coroutine.
+        await asyncio.sleep(0)
         self._closed.set()
 
     async def wait_closed(self) -> None:

@@ -60,10 +60,12 @@ def user(uid: int, name: str, *, bot: bool = False) -> Json:
 BOT_USER = user(BOT_ID, "meshsage", bot=True)
 
 
-def _json(data: Json, status: int = 200) -> web.Response:
+def _json(data: Json, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     # discord.py parses a body as JSON only when Content-Type is exactly application/json.
     body = json.dumps(data).encode()
-    return web.Response(body=body, status=status, headers={"Content-Type": "application/json"})
+    return web.Response(
+        body=body, status=status, headers={"Content-Type": "application/json", **(headers or {})}
+    )
 
 
 def _now() -> str:
@@ -116,7 +118,9 @@ class FakeDiscord:
         self._missed: list[tuple[str, Json]] = []  # events while disconnected, for a RESUME
         # Message edits: recorded with the time of ``clock`` (tests pass the bot's fake clock);
         # more than ``edit_limit[0]`` edits in ``edit_limit[1]`` seconds in one channel answer
-        # 429 like Discord (discord.py then waits and retries), counted in ``rate_limited``.
+        # 429 like Discord (body ``retry_after`` = when a slot frees, ``Via`` and X-RateLimit
+        # headers; discord.py then waits and retries), counted in ``rate_limited``. Successful
+        # edits carry no rate-limit headers: the bot learns of the limit only by hitting it.
         self.clock: Callable[[], float] = time.monotonic
         self.edit_limit: tuple[int, float] = (5, 5.0)
         self.edits: list[tuple[float, int, str]] = []  # (time, message id, new content)
@@ -207,7 +211,7 @@ class FakeDiscord:
         if ws is not None:
             await ws.close(code=code, message=b"dropped by the fake")
 
-    async def wait_sent(self, count: int, timeout: float = 5.0) -> list[Sent]:
+    async def wait_sent(self, count: int, timeout: float = 30.0) -> list[Sent]:
         """Until the bot has posted ``count`` messages in total."""
 
         async def enough() -> None:
@@ -218,7 +222,7 @@ class FakeDiscord:
         await asyncio.wait_for(enough(), timeout)
         return self.sent
 
-    async def wait_content(self, sent: Sent, content: str, timeout: float = 5.0) -> None:
+    async def wait_content(self, sent: Sent, content: str, timeout: float = 30.0) -> None:
         """Until ``sent`` shows ``content`` (a streamed answer is edited into its final text)."""
 
         async def shown() -> None:
@@ -305,10 +309,27 @@ class FakeDiscord:
             if now - t < window and any(s.id == m and s.channel_id == cid for s in self.sent)
         ]
         if len(recent) >= count:
+            # As Discord answers: ``retry_after`` is when the window frees a slot, and the
+            # headers (``Via`` above all) are what tells discord.py this is a rate limit to
+            # wait out and retry, not a Cloudflare ban (a 429 without ``Via`` is raised at once).
             self.rate_limited += 1
+            retry_after = max(min(recent) + window - now, 0.001)
             return _json(
-                {"message": "You are being rate limited.", "retry_after": 0.01, "global": False},
+                {
+                    "message": "You are being rate limited.",
+                    "retry_after": retry_after,
+                    "global": False,
+                },
                 status=429,
+                headers={
+                    "Via": "1.1 google",
+                    "Retry-After": str(max(1, round(retry_after))),
+                    "X-RateLimit-Limit": str(count),
+                    "X-RateLimit-Remaining": "0",
+                    "X-RateLimit-Reset-After": f"{retry_after:.3f}",
+                    "X-RateLimit-Bucket": "fake-edit-bucket",
+                    "X-RateLimit-Scope": "user",
+                },
             )
         payload = await request.json()
         content = str(payload.get("content") or "")
