@@ -95,6 +95,9 @@ from bot.transports.discord_text import (
     units,
 )
 
+# How long stop() lets discord.py's last event handlers finish before cancelling them.
+EVENT_SETTLE_SECONDS = 2.0
+
 log = logging.getLogger("bot.transport.discord")
 
 NAME = "discord"
@@ -352,11 +355,28 @@ class DiscordTransport:
             task.cancel()  # a login attempt or backoff sleep in progress
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        # discord.py runs each event handler in a task of its own; one scheduled by the last
-        # gateway events (the disconnect itself) gets a loop turn to start, so a loop closed
-        # right after stop() cancels a started task, never an unstarted coroutine.
-        await asyncio.sleep(0)
+        # discord.py runs each event handler in a task of its own ("discord.py: on_..."); those
+        # scheduled by the last gateway events (the disconnect itself) are owned here: given a
+        # moment to finish, then cancelled and awaited, so none outlives the transport (a loop
+        # closed with one never started warns "coroutine ... was never awaited").
+        await self._settle_event_tasks()
         self._closed.set()
+
+    @staticmethod
+    async def _settle_event_tasks() -> None:
+        me = asyncio.current_task()
+        pending = {
+            t
+            for t in asyncio.all_tasks()
+            if t is not me and not t.done() and t.get_name().startswith("discord.py: ")
+        }
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=EVENT_SETTLE_SECONDS)
+        for t in late:
+            t.cancel()
+        if late:
+            await asyncio.wait(late, timeout=EVENT_SETTLE_SECONDS)
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
