@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import signal
 import sqlite3
 import sys
@@ -36,13 +37,18 @@ from tests.test_cli import _env
 
 KILLS = int(os.environ.get("CRASH_KILLS", "20"))
 PEOPLE = [0xC0DE0001 + i for i in range(6)]
-LONG_TAIL = " ".join(f"Detail {i} of the longer answer." for i in range(10))  # two parts
 
 
 def _answer(body: dict[str, Any]) -> str:
-    question = body["messages"][-1]["content"].split("\n")[-1].strip()
-    if "long" in question:
-        return f"About {question}: {LONG_TAIL}"
+    # The newest question in the last message: it may also carry recalled older turns (a recall
+    # note), whose questions have lower numbers; the answer must name the one being answered,
+    # or two answers would read alike and look like one shown twice.
+    asked = re.findall(r"q(\d+) (long|short)", body["messages"][-1]["content"])
+    num, kind = max(asked, key=lambda a: int(a[0]))
+    question = f"q{num} {kind}"
+    if "long" in question:  # every part names its question: two answers never share a part
+        tail = " ".join(f"Detail {i} of {question}." for i in range(10))
+        return f"About {question}: {tail}"
     return f"About {question}: fine."
 
 
