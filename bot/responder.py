@@ -42,9 +42,10 @@ Invariants:
   timeout.
 - Incognito (``!incognito``): the person's new messages and the answers are not stored; the
   bot answers from the stored memory plus the incognito turns it holds in memory (at most
-  ``INCOGNITO_TURNS``), which are dropped when incognito ends (any ``!incognito``,
-  ``!reset`` or ``!forget``) or the process stops: nothing said in an ended stretch reaches a
-  later prompt.
+  ``INCOGNITO_TURNS``), which are dropped when incognito ends (any ``!incognito``, ``!reset``
+  or ``!forget``, on any gateway sharing the store, through any linked account) or the process
+  stops: nothing said in an ended stretch reaches a later prompt (``bot.memory.stretch``: each
+  incognito turn checks the store's stretch id).
 - A message through a linked DM is stored with its origin (``Conversation.origin_id``), so
   ``!unlink`` can give it back, even when the unlink lands during the turn.
 """
@@ -64,7 +65,7 @@ from dataclasses import dataclass, replace
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
 from bot.delivery import OutboxSender
-from bot.domain import ConversationKey, Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
+from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import LLMUnavailable, StorageError
 from bot.limits import PersonLimits
 from bot.llm.port import LLM, ContextTooLong
@@ -75,6 +76,7 @@ from bot.memory.layers import LayeredContext
 from bot.memory.port import MemoryStore
 from bot.memory.records import AlreadyStored, OutboxEntry, OutboxRow, StoredAnswer
 from bot.memory.store import USER
+from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import AnswerStream, Congested, KeepsFiles, Paginates, Streams, Transport
@@ -100,7 +102,6 @@ def _command_room(transport: Transport) -> int:
     return len(transport.fit("x" * UNLIMITED_ROOM).encode("utf-8"))
 
 
-INCOGNITO_TURNS = 20
 ENDS_INCOGNITO = ("incognito", "reset", "forget")  # commands that end an incognito stretch
 
 
@@ -144,7 +145,7 @@ class Responder:
         self._idle = asyncio.Event()
         self._idle.set()
         self._accepting = True
-        self._ephemeral: dict[ConversationKey, deque[tuple[str, str]]] = {}
+        self._stretches = HeldStretches()
 
     def attach(self, transport: Transport) -> None:
         self._transports[transport.name] = transport
@@ -172,7 +173,7 @@ class Responder:
                 elif self._accepting:
                     self._enqueue(_Job(inbound, incognito=True))
                 return
-            self._ephemeral.pop(inbound.key, None)  # incognito ended: forget its turns
+            self._stretches.drop(inbound.key)  # incognito ended: forget its turns
             message_id = await self._store.add_message(
                 conv.id,
                 role=USER,
@@ -261,8 +262,12 @@ class Responder:
     async def _command(self, inbound: Inbound) -> None:
         parsed = self._commands.parse(inbound.text)
         assert parsed is not None
-        if parsed[0] in ENDS_INCOGNITO:
-            self._end_incognito(inbound, everywhere=parsed[0] == "forget")
+        if parsed[0] in ENDS_INCOGNITO:  # here at once, and for every gateway in the store
+            everywhere = parsed[0] == "forget"
+            self._stretches.drop(inbound.key, every_space=everywhere)
+            await self._store.end_incognito(
+                inbound.transport, inbound.sender, space=None if everywhere else inbound.space
+            )
         transport = self._transports[inbound.transport]
         if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
             await self._notice(inbound, _busy(wait))
@@ -297,16 +302,6 @@ class Responder:
             return
         delivery = await self._outbox.deliver_now(inbound, row)
         self._after_delivery(result, delivery)
-
-    def _end_incognito(self, inbound: Inbound, *, everywhere: bool) -> None:
-        """Forget the in-memory turns of an incognito stretch: ``!incognito`` (off, or a new
-        stretch), ``!reset``, and ``!forget`` (every space of the person) end it, so nothing
-        said in it reaches a later prompt."""
-        for key in list(self._ephemeral):
-            if key == inbound.key or (
-                everywhere and (key.transport, key.person) == (inbound.transport, inbound.sender)
-            ):
-                del self._ephemeral[key]
 
     @staticmethod
     def _after_delivery(result: CommandResult, delivery: Delivery) -> None:
@@ -450,7 +445,8 @@ class Responder:
         transport = self._transports[inbound.transport]
         limits = transport.limits
         conv = await self._store.conversation(inbound.key)
-        turns = self._ephemeral.setdefault(inbound.key, deque(maxlen=INCOGNITO_TURNS * 2))
+        stretch = await self._store.incognito_stretch(conv.id)  # ended elsewhere: a new one
+        turns = self._stretches.turns(inbound.key, conv.id, stretch)
         async with transport.working(inbound):
             ctx = await self._context.build(
                 conv,

@@ -89,7 +89,8 @@ async def test_near_duplicate_proposal_updates_instead_of_adding(
     script.facts = _facts({"op": "add", "text": "Has a dog named Rex"})
     await extractor.extract(conv.id, msgs)
     script.facts = _facts({"op": "add", "text": "Has a dog named Rex."})  # same fact again
-    applied = await extractor.extract(conv.id, msgs)
+    more = await _chat(store, ["Rex is my dog", "lovely"])  # (read messages are not re-read)
+    applied = await extractor.extract(conv.id, more[len(msgs) :])
     assert (applied.added, applied.updated) == (0, 1)
     assert [f.text for f in await store.facts(conv.id)] == ["Has a dog named Rex."]
     await llm.close()

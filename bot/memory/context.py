@@ -325,7 +325,8 @@ class ContextBuilder:
             tail.append(Block("retrieved", cost, recalled_text))
         note = "\n\n".join(extras)
         if self.recall == "notes" and new_message_id is not None:  # "" clears a retried one
-            await self._store.save_recall_note(new_message_id, self._keep(block, fresh_text, free))
+            kept_note, quoted = self._keep(block, fresh_text, free)
+            await self._store.save_recall_note(new_message_id, kept_note, quoted)
         final = f"{note}\n\n{new_text}" if note else new_text
         messages.extend(_join_final(window_msgs, final))
         tail.append(Block("new", new_tokens, new_text))
@@ -370,16 +371,17 @@ class ContextBuilder:
         costs = [self._cost(t, notes) for t in turns]
         return turns, notes, fold_start(costs, cap=cap, min_turns=self._min_fold_turns), anchored
 
-    def _keep(self, block: RetrievedBlock, fresh_text: str, free: int) -> str:
+    def _keep(self, block: RetrievedBlock, fresh_text: str, free: int) -> tuple[str, list[int]]:
         """The note that stays with this turn: new facts, and the best recalled turns within
         ``NOTE_SHARE`` of the budget (a large recall is evaluated once, in this prompt only;
-        kept whole, it would fill the window and fold it every turn or two)."""
+        kept whole, it would fill the window and fold it every turn or two); and the ids of
+        the messages it quotes (pruning one drops the note, bot.memory.core.notes)."""
         cap = max(int(free * NOTE_SHARE), MIN_RECALL_TOKENS)
         kept = block.head(self._counter, cap) if block.tokens > cap else block
         parts = [fresh_text] if fresh_text else []
         if kept.turns:
             parts.append(f"{RETRIEVED_HEADER}\n{kept.text}{NOTE_END}")
-        return "\n\n".join(parts)
+        return "\n\n".join(parts), [m.id for m in kept.turns]
 
     def _cost(self, turn: Sequence[StoredMessage], notes: dict[int, str]) -> int:
         """A turn's tokens in the window, its recall note included."""

@@ -5,6 +5,8 @@ Invariants:
   ``add`` with text, ``update``/``delete`` naming an existing *extracted* fact of the same
   conversation. Pinned facts (``!remember``) are never changed, and an ``add`` that repeats a
   pinned fact is dropped; one that repeats an extracted fact updates it instead.
+- Each message is read for facts once: the store's ``facts_through`` mark (per conversation,
+  moved forward after each chunk) skips what a fold or a session close already read.
 - Provenance cannot be invented: a fact's ``source_ids`` are the proposal's ids that belong to
   the messages shown, else all the person's messages shown.
 - Bad output (not JSON, wrong shapes, hundreds of items, instructions in the text) applies at
@@ -34,6 +36,7 @@ log = logging.getLogger("bot.memory.facts")
 FACT_MAX_CHARS = 300
 MAX_PROPOSALS = 20
 MAX_INPUT_MESSAGES = 60  # per model call: a longer session is read in chunks of this many
+CATCH_UP_MESSAGES = 4 * MAX_INPUT_MESSAGES  # unread messages before a range read with it
 INFERRED = " (inferred from your chats, not asked to remember)"
 INFERRED_TOKENS = 10  # what INFERRED adds to a fact's prompt cost (an upper bound)
 NEAR_DUPLICATE = 0.85
@@ -163,18 +166,37 @@ class FactExtractor:
         self._max_facts = max_facts
 
     async def extract(self, conversation_id: int, messages: Sequence[StoredMessage]) -> Applied:
-        """Ask the model about all of ``messages``, in chunks of ``MAX_INPUT_MESSAGES`` oldest
-        first (so what was said early in a long session counts), and apply its decisions after
-        each chunk. LLM errors propagate (the caller retries later); bad output is logged and
-        applies nothing for that chunk."""
-        messages = list(messages)
+        """Ask the model about the messages up to the last of ``messages`` not read for facts
+        yet (past the store's ``facts_through`` mark: a fold and the session's close never
+        read a message twice; an earlier range a failed call left unread is read first, up to
+        ``CATCH_UP_MESSAGES``), in chunks of ``MAX_INPUT_MESSAGES`` oldest first (so what was
+        said early in a long session counts), applying its decisions and moving the mark after
+        each chunk. LLM errors propagate (the caller retries later; the mark stays before the
+        chunk); bad output is logged and applies nothing for that chunk."""
+        messages = await self._unread(conversation_id, messages)
         total = Applied()
         for start in range(0, len(messages), MAX_INPUT_MESSAGES):
-            got = await self._extract_chunk(
-                conversation_id, messages[start : start + MAX_INPUT_MESSAGES]
-            )
+            chunk = messages[start : start + MAX_INPUT_MESSAGES]
+            got = await self._extract_chunk(conversation_id, chunk)
+            await self._store.set_facts_through(conversation_id, chunk[-1].id)
             total = Applied(*(a + b for a, b in zip(_counts(total), _counts(got), strict=True)))
         return total
+
+    async def _unread(
+        self, conversation_id: int, messages: Sequence[StoredMessage]
+    ) -> list[StoredMessage]:
+        """``messages`` past the mark, after what lies unread between the mark and them."""
+        through = await self._store.facts_through(conversation_id)
+        todo = sorted((m for m in messages if m.id > through), key=lambda m: m.id)
+        if not todo:
+            return []
+        gap = await self._store.messages_between(
+            conversation_id, after_id=through, up_to_id=todo[0].id - 1
+        )
+        if len(gap) > CATCH_UP_MESSAGES:
+            log.info("facts: %d older messages of conversation %d left unread (catch-up limit)",
+                     len(gap) - CATCH_UP_MESSAGES, conversation_id)  # fmt: skip
+        return [*gap[-CATCH_UP_MESSAGES:], *todo]
 
     async def _extract_chunk(self, conversation_id: int, messages: list[StoredMessage]) -> Applied:
         if not any(m.role == USER for m in messages):

@@ -55,6 +55,13 @@ Invariants every implementation keeps:
   ``unlink_dm`` moves exactly those back. ``find_conversation``/``conversation`` of an absorbed
   DM return the home with ``origin_id`` set; ``add_message(origin_id=...)`` falls back to the
   origin when the link is gone. Channel spaces never link.
+- Incognito: ``set_incognito`` and ``end_incognito`` (``!incognito``, ``!reset``, ``!forget``)
+  give the conversation (and those linked with it) a new stretch id, or none when off;
+  ``incognito_stretch`` reads it, so every gateway sees a stretch end (bot.memory.stretch).
+- A recall note records the messages it quotes (``save_recall_note(quoted=...)``); no
+  deletion or unlink leaves a note quoting a message gone from its conversation.
+- ``facts_through`` (the fact extraction mark) only moves forward; ``load_dump`` sets it past
+  the imported messages (their facts are imported with them).
 - ``dump_person`` is deterministic; ``load_dump`` is one transaction and refuses taken ids.
 """
 
@@ -272,7 +279,9 @@ class MemoryStore(Protocol):
     # --- forgetting by use, identities, incognito, export/import ----------------------------
     async def note_retrieved(self, message_ids: Sequence[int]) -> None: ...
 
-    async def save_recall_note(self, message_id: int, note: str) -> None: ...
+    async def save_recall_note(
+        self, message_id: int, note: str, quoted: Sequence[int] = ()
+    ) -> None: ...
 
     async def recall_notes(self, message_ids: Sequence[int]) -> dict[int, str]: ...
 
@@ -287,6 +296,14 @@ class MemoryStore(Protocol):
     async def set_incognito(self, conversation_id: int, on: bool) -> None: ...
 
     async def is_incognito(self, conversation_id: int) -> bool: ...
+
+    async def incognito_stretch(self, conversation_id: int) -> str | None: ...
+
+    async def end_incognito(self, transport: str, person: str, *, space: str | None) -> int: ...
+
+    async def facts_through(self, conversation_id: int) -> int: ...
+
+    async def set_facts_through(self, conversation_id: int, message_id: int) -> None: ...
 
     async def dump_person(self, transport: str, person: str) -> list[dict[str, Any]]: ...
 

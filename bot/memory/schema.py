@@ -278,6 +278,23 @@ def _m006_recall_notes() -> str:
     return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
 
 
+def _m010_incognito_notes_facts() -> str:
+    # An incognito stretch has an id (``incognito_stretch``, NULL when incognito is off): every
+    # gateway holding the stretch's turns in memory drops them once the id changed (!incognito,
+    # !reset, !forget; bot.memory.stretch). A recall note records the ids of the messages it
+    # quotes (``recall_ids``, JSON list) so pruning one drops the note. Fact extraction keeps a
+    # high-water mark (``facts_through``): each message is read for facts once; existing
+    # conversations start after their newest summarized session (extracted at its close).
+    return """
+        ALTER TABLE conversations ADD COLUMN incognito_stretch TEXT;
+        ALTER TABLE conversations ADD COLUMN facts_through INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE messages ADD COLUMN recall_ids TEXT;
+        UPDATE conversations SET facts_through = coalesce((SELECT max(s.last_message_id)
+            FROM sessions s WHERE s.conversation_id = conversations.id
+            AND s.summary IS NOT NULL), 0);
+        """
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -289,6 +306,7 @@ MIGRATIONS: list[Migration] = [
     ("006_recall_notes", _m006_recall_notes),
     ("007_outbox_claims", _m007_outbox_claims),
     ("008_memory_promises", _m008_memory_promises),
+    ("010_incognito_notes_facts", _m010_incognito_notes_facts),
 ]
 
 

@@ -8,6 +8,7 @@ Invariants:
   folds append chapters and a merge (one row over their union) replaces them.
 - Pinned facts (``!remember``) are never changed by ``update_fact`` or an ``extracted_only``
   removal; ``source_ids`` is a JSON list of the message ids a fact came from.
+- ``facts_through`` only moves forward.
 """
 
 from __future__ import annotations
@@ -136,6 +137,22 @@ class DerivedMixin(CoreBase):
             (conversation_id, fact_id, int(extracted_only)),
         )
         return removed > 0
+
+    async def facts_through(self, conversation_id: int) -> int:
+        """The high-water mark of fact extraction: every message of the conversation up to
+        this id has been read for facts (``bot.memory.facts``)."""
+        value = await self._val(
+            "SELECT facts_through FROM conversations WHERE id = ?", (conversation_id,)
+        )
+        return int(value or 0)
+
+    async def set_facts_through(self, conversation_id: int, message_id: int) -> None:
+        """Move the mark forward to ``message_id`` (never back: a slower reader of an earlier
+        range cannot undo a later one)."""
+        await self._exec(
+            "UPDATE conversations SET facts_through = ? WHERE id = ? AND facts_through < ?",
+            (message_id, conversation_id, message_id),
+        )
 
 
 def _ids(ids: Sequence[int]) -> str:

@@ -11,6 +11,11 @@ Invariants:
 - Both conversation rows are read with ``Dialect.for_update`` for the move, so on PostgreSQL a
   link from another gateway at the same time waits and then sees the first one's result
   (SQLite's ``BEGIN IMMEDIATE`` already serialises writers).
+- Incognito is a flag on the conversation (a linked DM uses its home's) plus the id of the
+  running stretch (``incognito_stretch``): ``set_incognito`` and ``end_incognito`` give a new
+  id (or none when off), so a gateway holding a stretch's turns in memory sees that it ended
+  (``bot.memory.stretch``).
+- Unlinking drops the recall notes that quote a message now in the other conversation.
 - Rolling summaries stay where they were written. Linking keeps the home's long-term summary
   (or copies the other side's when the home has none); unlinking drops the home's (it mixed
   both sides) and it is rebuilt at the next session close.
@@ -18,13 +23,21 @@ Invariants:
 
 from __future__ import annotations
 
+import secrets
 import time
 
 from bot.domain import DM_SPACE, ConversationKey
 from bot.errors import MemoryRefused
 from bot.memory.core.db import CoreBase, Dialect, Tx
+from bot.memory.core.notes import drop_stale_notes
 
 _MOVED = ("messages", "facts", "sessions")
+
+
+def new_stretch() -> str:
+    """A fresh incognito stretch id (random: never equal to an ended one, even after a
+    ``!forget`` freed the conversation's id for reuse)."""
+    return secrets.token_hex(8)
 
 
 class LinkError(MemoryRefused):
@@ -118,12 +131,15 @@ class IdentityMixin(CoreBase):
             moved = 0
             for other_id in absorbed:
                 moved += await give_back(tx, d, other_id)
+            await drop_stale_notes(tx, d, [int(row[0]), *absorbed, *([row[1]] if row[1] else [])])
         self._vectors.clear()
         return moved
 
     async def set_incognito(self, conversation_id: int, on: bool) -> None:
+        """Turn incognito on (a new stretch, with a new id, even when it was on) or off."""
         await self._exec(
-            "UPDATE conversations SET incognito = ? WHERE id = ?", (int(on), conversation_id)
+            "UPDATE conversations SET incognito = ?, incognito_stretch = ? WHERE id = ?",
+            (int(on), new_stretch() if on else None, conversation_id),
         )
 
     async def is_incognito(self, conversation_id: int) -> bool:
@@ -131,6 +147,31 @@ class IdentityMixin(CoreBase):
             "SELECT incognito FROM conversations WHERE id = ?", (conversation_id,)
         )
         return bool(value)
+
+    async def incognito_stretch(self, conversation_id: int) -> str | None:
+        """The id of the conversation's incognito stretch, None when incognito is off (a
+        stretch begun before stretches had ids, or imported, is ``""``)."""
+        row = await self._one(
+            "SELECT incognito, incognito_stretch FROM conversations WHERE id = ?",
+            (conversation_id,),
+        )
+        if row is None or not row[0]:
+            return None
+        return str(row[1] or "")
+
+    async def end_incognito(self, transport: str, person: str, *, space: str | None) -> int:
+        """End the incognito stretches of the person's conversations (in ``space``, or in every
+        space when None) and of the conversations linked with them: one still incognito gets
+        a new stretch id, one not incognito none. Returns the rows changed."""
+        who = "transport = ? AND person = ?" + ("" if space is None else " AND space = ?")
+        args = (transport, person, *(() if space is None else (space,)))
+        homes = f"SELECT coalesce(merged_into, id) FROM conversations WHERE {who}"
+        return await self._exec(
+            "UPDATE conversations SET incognito_stretch = "
+            "CASE WHEN incognito != 0 THEN ? ELSE NULL END "
+            f"WHERE id IN ({homes}) OR merged_into IN ({homes})",
+            (new_stretch(), *args, *args),
+        )
 
     # --- link codes (bot.memory.links decides; this is the SQL) ------------------------------
     async def save_link_code(

@@ -98,6 +98,11 @@ class PortableMixin(CoreBase):
                         sql, args = self._insert_rows(table, ("conversation_id", *fields), rows)
                         await tx.many(sql, args)
                     counts[table] += len(rows)
+                await tx.exec(  # its facts came with it: extraction goes on after them
+                    "UPDATE conversations SET facts_through = coalesce((SELECT max(id) "
+                    "FROM messages WHERE conversation_id = ?), 0) WHERE id = ?",
+                    (conv["id"], conv["id"]),
+                )
                 lt = conv["longterm_summary"]
                 if lt is not None:
                     await tx.exec(

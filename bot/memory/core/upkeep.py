@@ -11,9 +11,10 @@ Invariants:
   backend then makes the deletions physical (``_erase``); on SQLite a scrub mark commits
   with the delete (``_mark_erase``) so a crash cannot skip it.
   A repeated ``!forget`` always erases, even when nothing is left to delete.
-- Retention and forgetting by use delete in small batches (no long lock) and also prune
-  finished outbox rows past their short keep. On PostgreSQL a batch skips rows another
-  gateway is deleting (``Dialect.skip_locked``).
+- Retention and forgetting by use delete in small batches (no long lock); each batch drops, in
+  its transaction, the recall notes that quoted a deleted message (``bot.memory.core.notes``).
+  They also prune finished outbox rows past their short keep. On PostgreSQL a batch skips rows
+  another gateway is deleting (``Dialect.skip_locked``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from bot.memory.core.db import CoreBase, Dialect, Tx
 from bot.memory.core.identity import give_back
+from bot.memory.core.notes import drop_stale_notes, quoted_json
 from bot.memory.keep import facts_touching, outbox_cutoff
 from bot.memory.records import ForgetReport
 
@@ -127,10 +129,14 @@ class UpkeepMixin(CoreBase):
             where, params = self.dialect.in_ids("id", message_ids)
             await self._exec(f"UPDATE messages SET uses = uses + 1 WHERE {where}", params)
 
-    async def save_recall_note(self, message_id: int, note: str) -> None:
-        """Keep the recall note sent with a person's message (replaces an earlier one)."""
+    async def save_recall_note(
+        self, message_id: int, note: str, quoted: Sequence[int] = ()
+    ) -> None:
+        """Keep the recall note sent with a person's message (replaces an earlier one) and the
+        ids of the messages it quotes (``bot.memory.core.notes``)."""
         await self._exec(
-            "UPDATE messages SET recall_note = ? WHERE id = ?", (note or None, message_id)
+            "UPDATE messages SET recall_note = ?, recall_ids = ? WHERE id = ?",
+            (note or None, quoted_json(note, quoted), message_id),
         )
 
     async def recall_notes(self, message_ids: Sequence[int]) -> dict[int, str]:
@@ -170,15 +176,18 @@ class UpkeepMixin(CoreBase):
         pinned = d.json_ids.format(col="f.source_ids", alias="j")
         for conversation_id, excess in rows:
             while excess > 0:
-                n = await self._exec(
-                    "DELETE FROM messages WHERE id IN (SELECT id FROM messages "
-                    "WHERE conversation_id = ? AND important = 0 "
-                    "AND status NOT IN ('pending', 'sending') AND id NOT IN "
-                    f"(SELECT CAST(j.value AS BIGINT) FROM facts f, {pinned} "
-                    " WHERE f.conversation_id = ? AND f.pinned = 1) "
-                    f"ORDER BY uses, id LIMIT ?{d.skip_locked})",
-                    (conversation_id, conversation_id, min(excess, batch)),
-                )
+                async with self._atomic() as tx:
+                    n = await tx.exec(
+                        "DELETE FROM messages WHERE id IN (SELECT id FROM messages "
+                        "WHERE conversation_id = ? AND important = 0 "
+                        "AND status NOT IN ('pending', 'sending') AND id NOT IN "
+                        f"(SELECT CAST(j.value AS BIGINT) FROM facts f, {pinned} "
+                        " WHERE f.conversation_id = ? AND f.pinned = 1) "
+                        f"ORDER BY uses, id LIMIT ?{d.skip_locked})",
+                        (conversation_id, conversation_id, min(excess, batch)),
+                    )
+                    if n:  # no note may quote what was just deleted
+                        await drop_stale_notes(tx, d, [conversation_id])
                 if n:
                     self._vectors.drop([conversation_id])
                 total += n
@@ -210,11 +219,16 @@ class UpkeepMixin(CoreBase):
         await self.prune_outbox(outbox_cutoff(time.time()), batch=batch)
         total = 0
         while True:
-            n = await self._exec(
-                "DELETE FROM messages WHERE id IN (SELECT id FROM messages "
-                f"WHERE created_at < ? ORDER BY created_at LIMIT ?{self.dialect.skip_locked})",
-                (cutoff, batch),
-            )
+            async with self._atomic() as tx:
+                rows = await tx.all(
+                    "DELETE FROM messages WHERE id IN (SELECT id FROM messages "
+                    f"WHERE created_at < ? ORDER BY created_at LIMIT ?{self.dialect.skip_locked})"
+                    " RETURNING conversation_id",
+                    (cutoff, batch),
+                )
+                n = len(rows)
+                # No note may quote what was just deleted (bot.memory.core.notes).
+                await drop_stale_notes(tx, self.dialect, [int(r[0]) for r in rows])
             if n:
                 self._vectors.clear()  # pruned messages took their vectors with them
             total += n

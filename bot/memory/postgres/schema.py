@@ -335,6 +335,18 @@ def _m006_recall_notes() -> str:
     return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
 
 
+def _m010_incognito_notes_facts() -> str:
+    # As SQLite's 010_incognito_notes_facts (stretch ids, recall note sources, facts mark).
+    return """
+        ALTER TABLE conversations ADD COLUMN incognito_stretch TEXT,
+            ADD COLUMN facts_through BIGINT NOT NULL DEFAULT 0;
+        ALTER TABLE messages ADD COLUMN recall_ids TEXT;
+        UPDATE conversations SET facts_through = coalesce((SELECT max(s.last_message_id)
+            FROM sessions s WHERE s.conversation_id = conversations.id
+            AND s.summary IS NOT NULL), 0);
+        """
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -346,6 +358,7 @@ MIGRATIONS: list[Migration] = [
     ("007_outbox_claims", _m007_outbox_claims),
     ("008_memory_promises", _m008_memory_promises),
     ("009_pg_word_index", _m009_pg_word_index),
+    ("010_incognito_notes_facts", _m010_incognito_notes_facts),
 ]
 
 
