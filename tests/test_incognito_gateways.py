@@ -83,7 +83,7 @@ async def _held_then_ended(
     assert sum(SECRET in json.dumps(body) for body in requests) == 1  # only where it was said
     assert SECRET not in caplog.text  # no log line after the stretch ended
     for side in (a, b):
-        for path in side.app.config.state_dir.rglob("*"):
+        for path in side.app.config.database_path.parent.rglob("*"):
             if path.is_file():
                 assert SECRET.encode() not in path.read_bytes(), path
     assert await _marker_anywhere(a.app.store, SECRET) == []
