@@ -1,8 +1,9 @@
 """Each message is read for facts once (issue 17): a summary fold reads its chapter's messages
 for facts, and the session's close then reads only what the folds did not (the store's
 ``facts_through`` mark), so the model is not asked about the same messages twice. A range
-whose extraction failed is read by the next one (nothing is skipped). Real SQLite store, the
-real openai client over HTTP to the fake server; the extraction requests are counted."""
+whose extraction failed is read by the next one (nothing is skipped). SQLite and a real
+PostgreSQL, the real openai client over HTTP to the fake server; extraction requests are
+counted."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from bot.domain import ConversationKey
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.tokens import make_counter
 from bot.memory.facts import MAX_INPUT_MESSAGES, FactExtractor
+from bot.memory.port import MemoryStore
 from bot.memory.sessions import SessionKeeper
-from bot.memory.store import SqliteStore
 from bot.memory.summary import Summarizer
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.memory_script import MemoryScript
+from tests.test_recall_notes import STORES
 
 SHOWN = re.compile(r"^\[(\d+)\] ", re.MULTILINE)
 
@@ -43,7 +45,7 @@ class ShownScript(MemoryScript):
 
 
 class Rig:
-    def __init__(self, store: SqliteStore, llm: OpenAICompatLLM, script: ShownScript) -> None:
+    def __init__(self, store: MemoryStore, llm: OpenAICompatLLM, script: ShownScript) -> None:
         counter = make_counter()
         self.store, self.llm, self.script = store, llm, script
         self.extractor = FactExtractor(store=store, llm=llm, counter=counter, max_facts=20)
@@ -65,11 +67,13 @@ class Rig:
         ]  # fmt: skip
 
 
-@pytest.fixture
-async def rig(tmp_path: Path, fake_llm: FakeLLM) -> AsyncIterator[Rig]:
+@pytest.fixture(params=sorted(STORES))
+async def rig(
+    request: pytest.FixtureRequest, tmp_path: Path, fake_llm: FakeLLM
+) -> AsyncIterator[Rig]:
     script = ShownScript()
     fake_llm.reply_fn = script
-    store = await SqliteStore.open(tmp_path / "m.db")
+    store = await STORES[request.param](tmp_path)
     llm = OpenAICompatLLM(
         config=LLMConfig.model_validate({"base_url": fake_llm.base_url, "model": "m",
                                          "retries": 0}), env={},
