@@ -141,3 +141,17 @@ async def test_a_note_without_known_sources_is_dropped_when_its_conversation_is_
     await memory.prune_older_than(1_700_000_005.0)
     assert await memory.recall_notes([asked]) == {}
     assert conv.id == (await memory.conversation(KEY)).id
+
+
+async def test_a_note_quoting_a_message_gone_by_any_path_is_never_read(
+    memory: MemoryStore,
+) -> None:
+    """Reading checks again: a message removed without the cleanup (a path written later, a
+    row deleted by hand) cannot bring its text back through a note."""
+    await _history(memory)
+    _, boat = await _ask(memory, _builder(memory), "What is my boat called?", answer="Osprey.")
+    quoted = (await _quotes(memory))[boat]
+    await memory._exec("DELETE FROM messages WHERE id = ?", (quoted[0],))  # type: ignore[attr-defined]
+    assert await memory.recall_notes([boat]) == {}
+    messages, _ = await _ask(memory, _builder(memory), "thanks!")
+    assert BOAT not in "\n".join(m.content for m in messages)

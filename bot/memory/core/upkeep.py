@@ -26,7 +26,7 @@ from typing import Any
 
 from bot.memory.core.db import CoreBase, Dialect, Tx
 from bot.memory.core.identity import give_back
-from bot.memory.core.notes import drop_stale_notes, quoted_json
+from bot.memory.core.notes import drop_stale_notes, quoted_json, quotes_missing
 from bot.memory.keep import facts_touching, outbox_cutoff
 from bot.memory.records import ForgetReport
 
@@ -143,9 +143,10 @@ class UpkeepMixin(CoreBase):
         """The recall notes kept with these messages (those that have one)."""
         if not message_ids:
             return {}
-        where, params = self.dialect.in_ids("id", message_ids)
-        rows = await self._all(
-            f"SELECT id, recall_note FROM messages WHERE {where} AND recall_note IS NOT NULL",
+        where, params = self.dialect.in_ids("messages.id", message_ids)
+        rows = await self._all(  # never one quoting what is gone (bot.memory.core.notes)
+            f"SELECT id, recall_note FROM messages WHERE {where} AND recall_note IS NOT NULL "
+            f"AND NOT {quotes_missing(self.dialect)}",
             params,
         )
         return {int(r[0]): str(r[1]) for r in rows}
