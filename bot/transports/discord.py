@@ -70,14 +70,16 @@ from bot.domain import (
     Reply,
     TransportLimits,
 )
-from bot.transports.base import OnMessage
+from bot.transports.base import OnMessage, ShownRecord
 from bot.transports.discord_catchup import MAX_DM_CHANNELS, Known, SeenMarks, catch_up
 from bot.transports.discord_policy import Seen, admit, retry_delay
 from bot.transports.discord_read import is_dm as dm_channel
 from bot.transports.discord_read import quote as quote_of
 from bot.transports.discord_read import read_attachments, readable_text
 from bot.transports.discord_relay import DiscordRelay
+from bot.transports.discord_resume import Earlier
 from bot.transports.discord_send import (
+    NETWORK_ERRORS,
     Target,
     channel_space,
     describe,
@@ -107,13 +109,6 @@ STYLE_HINT = (
 )
 STOP_TIMEOUT = 10.0
 NO_MENTIONS = discord.AllowedMentions.none()
-# Trouble reaching Discord, as opposed to Discord refusing us: worth another login attempt.
-NETWORK_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    aiohttp.ClientError,
-    asyncio.TimeoutError,
-    discord.DiscordServerError,
-)
 SEND_ERRORS: tuple[type[BaseException], ...] = (
     discord.HTTPException,
     discord.ClientException,
@@ -261,13 +256,18 @@ class DiscordTransport:
         if not parts and not reply.attachments:
             return Delivery(DeliveryStatus.FAILED, detail="nothing to send (empty reply)")
         sent: list[str] = []
+        # Messages an interrupted stream of this answer left on screen: edited into the parts
+        # (a restart finishes the half answer instead of posting a second one under it).
+        earlier = Earlier(tuple(s for s in reply.shown if s[0] not in reply.done_parts))
         try:
             if parts:
                 channel, reference = await self._target(client, reply.inbound)
                 for i, part in enumerate(parts):
                     if i in reply.done_parts:  # posted before a restart: never twice
                         continue
-                    msg = await post(channel, part, reference if i == 0 else None)
+                    msg = await earlier.take(channel, part) or await post(
+                        channel, part, reference if i == 0 else None
+                    )
                     sent.append(str(msg.id))
                     if reply.progress is not None:
                         await reply.progress(i, str(msg.id))
@@ -276,6 +276,7 @@ class DiscordTransport:
                         self._answered[msg.id] = int(reply.inbound.sender)
                         while len(self._answered) > self._config.remembered_messages:
                             self._answered.popitem(last=False)
+                await earlier.drop(channel)
             if reply.attachments:
                 recent = self._recent.get(reply.inbound.message_id or "")
                 for msg in await send_attachments(
@@ -298,8 +299,15 @@ class DiscordTransport:
             return Delivery(status, tuple(sent), detail=describe(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
 
-    def stream(self, inbound: Inbound) -> DiscordStream | None:
-        """A streamed answer to ``inbound`` (None when streaming is off or Discord is down)."""
+    def stream(
+        self,
+        inbound: Inbound,
+        *,
+        shown: tuple[tuple[int, str], ...] = (),
+        record: ShownRecord | None = None,
+    ) -> DiscordStream | None:
+        """A streamed answer to ``inbound`` (None when streaming is off or Discord is down);
+        ``shown``: messages an interrupted stream of it left, reused in order."""
         client = self._client
         if not self._config.stream or client is None or client.is_closed():
             return None
@@ -317,6 +325,8 @@ class DiscordTransport:
             sleep=self._sleep,
             on_post=on_post,
             note=self._note_for,
+            earlier=Earlier(shown, record),
+            record=record,
         )
         stream.first_post = lambda: self._stop_typing(inbound)
         return stream

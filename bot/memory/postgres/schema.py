@@ -335,6 +335,18 @@ def _m006_recall_notes() -> str:
     return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
 
 
+def _m011_shown_parts() -> str:
+    # As SQLite's 011_shown_parts (a streamed answer's messages, by question).
+    return """
+        CREATE TABLE shown_parts (
+            question_id BIGINT NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+            part INTEGER NOT NULL CHECK (part >= 0),
+            platform_id TEXT NOT NULL,
+            PRIMARY KEY (question_id, part)
+        );
+        """
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -346,6 +358,7 @@ MIGRATIONS: list[Migration] = [
     ("007_outbox_claims", _m007_outbox_claims),
     ("008_memory_promises", _m008_memory_promises),
     ("009_pg_word_index", _m009_pg_word_index),
+    ("011_shown_parts", _m011_shown_parts),
 ]
 
 
