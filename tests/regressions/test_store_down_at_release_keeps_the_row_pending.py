@@ -2,8 +2,9 @@
 claim back (``release_delivery``); when the store was briefly unusable at that moment, the
 error reached the worker's loop boundary: a round's delivery marked the row ``failed``, a
 turn's own delivery left it claimed for good (no round lists a claimed row) and told the
-person "internal error"; either way the answer was never sent. Now the row stays ``pending`` under the claim (nobody else sends it meanwhile),
-the next round gives the claim back, and the answer goes out once.
+person "internal error"; either way the answer was never sent. Now the row stays
+``pending`` under the claim (nobody else sends it meanwhile), the next round gives the claim
+back, and the answer goes out once.
 
 Real SQLite (its "database is locked" error raised for the release), the real responder, the
 real openai client against the fake LLM server, the in-process fake transport.
