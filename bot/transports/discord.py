@@ -77,6 +77,7 @@ from bot.transports.discord_connect import (
     STOP_TIMEOUT,
     ClientFactory,
     Sleep,
+    cancel_ready_wait,
     default_client,
     login,
     settle_event_tasks,
@@ -313,6 +314,7 @@ class DiscordTransport:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._catchup_task
         if client is not None:
+            cancel_ready_wait(client)
             with contextlib.suppress(*SEND_ERRORS):
                 await asyncio.wait_for(client.close(), timeout=STOP_TIMEOUT)
         if task is not None and not task.done():
@@ -342,6 +344,7 @@ class DiscordTransport:
             log.exception("discord transport stopped unexpectedly; other transports keep running")
         finally:
             if self._client is not None:
+                cancel_ready_wait(self._client)
                 with contextlib.suppress(Exception):
                     await self._client.close()
             self._closed.set()

@@ -10,7 +10,10 @@ Invariants:
 - ``settle_event_tasks``: discord.py runs each event handler in a task of its own ("discord.py:
   on_..."); those the last gateway events scheduled are given a moment, then cancelled and
   awaited, so none outlives the transport (a loop closed with one never started warns
-  "coroutine ... was never awaited").
+  "coroutine ... was never awaited"). discord.py's wait for guilds before ``on_ready`` (a task
+  of its connection state) is cancelled before the client closes (``cancel_ready_wait``): when
+  it ended after the close it dispatched on a client without a loop, and its handler's
+  coroutine was never awaited.
 - Nothing the client sends can ping anyone (``NO_MENTIONS``); no voice, no voice warnings.
 """
 
@@ -98,6 +101,14 @@ async def login(
             )
             await sleep(delay)
             attempt += 1
+
+
+def cancel_ready_wait(client: discord.Client) -> None:
+    """Cancel discord.py's pending wait for guilds (it would dispatch ``on_ready`` after the
+    client closed). discord.py keeps that task on its connection state; absent, nothing."""
+    task = getattr(getattr(client, "_connection", None), "_ready_task", None)
+    if isinstance(task, asyncio.Task) and not task.done():
+        task.cancel()
 
 
 async def settle_event_tasks() -> None:
