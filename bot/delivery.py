@@ -20,7 +20,13 @@ Invariants:
   back; claims a dead process left are released at start (``release_stale_claims``).
   ``in_flight`` only keeps a row from being queued twice in this process.
 - Streaming (transports with ``Streams``): once the outbox row exists, the stream finishes it
-  (exactly the row's text, parts recorded through ``progress``) instead of a second send.
+  (exactly the row's text, parts recorded through ``progress``) instead of a second send. Every
+  message a stream posts is recorded by question as it is posted (``record_shown``); after a
+  restart the question's next stream, or the ``send`` of its row (``Reply.shown``), edits those
+  messages into the answer: a half answer on screen is finished, never followed by a second.
+- A store error while a claim is taken, given back or its row finished (the store briefly
+  down) never ends the row: the row stays ``pending`` and its claim is given back by a later
+  round (``waiting`` retries it first), so the row is sent again, still only under a claim.
 - ``delivering`` names the conversations whose worker is waiting on a transport right now, so a
   shutdown can cut them at once (the row stays pending and goes out after the restart).
 - A transport that raises from ``send`` (a bug: trouble is reported in ``Delivery``) yields a
@@ -31,17 +37,21 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Mapping
 
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
+from bot.errors import StorageError
 from bot.memory.port import MemoryStore
 from bot.memory.records import OutboxRow
-from bot.transports.base import AnswerStream, Transport
+from bot.transports.base import AnswerStream, Streams, Transport
 
 log = logging.getLogger("bot.responder")
 
 DEFAULT_MAX_AGE = 3600.0
+# What a store raises when it is briefly unusable (locked, disk full, server unreachable).
+STORE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error, StorageError)
 
 
 class OutboxSender:
@@ -59,6 +69,24 @@ class OutboxSender:
         self._max_age = dict(max_age or {})
         self.in_flight: set[int] = set()  # outbox rows queued or being sent
         self.delivering: set[tuple[str, str, str]] = set()  # workers waiting on a transport
+        self._unreleased: set[int] = set()  # own claims a store error kept us from giving back
+
+    async def open_stream(self, inbound: Inbound, question_id: int) -> AnswerStream | None:
+        """A stream for the answer to ``question_id`` (None when the transport does not
+        stream), told which messages an interrupted earlier stream left on screen and
+        recording each message it posts."""
+        transport = self._transports[inbound.transport]
+        if not isinstance(transport, Streams):
+            return None
+
+        async def record(part: int, platform_id: str | None) -> None:
+            try:
+                await self._store.record_shown(question_id, part, platform_id)
+            except STORE_ERRORS as exc:  # costs a second message after a crash, not the answer
+                log.warning("could not record a streamed message of %s: %s", inbound.key, exc)
+
+        shown = await self._store.shown_parts(question_id)
+        return transport.stream(inbound, shown=shown, record=record)
 
     async def deliver_now(
         self,
@@ -89,7 +117,11 @@ class OutboxSender:
         ``claimed`` (this process created the row claimed), the row is claimed first and sent
         as the claim returned it; a row claimed or finished meanwhile is not sent."""
         if not claimed:
-            fresh = await self._store.claim_delivery(row.id)
+            try:
+                fresh = await self._store.claim_delivery(row.id)
+            except STORE_ERRORS as exc:  # the claim may have been taken: give it back later
+                self._keep_for_later(row.id, exc)
+                return Delivery(DeliveryStatus.PENDING, detail="store unavailable")
             if fresh is None:
                 log.debug("outbox row %d is claimed or finished already; not sent again", row.id)
                 return Delivery(DeliveryStatus.PENDING, detail="claimed or finished elsewhere")
@@ -129,16 +161,39 @@ class OutboxSender:
                 progress=progress,
                 packet_ids=row.packet_ids,
                 plan=plan,
+                shown=row.shown,
             )
             delivery = await (stream.finish(reply) if stream is not None else self.send(reply))
         finally:
             self.delivering.discard(qkey)
-        if delivery.status is DeliveryStatus.PENDING:
-            log.info("outbox row %d for %s waits for its link", row.id, row.entry.key)
-            await self._store.release_delivery(row.id)  # the next round may claim it again
-        else:
-            await self._store.finish_delivery(row.id, delivery.status.value, detail=delivery.detail)
+        try:
+            if delivery.status is DeliveryStatus.PENDING:
+                log.info("outbox row %d for %s waits for its link", row.id, row.entry.key)
+                await self._store.release_delivery(row.id)  # the next round may claim it again
+            else:
+                await self._store.finish_delivery(
+                    row.id, delivery.status.value, detail=delivery.detail
+                )
+        except STORE_ERRORS as exc:
+            # The row stays pending under our claim (nobody else sends it); a later round gives
+            # the claim back and sends what is still missing (recorded parts never again).
+            self._keep_for_later(row.id, exc)
         return delivery
+
+    def _keep_for_later(self, row_id: int, exc: BaseException) -> None:
+        log.warning(
+            "store unavailable for outbox row %d (%s); it stays pending for a later round",
+            row_id,
+            exc,
+        )
+        self._unreleased.add(row_id)
+
+    async def _release_kept(self) -> None:
+        """Give back the claims a store error kept (in ``deliver``); stops at the first error
+        (the store is still down: the next round tries again)."""
+        for row_id in sorted(self._unreleased):
+            await self._store.release_delivery(row_id)
+            self._unreleased.discard(row_id)
 
     async def send(self, reply: Reply) -> Delivery:
         transport = self._transports[reply.inbound.transport]
@@ -169,6 +224,10 @@ class OutboxSender:
     async def waiting(self) -> list[tuple[Inbound, OutboxRow]]:
         """Every undelivered row not already on its way in this process, with the inbound its
         person's worker sends it for (expired rows are marked so when their turn comes)."""
+        try:
+            await self._release_kept()
+        except STORE_ERRORS as exc:
+            log.warning("store still unavailable; outbox claims kept for the next round: %s", exc)
         rows = await self._store.undelivered(transports=tuple(self._transports))
         out: list[tuple[Inbound, OutboxRow]] = []
         for row in rows:

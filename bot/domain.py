@@ -85,6 +85,10 @@ class Reply:
     # the id to use (one stored earlier wins), so a re-send repeats the same packet id.
     packet_ids: tuple[tuple[int, int], ...] = ()
     plan: PartPlan | None = None
+    # Transports that edit what they showed (Discord): messages an interrupted stream of this
+    # answer left on screen, (part index, platform id); they are edited into the answer's parts
+    # instead of being followed by a second copy.
+    shown: tuple[tuple[int, str], ...] = ()
 
 
 PartProgress = Callable[[int, str], Awaitable[None]]

@@ -79,7 +79,7 @@ from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
-from bot.transports.base import AnswerStream, Congested, KeepsFiles, Paginates, Streams, Transport
+from bot.transports.base import AnswerStream, Congested, KeepsFiles, Paginates, Transport
 
 log = logging.getLogger("bot.responder")
 
@@ -343,9 +343,7 @@ class Responder:
             return
         limits = transport.limits
         conv = await self._store.conversation(inbound.key)
-        stream: AnswerStream | None = (
-            transport.stream(inbound) if isinstance(transport, Streams) else None
-        )
+        stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
         async with transport.working(inbound):
             ctx = await self._context.build(
                 conv,

@@ -418,3 +418,28 @@ async def test_a_part_keeps_the_first_packet_id_planned_for_it(memory: MemorySto
     assert row is not None and row.packet_ids == ((0, 0x1234), (1, 0xFFFF_FFF0))
     await memory.forget_person("mesh", ALICE.person)
     assert await memory.plan_part(oid, 2, 7) == 0  # the row is gone (!forget)
+
+
+async def test_shown_parts_are_kept_by_question_until_its_row_is_finished(
+    memory: MemoryStore,
+) -> None:
+    """A streamed answer's messages, recorded as posted (before its outbox row exists), come
+    back with the row after a restart; a deleted message is dropped; finishing clears them."""
+    qid = await _say(memory, ALICE, "a long question")
+    await memory.record_shown(qid, 0, "1001")
+    await memory.record_shown(qid, 1, "1002")
+    await memory.record_shown(qid, 2, "1003")
+    await memory.record_shown(qid, 2, None)  # deleted again (a shorter text)
+    await memory.record_shown(qid, 1, "1012")  # the same part re-posted
+    assert await memory.shown_parts(qid) == ((0, "1001"), (1, "1012"))
+    oid = await memory.queue_delivery(OutboxEntry(ALICE, "answer", "x", question_id=qid))
+    row = await memory.outbox_row(oid)
+    assert row is not None and row.shown == ((0, "1001"), (1, "1012"))
+    await memory.finish_delivery(oid, "delivered")
+    assert await memory.shown_parts(qid) == ()
+    other = await _say(memory, ALICE, "another")
+    await memory.record_shown(other, 0, "2001")
+    await memory.forget_person("mesh", ALICE.person)
+    assert await memory.shown_parts(other) == ()
+    await memory.record_shown(other, 1, "2002")  # the question is gone (!forget): ignored
+    assert await memory.shown_parts(other) == ()

@@ -32,8 +32,10 @@ ORDER: tuple[tuple[str, str], ...] = (
     ("outbox", "id"),
     ("outbox_parts", "outbox_id"),
     ("outbox_packets", "outbox_id"),
+    ("shown_parts", "question_id"),
 )
-WHOLE = {"outbox_parts", "outbox_packets"}  # key not unique: one batch (small tables only)
+# key not unique: one batch (small tables only)
+WHOLE = {"outbox_parts", "outbox_packets", "shown_parts"}
 # Columns one store keeps for itself: PostgreSQL's search words (rebuilt from the row) and the
 # outbox row's gateway (rows copied into PostgreSQL belong to the gateway that migrates them)
 # and its claim (a copy is claimed by nobody: the process that held it is not the one reading).

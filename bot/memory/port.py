@@ -29,7 +29,8 @@ Invariants every implementation keeps:
   (``claim_delivery``, a compare-and-set; ``queue_delivery(claim=True)``); ``undelivered``
   lists only unclaimed rows; ``release_stale_claims`` frees the claims of this gateway's dead
   processes at start; ``plan_part`` fixes a part's packet id before it is written (see
-  ``bot.memory.outbox_claims``).
+  ``bot.memory.outbox_claims``). ``record_shown`` keeps, by question, the messages a streamed
+  answer put on screen (``OutboxRow.shown``; cleared by ``finish_delivery``).
 - ``pending_messages`` never lists a question that has a later user message in its
   conversation (that turn folded it in); ``mark_answered`` marks the pending questions a turn
   folded; ``claim_question`` is a compare-and-set that takes a pending question only when its
@@ -337,6 +338,10 @@ class MemoryStore(Protocol):
     async def plan_part(self, outbox_id: int, part: int, packet_id: int) -> int: ...
 
     async def record_part(self, outbox_id: int, part: int, platform_id: str) -> None: ...
+
+    async def record_shown(self, question_id: int, part: int, platform_id: str | None) -> None: ...
+
+    async def shown_parts(self, question_id: int) -> tuple[tuple[int, str], ...]: ...
 
     async def finish_delivery(
         self, outbox_id: int, state: str, *, detail: str | None = None

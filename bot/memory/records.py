@@ -159,6 +159,8 @@ class OutboxRow:
     created_at: float
     answer_id: int | None  # the assistant message, for answers
     packet_ids: tuple[tuple[int, int], ...] = ()  # (part index, packet id) planned before a write
+    # (part index, platform id) of messages a stream of this question's answer left on screen
+    shown: tuple[tuple[int, str], ...] = ()
 
 
 MSG_COLS = (

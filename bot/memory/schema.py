@@ -295,6 +295,21 @@ def _m010_incognito_notes_facts() -> str:
         """
 
 
+def _m011_shown_parts() -> str:
+    # The Discord messages a streamed answer put on screen, recorded as they are posted and
+    # keyed by the question (the answer's outbox row does not exist yet while it streams): after
+    # a restart the answer edits them instead of posting a second copy (bot.delivery). Deleted
+    # with the question (!forget, retention); cleared when the answer's row is finished.
+    return """
+        CREATE TABLE shown_parts (
+            question_id INTEGER NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+            part INTEGER NOT NULL CHECK (part >= 0),
+            platform_id TEXT NOT NULL,
+            PRIMARY KEY (question_id, part)
+        );
+        """
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -307,6 +322,7 @@ MIGRATIONS: list[Migration] = [
     ("007_outbox_claims", _m007_outbox_claims),
     ("008_memory_promises", _m008_memory_promises),
     ("010_incognito_notes_facts", _m010_incognito_notes_facts),
+    ("011_shown_parts", _m011_shown_parts),
 ]
 
 

@@ -14,7 +14,10 @@ Invariants:
   ``KeepsFiles``); the responder uses them when a transport has them.
 - Optional streaming (``Streams``): ``stream(inbound)`` returns an ``AnswerStream`` (or None
   when streaming is off for it); the responder feeds it the growing answer and ends it with
-  ``finish`` (the fitted final text, which is what is stored) or ``abort``.
+  ``finish`` (the fitted final text, which is what is stored) or ``abort``. Every message a
+  stream posts is recorded (``record``) as it is posted; a stream after a restart, and a
+  ``send`` of a reply with ``Reply.shown``, edit those messages instead of posting a second
+  answer under a half one.
 - ``start`` returns once the transport runs in the background; ``stop`` ends it within its own
   timeout; ``wait_closed`` returns when the transport has ended by itself (console EOF) and
   otherwise only after ``stop``.
@@ -49,9 +52,23 @@ class AnswerStream(Protocol):
         ...
 
 
+ShownRecord = Callable[[int, str | None], Awaitable[None]]
+
+
 @runtime_checkable
 class Streams(Protocol):
-    def stream(self, inbound: Inbound) -> AnswerStream | None: ...
+    def stream(
+        self,
+        inbound: Inbound,
+        *,
+        shown: tuple[tuple[int, str], ...] = (),
+        record: ShownRecord | None = None,
+    ) -> AnswerStream | None:
+        """``shown``: messages an earlier, interrupted stream of this answer left on screen
+        (part index, platform id), to be reused in order rather than followed by new ones;
+        ``record(part, platform id or None)`` is awaited for every message posted (or deleted)
+        so that a restart can do the same."""
+        ...
 
 
 class Transport(Protocol):

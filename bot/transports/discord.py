@@ -1,9 +1,12 @@
 """Discord transport on discord.py 2.x: DMs and @mentions in allowed channels in, replies out.
-Only ``bot/transports/discord*.py`` import discord: this module owns the connection and the
-flow; ``discord_read`` (message -> text), ``discord_send`` (posts and files),
-``discord_stream`` (streamed answers), ``discord_catchup`` (missed messages) and
-``discord_relay`` (the bridge's Discord side) do one job each; text fitting, attachments and
-admission rules are pure (``discord_text``, ``discord_attach``, ``discord_policy``).
+Only ``bot/transports/discord*.py`` import discord: this module owns the transport's state
+and the flow between the parts, which do one job each: ``discord_connect`` (client, login,
+shutdown of its tasks), ``discord_inbound`` (which messages are answered, as what
+``Inbound``), ``discord_read`` (message -> text), ``discord_send`` (posts and files),
+``discord_stream`` (streamed answers), ``discord_resume`` (finishing what an interrupted
+answer left on screen), ``discord_catchup`` (missed messages) and ``discord_relay`` (the
+bridge's Discord side); text fitting, attachments and admission rules are pure
+(``discord_text``, ``discord_attach``, ``discord_policy``).
 
 Invariants:
 - Inbound: who is answered is decided by ``discord_policy.admit`` (bots and webhooks never; DMs
@@ -20,7 +23,9 @@ Invariants:
   "@everyone" stays text. Attachments marked ``dm_only`` (``!export``) go to the person by DM.
 - Streaming (``discord.stream``, on by default): ``stream(inbound)`` gives the responder a
   ``DiscordStream``; the answer appears with its first words and grows by edits at most every
-  ``stream_edit_seconds``; the typing indicator stops at the first post.
+  ``stream_edit_seconds``; the typing indicator stops at the first post. Messages an
+  interrupted stream left on screen (``Reply.shown``, or ``shown`` for a new stream) are
+  edited into the answer, never followed by a second one (``discord_resume``).
 - ``send`` never raises; trouble is reported in the ``Delivery``. ``working`` shows the typing
   indicator and never fails the turn.
 - Startup: ``start`` never raises. A missing token, a rejected token (LoginFailure) or the
@@ -54,7 +59,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,57 +67,45 @@ import aiohttp
 import discord
 
 from bot.config import DiscordConfig, RelayConfig
-from bot.domain import (
-    DM_SPACE,
-    Delivery,
-    DeliveryStatus,
-    Inbound,
-    Reply,
-    TransportLimits,
-)
-from bot.transports.base import OnMessage
+from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
+from bot.transports.base import OnMessage, ShownRecord
 from bot.transports.discord_catchup import MAX_DM_CHANNELS, Known, SeenMarks, catch_up
-from bot.transports.discord_policy import Seen, admit, retry_delay
+from bot.transports.discord_connect import (
+    BAD_TOKEN,
+    MISSING_TOKEN,
+    NO_INTENT,
+    STOP_TIMEOUT,
+    ClientFactory,
+    Sleep,
+    cancel_ready_wait,
+    default_client,
+    login,
+    settle_event_tasks,
+)
+from bot.transports.discord_inbound import NAME, OwnMessages, to_inbound
 from bot.transports.discord_read import is_dm as dm_channel
-from bot.transports.discord_read import quote as quote_of
 from bot.transports.discord_read import read_attachments, readable_text
 from bot.transports.discord_relay import DiscordRelay
+from bot.transports.discord_resume import Earlier
 from bot.transports.discord_send import (
+    NETWORK_ERRORS,
+    NO_MENTIONS,
     Target,
-    channel_space,
     describe,
     post,
     reply_target,
     send_attachments,
 )
 from bot.transports.discord_stream import DiscordStream
-from bot.transports.discord_text import (
-    DISCORD_MAX_CHARS,
-    fit_text,
-    note_line,
-    split_message,
-    strip_mentions,
-    units,
-)
+from bot.transports.discord_text import DISCORD_MAX_CHARS, fit_text, note_line, split_message, units
 
-# How long stop() lets discord.py's last event handlers finish before cancelling them.
-EVENT_SETTLE_SECONDS = 2.0
+__all__ = ["NAME", "NO_MENTIONS", "STYLE_HINT", "DiscordTransport", "build_discord"]
 
 log = logging.getLogger("bot.transport.discord")
 
-NAME = "discord"
 STYLE_HINT = (
     "You are answering on Discord: be concise, use Discord Markdown, and put code in fenced "
     "code blocks."
-)
-STOP_TIMEOUT = 10.0
-NO_MENTIONS = discord.AllowedMentions.none()
-# Trouble reaching Discord, as opposed to Discord refusing us: worth another login attempt.
-NETWORK_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    aiohttp.ClientError,
-    asyncio.TimeoutError,
-    discord.DiscordServerError,
 )
 SEND_ERRORS: tuple[type[BaseException], ...] = (
     discord.HTTPException,
@@ -123,44 +116,6 @@ SEND_ERRORS: tuple[type[BaseException], ...] = (
 )
 # ValueError: an inbound whose ids are not Discord's (send never raises).
 DELIVERY_ERRORS: tuple[type[BaseException], ...] = (*SEND_ERRORS, ValueError)
-
-PORTAL = "https://discord.com/developers/applications"
-MISSING_TOKEN = (
-    "discord transport not started: the environment variable {env} is empty or not set. "
-    "Fix: copy the bot token from " + PORTAL + " (your application -> Bot -> Reset Token) into "
-    "{env}, or set 'discord: enabled: false'. Other transports keep running."
-)
-BAD_TOKEN = (
-    "discord transport stopped: Discord rejected the token in {env} (401 Unauthorized). "
-    "Fix: reset the token at " + PORTAL + " (your application -> Bot -> Reset Token), put the "
-    "new one in {env} and restart. Other transports keep running."
-)
-NO_INTENT = (
-    "discord transport stopped: the Message Content intent is not enabled for this bot "
-    "(gateway close 4014). Fix: at " + PORTAL + " open your application -> Bot -> Privileged "
-    "Gateway Intents, switch on MESSAGE CONTENT INTENT, save and restart; or set "
-    "'discord: message_content_intent: false' (then replies to the bot must @mention it). "
-    "Other transports keep running."
-)
-
-ClientFactory = Callable[[discord.Intents], discord.Client]
-Sleep = Callable[[float], Awaitable[None]]
-
-
-def default_client(intents: discord.Intents) -> discord.Client:
-    # meshsage uses no voice: silence discord.py's one-time "PyNaCl/davey not installed"
-    # warnings, which would only send operators looking for a problem they do not have.
-    discord.VoiceClient.warn_nacl = False
-    discord.VoiceClient.warn_dave = False
-    return discord.Client(intents=intents, allowed_mentions=NO_MENTIONS)
-
-
-def intents_for(config: DiscordConfig) -> discord.Intents:
-    """Default intents (guilds, messages, DMs) plus message content when configured. Members
-    and presences stay off: a guild message carries its author's roles without them."""
-    intents = discord.Intents.default()
-    intents.message_content = config.message_content_intent
-    return intents
 
 
 class DiscordTransport:
@@ -207,10 +162,7 @@ class DiscordTransport:
         self._recent: OrderedDict[str, discord.Message] = OrderedDict()
         # inbound message id -> a note for its answer (attachments not read, text cut)
         self._notes: OrderedDict[str, str] = OrderedDict()
-        # id of each message the bot sent -> id of the first message of the same answer
-        self._own: OrderedDict[int, int] = OrderedDict()
-        # id of the first message of an answer -> the id of the person it answered
-        self._answered: OrderedDict[int, int] = OrderedDict()
+        self._mine = OwnMessages(limit=config.remembered_messages)  # the bot's own messages
 
     # --- port -------------------------------------------------------------------------------
     def fit(self, text: str) -> str:
@@ -261,28 +213,32 @@ class DiscordTransport:
         if not parts and not reply.attachments:
             return Delivery(DeliveryStatus.FAILED, detail="nothing to send (empty reply)")
         sent: list[str] = []
+        # Messages an interrupted stream of this answer left on screen: edited into the parts
+        # (a restart finishes the half answer instead of posting a second one under it).
+        earlier = Earlier(tuple(s for s in reply.shown if s[0] not in reply.done_parts))
         try:
             if parts:
                 channel, reference = await self._target(client, reply.inbound)
                 for i, part in enumerate(parts):
                     if i in reply.done_parts:  # posted before a restart: never twice
                         continue
-                    msg = await post(channel, part, reference if i == 0 else None)
+                    msg = await earlier.take(channel, part) or await post(
+                        channel, part, reference if i == 0 else None
+                    )
                     sent.append(str(msg.id))
                     if reply.progress is not None:
                         await reply.progress(i, str(msg.id))
-                    self._remember_own(msg.id, head=int(sent[0]))
-                    if i == 0 and reply.inbound.sender.isdigit():
-                        self._answered[msg.id] = int(reply.inbound.sender)
-                        while len(self._answered) > self._config.remembered_messages:
-                            self._answered.popitem(last=False)
+                    self._mine.remember(msg.id, head=int(sent[0]))
+                    if i == 0:
+                        self._mine.answered(msg.id, reply.inbound.sender)
+                await earlier.drop(channel)
             if reply.attachments:
                 recent = self._recent.get(reply.inbound.message_id or "")
                 for msg in await send_attachments(
                     client, reply, recent, limit=self._config.upload_limit
                 ):
                     sent.append(str(msg.id))
-                    self._remember_own(msg.id)
+                    self._mine.remember(msg.id)
         except DELIVERY_ERRORS as exc:
             # Discord unreachable (network, 5xx): the outbox keeps the row and the parts not
             # yet posted go out on a later try; Discord refusing (403, 404, 400) is final.
@@ -298,16 +254,23 @@ class DiscordTransport:
             return Delivery(status, tuple(sent), detail=describe(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
 
-    def stream(self, inbound: Inbound) -> DiscordStream | None:
-        """A streamed answer to ``inbound`` (None when streaming is off or Discord is down)."""
+    def stream(
+        self,
+        inbound: Inbound,
+        *,
+        shown: tuple[tuple[int, str], ...] = (),
+        record: ShownRecord | None = None,
+    ) -> DiscordStream | None:
+        """A streamed answer to ``inbound`` (None when streaming is off or Discord is down);
+        ``shown``: messages an interrupted stream of it left, reused in order."""
         client = self._client
         if not self._config.stream or client is None or client.is_closed():
             return None
 
         def on_post(message: discord.Message, head: int) -> None:
-            self._remember_own(message.id, head=head)
-            if message.id == head and inbound.sender.isdigit():
-                self._answered[head] = int(inbound.sender)
+            self._mine.remember(message.id, head=head)
+            if message.id == head:
+                self._mine.answered(head, inbound.sender)
 
         stream = DiscordStream(
             target=lambda: self._target(client, inbound),
@@ -317,6 +280,8 @@ class DiscordTransport:
             sleep=self._sleep,
             on_post=on_post,
             note=self._note_for,
+            earlier=Earlier(shown, record),
+            record=record,
         )
         stream.first_post = lambda: self._stop_typing(inbound)
         return stream
@@ -349,34 +314,16 @@ class DiscordTransport:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._catchup_task
         if client is not None:
+            cancel_ready_wait(client)
             with contextlib.suppress(*SEND_ERRORS):
                 await asyncio.wait_for(client.close(), timeout=STOP_TIMEOUT)
         if task is not None and not task.done():
             task.cancel()  # a login attempt or backoff sleep in progress
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        # discord.py runs each event handler in a task of its own ("discord.py: on_..."); those
-        # scheduled by the last gateway events (the disconnect itself) are owned here: given a
-        # moment to finish, then cancelled and awaited, so none outlives the transport (a loop
-        # closed with one never started warns "coroutine ... was never awaited").
-        await self._settle_event_tasks()
+        # discord.py's last event-handler tasks are owned here (discord_connect)
+        await settle_event_tasks()
         self._closed.set()
-
-    @staticmethod
-    async def _settle_event_tasks() -> None:
-        me = asyncio.current_task()
-        pending = {
-            t
-            for t in asyncio.all_tasks()
-            if t is not me and not t.done() and t.get_name().startswith("discord.py: ")
-        }
-        if not pending:
-            return
-        _, late = await asyncio.wait(pending, timeout=EVENT_SETTLE_SECONDS)
-        for t in late:
-            t.cancel()
-        if late:
-            await asyncio.wait(late, timeout=EVENT_SETTLE_SECONDS)
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -397,36 +344,24 @@ class DiscordTransport:
             log.exception("discord transport stopped unexpectedly; other transports keep running")
         finally:
             if self._client is not None:
+                cancel_ready_wait(self._client)
                 with contextlib.suppress(Exception):
                     await self._client.close()
             self._closed.set()
 
     async def _login(self, token: str) -> discord.Client:
-        """Log in, retrying network trouble with backoff; each attempt gets a fresh client (a
-        failed login leaves discord.py's HTTP session closed)."""
-        attempt = 0
-        while True:
-            client = self._client_factory(intents_for(self._config))
+        def current(client: discord.Client) -> None:
             self._register(client)
             self._client = client
-            try:
-                await asyncio.wait_for(client.login(token), timeout=self._config.login_timeout)
-                return client
-            except NETWORK_ERRORS as exc:
-                await client.close()
-                delay = retry_delay(
-                    attempt,
-                    initial=self._config.retry_initial,
-                    cap=self._config.retry_max,
-                    rand=self._rand(),
-                )
-                log.warning(
-                    "cannot reach Discord to log in (%s); retrying in %.0f s",
-                    describe(exc),
-                    delay,
-                )
-                await self._sleep(delay)
-                attempt += 1
+
+        return await login(
+            token,
+            config=self._config,
+            factory=self._client_factory,
+            on_client=current,
+            sleep=self._sleep,
+            rand=self._rand,
+        )
 
     def _register(self, client: discord.Client) -> None:
         async def on_ready() -> None:
@@ -477,7 +412,13 @@ class DiscordTransport:
         self, client: discord.Client, message: discord.Message, *, live: bool = True
     ) -> None:
         try:
-            inbound = self._inbound(client, message)
+            inbound = to_inbound(
+                message,
+                me=client.user,
+                config=self._config,
+                mine=self._mine,
+                handled=self._recent,
+            )
             relay = self.relay
             if (
                 live
@@ -509,81 +450,6 @@ class DiscordTransport:
             if dm or channel.id in self._config.channels:
                 self._marks.see(channel.id, message.id, dm=dm)
 
-    def _inbound(self, client: discord.Client, message: discord.Message) -> Inbound | None:
-        me = client.user
-        if me is None:
-            return None
-        author = message.author
-        guild = message.guild
-        channel = message.channel
-        # A DM is decided by the channel type, never by ``guild is None``: a message from a
-        # guild discord.py has not cached (yet) has no guild either, and must not be taken for
-        # a DM (answered unaddressed, from the author's DM memory, into a guild channel).
-        is_dm = dm_channel(channel)
-        if not is_dm and guild is None:
-            log.debug("ignoring Discord message %s: its guild is not cached", message.id)
-            return None
-        bot_roles = [
-            role.id
-            for role in message.role_mentions
-            if role.tags is not None and role.tags.bot_id == me.id
-        ]
-        ref = message.reference
-        resolved = ref.resolved if ref is not None else None
-        replies_to_bot = ref is not None and (
-            (isinstance(resolved, discord.Message) and resolved.author.id == me.id)
-            or (ref.message_id is not None and ref.message_id in self._own)
-        )
-        seen = Seen(
-            author_id=author.id,
-            author_is_bot=(
-                author.bot
-                or author.id == me.id
-                or message.webhook_id is not None
-                or message.type not in (discord.MessageType.default, discord.MessageType.reply)
-            ),
-            is_dm=is_dm,
-            channel_id=channel.id,
-            parent_id=channel.parent_id if isinstance(channel, discord.Thread) else None,
-            role_ids=frozenset(r.id for r in getattr(author, "roles", ())),
-            mentions_bot=any(u.id == me.id for u in message.mentions) or bool(bot_roles),
-            replies_to_bot=replies_to_bot,
-        )
-        reason = admit(seen, config=self._config)
-        if reason is not None:
-            log.debug("ignoring Discord message %s: %s", message.id, reason)
-            return None
-        if str(message.id) in self._recent:
-            log.debug("ignoring Discord message %s: already handled", message.id)
-            return None
-        text = readable_text(
-            message, strip_mentions(message.content, user_ids=[me.id], role_ids=bot_roles)
-        )
-        # A reply without a ping arrives empty when the message content intent is off; a
-        # sticker or an embed alone is no question: neither is announced as "empty".
-        if (
-            not text
-            and not message.attachments
-            and not is_dm
-            and (not seen.mentions_bot or message.stickers or message.embeds)
-        ):
-            log.debug("ignoring Discord message %s: no content", message.id)
-            return None
-        if isinstance(resolved, discord.Message) and not is_dm:
-            quote = quote_of(resolved, asker=author.id, me=me.id, answered_to=self._answered_to)
-            if quote:
-                text = f"{quote}\n\n{text}".strip()
-        return Inbound(
-            transport=NAME,
-            sender=str(author.id),
-            text=text,
-            space=DM_SPACE if is_dm or guild is None else channel_space(guild.id, channel.id),
-            message_id=str(message.id),
-            reply_to=self._thread_parent(ref),
-            sender_name=author.display_name,
-            received_at=message.created_at,
-        )
-
     async def _with_attachments(self, message: discord.Message, inbound: Inbound) -> Inbound:
         text, note, images = await read_attachments(
             message, inbound.text, budget=self._max_message_chars, vision=self._vision
@@ -594,27 +460,10 @@ class DiscordTransport:
                 self._notes.popitem(last=False)
         return replace(inbound, text=text, images=images)
 
-    def _answered_to(self, message_id: int) -> int | None:
-        """Whom the answer containing our message ``message_id`` was for (None: unknown)."""
-        head = self._own.get(message_id)
-        return None if head is None else self._answered.get(head)
-
     def _remember(self, message_id: str, message: discord.Message) -> None:
         self._recent[message_id] = message
         while len(self._recent) > self._config.remembered_messages:
             self._recent.popitem(last=False)
-
-    def _thread_parent(self, ref: discord.MessageReference | None) -> str | None:
-        """The id a reply continues. A reply to any part of a multi-part answer points at the
-        answer's first message, the id under which the answer is stored."""
-        if ref is None or ref.message_id is None:
-            return None
-        return str(self._own.get(ref.message_id, ref.message_id))
-
-    def _remember_own(self, message_id: int, *, head: int | None = None) -> None:
-        self._own[message_id] = message_id if head is None else head
-        while len(self._own) > self._config.remembered_messages:
-            self._own.popitem(last=False)
 
 
 def build_discord(

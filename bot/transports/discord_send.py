@@ -14,8 +14,10 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import io
 
+import aiohttp
 import discord
 
 from bot.domain import Attachment, Inbound, Reply
@@ -23,6 +25,13 @@ from bot.transports.discord_attach import fit_uploads
 from bot.transports.discord_text import note_line
 
 NO_MENTIONS = discord.AllowedMentions.none()
+# Trouble reaching Discord, as opposed to Discord refusing us: worth another try later.
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    discord.DiscordServerError,
+)
 DM_CLOSED = (
     "I could not send you a DM. Allow direct messages from server members (Privacy Settings) "
     "and try again."

@@ -15,6 +15,12 @@ Invariants:
   every part's id, and never raises for Discord trouble.
 - ``abort`` deletes what was shown (the LLM failed; the person gets the notice instead).
 - A failed edit during streaming stops further streaming edits; ``finish`` still reconciles.
+  Discord unreachable (network, 5xx) while finishing yields ``PENDING``: the outbox keeps the
+  row and a later ``send`` edits the messages shown (``Reply.shown``) into the answer.
+- Every message posted (or deleted) is recorded at once (``record``), and the messages an
+  interrupted earlier stream of the same answer left (``earlier``, ``discord_resume``) are
+  reused in order before anything new is posted: after a restart the half answer on screen
+  grows into the whole one, never followed by a second copy.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from collections.abc import Awaitable, Callable
 import discord
 
 from bot.domain import Delivery, DeliveryStatus, Reply
+from bot.transports.base import ShownRecord
+from bot.transports.discord_resume import Earlier
+from bot.transports.discord_send import NETWORK_ERRORS
 from bot.transports.discord_text import DISCORD_MAX_CHARS, split_message, units
 
 log = logging.getLogger("bot.transport.discord")
@@ -53,6 +62,8 @@ class DiscordStream:
         sleep: Sleep,
         on_post: Callable[[discord.Message, int], None],
         note: Callable[[Reply], str | None],
+        earlier: Earlier | None = None,
+        record: ShownRecord | None = None,
     ) -> None:
         self._target = target
         self._max_parts = max_parts
@@ -61,6 +72,8 @@ class DiscordStream:
         self._sleep = sleep
         self._on_post = on_post  # (message, head id): the transport remembers its own posts
         self._note = note
+        self._earlier = earlier or Earlier()
+        self._record = record
         self._messages: list[discord.Message] = []
         self._shown: list[str] = []
         self._last: float | None = None
@@ -101,18 +114,33 @@ class DiscordStream:
                 for i, message in enumerate(self._messages):
                     await reply.progress(i, str(message.id))
         except STREAM_ERRORS as exc:
-            log.warning("streamed answer could not be completed: %s", exc)
+            transient = isinstance(exc, NETWORK_ERRORS)
+            log.warning("streamed answer could not be completed%s: %s",
+                        " (tried again later)" if transient else "", exc)  # fmt: skip
             ids = tuple(str(m.id) for m in self._messages)
-            return Delivery(DeliveryStatus.FAILED, ids, detail=str(exc))
+            status = DeliveryStatus.PENDING if transient else DeliveryStatus.FAILED
+            return Delivery(status, ids, detail=str(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(str(m.id) for m in self._messages))
 
     async def abort(self) -> None:
-        for message in self._messages:
+        for i, message in enumerate(self._messages):
             try:
                 await message.delete()
+                await self._note_shown(i, None)
             except STREAM_ERRORS as exc:
                 log.debug("could not delete a partial answer: %s", exc)
         self._messages, self._shown = [], []
+        try:
+            if self._earlier:
+                if self._channel is None:
+                    self._channel, self._reference = await self._target()
+                await self._earlier.drop(self._channel)
+        except STREAM_ERRORS as exc:
+            log.debug("could not delete an interrupted earlier answer: %s", exc)
+
+    async def _note_shown(self, part: int, platform_id: str | None) -> None:
+        if self._record is not None:
+            await self._record(part, platform_id)
 
     async def _show(self, parts: list[str], *, final: bool) -> None:
         if self._channel is None:
@@ -127,15 +155,24 @@ class DiscordStream:
                     self._shown[i] = part
                     changed = True
                 continue
-            msg = await self._post(part, first=not self._messages)
+            msg = await self._earlier.take(self._channel, part)
+            if msg is None:
+                msg = await self._post(part, first=not self._messages)
+            elif not self._messages:
+                self.first_post()
             self._messages.append(msg)
             self._shown.append(part)
             self._on_post(msg, self._messages[0].id)
+            await self._note_shown(i, str(msg.id))
             changed = True
         if final:
             while len(self._messages) > len(parts):
                 await self._messages.pop().delete()
                 self._shown.pop()
+                await self._note_shown(len(self._messages), None)
+                changed = True
+            if self._earlier:
+                await self._earlier.drop(self._channel)
                 changed = True
         if changed:
             self._last = self._clock()

@@ -8,6 +8,10 @@ bot makes to answer: POST messages (JSON or multipart with files), typing, openi
 guild has two text channels (one allowed in tests), a thread in each, and two roles.
 Every call is recorded so tests assert on what Discord would have received (payloads include
 ``message_reference`` and ``allowed_mentions``). ``patch`` points discord.py at this server.
+As unkind as Discord where it matters: editing or deleting a message that is gone (deleted by
+the bot or a moderator, ``delete_by_moderator``) or not in that channel is a 404 (code 10008);
+edits beyond the channel's rate limit are 429s; ``fail_requests`` makes posts, edits and
+deletes answer a 5xx for a while. ``visible(channel)`` is what a person sees there.
 """
 
 from __future__ import annotations
@@ -100,6 +104,10 @@ class FakeDiscord:
         self.typing_status = 204  # e.g. 500: the typing indicator fails
         self.upload_limit = 10 * 1024 * 1024  # bytes of files per message; more answers 413
         self.drop_posts = 0  # the next N message posts lose their connection (a network outage)
+        # The next N message posts/edits/deletes answer this 5xx (Discord having trouble); 503
+        # is raised by discord.py at once, 500/502/504 are retried by it after 1, 3, 5... s.
+        self.fail_requests = 0
+        self.fail_status = 503
         self.sent: list[Sent] = []
         self.typing: list[int] = []
         self.dm_opened: list[int] = []
@@ -211,6 +219,26 @@ class FakeDiscord:
         if ws is not None:
             await ws.close(code=code, message=b"dropped by the fake")
 
+    def delete_by_moderator(self, message_id: int) -> None:
+        """Someone else deletes one of the bot's messages: editing it is then a 404."""
+        self.deleted.append(message_id)
+
+    def visible(self, channel_id: int) -> list[Sent]:
+        """The bot's messages a person sees in the channel now (posted, not deleted)."""
+        return [s for s in self.sent if s.channel_id == channel_id and s.id not in self.deleted]
+
+    def _failing(self) -> web.Response | None:
+        if self.fail_requests <= 0:
+            return None
+        self.fail_requests -= 1
+        return self._error(self.fail_status, 0, "Service Unavailable")
+
+    def _unknown(self, cid: int, mid: int) -> web.Response | None:
+        """404 like Discord for a message that was deleted or never was in that channel."""
+        if mid in self.deleted or not any(s.id == mid and s.channel_id == cid for s in self.sent):
+            return self._error(404, 10008, "Unknown Message")
+        return None
+
     async def wait_sent(self, count: int, timeout: float = 30.0) -> list[Sent]:
         """Until the bot has posted ``count`` messages in total."""
 
@@ -301,6 +329,9 @@ class FakeDiscord:
 
     async def _edit_message(self, request: web.Request) -> web.Response:
         cid, mid = int(request.match_info["cid"]), int(request.match_info["mid"])
+        refused = self._failing() or self._unknown(cid, mid)
+        if refused is not None:
+            return refused
         now = self.clock()
         count, window = self.edit_limit
         recent = [
@@ -345,7 +376,10 @@ class FakeDiscord:
         return _json(data)
 
     async def _delete_message(self, request: web.Request) -> web.Response:
-        mid = int(request.match_info["mid"])
+        cid, mid = int(request.match_info["cid"]), int(request.match_info["mid"])
+        refused = self._failing() or self._unknown(cid, mid)
+        if refused is not None:
+            return refused
         self.deleted.append(mid)  # stays in ``sent`` (counts there only grow)
         return web.Response(status=204)
 
@@ -612,6 +646,9 @@ class FakeDiscord:
             assert request.transport is not None
             request.transport.close()
             raise web.HTTPServiceUnavailable()  # never reaches the client
+        refused = self._failing()
+        if refused is not None:
+            return refused
         if cid in self.forbidden_channels:
             return self._error(403, 50007, "Cannot send messages to this user")
         files: list[tuple[str, bytes]] = []

@@ -10,6 +10,8 @@ Scripted behaviour per request (consumed in order, then "ok"):
   "ok" | "stream" (force SSE) | ("status", code, body) | ("sleep", seconds) | ("reply", text)
   | ("length", text): finish_reason "length" (cut by max_tokens)
   | ("slow", seconds): that long between streamed words (or before a JSON answer)
+  | ("stall", n): stream the first n words, then hold until the client hangs up (a process
+    stopped while the model writes)
   | "context_exceeded": HTTP 400 context_length_exceeded, as llama.cpp/OpenAI send it
   | "html": an HTML error page with status 200 | "not_json" | "no_choices" | "no_message"
   | ("raw", content_type, body_bytes)
@@ -119,6 +121,7 @@ class FakeLLM:
         text = self.reply_fn(body) if self.reply_fn else self.reply
         finish = "stop"
         pause = 0.0
+        stall: int | None = None
         kind: Any = beh[0] if isinstance(beh, tuple) else beh
         if kind == "status":
             return web.json_response(beh[2], status=beh[1])
@@ -137,12 +140,16 @@ class FakeLLM:
             text, finish = beh[1], "length"
         if kind == "slow":
             pause = beh[1]
+        if kind == "stall":
+            stall = int(beh[1])
         created = int(time.time())
         if beh == "stream" or body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             pieces = text.split(" ")
             for i, piece in enumerate(pieces):
+                if i == stall:
+                    await asyncio.Event().wait()  # until the client goes away (cancelled)
                 if pause:
                     await asyncio.sleep(pause)
                 delta = ({"role": "assistant"} if i == 0 else {}) | {

@@ -21,6 +21,10 @@ Invariants:
   its condition (``pending`` and unclaimed): of two claimers, one wins. At start a gateway
   releases the claims its own dead processes left (owner token prefix); on SQLite, one
   process owns the file, so every claim not held by this store is stale when it opens.
+- Shown parts (``record_shown``): the messages a streamed answer put on screen, recorded by
+  question as they are posted (its outbox row does not exist yet), so that after a restart the
+  answer edits them instead of posting a second copy. ``OutboxRow.shown`` carries them for a
+  row's question; ``finish_delivery`` clears them (the row's own parts are recorded).
 """
 
 from __future__ import annotations
@@ -174,6 +178,32 @@ class OutboxMixin(CoreBase):
             )
         return int(got) if got is not None else 0
 
+    async def record_shown(self, question_id: int, part: int, platform_id: str | None) -> None:
+        """A streamed answer to ``question_id`` shows part ``part`` as message ``platform_id``
+        (None: that message was deleted). A question deleted meanwhile is left alone."""
+        async with self._atomic() as tx:
+            if platform_id is None:
+                await tx.exec(
+                    "DELETE FROM shown_parts WHERE question_id = ? AND part = ?",
+                    (question_id, part),
+                )
+                return
+            await tx.exec(
+                "INSERT INTO shown_parts (question_id, part, platform_id) SELECT ?, ?, ? "
+                f"WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?{self.dialect.key_share}) "
+                "ON CONFLICT (question_id, part) DO UPDATE SET platform_id = excluded.platform_id",
+                (question_id, part, platform_id, question_id),
+            )
+
+    async def shown_parts(self, question_id: int) -> tuple[tuple[int, str], ...]:
+        """(part, platform id) of the messages a stream of this question's answer left on
+        screen, by part."""
+        rows = await self._all(
+            "SELECT part, platform_id FROM shown_parts WHERE question_id = ? ORDER BY part",
+            (question_id,),
+        )
+        return tuple((int(r[0]), str(r[1])) for r in rows)
+
     async def finish_delivery(
         self, outbox_id: int, state: str, *, detail: str | None = None
     ) -> None:
@@ -190,6 +220,11 @@ class OutboxMixin(CoreBase):
                 " (SELECT platform_id FROM outbox_parts WHERE outbox_id = ? ORDER BY part"
                 " LIMIT 1)) WHERE id = (SELECT answer_id FROM outbox WHERE id = ?)",
                 (state, outbox_id, outbox_id),
+            )
+            await tx.exec(
+                "DELETE FROM shown_parts WHERE question_id ="
+                " (SELECT question_id FROM outbox WHERE id = ?)",
+                (outbox_id,),
             )
 
     async def undelivered(self, *, transports: Sequence[str]) -> list[OutboxRow]:
@@ -234,6 +269,7 @@ class OutboxMixin(CoreBase):
             "SELECT part, packet_id FROM outbox_packets WHERE outbox_id = ? ORDER BY part",
             (r[0],),
         )
+        shown = await self.shown_parts(r[7]) if r[7] is not None else ()
         entry = OutboxEntry(
             key=ConversationKey(r[1], r[2], r[3]),
             kind=r[4],
@@ -250,4 +286,5 @@ class OutboxMixin(CoreBase):
             created_at=float(r[10]),
             answer_id=r[11],
             packet_ids=tuple((int(p[0]), int(p[1])) for p in planned),
+            shown=shown,
         )

@@ -347,6 +347,18 @@ def _m010_incognito_notes_facts() -> str:
         """
 
 
+def _m011_shown_parts() -> str:
+    # As SQLite's 011_shown_parts (a streamed answer's messages, by question).
+    return """
+        CREATE TABLE shown_parts (
+            question_id BIGINT NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+            part INTEGER NOT NULL CHECK (part >= 0),
+            platform_id TEXT NOT NULL,
+            PRIMARY KEY (question_id, part)
+        );
+        """
+
+
 Migration = tuple[str, Callable[[], str]]
 
 MIGRATIONS: list[Migration] = [
@@ -359,6 +371,7 @@ MIGRATIONS: list[Migration] = [
     ("008_memory_promises", _m008_memory_promises),
     ("009_pg_word_index", _m009_pg_word_index),
     ("010_incognito_notes_facts", _m010_incognito_notes_facts),
+    ("011_shown_parts", _m011_shown_parts),
 ]
 
 
