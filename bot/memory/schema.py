@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import aiosqlite
 
+from bot.memory.core.versions import refuse_newer
+
 FTS_STRIDE = 1 << 32  # message ids stay below this per conversation range
 
 _MONTHS = " ".join(
@@ -316,6 +318,7 @@ async def migrate(db: aiosqlite.Connection, migrations: list[Migration] | None =
     )
     async with db.execute("SELECT name FROM schema_migrations") as cur:
         done = {row[0] for row in await cur.fetchall()}
+    refuse_newer(done, [m[0] for m in MIGRATIONS], "this database file")
     applied = []
     for name, sql in migrations:
         if name in done:
