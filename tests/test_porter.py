@@ -180,7 +180,7 @@ async def test_an_existing_database_is_restemmed_at_upgrade() -> None:
             await store._val(  # the row trigger is back on after the rewrite
                 "SELECT tgenabled FROM pg_trigger WHERE tgname = 'messages_words_update'"
             )
-            == "O"
+            == b"O"
         )
     finally:
         await store.close()
