@@ -89,10 +89,15 @@ class PgBase(CoreBase):
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
     async def open(
-        cls, url: str, *, password: str | None = None, gateway: str | None = None
+        cls,
+        url: str,
+        *,
+        password: str | None = None,
+        gateway: str | None = None,
+        copying: bool = False,
     ) -> Self:
         """``gateway`` names this gateway for its outbox rows (stable across restarts);
-        default: the host name."""
+        default: the host name. ``copying``: open an unfinished migrate-store copy."""
         pool: asyncpg.Pool | None = None
         try:
             pool = await asyncpg.create_pool(
@@ -100,13 +105,15 @@ class PgBase(CoreBase):
             )
             assert pool is not None
             async with pool.acquire() as con:
-                applied = await migrate(con)
+                applied = await migrate(con, copying=copying)
             if applied:
                 log.info("database %s migrated: %s", redact(url), ", ".join(applied))
             locks = await asyncpg.connect(dsn=url, password=password)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, StorageError) as exc:
             if pool is not None:
                 await pool.close()
+            if isinstance(exc, StorageError):
+                raise
             raise StorageError(explain(url, exc)) from None
         return cls(
             pool=pool,

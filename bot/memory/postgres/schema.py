@@ -15,7 +15,8 @@ Invariants:
   the same words, one row per (conversation, word, message), kept equal to ``search`` by
   triggers on every write (009_pg_word_index).
 - A database that records a migration this version does not know was written by a newer
-  meshsage: ``migrate`` refuses it (``core.versions``) and changes nothing.
+  meshsage: ``migrate`` refuses it (``core.versions``) and changes nothing; so is one holding
+  an unfinished migrate-store copy, unless migrate-store itself opens it.
 - ``heard`` is the unique claim on an inbound platform message id per conversation: the row
   that makes a message heard by two gateways stored (and answered) once.
 """
@@ -28,7 +29,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from bot.memory.core.versions import refuse_newer
+from bot.memory.core.versions import check_versions
 from bot.memory.postgres.words import fold, meta
 
 log = logging.getLogger("bot.memory")
@@ -416,9 +417,13 @@ _AFTER: dict[str, Callable[[PoolConnectionProxy[asyncpg.Record]], Awaitable[None
 
 
 async def migrate(
-    con: PoolConnectionProxy[asyncpg.Record], migrations: list[Migration] | None = None
+    con: PoolConnectionProxy[asyncpg.Record],
+    migrations: list[Migration] | None = None,
+    *,
+    copying: bool = False,
 ) -> list[str]:
-    """Apply pending migrations in order; return the names applied."""
+    """Apply pending migrations in order; return the names applied. ``copying``: the database
+    may hold an unfinished migrate-store copy (``core.versions``)."""
     migrations = MIGRATIONS if migrations is None else migrations
     applied: list[str] = []
     async with con.transaction():
@@ -428,7 +433,8 @@ async def migrate(
             "applied_at DOUBLE PRECISION NOT NULL DEFAULT extract(epoch FROM now()))"
         )
         done = {r[0] for r in await con.fetch("SELECT name FROM schema_migrations")}
-        refuse_newer(done, [m[0] for m in MIGRATIONS], "this PostgreSQL database")
+        check_versions(done, [m[0] for m in MIGRATIONS], "this PostgreSQL database",
+                       copying=copying)  # fmt: skip
         for name, sql in migrations:
             if name in done:
                 continue

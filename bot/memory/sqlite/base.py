@@ -31,7 +31,7 @@ import aiosqlite
 from bot.errors import DiskFull, StorageError
 from bot.files import private_dir, private_file, tighten_if_present
 from bot.memory.core.db import SQLITE, CoreBase, Dialect, Tx
-from bot.memory.core.versions import refuse_newer
+from bot.memory.core.versions import check_versions
 from bot.memory.outbox_claims import SQLITE_GATEWAY
 from bot.memory.schema import MIGRATIONS, applied_migrations, migrate
 from bot.memory.vectors import VectorCache
@@ -55,7 +55,8 @@ class SqliteBase(CoreBase):
 
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
-    async def open(cls, path: Path) -> Self:
+    async def open(cls, path: Path, *, copying: bool = False) -> Self:
+        """``copying``: open an unfinished migrate-store copy (``core.versions.COPY_MARK``)."""
         path = Path(path)
         try:
             private_dir(path.parent)
@@ -99,7 +100,9 @@ class SqliteBase(CoreBase):
             ):
                 await db.execute(pragma)
             done = await applied_migrations(db)
-            refuse_newer(done, [name for name, _ in MIGRATIONS], f"the database {path}")
+            check_versions(
+                done, [name for name, _ in MIGRATIONS], f"the database {path}", copying=copying
+            )
             todo = [name for name, _ in MIGRATIONS if name not in done]
             if done and todo:  # an upgrade: keep the old database until the new one works
                 await _backup_before_upgrade(db, path, todo[0])
