@@ -22,7 +22,9 @@ from bot.memory import schema as sqlite_schema
 TOKENIZER = "porter unicode61 remove_diacritics 2"
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "bench" / "locomo-dev.json"
 
-pytest.importorskip("asyncpg", reason="the PostgreSQL word modules live in meshsage[postgres]")
+asyncpg = pytest.importorskip(
+    "asyncpg", reason="the PostgreSQL word modules live in meshsage[postgres]"
+)
 from bot.memory.postgres import porter  # noqa: E402
 from bot.memory.postgres.words import fold  # noqa: E402
 
@@ -124,7 +126,7 @@ async def test_postgresql_keeps_every_python_word_as_it_is() -> None:
     finally:
         await store.close()
     sci = re.compile(r"^([0-9]+e[0-9]+)(.+)$")
-    want = set()
+    want: set[str] = set()
     for word in text.split():
         m = sci.match(word)
         want |= set(m.groups()) if m and not m.group(2).isdigit() else {word}
@@ -137,8 +139,6 @@ async def test_an_existing_database_is_restemmed_at_upgrade() -> None:
     """A database written before 012_fts5_porter_stems holds Snowball's words ("us" as "u",
     "used" as "us"): opening it rewrites every message's words and the word table, so search
     then finds what SQLite finds."""
-    import asyncpg
-
     from bot.memory.postgres import PostgresStore
     from bot.memory.postgres.schema import MIGRATIONS, migrate
     from tests import pg_server
