@@ -213,6 +213,6 @@ async def test_run_log_names_the_store_without_the_password(
     ],
 )
 def test_a_url_is_shown_without_its_password(url: str, shown: str) -> None:
-    from bot.ops.preflight import redact
+    from bot.urls import redact
 
     assert redact(url) == shown

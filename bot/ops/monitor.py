@@ -26,9 +26,9 @@ from bot import __version__
 from bot.memory.store import SqliteStore
 from bot.ops import status as status_file
 from bot.ops.metrics import LastError, Latencies
-from bot.ops.preflight import redact
 from bot.ops.sdnotify import Notifier
 from bot.transports.base import Transport, health_of
+from bot.urls import redact
 
 if TYPE_CHECKING:
     from bot.memory.postgres import PostgresStore
