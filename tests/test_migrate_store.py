@@ -89,6 +89,11 @@ async def test_round_trip_sqlite_postgres_sqlite(tmp_path: Path, url: str) -> No
             "longterm_summaries": 1,
         }  # fmt: skip
         assert seen[-1][1:] == (45, 45)
+        analyzed = await pg._all(  # the copy is analyzed and vacuumed at once, not some day
+            "SELECT relname FROM pg_stat_user_tables WHERE last_analyze IS NOT NULL "
+            "AND last_vacuum IS NOT NULL AND relname IN ('messages', 'message_words')"
+        )
+        assert len(analyzed) == 2
         await copy_store(pg, back, progress=lambda *_: None)
         original, there, again = await _dump(first), await _dump(pg), await _dump(back)
         assert there == original and again == original
