@@ -43,27 +43,33 @@ async def _open(server: pg_server.PgServer) -> PostgresStore:
     return await PostgresStore.open(url, password=pg_server.BOT_PASSWORD)
 
 
+async def _asked_then_halted(store: PostgresStore, server: pg_server.PgServer) -> tuple[int, int]:
+    """A person's question stored (pending), then the server stopped as a restart stops it."""
+    conv = await store.conversation(ALICE)
+    q = await store.add_message(conv.id, role="user", author="alice", text="question",
+                                tokens=1, status="pending")  # fmt: skip
+    await asyncio.to_thread(server.halt)
+    await asyncio.sleep(0.3)  # the pool notices its connections closed
+    return conv.id, q
+
+
 async def test_a_restart_mid_turn_is_waited_for(own_server: pg_server.PgServer) -> None:
     """The server goes down after a person's message was stored and comes back a second
     later: the turn's next writes wait for it instead of failing, and nothing is lost."""
     store = await _open(own_server)
     try:
-        conv = await store.conversation(ALICE)
-        q = await store.add_message(conv.id, role="user", author="alice", text="question",
-                                    tokens=1, status="pending")  # fmt: skip
-        await asyncio.to_thread(own_server.halt)
-        await asyncio.sleep(0.3)  # the pool notices its connections closed
+        conv_id, q = await _asked_then_halted(store, own_server)
 
         async def back_soon() -> None:
             await asyncio.sleep(1.0)
             await asyncio.to_thread(own_server.resume)
 
         restart = asyncio.create_task(back_soon())
-        a = await store.add_message(conv.id, role="assistant", author="bot", text="answer",
+        a = await store.add_message(conv_id, role="assistant", author="bot", text="answer",
                                     tokens=1, status="sent", parent_id=q)  # fmt: skip
         await restart
-        assert await store.mark_answered(conv.id, [q]) == 1
-        rows = await store.messages_between(conv.id, after_id=0, up_to_id=10**9)
+        assert await store.mark_answered(conv_id, [q]) == 1
+        rows = await store.messages_between(conv_id, after_id=0, up_to_id=10**9)
         assert [(m.id, m.text, m.status) for m in rows] == [
             (q, "question", "answered"), (a, "answer", "sent")]  # fmt: skip
     finally:
@@ -76,18 +82,14 @@ async def test_a_server_down_too_long_fails_clearly_and_loses_nothing(
     monkeypatch.setattr(pg_base, "RECONNECT_SECONDS", 0.5)
     store = await _open(own_server)
     try:
-        conv = await store.conversation(ALICE)
-        q = await store.add_message(conv.id, role="user", author="alice", text="question",
-                                    tokens=1, status="pending")  # fmt: skip
-        await asyncio.to_thread(own_server.halt)
-        await asyncio.sleep(0.3)
+        conv_id, q = await _asked_then_halted(store, own_server)
         started = time.monotonic()
         with pytest.raises(StorageError, match=r"cannot reach PostgreSQL .* Fix: check that the"):
-            await store.add_message(conv.id, role="assistant", author="bot", text="answer",
+            await store.add_message(conv_id, role="assistant", author="bot", text="answer",
                                     tokens=1, status="sent", parent_id=q)  # fmt: skip
         assert time.monotonic() - started >= 0.3  # it waited before giving up
         await asyncio.to_thread(own_server.resume)
-        rows = await store.messages_between(conv.id, after_id=0, up_to_id=10**9)
+        rows = await store.messages_between(conv_id, after_id=0, up_to_id=10**9)
         assert [(m.id, m.status) for m in rows] == [(q, "pending")]  # still to be answered
     finally:
         await store.close()
