@@ -495,7 +495,7 @@ async def _migrate_store(args: argparse.Namespace, env: Mapping[str, str]) -> in
     var = args.password_env if env.get(args.password_env) is not None else None
     source = await open_url(args.source, password_env=var, env=env)
     try:
-        dest = await open_url(args.dest, password_env=var, env=env)
+        dest = await open_url(args.dest, password_env=var, env=env, copying=True)
         try:
             started = time.monotonic()
             counts = await copy_store(source, dest, progress=bar(sys.stderr.write))

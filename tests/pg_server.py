@@ -66,6 +66,7 @@ class PgServer:
         self.socket_dir = root / "sock"
         self.data = root / "data"
         self.port = 5432
+        self._options = ""
 
     @classmethod
     def start(cls, *, durable: bool = False) -> PgServer:
@@ -94,14 +95,13 @@ class PgServer:
         hba.write_text("local all postgres trust\nlocal all all scram-sha-256\n", encoding="utf-8")
         if owner is not None:
             shutil.chown(hba, owner)
-        log = root / "server.log"
         fast = (
             "" if durable else (" -c fsync=off -c synchronous_commit=off -c full_page_writes=off")
         )
-        server._run(
-            "pg_ctl", "-D", str(server.data), "-l", str(log), "-w", "-t", "60", "start", "-o",
-            f"-k {server.socket_dir} -c listen_addresses='' -c max_connections=200{fast}",
-        )  # fmt: skip
+        server._options = (
+            f"-k {server.socket_dir} -c listen_addresses='' -c max_connections=200{fast}"
+        )
+        server.resume()
         server.psql(
             f"CREATE ROLE {BOT_ROLE} LOGIN PASSWORD '{BOT_PASSWORD}' "
             "NOSUPERUSER NOCREATEDB NOCREATEROLE"
@@ -142,6 +142,17 @@ class PgServer:
 
     def drop_database(self, name: str) -> None:
         self.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def halt(self) -> None:
+        """Stop the server as a restart does (fast shutdown), keeping its data."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def resume(self) -> None:
+        """Start the server (again) on the same data."""
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60",
+            "start", "-o", self._options,
+        )  # fmt: skip
 
     def stop(self) -> None:
         try:

@@ -17,6 +17,7 @@ LOWER = [
     "domain.py",
     "errors.py",
     "text.py",
+    "urls.py",
     "config_schema.py",
 ]
 UPPER = ("bot.ops", "bot.app", "bot.cli")

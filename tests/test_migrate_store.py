@@ -15,7 +15,7 @@ import pytest
 
 from bot.domain import ConversationKey
 from bot.errors import StorageError
-from bot.memory.move import DERIVED, ORDER, copy_store
+from bot.memory.move import DERIVED, ORDER, Progress, copy_store
 from bot.memory.open import open_url
 from bot.memory.records import OutboxEntry
 from bot.memory.sqlite import SqliteStore
@@ -89,6 +89,11 @@ async def test_round_trip_sqlite_postgres_sqlite(tmp_path: Path, url: str) -> No
             "longterm_summaries": 1,
         }  # fmt: skip
         assert seen[-1][1:] == (45, 45)
+        analyzed = await pg._all(  # the copy is analyzed and vacuumed at once, not some day
+            "SELECT relname FROM pg_stat_user_tables WHERE last_analyze IS NOT NULL "
+            "AND last_vacuum IS NOT NULL AND relname IN ('messages', 'message_words')"
+        )
+        assert len(analyzed) == 2
         await copy_store(pg, back, progress=lambda *_: None)
         original, there, again = await _dump(first), await _dump(pg), await _dump(back)
         assert there == original and again == original
@@ -126,3 +131,95 @@ async def test_cli_copies_with_a_progress_bar(tmp_path: Path, url: str) -> None:
     assert proc.returncode == 0, text
     assert "100.0% 45/45" in text
     assert "copied and verified 4 conversations, 33 messages" in text
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _stop_after(batches: int) -> Progress:
+    seen = [0]
+
+    def progress(table: str, done: int, total: int) -> None:
+        seen[0] += 1
+        if seen[0] > batches:
+            raise _Interrupted(table)
+
+    return progress
+
+
+@pytest.mark.parametrize("into", ["postgresql", "sqlite"])
+async def test_an_interrupted_copy_is_refused_until_a_rerun_starts_over(
+    tmp_path: Path, url: str, into: str
+) -> None:
+    """A copy that stops half way leaves a destination nothing but migrate-store will open;
+    running it again empties it and copies everything, verified."""
+    source = await SqliteStore.open(tmp_path / "a.db")
+    await _fill(source)
+    b = await source.conversation(BOB)
+    await source.add_messages(b.id, [("user", "bob", f"more {i}", 2, 2e9 + i)
+                                     for i in range(5000)])  # fmt: skip
+    env = {"PW": pg_server.BOT_PASSWORD}
+    dest_url = url if into == "postgresql" else f"sqlite://{tmp_path / 'b.db'}"
+    try:
+        dest = await open_url(dest_url, password_env="PW", env=env, copying=True)
+        try:
+            with pytest.raises(_Interrupted):
+                await copy_store(source, dest, progress=_stop_after(2))
+            assert 0 < await dest.count_rows("messages") < 5033
+        finally:
+            await dest.close()
+        with pytest.raises(StorageError, match="unfinished `meshsage migrate-store` copy"):
+            await open_url(dest_url, password_env="PW", env=env)  # what the bot would do
+        dest = await open_url(dest_url, password_env="PW", env=env, copying=True)
+        try:
+            counts = await copy_store(source, dest, progress=lambda *_: None)
+            assert counts["messages"] == 5033
+        finally:
+            await dest.close()
+        dest = await open_url(dest_url, password_env="PW", env=env)  # now a store like any
+        try:
+            assert await _dump(dest) == await _dump(source)
+            with pytest.raises(StorageError, match="already holds conversations"):
+                await copy_store(source, dest, progress=lambda *_: None)
+        finally:
+            await dest.close()
+    finally:
+        await source.close()
+
+
+async def test_cli_killed_mid_copy_then_run_again(tmp_path: Path, url: str) -> None:
+    """The real command, killed (SIGKILL) while it copies messages into PostgreSQL: the bot's
+    own open refuses the half copy, and the same command run again completes it."""
+    src = await SqliteStore.open(tmp_path / "a.db")
+    await _fill(src)
+    b = await src.conversation(BOB)
+    for n in range(4):
+        await src.add_messages(b.id, [("user", "bob", f"batch {n} line {i} about knots", 5,
+                                       3e9 + n * 10_000 + i) for i in range(10_000)])  # fmt: skip
+    await src.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHSAGE_")}
+    env["MESHSAGE_PG_PASSWORD"] = pg_server.BOT_PASSWORD
+    argv = [sys.executable, "-m", "bot.cli", "migrate-store",
+            "--from", f"sqlite://{tmp_path / 'a.db'}", "--to", url]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE, env=env)
+    assert proc.stderr is not None
+    seen = b""
+    while b" messages" not in seen.split(b"\r")[-1]:  # some messages copied, not all
+        chunk = await asyncio.wait_for(proc.stderr.read(200), 120)
+        assert chunk, seen.decode()
+        seen += chunk
+    proc.kill()
+    await proc.wait()
+    assert b"100.0%" not in seen
+    with pytest.raises(StorageError, match="unfinished `meshsage migrate-store` copy"):
+        await open_url(url, password_env="PW", env={"PW": pg_server.BOT_PASSWORD})
+    again = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE, env=env)
+    _, err = await asyncio.wait_for(again.communicate(), 300)
+    assert again.returncode == 0, err.decode()
+    assert "copied and verified 4 conversations, 40,033 messages" in err.decode()
+    pg = await open_url(url, password_env="PW", env={"PW": pg_server.BOT_PASSWORD})
+    try:
+        assert await pg.count_rows("messages") == 40_033
+    finally:
+        await pg.close()

@@ -166,11 +166,13 @@ async def test_monitor_and_status_report_the_postgresql_store(tmp_path: Path, ur
     store = await PostgresStore.open(url, password=pg_server.BOT_PASSWORD)
     try:
         monitor = Monitor(notifier=Notifier(env={}), store=store, transports=lambda: [],
-                          status_path=tmp_path / "status.json", latencies=Latencies(),
+                          status_path=tmp_path / "state" / "status.json", latencies=Latencies(),
                           last_error=LastError())  # fmt: skip
-        snapshot = await monitor.collect()
+        snapshot = await monitor.tick()  # no state directory yet: the monitor makes it
     finally:
         await store.close()
+    assert (tmp_path / "state" / "status.json").is_file()
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
     assert snapshot.database_bytes > 1_000_000  # pg_database_size: a real size, not 0
     assert snapshot.store == f"PostgreSQL {url}"
     lines, _ = render(snapshot)
@@ -213,6 +215,6 @@ async def test_run_log_names_the_store_without_the_password(
     ],
 )
 def test_a_url_is_shown_without_its_password(url: str, shown: str) -> None:
-    from bot.ops.preflight import redact
+    from bot.urls import redact
 
     assert redact(url) == shown

@@ -145,15 +145,10 @@ async def test_ranking_ties_break_the_same_way(pair: tuple[list[App], list[FakeL
         assert ranked[0][i][0] > ranked[0][i + 1][0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: PostgreSQL's Snowball 'porter' stems differently from FTS5's porter in a few "
-    "cases (FTS5 leaves words under 3 letters alone: 'us' stays 'us', Snowball makes it 'u' and "
-    "'used' 'us'; 'trekked' is 'trek' in FTS5, 'trekk' in Snowball). This is why bench/recall "
-    "still differs by up to 0.5 point between the backends. Fix: stem in Python with a port of "
-    "FTS5's porter for PostgreSQL's words (issue 19 report).",
-)
 async def test_stemming_agrees_on_short_words_and_doubled_consonants(tmp_path: Path) -> None:
+    """Where PostgreSQL's Snowball porter used to differ from FTS5's (words under three letters,
+    step 1b's doubled consonants): PostgreSQL now stems in Python with FTS5's own rules
+    (012_fts5_porter_stems, tests/test_porter.py), so both find the same messages."""
     from bot.memory.sqlite import SqliteStore
 
     lite = await SqliteStore.open(tmp_path / "m.db")

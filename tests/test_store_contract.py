@@ -195,6 +195,27 @@ async def test_facts_crud(memory: MemoryStore) -> None:
 
 
 # --- memory tiers (issue 12) ----------------------------------------------------------------
+async def test_a_backlog_of_sessions_is_recorded_at_once_and_never_twice(
+    memory: MemoryStore,
+) -> None:
+    from bot.memory.records import SessionSpan
+
+    ids = [await _say(memory, ALICE, f"m{i}") for i in range(120)]
+    conv = await memory.conversation(ALICE)
+    spans = [SessionSpan(ids[i], ids[i + 1], float(i), float(i + 1), 2)
+             for i in range(0, 120, 2)]  # fmt: skip
+    assert await memory.add_sessions(conv.id, []) == []
+    first = await memory.add_sessions(conv.id, spans[:10])
+    assert len(first) == 10 and first == sorted(first)
+    new = await memory.add_sessions(conv.id, spans)  # another gateway had recorded 10 of them
+    assert len(new) == 50 and min(new) > max(first)  # (more than one INSERT batch)
+    assert await memory.add_sessions(conv.id, spans) == []
+    recorded = await memory.sessions(conv.id)
+    assert [(s.first_message_id, s.last_message_id) for s in recorded] == [
+        (s.first_message_id, s.last_message_id) for s in spans]  # fmt: skip
+    assert await memory.session_end(conv.id) == ids[-1]
+
+
 async def test_sessions_never_overlap_and_carry_their_summary(memory: MemoryStore) -> None:
     a = await _say(memory, ALICE, "one")
     b = await _say(memory, ALICE, "two")

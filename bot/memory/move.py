@@ -11,11 +11,15 @@ Invariants:
   written after every row exists.
 - After the copy, every table's row count in the destination must equal the source's, or the
   command fails and says so: a partial copy is never reported as done.
+- A copy is marked unfinished in the destination before its first row and unmarked only after
+  the counts are verified (``core.versions.COPY_MARK``): the bot, ``doctor`` and every other
+  command refuse a store so marked, and running migrate-store again empties it and starts over.
+  An interrupted copy is never used as the memory, and never mistaken for a user's data either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from bot.errors import StorageError
@@ -63,6 +67,12 @@ class Movable(Protocol):
 
     async def finish_import(self) -> None: ...
 
+    async def copy_unfinished(self) -> bool: ...
+
+    async def mark_copy(self, *, unfinished: bool) -> None: ...
+
+    async def empty_tables(self, tables: Sequence[str]) -> None: ...
+
 
 Progress = Callable[[str, int, int], None]  # table, rows done, rows in all tables
 
@@ -89,12 +99,15 @@ async def plan(source: Movable, dest: Movable) -> list[tuple[str, str, tuple[str
 
 async def copy_store(source: Movable, dest: Movable, *, progress: Progress) -> dict[str, int]:
     """Copy every table; return the verified row count per table."""
-    if await dest.count_rows("conversations"):
+    if await dest.copy_unfinished():  # an earlier run was interrupted: start over
+        await dest.empty_tables([t for t, _ in reversed(ORDER) if await dest.table_columns(t)])
+    elif await dest.count_rows("conversations"):
         raise StorageError(
             "the destination store already holds conversations. Fix: migrate into an empty "
             "database (a new SQLite file, or a new PostgreSQL database)."
         )
     tables = await plan(source, dest)
+    await dest.mark_copy(unfinished=True)
     counts = {table: await source.count_rows(table) for table, _, _ in tables}
     total = sum(counts.values())
     done = 0
@@ -120,8 +133,10 @@ async def copy_store(source: Movable, dest: Movable, *, progress: Progress) -> d
         if got != want:
             raise StorageError(
                 f"copy incomplete: {table} has {got} rows in the destination, {want} in the "
-                "source. Fix: check the destination's logs, empty it and run again."
+                "source. Fix: check the destination's logs and run the same command again (it "
+                "starts over)."
             )
+    await dest.mark_copy(unfinished=False)
     return counts
 
 

@@ -26,11 +26,13 @@ async def open_url(
     password_env: str | None = None,
     env: Mapping[str, str],
     gateway: str | None = None,
+    copying: bool = False,
 ) -> SqliteStore | PostgresStore:
     """``sqlite:///path`` or ``postgresql://user@host[:port]/database``; ``gateway`` names
-    this gateway on PostgreSQL (``PgBase.gateway``)."""
+    this gateway on PostgreSQL (``PgBase.gateway``); ``copying``: migrate-store's destination,
+    which may hold its own unfinished copy (``core.versions.COPY_MARK``)."""
     if url.startswith("sqlite://"):
-        return await SqliteStore.open(Path(url.removeprefix("sqlite://")))
+        return await SqliteStore.open(Path(url.removeprefix("sqlite://")), copying=copying)
     if not url.startswith(("postgresql://", "postgres://")):
         raise StorageError(
             f"unknown store URL {url!r}. Fix: use sqlite:///path/to/meshsage.db or "
@@ -53,4 +55,4 @@ async def open_url(
             "a postgresql:// store needs asyncpg, which is not installed. Fix: "
             "pip install 'meshsage[postgres]' (or leave storage.url out for SQLite)."
         ) from None
-    return await PostgresStore.open(url, password=password, gateway=gateway)
+    return await PostgresStore.open(url, password=password, gateway=gateway, copying=copying)

@@ -46,7 +46,8 @@ Invariants every implementation keeps:
 - Database failures surface as ``StorageError`` or ``sqlite3.Error`` (SQLite only).
 - ``add_vectors`` skips messages that no longer exist; a message keeps one vector (the newest
   model's), and ``messages_missing_vectors`` lists what a model has not embedded yet.
-- Sessions of a conversation never overlap (``add_session`` returns None instead); they are
+- Sessions of a conversation never overlap (``add_session`` returns None instead,
+  ``add_sessions`` skips the span); they are
   ordered by message id, never by clock.
 - Pinned facts (``!remember``) are never changed by ``update_fact`` or by
   ``remove_fact(extracted_only=True)``.
@@ -73,7 +74,14 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from bot.domain import ConversationKey
-from bot.memory.records import LongTermSummary, OutboxEntry, OutboxRow, Session, StoredAnswer
+from bot.memory.records import (
+    LongTermSummary,
+    OutboxEntry,
+    OutboxRow,
+    Session,
+    SessionSpan,
+    StoredAnswer,
+)
 from bot.memory.store import Conversation, Fact, ForgetReport, StoredMessage, Summary
 
 
@@ -243,6 +251,10 @@ class MemoryStore(Protocol):
         ended_at: float,
         messages: int,
     ) -> int | None: ...
+
+    async def add_sessions(self, conversation_id: int, spans: Sequence[SessionSpan]) -> list[int]:
+        """Several closed sessions (message order) in one transaction; new ids in order."""
+        ...
 
     async def set_session_summary(
         self, session_id: int, *, title: str, summary: str, tokens: int

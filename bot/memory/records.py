@@ -66,6 +66,17 @@ class Fact:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionSpan:
+    """A closed session to record (``add_sessions``): its message ids, times and size."""
+
+    first_message_id: int
+    last_message_id: int
+    started_at: float
+    ended_at: float
+    messages: int
+
+
+@dataclass(frozen=True, slots=True)
 class Session:
     """A run of messages without an idle gap longer than ``memory.session_gap`` (or a
     ``!reset``). ``title``/``summary`` are None until the background summary is written."""

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import aiosqlite
 
+from bot.memory.core.versions import check_versions
+
 FTS_STRIDE = 1 << 32  # message ids stay below this per conversation range
 
 _MONTHS = " ".join(
@@ -350,6 +352,8 @@ async def migrate(db: aiosqlite.Connection, migrations: list[Migration] | None =
     )
     async with db.execute("SELECT name FROM schema_migrations") as cur:
         done = {row[0] for row in await cur.fetchall()}
+    # (SqliteStore.open refused an unfinished migrate-store copy already, unless asked to copy)
+    check_versions(done, [m[0] for m in MIGRATIONS], "this database file", copying=True)
     applied = []
     for name, sql in migrations:
         if name in done:

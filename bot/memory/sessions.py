@@ -29,7 +29,7 @@ from bot.llm.port import LLM, ChatMessage
 from bot.llm.tokens import TokenCounter
 from bot.memory.facts import FactExtractor
 from bot.memory.port import MemoryStore
-from bot.memory.records import FACTS_CLAIM, Session, StoredMessage
+from bot.memory.records import FACTS_CLAIM, Session, SessionSpan, StoredMessage
 from bot.memory.schema import FTS_STRIDE
 
 log = logging.getLogger("bot.memory.sessions")
@@ -142,19 +142,17 @@ class SessionKeeper:
         idle = self._wall() - max(m.created_at for m in tail) >= self._gap
         if not (force or idle or reset_after >= tail[-1].id):
             groups = groups[:-1]
-        ids = []
-        for group in groups:
-            sid = await self._store.add_session(
-                conversation_id,
+        spans = [
+            SessionSpan(
                 first_message_id=group[0].id,
                 last_message_id=group[-1].id,
                 started_at=min(m.created_at for m in group),
                 ended_at=max(m.created_at for m in group),
                 messages=len(group),
             )
-            if sid is not None:
-                ids.append(sid)
-        return ids
+            for group in groups
+        ]
+        return await self._store.add_sessions(conversation_id, spans)  # one transaction
 
     # --- summarizing ------------------------------------------------------------------------
     async def summarize(self, session: Session) -> bool:

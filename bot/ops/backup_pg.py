@@ -25,7 +25,7 @@ from pathlib import Path
 from bot.errors import StorageError
 from bot.files import private_file
 from bot.ops.backup import BackupReport, RunLock, _write_failed, prune, resolve_target
-from bot.ops.preflight import redact
+from bot.urls import redact
 
 SUFFIX = ".dump"
 INSTALL_HINT = "sudo apt install postgresql-client (the version of your server or newer)"

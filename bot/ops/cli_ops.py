@@ -59,7 +59,7 @@ def backup(config: Config, target: str, *, env: Mapping[str, str], keep: int, fo
 def restore(config: Config, source: Path, *, env: Mapping[str, str]) -> int:
     if config.storage.postgres:
         from bot.ops.backup_pg import restore_dump
-        from bot.ops.preflight import redact
+        from bot.urls import redact
 
         assert config.storage.url is not None
         restore_dump(source, config.storage.url, password_env=config.storage.password_env,

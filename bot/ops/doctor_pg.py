@@ -21,7 +21,8 @@ from typing import Any
 
 from bot.config import StorageConfig
 from bot.ops.doctor import MIN_FREE_BYTES, WARN_FREE_BYTES, Check, Level
-from bot.ops.preflight import installed, redact
+from bot.ops.preflight import installed
+from bot.urls import redact
 
 CONNECT_TIMEOUT = 10.0
 MIN_SERVER_VERSION = 13  # older servers are untested (the suite runs on 15)

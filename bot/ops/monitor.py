@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bot import __version__
+from bot.files import private_dir
 from bot.memory.store import SqliteStore
 from bot.ops import status as status_file
 from bot.ops.metrics import LastError, Latencies
-from bot.ops.preflight import redact
 from bot.ops.sdnotify import Notifier
 from bot.transports.base import Transport, health_of
+from bot.urls import redact
 
 if TYPE_CHECKING:
     from bot.memory.postgres import PostgresStore
@@ -90,7 +91,8 @@ class Monitor:
         if line != self._status_line:
             self._status_line = line
             self._notifier.status(line)
-        try:
+        try:  # (with PostgreSQL only, nothing else creates the state directory)
+            private_dir(self._path.parent)
             status_file.write_atomic(self._path, snapshot.to_json())
             self._write_failed = ""
         except OSError as exc:

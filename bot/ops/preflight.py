@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bot.config import Config, default_state_dir
 from bot.errors import ConfigError
+from bot.urls import redact
 
 _EXTRAS = {"meshtastic": "meshtastic", "discord": "discord"}
 
@@ -145,21 +146,6 @@ def describe_store(config: Config) -> str:
     if config.storage.postgres:
         return f"store: PostgreSQL {redact(config.storage.url or '')}"
     return f"database: {config.database_path}"
-
-
-def redact(url: str) -> str:
-    """``url`` without any password (the config refuses one, but a URL from the command line
-    or an older file might carry it)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    host, slash, tail = rest.partition("/")
-    creds, at, where = host.rpartition("@")
-    if at and ":" in creds:
-        host = f"{creds.split(':', 1)[0]}:***@{where}"
-    path, q, query = tail.partition("?")
-    kept = [kv for kv in query.split("&") if kv and not kv.lower().startswith("password=")]
-    return f"{scheme}://{host}{slash}{path}{q if kept else ''}{'&'.join(kept)}"
 
 
 def check(

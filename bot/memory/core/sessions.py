@@ -4,8 +4,8 @@ Invariants:
 - A session covers the messages of one conversation from ``first_message_id`` to
   ``last_message_id`` (ids, not times: a clock that jumps backwards cannot reorder them);
   sessions of a conversation never overlap, and a new one starts after the newest one's end.
-  On PostgreSQL ``add_session`` first locks the conversation row, so two gateways closing the
-  same session at once record it once (the other gets None); SQLite's ``BEGIN IMMEDIATE``
+  On PostgreSQL ``add_sessions`` first locks the conversation row, so two gateways closing the
+  same session at once record it once (the other skips it); SQLite's ``BEGIN IMMEDIATE``
   already serialises writers.
 - A session's title and summary are written once, later, by the background summarizer.
 - Long-term summaries are versions: each covers the sessions up to ``up_to_message_id``; the
@@ -16,11 +16,13 @@ Invariants:
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from bot.memory.core.db import MAX_ID, CoreBase
-from bot.memory.records import LongTermSummary, Session
+from bot.memory.records import LongTermSummary, Session, SessionSpan
 
 LONGTERM_VERSIONS = 8
+INSERT_BATCH = 50  # sessions per INSERT statement (a bounded set of distinct statements)
 SESSION_COLS = (
     "id, conversation_id, first_message_id, last_message_id, started_at, ended_at, messages, "
     "title, summary, tokens"
@@ -56,25 +58,41 @@ class SessionsMixin(CoreBase):
         messages: int,
     ) -> int | None:
         """Record a closed session; None if it would overlap one already recorded."""
+        span = SessionSpan(first_message_id, last_message_id, started_at, ended_at, messages)
+        ids = await self.add_sessions(conversation_id, [span])
+        return ids[0] if ids else None
+
+    async def add_sessions(self, conversation_id: int, spans: Sequence[SessionSpan]) -> list[int]:
+        """Record closed sessions (in message order, not overlapping each other) in one
+        transaction; those that would overlap one already recorded are skipped. Returns the
+        new ids, in order. One lock, one check and one insert per ``INSERT_BATCH`` spans: a
+        conversation's backlog of sessions costs one commit, not one each."""
+        if not spans:
+            return []
         async with self._atomic() as tx:
             if self.dialect.for_update:
                 await tx.exec(
                     "SELECT 1 FROM conversations WHERE id = ?" + self.dialect.for_update,
                     (conversation_id,),
                 )
-            taken = await tx.val(
-                "SELECT 1 FROM sessions WHERE conversation_id = ? AND last_message_id >= ?",
-                (conversation_id, first_message_id),
+            end = await tx.val(
+                "SELECT coalesce(max(last_message_id), 0) FROM sessions WHERE conversation_id = ?",
+                (conversation_id,),
             )
-            if taken is not None:
-                return None
-            new_id = await tx.val(
-                "INSERT INTO sessions (conversation_id, first_message_id, last_message_id, "
-                "started_at, ended_at, messages) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-                (conversation_id, first_message_id, last_message_id, started_at, ended_at,
-                 messages),
-            )  # fmt: skip
-            return int(new_id)
+            todo = [s for s in spans if s.first_message_id > int(end)]
+            ids: list[int] = []
+            for i in range(0, len(todo), INSERT_BATCH):
+                batch = todo[i : i + INSERT_BATCH]
+                rows = await tx.all(
+                    "INSERT INTO sessions (conversation_id, first_message_id, last_message_id, "
+                    "started_at, ended_at, messages) VALUES "
+                    + ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(batch))
+                    + " RETURNING id",
+                    [v for s in batch for v in (conversation_id, s.first_message_id,
+                     s.last_message_id, s.started_at, s.ended_at, s.messages)],
+                )  # fmt: skip
+                ids += sorted(int(r[0]) for r in rows)
+            return ids
 
     async def set_session_summary(
         self, session_id: int, *, title: str, summary: str, tokens: int

@@ -27,6 +27,7 @@ from typing import Any
 from bot.memory.core.db import CoreBase, Dialect, Tx
 from bot.memory.core.identity import give_back
 from bot.memory.core.notes import drop_stale_notes, quoted_json, quotes_missing
+from bot.memory.core.versions import COPY_MARK
 from bot.memory.keep import facts_touching, outbox_cutoff
 from bot.memory.records import ForgetReport
 
@@ -79,6 +80,30 @@ class UpkeepMixin(CoreBase):
         return ForgetReport(len(ids), *counts)
 
     # --- moving (bot.memory.move) -----------------------------------------------------------
+    async def copy_unfinished(self) -> bool:
+        """Whether a migrate-store copy into this store began and was never verified."""
+        return bool(
+            await self._val("SELECT count(*) FROM schema_migrations WHERE name = ?", (COPY_MARK,))
+        )
+
+    async def mark_copy(self, *, unfinished: bool) -> None:
+        """Set (before the first row is copied) or clear (once every count is verified) the
+        mark that makes every other opening of this store refuse it (``core.versions``)."""
+        if unfinished:
+            await self._exec(
+                "INSERT INTO schema_migrations (name) VALUES (?) ON CONFLICT DO NOTHING",
+                (COPY_MARK,),
+            )
+        else:
+            await self._exec("DELETE FROM schema_migrations WHERE name = ?", (COPY_MARK,))
+
+    async def empty_tables(self, tables: Sequence[str]) -> None:
+        """Delete every row of ``tables`` (children first) in one transaction: an unfinished
+        copy, before it starts over."""
+        async with self._atomic() as tx:
+            for table in tables:
+                await tx.exec(f"DELETE FROM {table}")
+
     async def update_rows(
         self, table: str, key: str, column: str, rows: list[tuple[Any, Any]]
     ) -> None:

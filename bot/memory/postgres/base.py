@@ -7,7 +7,9 @@ Invariants:
   without asyncpg's reset query (one round trip per use saved; ``_keep_session``); asyncpg's
   statement cache keeps each query prepared per connection. Database errors leave this module
   as ``StorageError`` whose message says how to fix the problem, so callers handle one error
-  type for both backends.
+  type for both backends. A server that cannot be reached (a restart) is waited for up to
+  ``RECONNECT_SECONDS`` before a connection is handed out (``_connection``); a statement is
+  never re-sent, so a write can never happen twice.
 - Cross-process locks are PostgreSQL advisory locks held on one dedicated connection per
   process (``_locks``): a conversation's turn (``turn_lock``, waited for) and one-off derived
   work (``claim``, never waited for). They are released when the work ends or, if the process
@@ -21,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar, Self, TypeAlias, TypeVar
@@ -33,10 +37,12 @@ from bot.errors import StorageError
 from bot.memory.core.db import POSTGRES, CoreBase, Dialect, changed, numbered
 from bot.memory.postgres.schema import migrate
 from bot.memory.vectors import VectorCache
+from bot.urls import redact, user_of
 
 log = logging.getLogger("bot.memory")
 
 POOL_SIZE = 8
+RECONNECT_SECONDS = 10.0  # how long a query waits for an unreachable (restarting) server
 LOCK_POLL_SECONDS = (0.02, 0.5)  # first and longest wait between tries of a held turn lock
 TURN_LOCK = 1  # advisory lock class (first key); claims use records.*_CLAIM
 _T = TypeVar("_T")
@@ -50,15 +56,6 @@ async def _keep_session(con: asyncpg.Connection) -> None:
     live on the lock connection), so asyncpg's reset query (``RESET ALL``, ``UNLISTEN *``...)
     after every use would be a wasted round trip, half of them on a turn. asyncpg still rolls
     back a transaction left open before calling this."""
-
-
-def redact(url: str) -> str:
-    """The URL without any password, for messages and logs."""
-    head, sep, tail = url.partition("://")
-    creds, at, rest = tail.rpartition("@")
-    if not at or ":" not in creds:
-        return url
-    return f"{head}{sep}{creds.split(':', 1)[0]}:***@{rest}"
 
 
 class PgBase(CoreBase):
@@ -89,10 +86,15 @@ class PgBase(CoreBase):
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
     async def open(
-        cls, url: str, *, password: str | None = None, gateway: str | None = None
+        cls,
+        url: str,
+        *,
+        password: str | None = None,
+        gateway: str | None = None,
+        copying: bool = False,
     ) -> Self:
         """``gateway`` names this gateway for its outbox rows (stable across restarts);
-        default: the host name."""
+        default: the host name. ``copying``: open an unfinished migrate-store copy."""
         pool: asyncpg.Pool | None = None
         try:
             pool = await asyncpg.create_pool(
@@ -100,13 +102,15 @@ class PgBase(CoreBase):
             )
             assert pool is not None
             async with pool.acquire() as con:
-                applied = await migrate(con)
+                applied = await migrate(con, copying=copying)
             if applied:
                 log.info("database %s migrated: %s", redact(url), ", ".join(applied))
             locks = await asyncpg.connect(dsn=url, password=password)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, StorageError) as exc:
             if pool is not None:
                 await pool.close()
+            if isinstance(exc, StorageError):
+                raise
             raise StorageError(explain(url, exc)) from None
         return cls(
             pool=pool,
@@ -126,7 +130,7 @@ class PgBase(CoreBase):
     # --- queries ---------------------------------------------------------------------------
     async def _run(self, work: Callable[[Conn], Awaitable[_T]]) -> _T:
         try:
-            async with self._pool.acquire() as con:
+            async with self._connection() as con:
                 return await work(con)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             raise StorageError(explain(self.url, exc)) from exc
@@ -134,10 +138,35 @@ class PgBase(CoreBase):
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[Conn]:
         try:
-            async with self._pool.acquire() as con, con.transaction():
+            async with self._connection() as con, con.transaction():
                 yield con
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             raise StorageError(explain(self.url, exc)) from exc
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Conn]:
+        """A pool connection; while the server cannot be reached or is starting up (a
+        restart), keeps trying for ``RECONNECT_SECONDS`` before giving up. Only getting the
+        connection is retried, before any statement of the work was sent, so nothing can be
+        written twice; a connection that breaks during the work fails it (its transaction is
+        rolled back by the server) with a ``StorageError`` the caller reports."""
+        deadline = time.monotonic() + RECONNECT_SECONDS
+        wait = 0.1
+        while True:
+            try:
+                con = await self._pool.acquire()
+                break
+            except (OSError, asyncpg.CannotConnectNowError, asyncpg.PostgresConnectionError):
+                if time.monotonic() + wait > deadline:
+                    raise
+                log.warning("PostgreSQL at %s unreachable; retrying in %.1f s",
+                            redact(self.url), wait)  # fmt: skip
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, 2.0)
+        try:
+            yield con
+        finally:
+            await self._pool.release(con)
 
     def _claim_gateway(self) -> str:
         return self.gateway
@@ -267,6 +296,22 @@ async def advance_sequences(con: Conn) -> None:
         )
 
 
+def _grant(url: str, text: str) -> str:
+    """The GRANT that fixes a refused privilege, as precisely as the error says it."""
+    role = user_of(url) or "<the bot's role>"
+    schema = re.search(r"permission denied for schema (\S+)", text)
+    if schema or "permission denied to create" in text or "for database" not in text:
+        name = schema.group(1) if schema else "public"
+        return (
+            f"Fix: as the database owner run: GRANT USAGE, CREATE ON SCHEMA {name} TO {role}; "
+            "(the bot creates and migrates its tables itself; docs/postgresql.md)."
+        )
+    return (
+        f"Fix: as the database owner run: GRANT CONNECT ON DATABASE <database> TO {role}; "
+        f"and GRANT USAGE, CREATE ON SCHEMA public TO {role}; (docs/postgresql.md)."
+    )
+
+
 def explain(url: str, exc: BaseException) -> str:
     where = redact(url)
     text = " ".join(str(exc).split()) or type(exc).__name__
@@ -278,10 +323,8 @@ def explain(url: str, exc: BaseException) -> str:
             "storage.url and the password in the variable named by storage.password_env."
         )
     if isinstance(exc, asyncpg.InsufficientPrivilegeError):
-        return (
-            f"PostgreSQL at {where}: the bot's role lacks a privilege ({text}). Fix: grant what "
-            "docs/postgresql.md lists (CONNECT on the database, USAGE and CREATE "
-            "on its schema)."
+        return f"PostgreSQL at {where}: the bot's role lacks a privilege ({text}). " + _grant(
+            url, text
         )
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
         return (

@@ -8,21 +8,31 @@ Invariants:
   in the schema the bot's role may CREATE in (docs/postgresql.md lists the grants).
 - ``messages.search`` holds the words of the text and of its meta (author and date), folded in
   Python exactly as SQLite's ``unicode61 remove_diacritics 2`` tokenizer folds them
-  (``bot.memory.postgres.words``) and stemmed by Snowball's original Porter stemmer, the
-  algorithm of FTS5's ``porter`` tokenizer: both backends find the same messages for a word,
-  except where Snowball's and FTS5's Porter differ (words under three letters, a few doubled
-  consonants). ``message_words`` holds the same words, one row per (conversation, word,
-  message), kept equal to ``search`` by triggers on every write (009_pg_word_index).
+  (``bot.memory.postgres.words``) and stemmed there by a port of FTS5's own porter stemmer
+  (``porter``; 012_fts5_porter_stems, before which Snowball's Porter stemmed them here and
+  differed on words under three letters and some doubled consonants): both backends store
+  the same words for a text and find the same messages for a word. ``message_words`` holds
+  the same words, one row per (conversation, word, message), kept equal to ``search`` by
+  triggers on every write (009_pg_word_index).
+- A database that records a migration this version does not know was written by a newer
+  meshsage: ``migrate`` refuses it (``core.versions``) and changes nothing; so is one holding
+  an unfinished migrate-store copy, unless migrate-store itself opens it.
 - ``heard`` is the unique claim on an inbound platform message id per conversation: the row
   that makes a message heard by two gateways stored (and answered) once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
+
+from bot.memory.core.versions import check_versions
+from bot.memory.postgres.words import fold, meta
+
+log = logging.getLogger("bot.memory")
 
 MIGRATION_LOCK = 0x6D657368  # advisory lock key ("mesh") held while migrating
 
@@ -330,6 +340,57 @@ def _m009_pg_word_index() -> str:
         """
 
 
+def _m012_fts5_porter_stems() -> str:
+    # Words are stemmed in Python from now on (``words.fold``: FTS5's own porter stemmer), so
+    # the configuration only splits the folded text into its words and keeps them as they are.
+    # ``_restem`` then rewrites every stored message's words (Snowball stemmed them before).
+    return f"""
+        ALTER TEXT SEARCH CONFIGURATION meshsage ALTER MAPPING FOR {_TOKEN_TYPES} WITH simple;
+        DROP TEXT SEARCH DICTIONARY meshsage_porter;
+        """
+
+
+RESTEM_BATCH = 2000  # messages re-stemmed per UPDATE while migrating
+
+
+async def _restem(con: PoolConnectionProxy[asyncpg.Record]) -> None:
+    """Every message's ``search`` again from its text and meta, as ``add_message`` writes it
+    now, in batches; then ``message_words`` again from ``search`` in one statement (the row
+    trigger is off meanwhile: one statement instead of a trigger call per message). Runs
+    inside the migration's transaction: an interruption leaves the old words, all of them."""
+    total = await con.fetchval("SELECT count(*) FROM messages")
+    if not total:
+        return
+    log.info("re-stemming the search words of %d messages (once, for 012)", total)
+    await con.execute(
+        "ALTER TABLE messages DISABLE TRIGGER messages_words_update; TRUNCATE message_words"
+    )
+    last = 0
+    while rows := await con.fetch(
+        "SELECT id, conversation_id, text, author, created_at FROM messages WHERE id > $1 "
+        "ORDER BY id LIMIT $2",
+        last,
+        RESTEM_BATCH,
+    ):
+        await con.execute(
+            "UPDATE messages m SET search = meshsage_keyed(u.c, to_tsvector('meshsage', u.a) "
+            "|| to_tsvector('meshsage', u.b)) FROM unnest($1::bigint[], $2::bigint[], "
+            "$3::text[], $4::text[]) AS u(id, c, a, b) WHERE m.id = u.id",
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [fold(r[2]) for r in rows],
+            [fold(meta(r[3], r[4])) for r in rows],
+        )
+        last = rows[-1][0]
+    await con.execute(
+        "ALTER TABLE messages ENABLE TRIGGER messages_words_update; "
+        "INSERT INTO message_words (conversation_id, word, message_id) "
+        "SELECT m.conversation_id, regexp_replace(w.lexeme, '^[0-9]+_', ''), m.id "
+        "FROM messages m CROSS JOIN LATERAL unnest(tsvector_to_array(m.search)) AS w(lexeme) "
+        "ON CONFLICT DO NOTHING; ANALYZE message_words"
+    )
+
+
 def _m006_recall_notes() -> str:
     # The recall note sent with a person's message (bot.memory.context), kept with it.
     return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
@@ -372,13 +433,23 @@ MIGRATIONS: list[Migration] = [
     ("009_pg_word_index", _m009_pg_word_index),
     ("010_incognito_notes_facts", _m010_incognito_notes_facts),
     ("011_shown_parts", _m011_shown_parts),
+    ("012_fts5_porter_stems", _m012_fts5_porter_stems),
 ]
+
+# What a migration does in Python after its SQL, in the same transaction.
+_AFTER: dict[str, Callable[[PoolConnectionProxy[asyncpg.Record]], Awaitable[None]]] = {
+    "012_fts5_porter_stems": _restem,
+}
 
 
 async def migrate(
-    con: PoolConnectionProxy[asyncpg.Record], migrations: list[Migration] | None = None
+    con: PoolConnectionProxy[asyncpg.Record],
+    migrations: list[Migration] | None = None,
+    *,
+    copying: bool = False,
 ) -> list[str]:
-    """Apply pending migrations in order; return the names applied."""
+    """Apply pending migrations in order; return the names applied. ``copying``: the database
+    may hold an unfinished migrate-store copy (``core.versions``)."""
     migrations = MIGRATIONS if migrations is None else migrations
     applied: list[str] = []
     async with con.transaction():
@@ -388,11 +459,15 @@ async def migrate(
             "applied_at DOUBLE PRECISION NOT NULL DEFAULT extract(epoch FROM now()))"
         )
         done = {r[0] for r in await con.fetch("SELECT name FROM schema_migrations")}
+        check_versions(done, [m[0] for m in MIGRATIONS], "this PostgreSQL database",
+                       copying=copying)  # fmt: skip
         for name, sql in migrations:
             if name in done:
                 continue
             async with con.transaction():  # a savepoint: a failure names the migration
                 await con.execute(sql())
+                if name in _AFTER:
+                    await _AFTER[name](con)
                 await con.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
             applied.append(name)
     return applied

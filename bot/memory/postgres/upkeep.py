@@ -29,7 +29,7 @@ class PgUpkeepMixin(PgBase):
         async def work(con: Conn) -> None:
             for table in (
                 "messages", "message_words", "message_vectors", "summaries", "facts", "heard",
-                "outbox", "outbox_parts", "sessions", "longterm_summaries",
+                "outbox", "outbox_parts", "outbox_packets", "sessions", "longterm_summaries",
             ):  # fmt: skip
                 self.last_erase = await con.execute(f"VACUUM {table}")
 
@@ -50,9 +50,12 @@ class PgUpkeepMixin(PgBase):
         return [str(r[0]) for r in rows]
 
     async def finish_import(self) -> None:
-        """Move each id sequence past the copied ids, so new rows do not collide with them."""
+        """Move each id sequence past the copied ids, so new rows do not collide with them;
+        then VACUUM ANALYZE: the planner gets statistics and the visibility map its index-only
+        word lookups need now, not whenever autovacuum comes by after a large copy."""
         async with self._tx() as con:
             await advance_sequences(con)
+        await self._run(lambda con: con.execute("VACUUM (ANALYZE)"))
 
     async def ping(self) -> None:
         """One trivial query through the pool (the watchdog's proof the store is not wedged)."""

@@ -31,6 +31,7 @@ import aiosqlite
 from bot.errors import DiskFull, StorageError
 from bot.files import private_dir, private_file, tighten_if_present
 from bot.memory.core.db import SQLITE, CoreBase, Dialect, Tx
+from bot.memory.core.versions import check_versions
 from bot.memory.outbox_claims import SQLITE_GATEWAY
 from bot.memory.schema import MIGRATIONS, applied_migrations, migrate
 from bot.memory.vectors import VectorCache
@@ -54,7 +55,8 @@ class SqliteBase(CoreBase):
 
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
-    async def open(cls, path: Path) -> Self:
+    async def open(cls, path: Path, *, copying: bool = False) -> Self:
+        """``copying``: open an unfinished migrate-store copy (``core.versions.COPY_MARK``)."""
         path = Path(path)
         try:
             private_dir(path.parent)
@@ -98,6 +100,9 @@ class SqliteBase(CoreBase):
             ):
                 await db.execute(pragma)
             done = await applied_migrations(db)
+            check_versions(
+                done, [name for name, _ in MIGRATIONS], f"the database {path}", copying=copying
+            )
             todo = [name for name, _ in MIGRATIONS if name not in done]
             if done and todo:  # an upgrade: keep the old database until the new one works
                 await _backup_before_upgrade(db, path, todo[0])
@@ -112,6 +117,10 @@ class SqliteBase(CoreBase):
                 raise sqlite3.DatabaseError(f"database disk image is malformed: {problem}")
             await db.execute("BEGIN IMMEDIATE")  # prove we can write before taking messages
             await db.execute("ROLLBACK")
+        except StorageError:
+            if db is not None:
+                await db.close()
+            raise
         except (sqlite3.DatabaseError, OSError) as exc:
             if db is not None:
                 await db.close()
