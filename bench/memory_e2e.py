@@ -52,6 +52,10 @@ from bot.app import App, build
 from bot.domain import Inbound
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, make_counter
 
+ROOT = Path(__file__).resolve().parent.parent
+MEMORY_DOC = ROOT / "docs" / "memory.md"
+MARK_START = "<!-- bench:memory_e2e:start -->"
+MARK_END = "<!-- bench:memory_e2e:end -->"
 PERSON = "person"
 VARIANTS = ("restart", "live")
 _RARE = re.compile(r"[A-Za-z][A-Za-z'-]{5,}")
@@ -250,6 +254,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--categories", default="1,2,3,4")
     p.add_argument("--share", type=float, default=None, help="memory.retrieval.share")
+    p.add_argument(
+        "--write-docs", action="store_true", help="rewrite docs/memory.md's end-to-end table"
+    )
     args = p.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     for v in variants:
@@ -276,6 +283,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = "python -m bench.memory_e2e " + " ".join(argv if argv is not None else [])
     print(f"\n{command.strip()}\n{len(dialogues)} conversation(s)\n")
     print(table(tallies, categories))
+    if args.write_docs:
+        names = ", ".join(d.sample_id for d in dialogues)
+        write_docs(
+            MEMORY_DOC, command.replace(" --write-docs", ""), names, table(tallies, categories)
+        )
+        print(f"wrote {MEMORY_DOC}")
+
+
+def write_docs(path: Path, command: str, names: str, rendered: str) -> None:
+    """Replace the table between the markers in ``path`` with this run's."""
+    block = "\n".join(
+        [
+            MARK_START,
+            f"Command: `{command.strip()}`. Date: {time.strftime('%Y-%m-%d')}. Conversations: "
+            f"{names}. Recall = share of a question's evidence turns whose text is in the prompt "
+            "sent (mean per category, question count in brackets); prompt tokens as the bot "
+            "counts them; seconds are wall time on the machine that ran it (not a verdict).",
+            "",
+            rendered,
+            MARK_END,
+        ]
+    )
+    text = path.read_text()
+    if MARK_START not in text:
+        raise SystemExit(f"{path} has no {MARK_START} marker; add one where the table goes")
+    head, rest = text.split(MARK_START, 1)
+    tail = rest.split(MARK_END, 1)[1] if MARK_END in rest else ""
+    path.write_text(head + block + tail)
 
 
 if __name__ == "__main__":
