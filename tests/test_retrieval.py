@@ -100,7 +100,8 @@ def test_query_terms(text: str, expected: list[str]) -> None:
      "dog AND NOT cat", "'; DROP TABLE messages; --", "\x00nul", "{body meta}: dog"],
 )  # fmt: skip
 async def test_fts5_syntax_in_messages_is_plain_text(store: SqliteStore, text: str) -> None:
-    ids = await _conversation(store, ALICE, [(USER, f"my dog likes {text}"), (ASSISTANT, "ok")])
+    said = f"my dog likes {text}, and long walks by the river"  # more than a repeat of the query
+    ids = await _conversation(store, ALICE, [(USER, said), (ASSISTANT, "ok")])
     conv = await store.conversation(ALICE)
     block = await _retriever(store).retrieve(
         conv, f"dog {text}", budget_tokens=200, before_id=ids[-1] + 1

@@ -7,8 +7,8 @@ first byte that differs from the previous request is reused from the KV cache):
              + pinned facts that are older than the window ("stable" facts)
              + summary chapters, oldest first
     window   user/assistant turns since the last fold, verbatim, strictly alternating
-    final    [facts added since the window began] [recalled older turns, marked and dated]
-             the new message
+    final    [facts added since the window began] [recall note: the best recalled turns]
+             [more recalled turns, this once] the new message
 
 The fold rule (what keeps the prefix stable):
 - The window starts right after the newest summary chapter (or the reset mark) and is cut only
@@ -26,17 +26,26 @@ The fold rule (what keeps the prefix stable):
   whole prompt still fits, so the prompt changes once per fold, not twice.
 - Facts added after the window began ride in the final message until the next fold, where they
   join the system message.
-- Retrieved older turns (only turns older than the window) go in the final message
-  (``recall="inline"``), or as notes kept at the turn where they were recalled (``"notes"``,
-  the default, measured better by ``bench.prefix``): the note is stored with that message
-  (``save_recall_note``) and shown again with it until it folds, so the whole prompt is
-  append-only, across restarts too. A note counts in its turn's cost (fold points included):
-  it is paid once, and later turns reuse it from the cache.
+- Retrieved older turns (only turns older than the window) go in the final message, right
+  before the new message (``recall="inline"``: all of them, this once), or (``"notes"``, the
+  default, measured better by ``bench.prefix``) their best part (``NOTE_SHARE`` of the free
+  budget, at least ``MIN_RECALL_TOKENS``) leads the final message and is stored with that
+  message (``save_recall_note``) as its note, shown with it again until it folds, and the rest
+  (``MORE_HEADER``) follows the note this once. The next request starts that message with the
+  same note, so a cache keeps the note; the rest costs only this prompt's tail (re-read anyway
+  on the next turn), not the window's room, so it does not bring folds closer. The rest is a
+  pure function of the store and the message, so a restart sends the same prompt. A note
+  counts in its turn's cost (fold points included).
 - How much a message recalls (``recall_weight``): up to ``retrieval.share`` of the free budget
   (and never more than the budget has left) for a message that matches older turns strongly
   (it asks about the past), scaled down linearly to nothing between ``STRONG_MATCH`` and
-  ``WEAK_MATCH`` (small talk: its turns stay cache-cheap). A turn already in the window, in
-  a note in the window, or in a pinned fact is not recalled again.
+  ``WEAK_MATCH`` (small talk: its turns stay cache-cheap). An older message that repeats the
+  new one (``retrieval.is_repeat``: a greeting, a phrase said again) and the answers to it
+  neither count as a match nor are recalled. When one older turn holds every word of the
+  message (a complete match), only the ranked turns scoring at least ``RELATIVE_SCORE`` of it
+  come (and their question/answer partners); a partial match casts the wide net, up to the
+  budget. A turn already in the window, in a note in the window, or in a pinned fact is not
+  recalled again.
 
 Invariants:
 - The assembled prompt never exceeds the budget as counted by the injected counter (each

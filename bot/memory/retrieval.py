@@ -77,7 +77,7 @@ VECTOR_POOL = 2000  # vector matches considered per query (weak ones still lend 
 MAX_QUERY_CHARS = 2000  # of the new message, embedded for vector search
 OUTLINE_CACHE = 256  # conversations whose outline stays in memory (about 33 bytes a message)
 COMPLETE_MATCH = 0.99  # share of the query's word weight one turn holds: it answers, surely
-REPEAT_SIMILARITY = 0.6  # word overlap (Jaccard) at or above which an older turn repeats the query
+REPEAT_SIMILARITY = 0.8  # shared share of both word sets at which an older turn repeats the query
 REPEAT_CANDIDATES = 32  # turns sharing the most query words checked for being a repeat
 OUTLINE_CACHE_MESSAGES = 300_000  # and at most this many messages in all (~10 MB): RSS plateaus
 
@@ -97,14 +97,15 @@ def query_terms(text: str) -> list[str]:
 
 def is_repeat(text: str, terms: Sequence[str]) -> bool:
     """Whether an older turn's ``text`` says again what a query with content words ``terms``
-    says (a greeting, a phrase the person repeats, the same question asked again): their
-    content words overlap at least ``REPEAT_SIMILARITY`` (Jaccard). Such a turn adds nothing
-    the message does not already say, so it is neither recalled nor counted as a match."""
+    says (a greeting, a phrase the person repeats, the same question asked again): the words
+    they share are at least ``REPEAT_SIMILARITY`` of each one's content words, so the turn adds
+    next to nothing the message does not already say ("my dog likes hi" is not a repeat of
+    "dog hi"). Such a turn is neither recalled nor counted as a match."""
     mine = set(query_terms(text))
     wanted = set(terms)
     if not mine or not wanted:
         return False
-    return len(mine & wanted) / len(mine | wanted) >= REPEAT_SIMILARITY
+    return len(mine & wanted) >= REPEAT_SIMILARITY * max(len(mine), len(wanted))
 
 
 def day_label(created_at: float) -> str:
