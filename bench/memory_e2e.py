@@ -46,7 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.prefix import CONTEXT_TOKENS, STYLE_HINT, MeshLikeTransport, bench_config
+from bench.prefix import (
+    CONTEXT_TOKENS,
+    STYLE_HINT,
+    MeshLikeTransport,
+    bench_config,
+    replace_block,
+)
 from bench.recall import Dialogue, Question, load
 from bot.app import App, build
 from bot.domain import Inbound
@@ -295,22 +301,15 @@ def write_docs(path: Path, command: str, names: str, rendered: str) -> None:
     """Replace the table between the markers in ``path`` with this run's."""
     block = "\n".join(
         [
-            MARK_START,
             f"Command: `{command.strip()}`. Date: {time.strftime('%Y-%m-%d')}. Conversations: "
             f"{names}. Recall = share of a question's evidence turns whose text is in the prompt "
             "sent (mean per category, question count in brackets); prompt tokens as the bot "
             "counts them; seconds are wall time on the machine that ran it (not a verdict).",
             "",
             rendered,
-            MARK_END,
         ]
     )
-    text = path.read_text()
-    if MARK_START not in text:
-        raise SystemExit(f"{path} has no {MARK_START} marker; add one where the table goes")
-    head, rest = text.split(MARK_START, 1)
-    tail = rest.split(MARK_END, 1)[1] if MARK_END in rest else ""
-    path.write_text(head + block + tail)
+    replace_block(path, MARK_START, MARK_END, block)
 
 
 if __name__ == "__main__":

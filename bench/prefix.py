@@ -402,20 +402,23 @@ def table(results: Sequence[Result]) -> str:
 def write_docs(path: Path, command: str, results: Sequence[Result]) -> None:
     block = "\n".join(
         [
-            MARK_START,
             f"Command: `{command}`. Date: {time.strftime('%Y-%m-%d')}. Exact counts of what was "
-            "sent (cl100k tokens of the ChatML-rendered requests), not timings.",
+            "sent (cl100k tokens as the bot counts them: content + 4 per message), not timings.",
             "",
             table(results),
-            MARK_END,
         ]
     )
+    replace_block(path, MARK_START, MARK_END, block)
+
+
+def replace_block(path: Path, start: str, end: str, block: str) -> None:
+    """Put ``block`` between the ``start`` and ``end`` markers of ``path`` (a docs table)."""
     text = path.read_text()
-    if MARK_START not in text:
-        raise SystemExit(f"{path} has no {MARK_START} marker; add one where the table goes")
-    head, rest = text.split(MARK_START, 1)
-    tail = rest.split(MARK_END, 1)[1] if MARK_END in rest else ""
-    path.write_text(head + block + tail)
+    if start not in text:
+        raise SystemExit(f"{path} has no {start} marker; add one where the table goes")
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1] if end in rest else ""
+    path.write_text(head + start + "\n" + block + "\n" + end + tail)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
