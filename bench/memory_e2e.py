@@ -256,6 +256,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     p.add_argument("data", type=Path, help="LoCoMo-format JSON (../shared/bench/locomo-dev.json)")
     p.add_argument("--conversations", type=int, default=None, help="only the first N")
+    p.add_argument(
+        "--skip", type=int, default=0, help="leave out the first N (split a long run in parts)"
+    )
     p.add_argument("--questions", type=int, default=None, help="at most N per conversation")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--categories", default="1,2,3,4")
@@ -269,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if v not in VARIANTS:
             p.error(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
     categories = sorted(int(c) for c in args.categories.split(","))
-    dialogues = load(args.data)[: args.conversations]
+    dialogues = load(args.data)[: args.conversations][args.skip :]
     counter = make_counter()
     tallies = {v: Tally() for v in variants}
     for dlg in dialogues:
