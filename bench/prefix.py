@@ -403,7 +403,8 @@ def write_docs(path: Path, command: str, results: Sequence[Result]) -> None:
     block = "\n".join(
         [
             f"Command: `{command}`. Date: {time.strftime('%Y-%m-%d')}. Exact counts of what was "
-            "sent (cl100k tokens as the bot counts them: content + 4 per message), not timings.",
+            "sent (cl100k tokens as the bot counts them: content + 4 per message), not timings; "
+            "summary calls = every background call (chapters, merges, fact extraction).",
             "",
             table(results),
         ]
