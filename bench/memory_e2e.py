@@ -46,12 +46,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.prefix import CONTEXT_TOKENS, STYLE_HINT, MeshLikeTransport, bench_config
+from bench.prefix import (
+    CONTEXT_TOKENS,
+    STYLE_HINT,
+    MeshLikeTransport,
+    bench_config,
+    replace_block,
+)
 from bench.recall import Dialogue, Question, load
 from bot.app import App, build
 from bot.domain import Inbound
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, make_counter
 
+ROOT = Path(__file__).resolve().parent.parent
+MEMORY_DOC = ROOT / "docs" / "memory.md"
+MARK_START = "<!-- bench:memory_e2e:start -->"
+MARK_END = "<!-- bench:memory_e2e:end -->"
 PERSON = "person"
 VARIANTS = ("restart", "live")
 _RARE = re.compile(r"[A-Za-z][A-Za-z'-]{5,}")
@@ -246,17 +256,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     p.add_argument("data", type=Path, help="LoCoMo-format JSON (../shared/bench/locomo-dev.json)")
     p.add_argument("--conversations", type=int, default=None, help="only the first N")
+    p.add_argument(
+        "--skip", type=int, default=0, help="leave out the first N (split a long run in parts)"
+    )
     p.add_argument("--questions", type=int, default=None, help="at most N per conversation")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--categories", default="1,2,3,4")
     p.add_argument("--share", type=float, default=None, help="memory.retrieval.share")
+    p.add_argument(
+        "--write-docs", action="store_true", help="rewrite docs/memory.md's end-to-end table"
+    )
     args = p.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     for v in variants:
         if v not in VARIANTS:
             p.error(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
     categories = sorted(int(c) for c in args.categories.split(","))
-    dialogues = load(args.data)[: args.conversations]
+    dialogues = load(args.data)[: args.conversations][args.skip :]
     counter = make_counter()
     tallies = {v: Tally() for v in variants}
     for dlg in dialogues:
@@ -276,6 +292,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = "python -m bench.memory_e2e " + " ".join(argv if argv is not None else [])
     print(f"\n{command.strip()}\n{len(dialogues)} conversation(s)\n")
     print(table(tallies, categories))
+    if args.write_docs:
+        names = ", ".join(d.sample_id for d in dialogues)
+        write_docs(
+            MEMORY_DOC, command.replace(" --write-docs", ""), names, table(tallies, categories)
+        )
+        print(f"wrote {MEMORY_DOC}")
+
+
+def write_docs(path: Path, command: str, names: str, rendered: str) -> None:
+    """Replace the table between the markers in ``path`` with this run's."""
+    block = "\n".join(
+        [
+            f"Command: `{command.strip()}`. Date: {time.strftime('%Y-%m-%d')}. Conversations: "
+            f"{names}. Recall = share of a question's evidence turns whose text is in the prompt "
+            "sent (mean per category, question count in brackets); prompt tokens as the bot "
+            "counts them; seconds are wall time on the machine that ran it (not a verdict).",
+            "",
+            rendered,
+        ]
+    )
+    replace_block(path, MARK_START, MARK_END, block)
 
 
 if __name__ == "__main__":

@@ -22,14 +22,17 @@ Layouts, each on a fresh database in the same run:
   final user message.
 - ``new-notes``: the same, with recall notes kept at the turn where they were recalled.
 
-Measures (requests rendered as a ChatML prompt, tokens counted with cl100k):
+Measures (tokens counted with cl100k as the bot counts them: each message's content plus
+``MESSAGE_OVERHEAD``, since a chat template's role markers are special tokens; reply requests
+are those carrying the transport's style hint, every other request (summary chapters, merges,
+fact extraction) is a background call):
 - prefix share: for each reply request after a person's first, the identical prefix it shares
   with that person's previous reply request, as a share of its own length (what a server
   with one cache per person could reuse); mean, median, minimum.
 - re-evaluated tokens per turn on a one-slot server: every request in arrival order (both
   people's replies and every summary call, cancelled or not) costs the tokens after its
   common prefix with the request just before it; the total divided by the number of turns.
-- prompt tokens per turn (mean) and summary calls.
+- prompt tokens per turn (mean) and background calls ("summary calls" in the table).
 
 Nothing is timed: the figures are exact counts of what was sent. docs/memory.md's table is rewritten
 only with ``--write-docs``.
@@ -61,7 +64,7 @@ from bot.config import (
     RateLimit,
 )
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
-from bot.llm.tokens import TokenCounter, make_counter
+from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.layers import LayeredContext
 from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT, Summarizer
@@ -246,9 +249,16 @@ class Result:
     prompt_per_turn: float
 
 
-def render(body: dict[str, Any]) -> str:
-    """A request as a ChatML prompt (what a llama.cpp server evaluates, near enough)."""
-    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in body["messages"])
+def is_reply(body: dict[str, Any]) -> bool:
+    """A reply request carries the transport's style hint; background calls (summary chapters,
+    merges, fact extraction, session summaries) do not."""
+    return STYLE_HINT in str(body["messages"][0]["content"])
+
+
+def prompt_tokens(messages: Sequence[dict[str, Any]], counter: TokenCounter) -> int:
+    """A request's size as the bot counts it against its budget: each message's content plus
+    ``MESSAGE_OVERHEAD`` (the role markers, which a chat template adds as special tokens)."""
+    return sum(counter.count(str(m["content"])) + MESSAGE_OVERHEAD for m in messages)
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -259,31 +269,48 @@ def common_prefix(a: str, b: str) -> int:
     return i
 
 
+def shared_tokens(
+    before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]], counter: TokenCounter
+) -> int:
+    """Tokens at the start of ``after`` identical to ``before`` (as the bot counts them): whole
+    equal messages, then the common start of the first message that differs (same role)."""
+    shared = 0
+    for a, b in zip(before, after, strict=False):
+        if a["role"] != b["role"]:
+            break
+        x, y = str(a["content"]), str(b["content"])
+        if x == y:
+            shared += counter.count(y) + MESSAGE_OVERHEAD
+            continue
+        shared += counter.count(y[: common_prefix(x, y)])
+        break
+    return shared
+
+
 def measure(
     requests: Sequence[dict[str, Any]], owners: Sequence[str | None], counter: TokenCounter
 ) -> tuple[list[float], float, float, int]:
-    """(same-person prefix shares, re-evaluated tokens, prompt tokens of replies, summaries)
-    for requests in arrival order; ``owners`` names the person of each reply (None: a
-    summary)."""
+    """(same-person prefix shares, re-evaluated tokens, prompt tokens of replies, background
+    calls) for requests in arrival order; ``owners`` names the person of each reply (None: a
+    background call). Tokens are counted as the bot counts them (``prompt_tokens``)."""
     shares: list[float] = []
-    last_of: dict[str, str] = {}
-    previous = ""
+    last_of: dict[str, list[dict[str, Any]]] = {}
+    previous: list[dict[str, Any]] = []
     reeval = 0.0
     prompt = 0.0
     summaries = 0
     for body, owner in zip(requests, owners, strict=True):
-        text = render(body)
-        reeval += counter.count(text[common_prefix(previous, text) :])
-        previous = text
+        messages = body["messages"]
+        tokens = prompt_tokens(messages, counter)
+        reeval += tokens - shared_tokens(previous, messages, counter)
+        previous = messages
         if owner is None:
             summaries += 1
             continue
-        tokens = counter.count(text)
         prompt += tokens
         if owner in last_of:
-            shared = counter.count(text[: common_prefix(last_of[owner], text)])
-            shares.append(shared / tokens)
-        last_of[owner] = text
+            shares.append(shared_tokens(last_of[owner], messages, counter) / tokens)
+        last_of[owner] = messages
     return shares, reeval, prompt, summaries
 
 
@@ -325,15 +352,22 @@ async def run(
                         )
                     )
                     await app.responder.wait_idle()
-                    # The person types; summaries may run (the old summarizer has no event).
+                    # The person types; summaries and fold-time fact extraction may run (the
+                    # old summarizer has no event and extracts no facts at folds).
+                    quiet = getattr(app.summarizer, "wait_quiet", None)
+                    if quiet is not None:
+                        await quiet()
                     while app.summarizer.running:  # noqa: ASYNC110
                         await asyncio.sleep(0.01)
                     for body in fake.requests[before:]:
-                        first = str(body["messages"][0]["content"])
-                        owners.append(None if first.startswith(SUMMARY_PREFIXES) else person)
+                        owners.append(person if is_reply(body) else None)
         finally:
             await app.close()
             await fake.stop()
+    late = fake.requests[len(owners) :]  # background work still running at the end
+    if any(is_reply(body) for body in late):
+        raise RuntimeError("a reply request arrived after its turn was counted")
+    owners += [None] * len(late)
     replies = sum(1 for o in owners if o is not None)
     shares, reeval, prompt, summaries = measure(fake.requests, owners, counter)
     return Result(
@@ -368,20 +402,24 @@ def table(results: Sequence[Result]) -> str:
 def write_docs(path: Path, command: str, results: Sequence[Result]) -> None:
     block = "\n".join(
         [
-            MARK_START,
             f"Command: `{command}`. Date: {time.strftime('%Y-%m-%d')}. Exact counts of what was "
-            "sent (cl100k tokens of the ChatML-rendered requests), not timings.",
+            "sent (cl100k tokens as the bot counts them: content + 4 per message), not timings; "
+            "summary calls = every background call (chapters, merges, fact extraction).",
             "",
             table(results),
-            MARK_END,
         ]
     )
+    replace_block(path, MARK_START, MARK_END, block)
+
+
+def replace_block(path: Path, start: str, end: str, block: str) -> None:
+    """Put ``block`` between the ``start`` and ``end`` markers of ``path`` (a docs table)."""
     text = path.read_text()
-    if MARK_START not in text:
-        raise SystemExit(f"{path} has no {MARK_START} marker; add one where the table goes")
-    head, rest = text.split(MARK_START, 1)
-    tail = rest.split(MARK_END, 1)[1] if MARK_END in rest else ""
-    path.write_text(head + block + tail)
+    if start not in text:
+        raise SystemExit(f"{path} has no {start} marker; add one where the table goes")
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1] if end in rest else ""
+    path.write_text(head + start + "\n" + block + "\n" + end + tail)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

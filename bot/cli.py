@@ -433,8 +433,8 @@ async def _memory_show(config: Config, args: argparse.Namespace) -> int:
         print(f"\n# the {len(sent)} messages sent to {config.llm.model}")
         if app.context.inner.recall == "notes":
             print(
-                "(recall notes that earlier turns carried live in the running bot's memory; "
-                "a fresh process shows those turns without them)"
+                "(recall notes are stored with their turns, so this shows them as the bot sends "
+                "them; this message's own note is not saved by memory show)"
             )
         for msg in sent:
             print(f"\n## {msg.role}\n{msg.content}")

@@ -82,9 +82,10 @@ async def test_each_request_extends_the_previous_until_a_fold(
         folds += 1
         assert after[0] != before[0] and before[1] not in after[1:]
     # Every message here matches earlier ones strongly (the topics repeat), so each turn keeps
-    # a recall note and the window folds about every third turn at this small budget (issue 17:
-    # recall that answers; the trade-off is measured in docs/memory.md).
-    assert folds >= 2 and extended >= 2 * folds
+    # a recall note (issue 17: only its best part, 3% of the budget; the rest of the recall is
+    # sent once at the tail and does not fill the window), and the window folds about every
+    # fourth turn at this small budget (the trade-off is measured in docs/memory.md).
+    assert folds >= 2 and extended >= 3 * folds
 
 
 async def test_no_summary_is_requested_while_a_reply_waits(

@@ -87,6 +87,7 @@ def test_every_relative_link_and_anchor_resolves() -> None:
         ("docs/benchmarks.md", "<!-- bench:gateways:start -->", "<!-- bench:gateways:end -->"),
         ("docs/benchmarks.md", "<!-- mesh_load:begin -->", "<!-- mesh_load:end -->"),
         ("docs/memory.md", "<!-- bench:prefix:start -->", "<!-- bench:prefix:end -->"),
+        ("docs/memory.md", "<!-- bench:memory_e2e:start -->", "<!-- bench:memory_e2e:end -->"),
         ("docs/memory.md", "<!-- bench:real_llm:start -->", "<!-- bench:real_llm:end -->"),
         ("docs/real_llm.md", "<!-- bench:real_llm:start -->", "<!-- bench:real_llm:end -->"),
     ],

@@ -14,6 +14,8 @@ from bot.domain import ConversationKey
 from bot.llm.port import ChatMessage
 from bot.llm.tokens import MESSAGE_OVERHEAD, make_counter
 from bot.memory.context import (
+    MIN_RECALL_TOKENS,
+    MORE_HEADER,
     NOTE_SHARE,
     RETRIEVED_HEADER,
     ContextBuilder,
@@ -28,6 +30,7 @@ from tests import pg_server
 COUNTER = make_counter()
 KEY = ConversationKey("console", "alice")
 BUDGET = 1536
+NOTE_LIMIT = max(NOTE_SHARE * BUDGET, MIN_RECALL_TOKENS) + 16  # a note's turns and its header
 FILLER = [
     ("Any tips for keeping batteries warm in winter?", "Insulate the box and keep it dry."),
     ("How often should I check the solar charge controller?", "Once a month is plenty."),
@@ -133,16 +136,61 @@ async def test_strong_question_recalls_more_than_the_old_cap_small_talk_nothing(
     builder = _builder(memory)
     none, _ = await _ask(memory, builder, "Any plans for the weekend?", answer="Not yet.")
     assert _recalled(none) == ""  # nothing matches: nothing recalled
+    # A strong but partial match (no one turn holds every word): the wide net, more than
+    # the 10% per turn notes were capped at before.
     strong, _ = await _ask(
-        memory, builder, "Where is my boat Osprey moored, and what is she?", answer="North."
+        memory,
+        builder,
+        "Where is Osprey moored, and how many coats of varnish did the hull get?",
+        answer="North.",
     )
     recalled = _recalled(strong)
-    assert "north pier" in recalled
-    # A strong match gets more than the 10% per turn notes were capped at before ...
+    assert "north pier" in recalled and "varnished the hull" in recalled
     assert COUNTER.count(recalled) > 0.1 * (BUDGET - 20)
+    # A complete match (one turn holds every word): that turn, and not the wide net.
+    sure, _ = await _ask(memory, builder, "Where is my boat Osprey moored?", answer="North.")
+    assert "north pier" in _recalled(sure)
+    assert "varnished" not in _recalled(sure)
+    assert COUNTER.count(_recalled(sure)) < COUNTER.count(recalled) / 2
     # ... small talk that matches weakly ("good" in "Good to know.") gets little.
     small, _ = await _ask(memory, builder, "Good morning, how are you today?")
     assert COUNTER.count(_recalled(small)) < COUNTER.count(recalled) / 2
+
+
+async def test_a_large_recall_is_shown_once_its_note_stays_and_leads(memory: MemoryStore) -> None:
+    """The recall's best part is the turn's note and leads the final message; the rest follows
+    it this once. The next prompt holds the note at that turn (the same leading text, so a
+    cache keeps it) and not the rest."""
+    await _history(memory)
+    builder = _builder(memory)
+    question = "Where is Osprey moored, and how many coats of varnish did the hull get?"
+    first, mid = await _ask(memory, builder, question, answer="North.")
+    note = (await memory.recall_notes([mid]))[mid]
+    final = first[-1].content
+    assert note and final.startswith(note + "\n\n" + MORE_HEADER)
+    rest = final[len(note) :]
+    assert "varnished the hull" in rest and question in rest
+    nxt, _ = await _ask(memory, builder, "thanks!")
+    asked = next(m.content for m in nxt if m.role == "user" and question in m.content)
+    assert asked == note + "\n\n" + question  # the note stays with its turn, the rest is gone
+    assert MORE_HEADER not in "\n".join(m.content for m in nxt)
+
+
+async def test_a_history_where_every_turn_matches_recalls_nothing_of_it(
+    memory: MemoryStore,
+) -> None:
+    """A phrase the person repeats (and the answers to it) is not recalled for that phrase and
+    does not count as a match: the message gets no recall; a real question still does."""
+    await _history(memory, rounds=2)
+    at = 1_700_100_000.0
+    for i in range(40):
+        await _pair(memory, "good morning mesh, quiet night on the repeater", f"Morning! ({i})", at)
+        at += 10
+    builder = _builder(memory)
+    again, _ = await _ask(memory, builder, "good morning mesh, quiet night on the repeater!")
+    assert _recalled(again) == ""
+    asked, _ = await _ask(memory, builder, "Which frequency does my repeater on Storsteinen use?")
+    assert "433 MHz" in _recalled(asked)
 
 
 async def test_note_is_stored_with_its_turn_and_a_restart_sends_the_same_prompt(
@@ -153,7 +201,7 @@ async def test_note_is_stored_with_its_turn_and_a_restart_sends_the_same_prompt(
     _, asked = await _ask(memory, builder, "What is my boat called?", answer="Osprey.")
     note = (await memory.recall_notes([asked]))[asked]
     assert "Osprey and she is moored" in note
-    assert COUNTER.count(note) <= NOTE_SHARE * BUDGET + 8  # the best part only
+    assert COUNTER.count(note) <= NOTE_LIMIT  # the best part only
     conv = await memory.conversation(KEY)
     nid = await memory.add_message(conv.id, role="user", author="alice", text="thanks!",
                                    tokens=2, status="pending")  # fmt: skip
@@ -252,13 +300,13 @@ async def test_a_fold_on_the_same_turn_as_a_large_recall(memory: MemoryStore) ->
         await memory.add_message(conv.id, role="assistant", author="bot", text=answer,
                                  tokens=COUNTER.count(answer), status="delivered",
                                  parent_id=mid)  # fmt: skip
-        recalled = next((b.tokens for b in ctx.blocks if b.name == "retrieved"), 0)
-        if ctx.pending_fold is not None and recalled > NOTE_SHARE * BUDGET:
+        recalled = sum(b.tokens for b in ctx.blocks if b.name.startswith("retrieved"))
+        if ctx.pending_fold is not None and recalled > NOTE_LIMIT:
             break
     else:
         raise AssertionError("no turn both completed a fold block and recalled a lot")
     note = (await memory.recall_notes([mid]))[mid]
-    assert COUNTER.count(note) <= NOTE_SHARE * BUDGET + 8
+    assert COUNTER.count(note) <= NOTE_LIMIT
     chapters = await memory.summaries(conv)
     first = chapters[-1].last_message_id + 1 if chapters else 1
     await memory.save_summary(conv.id, text="They talked about the boat Osprey.",

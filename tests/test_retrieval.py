@@ -21,6 +21,7 @@ from bot.memory.retrieval import (
     Outline,
     Retriever,
     bm25_rank,
+    is_repeat,
     partners,
     query_terms,
 )
@@ -100,7 +101,8 @@ def test_query_terms(text: str, expected: list[str]) -> None:
      "dog AND NOT cat", "'; DROP TABLE messages; --", "\x00nul", "{body meta}: dog"],
 )  # fmt: skip
 async def test_fts5_syntax_in_messages_is_plain_text(store: SqliteStore, text: str) -> None:
-    ids = await _conversation(store, ALICE, [(USER, f"my dog likes {text}"), (ASSISTANT, "ok")])
+    said = f"my dog likes {text}, and long walks by the river"  # more than a repeat of the query
+    ids = await _conversation(store, ALICE, [(USER, said), (ASSISTANT, "ok")])
     conv = await store.conversation(ALICE)
     block = await _retriever(store).retrieve(
         conv, f"dog {text}", budget_tokens=200, before_id=ids[-1] + 1
@@ -380,3 +382,65 @@ async def test_outline_cache_is_bounded_by_messages_not_only_conversations(
     cached = retriever._outlines
     assert sum(len(o) for o in cached.values()) <= 5
     assert list(cached) == [(await store.conversation(people[-1])).id]  # the newest stays
+
+
+# --- repeats and complete matches (issue 17) ------------------------------------------------
+def test_a_repeat_says_the_same_words_not_merely_some_of_them() -> None:
+    terms = query_terms("How is the weather looking for tomorrow around here? (12)")
+    assert is_repeat("How is the weather looking for tomorrow around here? (7)", terms)
+    assert is_repeat("good morning!", query_terms("Good morning"))
+    assert not is_repeat("my dog likes walks by the river", query_terms("dog walks"))
+    assert not is_repeat("The weather was awful on the hike", terms)
+    assert not is_repeat("", terms) and not is_repeat("anything", [])
+
+
+async def test_a_repeated_message_and_its_answers_are_not_recalled_nor_a_match(
+    store: SqliteStore,
+) -> None:
+    phrase = "anyone hearing the repeater on channel five tonight"
+    turns = [(USER, "my boat Osprey is moored at the north pier"), (ASSISTANT, "noted")]
+    turns += [(USER, phrase), (ASSISTANT, f"{phrase}? loud and clear")] * 6
+    ids = await _conversation(store, ALICE, turns)
+    conv = await store.conversation(ALICE)
+    retriever = _retriever(store)
+    ranked, _outline, _span = await retriever.rank(conv, phrase, before_id=ids[-1] + 1)
+    assert ranked == []  # every match was a repeat or an answer to one
+    block = await retriever.retrieve(conv, phrase, budget_tokens=500, before_id=ids[-1] + 1)
+    assert block.turns == []
+    block = await retriever.retrieve(
+        conv, "where is Osprey moored?", budget_tokens=500, before_id=ids[-1] + 1
+    )
+    assert ids[0] in [m.id for m in block.turns]
+
+
+async def test_after_a_complete_match_only_turns_near_its_score_come(store: SqliteStore) -> None:
+    turns = [(USER, "my sister Ingrid lives in Bergen"), (ASSISTANT, "nice city")]
+    turns += _filler(10)
+    turns += [(USER, f"Ingrid called me about the ferry ({i})") for i in range(4)]
+    ids = await _conversation(store, ALICE, turns)
+    conv = await store.conversation(ALICE)
+    retriever = _retriever(store)
+    ranked, _outline, _span = await retriever.rank(
+        conv, "where does my sister live?", before_id=ids[-1] + 1
+    )
+    assert ranked[0].id == ids[0] and ranked[0].words == pytest.approx(1.0)
+    wide = await retriever.retrieve(
+        conv, "where does my sister Ingrid live?", budget_tokens=800, before_id=ids[-1] + 1
+    )
+    sure = await retriever.retrieve(
+        conv,
+        "where does my sister Ingrid live?",
+        budget_tokens=800,
+        before_id=ids[-1] + 1,
+        relative=0.7,
+    )
+    assert ids[0] in [m.id for m in sure.turns]
+    assert len(sure.turns) < len(wide.turns)  # the other Ingrid turns score far below
+    # A partial match (no turn holds "ferry" and "Bergen" together) keeps the wide net.
+    partial = await retriever.retrieve(
+        conv, "Bergen ferry", budget_tokens=800, before_id=ids[-1] + 1, relative=0.7
+    )
+    wide_partial = await retriever.retrieve(
+        conv, "Bergen ferry", budget_tokens=800, before_id=ids[-1] + 1
+    )
+    assert [m.id for m in partial.turns] == [m.id for m in wide_partial.turns]

@@ -119,6 +119,12 @@ async def test_both_backends_send_byte_identical_prompts(
     recalled = [p for p in prompts[0] if RETRIEVED_HEADER[:20] in p]
     assert recalled, "the script is too short: retrieval never ran"
     assert any("tuna" in p for p in recalled[-1:])
+    # Said a third time, the line recalls neither its repeats nor the answers to them (issue
+    # 17: a repeat adds nothing); the question about it later does recall them.
+    third = llms[0].chat_requests()[SCRIPT.index("my cat Biscuit loves tuna fish", 6)]
+    final = str(third["messages"][-1]["content"])
+    assert final.endswith("my cat Biscuit loves tuna fish")
+    assert "tuna" not in final[: -len("my cat Biscuit loves tuna fish")]
 
 
 async def test_ranking_ties_break_the_same_way(pair: tuple[list[App], list[FakeLLM]]) -> None:

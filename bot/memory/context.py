@@ -7,8 +7,8 @@ first byte that differs from the previous request is reused from the KV cache):
              + pinned facts that are older than the window ("stable" facts)
              + summary chapters, oldest first
     window   user/assistant turns since the last fold, verbatim, strictly alternating
-    final    [facts added since the window began] [recalled older turns, marked and dated]
-             the new message
+    final    [facts added since the window began] [recall note: the best recalled turns]
+             [more recalled turns, this once] the new message
 
 The fold rule (what keeps the prefix stable):
 - The window starts right after the newest summary chapter (or the reset mark) and is cut only
@@ -26,17 +26,26 @@ The fold rule (what keeps the prefix stable):
   whole prompt still fits, so the prompt changes once per fold, not twice.
 - Facts added after the window began ride in the final message until the next fold, where they
   join the system message.
-- Retrieved older turns (only turns older than the window) go in the final message
-  (``recall="inline"``), or as notes kept at the turn where they were recalled (``"notes"``,
-  the default, measured better by ``bench.prefix``): the note is stored with that message
-  (``save_recall_note``) and shown again with it until it folds, so the whole prompt is
-  append-only, across restarts too. A note counts in its turn's cost (fold points included):
-  it is paid once, and later turns reuse it from the cache.
+- Retrieved older turns (only turns older than the window) go in the final message, right
+  before the new message (``recall="inline"``: all of them, this once), or (``"notes"``, the
+  default, measured better by ``bench.prefix``) their best part (``NOTE_SHARE`` of the free
+  budget, at least ``MIN_RECALL_TOKENS``) leads the final message and is stored with that
+  message (``save_recall_note``) as its note, shown with it again until it folds, and the rest
+  (``MORE_HEADER``) follows the note this once. The next request starts that message with the
+  same note, so a cache keeps the note; the rest costs only this prompt's tail (re-read anyway
+  on the next turn), not the window's room, so it does not bring folds closer. The rest is a
+  pure function of the store and the message, so a restart sends the same prompt. A note
+  counts in its turn's cost (fold points included).
 - How much a message recalls (``recall_weight``): up to ``retrieval.share`` of the free budget
   (and never more than the budget has left) for a message that matches older turns strongly
   (it asks about the past), scaled down linearly to nothing between ``STRONG_MATCH`` and
-  ``WEAK_MATCH`` (small talk: its turns stay cache-cheap). A turn already in the window, in
-  a note in the window, or in a pinned fact is not recalled again.
+  ``WEAK_MATCH`` (small talk: its turns stay cache-cheap). An older message that repeats the
+  new one (``retrieval.is_repeat``: a greeting, a phrase said again) and the answers to it
+  neither count as a match nor are recalled. When one older turn holds every word of the
+  message (a complete match), only the ranked turns scoring at least ``RELATIVE_SCORE`` of it
+  come (and their question/answer partners); a partial match casts the wide net, up to the
+  budget. A turn already in the window, in a note in the window, or in a pinned fact is not
+  recalled again.
 
 Invariants:
 - The assembled prompt never exceeds the budget as counted by the injected counter (each
@@ -70,6 +79,7 @@ FACTS_HEADER = "Notes about this person (plain: they asked you to remember it):"
 NEW_FACTS_HEADER = "(New notes about this person (plain: they asked you to remember it):"
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 RETRIEVED_HEADER = "(Earlier messages that may be relevant, dated:"
+MORE_HEADER = "(More earlier messages that may be relevant to the new message, dated:"
 NOTE_END = ")"
 JOIN_OVERHEAD = 2  # tokens a "\n\n" join and header line break may add
 MIN_NEW_MESSAGE_TOKENS = 16
@@ -83,7 +93,8 @@ FOLD_MARGIN = 16  # tokens a held window leaves spare (joins; recall may get not
 FETCH_ANCHOR = 500  # a lagging summarizer: fold points restart every this many messages
 THREAD_HOPS = 4  # how far up a reply chain the context follows (answer, question, ...)
 MIN_RECALL_TOKENS = 64  # small budgets still recall a turn or two for a strong match
-NOTE_SHARE = 0.1  # of the free budget: the best part of a recall kept as its turn's note
+NOTE_SHARE = 0.03  # of the free budget (at least MIN_RECALL_TOKENS): a recall kept as its note
+RELATIVE_SCORE = 0.7  # after a complete match, ranked turns under this share of its score are not
 # Best retrieval score (a share of the query's rare-word weight, bot.memory.retrieval) at or
 # above which a message gets its whole recall budget, and at or below which it gets none
 # (measured on LoCoMo, bench.memory_e2e: 86% of questions about the past reach 0.5, 20% of
@@ -187,7 +198,7 @@ class ContextBuilder:
         self.recall: RecallMode = recall
         self._header_tokens = {
             h: counter.count(h) + JOIN_OVERHEAD
-            for h in (FACTS_HEADER, NEW_FACTS_HEADER, SUMMARY_HEADER, RETRIEVED_HEADER)
+            for h in (FACTS_HEADER, NEW_FACTS_HEADER, SUMMARY_HEADER, RETRIEVED_HEADER, MORE_HEADER)
         }
 
     async def build(
@@ -294,6 +305,8 @@ class ContextBuilder:
 
         block = RetrievedBlock()
         retrieve_budget = min(left, recall_cap) - self._header_tokens[RETRIEVED_HEADER]
+        if self.recall == "notes":
+            retrieve_budget -= self._header_tokens[MORE_HEADER]
         older = folded or base > conversation.reset_after  # anything older than the window
         if retrieve_budget > 0 and older:
             before = flat[0].id if flat else (new_message_id or 1 << 62)
@@ -312,21 +325,39 @@ class ContextBuilder:
                 weight=recall_weight,
                 floor=MIN_RECALL_TOKENS,
                 skip=(lambda m: m.text in seen) if seen else None,
+                relative=RELATIVE_SCORE,
             )
-        recalled_text = ""
-        if block.turns:
-            recalled_text = f"{RETRIEVED_HEADER}\n{block.text}{NOTE_END}"
-            extras.append(recalled_text)
         tail: list[Block] = []
         if fresh_text:
             tail.append(Block("new facts", extra_tokens, fresh_text))
-        if recalled_text:
-            cost = block.tokens + self._header_tokens[RETRIEVED_HEADER]
-            tail.append(Block("retrieved", cost, recalled_text))
+        # Notes: the best part of the recall (``NOTE_SHARE``) stays with this turn and leads
+        # the final message; the rest follows it and is shown this once (the tail of the
+        # prompt, re-read anyway). Next turn the message starts with the same note, so the
+        # cache keeps it, and the turn's cost in the window (hence the folds) grows only by it.
+        held = block
+        rest = RetrievedBlock()
+        if self.recall == "notes" and block.turns:
+            cap = max(int(free * NOTE_SHARE), MIN_RECALL_TOKENS) if NOTE_SHARE > 0 else 0
+            held = block.head(self._counter, cap) if block.tokens > cap else block
+            rest = block.head(self._counter, block.tokens - held.tokens, without=held)
+        if held.turns:
+            text = f"{RETRIEVED_HEADER}\n{held.text}{NOTE_END}"
+            extras.append(text)
+            tail.append(
+                Block("retrieved", held.tokens + self._header_tokens[RETRIEVED_HEADER], text)
+            )
+        if rest.turns:
+            text = f"{MORE_HEADER}\n{rest.text}{NOTE_END}"
+            tail.append(
+                Block("retrieved, once", rest.tokens + self._header_tokens[MORE_HEADER], text)
+            )
         note = "\n\n".join(extras)
         if self.recall == "notes" and new_message_id is not None:  # "" clears a retried one
-            kept_note, quoted = self._keep(block, fresh_text, free)
-            await self._store.save_recall_note(new_message_id, kept_note, quoted)
+            quoted = [m.id for m in held.turns]
+            await self._store.save_recall_note(new_message_id, note, quoted)
+        if rest.turns:
+            extras.append(tail[-1].text)
+            note = "\n\n".join(extras)
         final = f"{note}\n\n{new_text}" if note else new_text
         messages.extend(_join_final(window_msgs, final))
         tail.append(Block("new", new_tokens, new_text))
@@ -370,18 +401,6 @@ class ContextBuilder:
             notes = await self._store.recall_notes([m.id for m in msgs if m.role == USER])
         costs = [self._cost(t, notes) for t in turns]
         return turns, notes, fold_start(costs, cap=cap, min_turns=self._min_fold_turns), anchored
-
-    def _keep(self, block: RetrievedBlock, fresh_text: str, free: int) -> tuple[str, list[int]]:
-        """The note that stays with this turn: new facts, and the best recalled turns within
-        ``NOTE_SHARE`` of the budget (a large recall is evaluated once, in this prompt only;
-        kept whole, it would fill the window and fold it every turn or two); and the ids of
-        the messages it quotes (pruning one drops the note, bot.memory.core.notes)."""
-        cap = max(int(free * NOTE_SHARE), MIN_RECALL_TOKENS)
-        kept = block.head(self._counter, cap) if block.tokens > cap else block
-        parts = [fresh_text] if fresh_text else []
-        if kept.turns:
-            parts.append(f"{RETRIEVED_HEADER}\n{kept.text}{NOTE_END}")
-        return "\n\n".join(parts), [m.id for m in kept.turns]
 
     def _cost(self, turn: Sequence[StoredMessage], notes: dict[int, str]) -> int:
         """A turn's tokens in the window, its recall note included."""

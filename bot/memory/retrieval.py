@@ -76,6 +76,9 @@ QUALIFIED_PER_RESULT = 3  # lexical seeds kept per wanted result on very common 
 VECTOR_POOL = 2000  # vector matches considered per query (weak ones still lend to neighbours)
 MAX_QUERY_CHARS = 2000  # of the new message, embedded for vector search
 OUTLINE_CACHE = 256  # conversations whose outline stays in memory (about 33 bytes a message)
+COMPLETE_MATCH = 0.99  # share of the query's word weight one turn holds: it answers, surely
+REPEAT_SIMILARITY = 0.8  # shared share of both word sets at which an older turn repeats the query
+REPEAT_CANDIDATES = 32  # turns sharing the most query words checked for being a repeat
 OUTLINE_CACHE_MESSAGES = 300_000  # and at most this many messages in all (~10 MB): RSS plateaus
 
 
@@ -90,6 +93,19 @@ def query_terms(text: str) -> list[str]:
         if len(seen) >= MAX_QUERY_TERMS:
             break
     return list(seen)
+
+
+def is_repeat(text: str, terms: Sequence[str]) -> bool:
+    """Whether an older turn's ``text`` says again what a query with content words ``terms``
+    says (a greeting, a phrase the person repeats, the same question asked again): the words
+    they share are at least ``REPEAT_SIMILARITY`` of each one's content words, so the turn adds
+    next to nothing the message does not already say ("my dog likes hi" is not a repeat of
+    "dog hi"). Such a turn is neither recalled nor counted as a match."""
+    mine = set(query_terms(text))
+    wanted = set(terms)
+    if not mine or not wanted:
+        return False
+    return len(mine & wanted) >= REPEAT_SIMILARITY * max(len(mine), len(wanted))
 
 
 def day_label(created_at: float) -> str:
@@ -114,20 +130,27 @@ class RetrievedBlock:
     def text(self) -> str:
         return "\n".join(self.lines)
 
-    def head(self, counter: TokenCounter, budget: int) -> RetrievedBlock:
-        """The best turns of this block that fit ``budget`` (what a recall note keeps)."""
+    def head(
+        self, counter: TokenCounter, budget: int, *, without: RetrievedBlock | None = None
+    ) -> RetrievedBlock:
+        """The best turns of this block that fit ``budget`` (what a recall note keeps), leaving
+        out the turns of ``without`` (the rest of a recall once its note is taken)."""
+        taken = {m.id for m in without.turns} if without is not None else set()
         packer = _Packer(counter, budget)
         for msg in self.order:
-            packer.add(msg, self.reasons.get(msg.id, ""))
+            if msg.id not in taken:
+                packer.add(msg, self.reasons.get(msg.id, ""))
         return packer.block()
 
 
 @dataclass(frozen=True, slots=True)
 class Ranked:
-    """A candidate turn: its id and its final score (higher is better)."""
+    """A candidate turn: its id, its final score (higher is better) and the share (0-1) of
+    the query's word weight (IDF mass) the turn itself contains (1: every word of the query)."""
 
     id: int
     score: float
+    words: float = 0.0
 
 
 class Outline:
@@ -184,6 +207,7 @@ def bm25_rank(
     similarity: Mapping[int, float] | None = None,
     weight: float = 0.0,
     min_similarity: float = 1.0,
+    exclude: frozenset[int] = frozenset(),
 ) -> list[Ranked]:
     """Rank the turns of ``outline`` within ``span`` (index range; all by default) for a query
     whose terms matched the ids in ``postings`` (one list per query term). Pure, deterministic,
@@ -200,6 +224,9 @@ def bm25_rank(
     query's IDF mass, plus ``weight`` times the same neighbourhood sum over similarities (with
     half the neighbour shares); a turn whose similarity reaches ``min_similarity`` qualifies
     like one that passes the lexical floor.
+
+    ``exclude`` (positions: older turns that repeat the query, ``is_repeat``) still count in
+    the words' document frequencies but score nothing, lend nothing and are never returned.
     """
     lo, hi = span if span is not None else (0, len(outline.ids))
     n = hi - lo
@@ -210,6 +237,8 @@ def bm25_rank(
     for ids in postings:
         hits = [i for i in (outline.index(m) for m in ids) if i is not None and lo <= i < hi]
         df = len(hits)
+        if exclude:
+            hits = [i for i in hits if i not in exclude]
         terms.append((math.log(1.0 + (n - df + 0.5) / (df + 0.5)), hits))
     possible = sum(idf for idf, _hits in terms)
     floor = min_share * possible if possible > 0 else math.inf
@@ -234,18 +263,19 @@ def bm25_rank(
     if similarity and weight > 0:
         for mid, sim in similarity.items():
             i = outline.index(mid)
-            if i is not None and lo <= i < hi and sim > 0:
+            if i is not None and lo <= i < hi and sim > 0 and i not in exclude:
                 near[i] = sim
                 if sim >= min_similarity:
                     qualified.append(i)
     reach = range(-NEIGHBOUR_REACH, NEIGHBOUR_REACH + 1)
-    candidates = {i + d for i in qualified for d in reach if lo <= i + d < hi}
+    candidates = {i + d for i in qualified for d in reach if lo <= i + d < hi} - exclude
     region = {i + d for i in candidates for d in reach}
     tokens = outline.tokens
     lexical = (1.0 - weight) / possible if possible > 0 else 0.0
+    raw = _raw(terms, region)
     own = {
         i: lexical * r * (k1 + 1.0) / (1.0 + k1 * (1.0 - b + b * tokens[i] / avgdl))
-        for i, r in _raw(terms, region).items()
+        for i, r in raw.items()
     }
     vec = {i: weight * sim for i, sim in near.items()}
     lend = [(d, neighbour / 2 ** (d - 1)) for d in range(1, NEIGHBOUR_REACH + 1)]
@@ -256,7 +286,8 @@ def bm25_rank(
             score += share * max(own.get(i - d, 0.0), own.get(i + d, 0.0))
             score += share / 2 * max(vec.get(i - d, 0.0), vec.get(i + d, 0.0))
         if score > 0:
-            ranked.append(Ranked(outline.ids[i], score))
+            words = raw.get(i, 0.0) / possible if possible > 0 else 0.0
+            ranked.append(Ranked(outline.ids[i], score, words))
     if limit is not None and limit < len(ranked):
         return heapq.nsmallest(limit, ranked, key=_rank_key)
     return sorted(ranked, key=_rank_key)
@@ -394,6 +425,7 @@ class Retriever:
             return [], Outline(), (0, 0)
         outline = await self.outline(conversation.id)
         span = outline.span(after_id=conversation.reset_after, before_id=before_id)
+        repeats = await self._repeats(terms, postings, outline)
         cfg = self._config
         ranked = bm25_rank(
             outline,
@@ -407,8 +439,34 @@ class Retriever:
             similarity=similarity,
             weight=self._weight,
             min_similarity=self._min_similarity,
+            exclude=repeats,
         )
         return ranked, outline, span
+
+    async def _repeats(
+        self, terms: Sequence[str], postings: Sequence[Sequence[int]], outline: Outline
+    ) -> frozenset[int]:
+        """Positions of the person's older messages that repeat the query (``is_repeat``), with
+        the answers that followed each: only messages that contain enough of its words can
+        repeat it, and the ``REPEAT_CANDIDATES`` with the most are read."""
+        need = math.ceil(REPEAT_SIMILARITY * len(terms))
+        counts: dict[int, int] = {}
+        for ids in postings:
+            for mid in ids:
+                counts[mid] = counts.get(mid, 0) + 1
+        likely = [mid for mid, c in counts.items() if c >= need]
+        if not likely:
+            return frozenset()
+        likely = heapq.nlargest(REPEAT_CANDIDATES, likely, key=lambda m: (counts[m], m))
+        found: set[int] = set()
+        for msg in await self._store.messages_by_ids(likely):
+            at = outline.index(msg.id)
+            if at is not None and msg.role == USER and is_repeat(msg.text, terms):
+                found.add(at)  # and the answers to it: what was said to it then, not new
+                while at + 1 < len(outline) and outline.roles[at + 1] != USER:
+                    at += 1
+                    found.add(at)
+        return frozenset(found)
 
     async def retrieve(
         self,
@@ -421,6 +479,7 @@ class Retriever:
         weight: Callable[[float], float] | None = None,
         floor: int = 0,
         skip: Callable[[StoredMessage], bool] | None = None,
+        relative: float = 0.0,
     ) -> RetrievedBlock:
         """Best older turns for ``query`` that fit ``budget_tokens`` (rendered, newline-joined).
 
@@ -429,7 +488,12 @@ class Retriever:
         "explain that" brings back what it replies to and what that was about.
         ``weight`` maps the best ranked score to the share (0-1) of the budget the ranked turns
         may take (at least ``floor`` tokens when the share is above 0); ``skip`` leaves out
-        turns the prompt already holds.
+        turns the prompt already holds. ``relative``: when the best turn holds every word of the
+        query (a complete match, ``COMPLETE_MATCH``), ranked turns scoring under that share of
+        its score are left out (their partners may still come with a kept turn): the answer is
+        there, and a wide net only costs tokens; a partial match keeps the wide net (measured,
+        docs/memory.md "Recall that answers"). An older message that repeats the query
+        (``is_repeat``) and the answers to it are never recalled.
         """
         cfg = self._config
         if not cfg.enabled or budget_tokens <= 0 or cfg.max_turns == 0:
@@ -442,6 +506,10 @@ class Retriever:
         ranked, outline, span = await self.rank(conversation, query, before_id=before_id)
         if not ranked:
             return packer.block()
+        terms = query_terms(query)
+        packer.skip = lambda m: is_repeat(m.text, terms) or (skip is not None and skip(m))
+        if relative > 0 and ranked[0].words >= COMPLETE_MATCH:
+            ranked = [r for r in ranked if r.score >= relative * ranked[0].score]
         if weight is not None:
             share = weight(ranked[0].score)
             scaled = max(int(budget_tokens * share), floor) if share > 0 else 0
@@ -486,14 +554,14 @@ class _Packer:
     ) -> None:
         self._counter = counter
         self.budget = budget
-        self._skip = skip
+        self.skip = skip
         self._days: set[str] = set()
         self.chosen: list[StoredMessage] = []
         self.reasons: dict[int, str] = {}
         self.used = 0
 
     def add(self, message: StoredMessage, reason: str) -> bool:
-        if message.id in self.reasons or (self._skip is not None and self._skip(message)):
+        if message.id in self.reasons or (self.skip is not None and self.skip(message)):
             return False
         day = day_label(message.created_at)
         cost = self._counter.count(render_turn(message)) + 1
