@@ -226,7 +226,7 @@ def _m004_memory_tiers() -> str:
 
 def _m005_outbox_parts_platform() -> str:
     # A reply to any part of a multi-message answer (Discord) is resolved by the part's
-    # platform id (bot.memory.sqlite.messages.add_message), after a restart too.
+    # platform id (bot.memory.core.messages.add_message), after a restart too.
     return "CREATE INDEX outbox_parts_platform ON outbox_parts (platform_id);"
 
 

@@ -51,8 +51,8 @@ class PgUpkeepMixin(PgBase):
 
     async def finish_import(self) -> None:
         """Move each id sequence past the copied ids, so new rows do not collide with them."""
-        async with self._tx() as con:
-            await advance_sequences(con)
+        async with self._atomic() as tx:
+            await advance_sequences(tx.con)
 
     async def ping(self) -> None:
         """One trivial query through the pool (the watchdog's proof the store is not wedged)."""
