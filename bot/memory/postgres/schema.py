@@ -24,6 +24,8 @@ from collections.abc import Callable
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from bot.memory.core import ddl
+
 MIGRATION_LOCK = 0x6D657368  # advisory lock key ("mesh") held while migrating
 
 _TOKEN_TYPES = (
@@ -220,39 +222,11 @@ def _m004_memory_tiers() -> str:
 
 
 def _m007_outbox_claims() -> str:
-    # As SQLite's 007_outbox_claims (claims, planned packet ids).
-    return """
-        ALTER TABLE outbox ADD COLUMN claimed_by TEXT,
-            ADD COLUMN claimed_at DOUBLE PRECISION;
-        CREATE TABLE outbox_packets (
-            outbox_id BIGINT NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
-            part INTEGER NOT NULL CHECK (part >= 0),
-            packet_id BIGINT NOT NULL CHECK (packet_id > 0),
-            PRIMARY KEY (outbox_id, part)
-        );
-        """
+    return ddl.outbox_claims(ddl.POSTGRES)  # written once for both backends
 
 
 def _m008_memory_promises() -> str:
-    # As SQLite's 008_memory_promises.
-    return """
-        CREATE TABLE link_codes (
-            code_hash TEXT PRIMARY KEY,
-            transport TEXT NOT NULL,
-            person TEXT NOT NULL,
-            expires_at DOUBLE PRECISION NOT NULL
-        );
-        CREATE INDEX link_codes_person ON link_codes (transport, person);
-        CREATE TABLE link_failures (
-            id BIGSERIAL PRIMARY KEY,
-            transport TEXT NOT NULL,
-            person TEXT NOT NULL,
-            at DOUBLE PRECISION NOT NULL
-        );
-        CREATE INDEX link_failures_at ON link_failures (at);
-        ALTER TABLE messages ADD COLUMN claimed_by TEXT, ADD COLUMN claimed_at DOUBLE PRECISION;
-        CREATE INDEX outbox_finished ON outbox (updated_at) WHERE state != 'pending';
-        """
+    return ddl.memory_promises(ddl.POSTGRES)  # written once for both backends
 
 
 def _m009_pg_word_index() -> str:
