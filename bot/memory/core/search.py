@@ -38,27 +38,17 @@ class SearchCoreMixin(CoreBase):
         out: list[list[int]] = [[] for _ in terms]
         if not terms or limit_per_term <= 0:
             return out
-        for i, message_id in await self._term_matches(
-            conversation_id,
-            terms,
-            after_id=after_id,
-            before_id=min(before_id, MAX_ID),
-            limit_per_term=limit_per_term,
-        ):
+        span = (after_id, min(before_id, MAX_ID))
+        for i, message_id in await self._term_matches(conversation_id, terms, span, limit_per_term):
             out[i].append(message_id)
         return out
 
     async def _term_matches(
-        self,
-        conversation_id: int,
-        terms: Sequence[str],
-        *,
-        after_id: int,
-        before_id: int,
-        limit_per_term: int,
+        self, conversation_id: int, terms: Sequence[str], span: tuple[int, int], limit: int
     ) -> list[tuple[int, int]]:
-        """(term index, message id) for each match, ids ascending within a term, at most
-        ``limit_per_term`` per term (the backend's full-text search; ``terms`` is not empty)."""
+        """(term index, message id) for each match among the conversation's ids inside ``span``
+        (after, before: both excluded), ids ascending within a term, at most ``limit`` per term
+        (the backend's full-text search; ``terms`` is not empty)."""
         raise NotImplementedError
 
     async def outline(

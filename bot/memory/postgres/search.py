@@ -54,13 +54,7 @@ CROSS JOIN LATERAL (
 class SearchMixin(SearchCoreMixin, PgBase):
     # --- full-text search (bot.memory.core.search shapes what this finds) -----------------
     async def _term_matches(
-        self,
-        conversation_id: int,
-        terms: Sequence[str],
-        *,
-        after_id: int,
-        before_id: int,
-        limit_per_term: int,
+        self, conversation_id: int, terms: Sequence[str], span: tuple[int, int], limit: int
     ) -> list[tuple[int, int]]:
         """The word table, stemmed as the stored words are. One round trip for all terms."""
         folded = [fold(t) for t in terms]
@@ -73,9 +67,9 @@ class SearchMixin(SearchCoreMixin, PgBase):
                 asked,
                 [folded[i] for i in asked],
                 conversation_id,
-                after_id,
-                before_id,
-                limit_per_term,
+                span[0],
+                span[1],
+                limit,
             ),
         )
         return [(int(i), int(mid)) for i, mid in rows]

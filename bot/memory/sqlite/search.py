@@ -24,20 +24,14 @@ from bot.memory.vectors import VectorMatrix, as_vectors, pack, unit
 class SearchMixin(SearchCoreMixin, SqliteBase):
     # --- full-text search (bot.memory.core.search shapes what this finds) -----------------
     async def _term_matches(
-        self,
-        conversation_id: int,
-        terms: Sequence[str],
-        *,
-        after_id: int,
-        before_id: int,
-        limit_per_term: int,
+        self, conversation_id: int, terms: Sequence[str], span: tuple[int, int], limit: int
     ) -> list[tuple[int, int]]:
         """FTS5: each term is its own quoted phrase, so FTS5 syntax in a term is plain text.
         The rowid range confines FTS5 to this conversation's slice of every doclist, and no
         ``bm25()`` is asked for (it would walk each term's doclist across every person's
         messages to count document frequencies)."""
-        lo = conversation_id * FTS_STRIDE + after_id
-        hi = conversation_id * FTS_STRIDE + min(before_id, FTS_STRIDE)
+        lo = conversation_id * FTS_STRIDE + span[0]
+        hi = conversation_id * FTS_STRIDE + min(span[1], FTS_STRIDE)
         part = (
             "SELECT * FROM (SELECT {i}, rowid FROM messages_fts "
             "WHERE messages_fts MATCH ? AND rowid > ? AND rowid < ? LIMIT ?)"
@@ -45,7 +39,7 @@ class SearchMixin(SearchCoreMixin, SqliteBase):
         sql = " UNION ALL ".join(part.format(i=i) for i in range(len(terms)))
         params: list[Any] = []
         for term in terms:
-            params += ['"' + term.replace('"', '""') + '"', lo, hi, limit_per_term]
+            params += ['"' + term.replace('"', '""') + '"', lo, hi, limit]
         rows = await self._all(sql, params)
         return [(int(i), int(rowid) - conversation_id * FTS_STRIDE) for i, rowid in rows]
 
