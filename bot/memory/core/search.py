@@ -5,6 +5,8 @@ Invariants:
 - Every read is scoped to one conversation's ids in (after_id, before_id); ids come back in
   ascending order, so ranking (``bot.memory.retrieval``, with this conversation's own
   statistics) sees the same postings on both backends.
+- ``vector_search`` scores in process against the conversation's matrix of one model
+  (``bot.memory.vectors``); the backend only keeps that matrix current (``_vector_matrix``).
 - ``search_terms`` returns one list per term, in the terms' order, each at most
   ``limit_per_term`` ids. Which messages a term matches is the backend's full-text search
   (``_term_matches``: FTS5 on SQLite, the ``message_words`` table on PostgreSQL); nothing else
@@ -18,8 +20,14 @@ from collections.abc import Sequence
 from bot.memory.core.db import MAX_ID, CoreBase
 from bot.memory.core.messages import M_COLS
 from bot.memory.records import StoredMessage, msg_from_row
+from bot.memory.vectors import VectorMatrix, as_vectors, unit
 
 TERM_LIMIT = 5000  # ids per term at the most (retrieval ranks over these)
+# One conversation's vectors of one model, in id order: what a cached matrix is built from.
+VECTORS_SQL = (
+    "SELECT message_id, dim, vector FROM message_vectors "
+    "WHERE conversation_id = ? AND model = ? ORDER BY message_id"
+)
 
 
 class SearchCoreMixin(CoreBase):
@@ -79,3 +87,29 @@ class SearchCoreMixin(CoreBase):
             (*args, model, limit),
         )
         return [msg_from_row(r) for r in rows]
+
+    async def vector_search(
+        self,
+        conversation_id: int,
+        query: Sequence[float],
+        *,
+        model: str,
+        after_id: int,
+        before_id: int,
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        """(message id, cosine similarity) best first, among this conversation's messages with
+        after_id < id < before_id that have a vector from ``model``. Never reads another
+        conversation's vectors; the conversation's matrix is cached between calls."""
+        q = unit(as_vectors(query))
+        if limit <= 0 or q.ndim != 1 or not q.any():
+            return []
+        matrix = await self._vector_matrix(conversation_id, model)
+        if matrix is None:
+            return []
+        return matrix.search(q, after_id=after_id, before_id=before_id, limit=limit)
+
+    async def _vector_matrix(self, conversation_id: int, model: str) -> VectorMatrix | None:
+        """The conversation's vectors of ``model`` (``VECTORS_SQL``) as the cached matrix,
+        reloaded when the database changed under it; None when there are none."""
+        raise NotImplementedError

@@ -22,10 +22,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from bot.memory.core.search import SearchCoreMixin
+from bot.memory.core.search import VECTORS_SQL, SearchCoreMixin
 from bot.memory.postgres.base import PgBase
 from bot.memory.postgres.words import fold
-from bot.memory.vectors import VectorMatrix, as_vectors, pack, unit
+from bot.memory.vectors import VectorMatrix, pack
 
 # One round trip for all terms. A term whose phrase query is one word is looked up in
 # ``message_words`` alone: an index-only range scan of the primary key (conversation, word,
@@ -102,21 +102,7 @@ class SearchMixin(SearchCoreMixin, PgBase):
         self._vectors.drop({cid for _, cid, _, _ in rows})  # the next search reloads
         return int(stored)
 
-    async def vector_search(
-        self,
-        conversation_id: int,
-        query: Sequence[float],
-        *,
-        model: str,
-        after_id: int,
-        before_id: int,
-        limit: int,
-    ) -> list[tuple[int, float]]:
-        """(message id, cosine similarity) best first, among this conversation's messages with
-        after_id < id < before_id that have a vector from ``model``."""
-        q = unit(as_vectors(query))
-        if limit <= 0 or q.ndim != 1 or not q.any():
-            return []
+    async def _vector_matrix(self, conversation_id: int, model: str) -> VectorMatrix | None:
         row = await self._one(
             "SELECT count(*), coalesce(sum(message_id), 0), coalesce(max(message_id), 0) "
             "FROM message_vectors WHERE conversation_id = $1 AND model = $2",
@@ -126,16 +112,12 @@ class SearchMixin(SearchCoreMixin, PgBase):
         mark = (int(row[0]), int(row[1]), int(row[2]))
         matrix = self._vectors.get(conversation_id, model)
         if matrix is None or self._vector_marks.get((conversation_id, model)) != mark:
-            rows = await self._all(
-                "SELECT message_id, dim, vector FROM message_vectors "
-                "WHERE conversation_id = $1 AND model = $2 ORDER BY message_id",
-                (conversation_id, model),
-            )
+            rows = await self._all(VECTORS_SQL, (conversation_id, model))
             matrix = await asyncio.to_thread(
                 VectorMatrix.from_rows, model, [tuple(r) for r in rows]
             )
             if matrix is None:
-                return []
+                return None
             self._vectors.put(conversation_id, matrix)
             self._vector_marks[(conversation_id, model)] = mark
-        return matrix.search(q, after_id=after_id, before_id=before_id, limit=limit)
+        return matrix

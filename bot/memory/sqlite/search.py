@@ -15,10 +15,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from bot.memory.core.search import SearchCoreMixin
+from bot.memory.core.search import VECTORS_SQL, SearchCoreMixin
 from bot.memory.schema import FTS_STRIDE
 from bot.memory.sqlite.base import SqliteBase
-from bot.memory.vectors import VectorMatrix, as_vectors, pack, unit
+from bot.memory.vectors import VectorMatrix, as_vectors, pack
 
 
 class SearchMixin(SearchCoreMixin, SqliteBase):
@@ -78,22 +78,7 @@ class SearchMixin(SearchCoreMixin, SqliteBase):
                 )
         return stored
 
-    async def vector_search(
-        self,
-        conversation_id: int,
-        query: Sequence[float],
-        *,
-        model: str,
-        after_id: int,
-        before_id: int,
-        limit: int,
-    ) -> list[tuple[int, float]]:
-        """(message id, cosine similarity) best first, among this conversation's messages with
-        after_id < id < before_id that have a vector from ``model``. Never reads another
-        conversation's vectors; the conversation's matrix is cached between calls."""
-        q = unit(as_vectors(query))
-        if limit <= 0 or q.ndim != 1 or not q.any():
-            return []
+    async def _vector_matrix(self, conversation_id: int, model: str) -> VectorMatrix | None:
         async with self._lock:
             cur = await self._db.execute("PRAGMA data_version")
             row = await cur.fetchone()
@@ -103,14 +88,10 @@ class SearchMixin(SearchCoreMixin, SqliteBase):
                 self._data_version = version
             matrix = self._vectors.get(conversation_id, model)
             if matrix is None:
-                rows = await self._db.execute_fetchall(
-                    "SELECT message_id, dim, vector FROM message_vectors "
-                    "WHERE conversation_id = ? AND model = ? ORDER BY message_id",
-                    (conversation_id, model),
-                )
+                rows = await self._db.execute_fetchall(VECTORS_SQL, (conversation_id, model))
                 # ~10-20 ms of copying for 6,000 x 768: off the event loop (numpy drops the GIL)
                 matrix = await asyncio.to_thread(VectorMatrix.from_rows, model, rows)
                 if matrix is None:
-                    return []
+                    return None
                 self._vectors.put(conversation_id, matrix)
-        return matrix.search(q, after_id=after_id, before_id=before_id, limit=limit)
+        return matrix
