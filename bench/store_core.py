@@ -14,7 +14,7 @@ get the conversation, store the person's message (with a platform id: the heard 
 read the recent window, look two words up, read the outline, queue the answer with the
 outbox row (claimed), record its part and finish it; N turns over 20 people, after ten
 unmeasured turns each. It prints the median and 90th percentile of a whole turn's store time
-and the median of ``add_message`` alone.
+and the median of each call.
 
 It prints microseconds and writes nothing. PostgreSQL runs on the tests' throwaway server
 (tests/pg_server.py) and is skipped, saying why, without one.
@@ -71,42 +71,51 @@ WORDS = ["radio", "battery", "antenna", "relay", "weather", "trail", "river", "s
 PEOPLE = 20
 
 
-async def _one_turn(store: Any, n: int) -> tuple[float, float]:
-    """One turn's store calls; (whole turn, add_message) in seconds."""
+async def _one_turn(store: Any, n: int, calls: dict[str, list[float]]) -> float:
+    """One turn's store calls; the whole turn in µs, each call's µs appended to ``calls``."""
     key = ConversationKey("mesh", f"!bench{n % PEOPLE:04d}")
     words = " ".join(WORDS[(n + i) % len(WORDS)] for i in range(6))
-    start = time.perf_counter()
+    start = last = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        calls.setdefault(name, []).append((now - last) * 1e6)
+        last = now
+
     conv = await store.conversation(key)
-    stored = time.perf_counter()
+    lap("conversation")
     mid = await store.add_message(conv.id, role="user", author="ann", text=f"about {words}?",
                                   tokens=8, status="pending", platform_id=f"pkt-{n}")  # fmt: skip
-    add = time.perf_counter() - stored
+    lap("add_message")
     await store.recent_messages(conv, limit=20, before_id=mid)
+    lap("recent_messages")
     await store.search_terms(conv.id, WORDS[n % 5 : n % 5 + 2], after_id=0, before_id=mid)
+    lap("search_terms")
     await store.outline(conv.id, after_id=0, before_id=mid)
+    lap("outline")
     answer = StoredAnswer(conv.id, "bot", f"an answer on {words}", 9)
     entry = OutboxEntry(key, "answer", f"an answer on {words}", reply_to=f"pkt-{n}",
                         question_id=mid)  # fmt: skip
     row = await store.queue_delivery(entry, answer=answer, claim=True)
+    lap("queue_delivery")
     await store.record_part(row, 0, f"out-{n}")
+    lap("record_part")
     await store.finish_delivery(row, "sent")
-    return time.perf_counter() - start, add
+    lap("finish_delivery")
+    return (last - start) * 1e6
 
 
 async def turns(name: str, store: Any, args: argparse.Namespace) -> None:
     for n in range(PEOPLE * 10):  # a history first, unmeasured: ten turns per person
-        await _one_turn(store, -1 - n)
-    whole, adds = [], []
-    for n in range(args.turns):
-        turn, add = await _one_turn(store, n)
-        whole.append(turn * 1e6)
-        adds.append(add * 1e6)
-    whole.sort()
+        await _one_turn(store, -1 - n, {})
+    calls: dict[str, list[float]] = {}
+    whole = sorted([await _one_turn(store, n, calls) for n in range(args.turns)])
     print(
         f"{name:9} turn p50 {statistics.median(whole):8.1f} µs  p90 "
-        f"{whole[int(len(whole) * 0.9)]:8.1f} µs  add_message p50 {statistics.median(adds):7.1f} µs"
-        f"  ({args.turns} turns)"
+        f"{whole[int(len(whole) * 0.9)]:8.1f} µs  ({args.turns} turns); p50 per call:"
     )
+    print("          " + ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in calls.items()))
 
 
 async def main(args: argparse.Namespace) -> None:
