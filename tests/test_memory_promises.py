@@ -183,15 +183,8 @@ async def test_retention_and_forgetting_by_use_prune_finished_outbox_rows(rig: R
 
 
 async def _age_outbox(store: MemoryStore, ids: list[int], when: float) -> None:
-    if isinstance(store, SqliteStore):
-        async with store._tx() as db:
-            await db.executemany("UPDATE outbox SET updated_at = ? WHERE id = ?",
-                                 [(when, i) for i in ids])  # fmt: skip
-        return
-    for i in ids:
-        await store._val(  # type: ignore[attr-defined]
-            "UPDATE outbox SET updated_at = $1 WHERE id = $2 RETURNING 1", (when, i)
-        )
+    async with store._atomic() as tx:  # type: ignore[attr-defined]
+        await tx.many("UPDATE outbox SET updated_at = ? WHERE id = ?", [(when, i) for i in ids])
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))

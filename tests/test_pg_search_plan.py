@@ -42,7 +42,8 @@ async def _fill(store: PostgresStore, url: str) -> None:
     """MESSAGES rows over CONVERSATIONS conversations through the real schema (triggers fill
     ``message_words``), then VACUUM ANALYZE from another backend, as autovacuum does after a
     bulk load (it sets the visibility map that lets index-only scans skip the heap)."""
-    async with store._tx() as con:  # flushed at commit: the test server's default is async
+    async with store._atomic() as tx:  # flushed at commit: the test server's default is async
+        con = tx.con
         await con.execute("SET LOCAL synchronous_commit = on")  # (VACUUM skips unflushed rows)
         await con.execute(
             "INSERT INTO conversations (transport, person, space, created_at) "

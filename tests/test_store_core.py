@@ -7,15 +7,17 @@ run skipped, saying why, only when this machine cannot start a server.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from bot.domain import DM_SPACE, ConversationKey
+from bot.memory.core import ddl
 from bot.memory.core.db import POSTGRES, SQLITE, changed, numbered
 from bot.memory.port import MemoryStore
-from bot.memory.records import OutboxEntry, StoredAnswer
+from bot.memory.records import AlreadyStored, OutboxEntry, StoredAnswer
 from bot.memory.store import SqliteStore
 from tests import pg_server
 
@@ -70,3 +72,57 @@ async def test_an_answer_through_a_link_undone_mid_turn_goes_to_its_own_dm(
     assert await memory.all_messages(conv.id) == []
     own = await memory.all_messages(conv.origin_id)
     assert [m.text for m in own] == ["while linked", "after unlink"]
+
+
+def test_shared_migration_text_is_sqlites_to_the_character() -> None:
+    """SQLite keeps each table's CREATE text in ``sqlite_master``: the migrations written once
+    (``bot.memory.core.ddl``) give SQLite exactly the text its migrations had before."""
+    before = {
+        ddl.outbox_claims: "e67659276ced25593eee8003699d1adc76b15e57b5e0ea9491c835841338a430",
+        ddl.memory_promises: "5a8ac1a21a520f6dd150b038faa04f5850b760d4e1e2001b42e0e95aa09b6896",
+    }
+    for migration, digest in before.items():
+        assert hashlib.sha256(migration(ddl.SQLITE).encode()).hexdigest() == digest
+        assert "REAL" not in migration(ddl.POSTGRES)  # PostgreSQL's REAL is 4 bytes
+
+
+async def test_a_reply_to_a_later_part_of_an_answer_finds_the_answer(memory: MemoryStore) -> None:
+    """Discord cuts a long answer into several messages; a reply to the second one has the
+    answer as its parent on both backends (PostgreSQL used to find only the first part)."""
+    conv = await memory.conversation(MESH)
+    question = await memory.add_message(conv.id, role="user", author="ann", text="tell me",
+                                        tokens=2, status="pending", platform_id="q1")  # fmt: skip
+    answer = StoredAnswer(conv.id, "bot", "a long answer in two parts", 6)
+    row = await memory.queue_delivery(
+        OutboxEntry(MESH, "answer", "a long answer", question_id=question), answer=answer
+    )
+    await memory.record_part(row, 0, "part-1")
+    await memory.record_part(row, 1, "part-2")
+    answer_id = max(m.id for m in await memory.all_messages(conv.id))
+    reply = await memory.add_message(conv.id, role="user", author="ann", text="why?",
+                                     tokens=1, status="pending", platform_id="q2",
+                                     reply_to_platform_id="part-2")  # fmt: skip
+    assert [m.id for m in await memory.ancestors(reply, limit=5)] == [answer_id, question]
+    again = await memory.add_message(conv.id, role="user", author="ann", text="and?",
+                                     tokens=1, status="pending", platform_id="q3",
+                                     reply_to_platform_id="nothing-we-sent")  # fmt: skip
+    assert await memory.ancestors(again, limit=5) == []
+
+
+async def test_a_repeat_heard_stores_nothing_and_a_new_id_still_stores(memory: MemoryStore) -> None:
+    """The heard check is part of the message's one INSERT: a repeat raises and adds no row,
+    on both backends (PostgreSQL's ``heard`` row, SQLite's look at ``messages``)."""
+    conv = await memory.conversation(MESH)
+    first = await memory.add_message(conv.id, role="user", author="ann", text="hi", tokens=1,
+                                     status="pending", platform_id="pkt-1")  # fmt: skip
+    with pytest.raises(AlreadyStored):
+        await memory.add_message(conv.id, role="user", author="ann", text="hi", tokens=1,
+                                 status="pending", platform_id="pkt-1")  # fmt: skip
+    answer = await memory.add_message(conv.id, role="assistant", author="bot", text="hello",
+                                      tokens=1, status="sent", platform_id="pkt-1",
+                                      parent_id=first)  # fmt: skip
+    assert [m.id for m in await memory.all_messages(conv.id)] == [first, answer]
+    assert await memory.search_terms(conv.id, ["hello", "hi"], after_id=0, before_id=10**12) == [
+        [answer],
+        [first],
+    ]

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import aiosqlite
 
+from bot.memory.core import ddl
 from bot.memory.core.versions import check_versions
 
 FTS_STRIDE = 1 << 32  # message ids stay below this per conversation range
@@ -228,50 +229,16 @@ def _m004_memory_tiers() -> str:
 
 def _m005_outbox_parts_platform() -> str:
     # A reply to any part of a multi-message answer (Discord) is resolved by the part's
-    # platform id (bot.memory.sqlite.messages.add_message), after a restart too.
+    # platform id (bot.memory.core.messages.add_message), after a restart too.
     return "CREATE INDEX outbox_parts_platform ON outbox_parts (platform_id);"
 
 
 def _m007_outbox_claims() -> str:
-    # Claims (bot.memory.outbox_claims): who is sending a row right now, since when; a row is
-    # sent only by its claimer. Planned packet ids: chosen and stored before a part is written,
-    # so a re-send carries the same id and the receiving radio drops the repeat.
-    return """
-        ALTER TABLE outbox ADD COLUMN claimed_by TEXT;
-        ALTER TABLE outbox ADD COLUMN claimed_at REAL;
-        CREATE TABLE outbox_packets (
-            outbox_id INTEGER NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
-            part INTEGER NOT NULL CHECK (part >= 0),
-            packet_id INTEGER NOT NULL CHECK (packet_id > 0),
-            PRIMARY KEY (outbox_id, part)
-        );
-        """
+    return ddl.outbox_claims(ddl.SQLITE)  # written once for both backends
 
 
 def _m008_memory_promises() -> str:
-    # Link codes live in the store (hashed, expiring, single use) so every gateway and a
-    # restart honour them; failed redemptions are counted per code space (bot.memory.links).
-    # A pending question's claim (claimed_by/claimed_at) lets one gateway take it over by
-    # compare-and-set; finished outbox rows are pruned by age (bot.memory.keep).
-    return """
-        CREATE TABLE link_codes (
-            code_hash TEXT PRIMARY KEY,
-            transport TEXT NOT NULL,
-            person TEXT NOT NULL,
-            expires_at REAL NOT NULL
-        );
-        CREATE INDEX link_codes_person ON link_codes (transport, person);
-        CREATE TABLE link_failures (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            transport TEXT NOT NULL,
-            person TEXT NOT NULL,
-            at REAL NOT NULL
-        );
-        CREATE INDEX link_failures_at ON link_failures (at);
-        ALTER TABLE messages ADD COLUMN claimed_by TEXT;
-        ALTER TABLE messages ADD COLUMN claimed_at REAL;
-        CREATE INDEX outbox_finished ON outbox (updated_at) WHERE state != 'pending';
-        """
+    return ddl.memory_promises(ddl.SQLITE)  # written once for both backends
 
 
 def _m006_recall_notes() -> str:

@@ -23,6 +23,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from bot.memory.records import HEARD_WINDOW_SECONDS
 from bot.memory.vectors import VectorCache
 
 
@@ -38,6 +39,11 @@ class Dialect:
     json_ids: str  # ``{col}``'s JSON list of ids as rows of one column ``{alias}``
     key_share: str  # in a subquery: keep the row from being deleted until the commit
     outbox_gateway: bool  # outbox rows record (and are listed by) the gateway that queued them
+    # A common table expression's body with ``?`` for (conversation id, platform id, time): one
+    # row when a user message with that platform id was not heard in this conversation within
+    # ``HEARD_WINDOW_SECONDS`` (and, on PostgreSQL, the ``heard`` row that claims it for this
+    # statement's transaction, across gateways); no row for a repeat.
+    heard_fresh: str
 
     def in_ids(self, column: str, ids: Sequence[int]) -> tuple[str, tuple[Any, ...]]:
         """``column`` is one of ``ids``: one array parameter on PostgreSQL (one prepared
@@ -62,6 +68,10 @@ SQLITE = Dialect(
     json_ids="json_each({col}) {alias}",
     key_share="",
     outbox_gateway=False,
+    heard_fresh=(
+        "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM messages WHERE conversation_id = ? AND "
+        f"platform_id = ? AND role = 'user' AND created_at >= ? - {HEARD_WINDOW_SECONDS!r})"
+    ),
 )
 POSTGRES = Dialect(
     name="postgres",
@@ -72,6 +82,11 @@ POSTGRES = Dialect(
     json_ids="jsonb_array_elements_text({col}::jsonb) AS {alias}(value)",
     key_share=" FOR KEY SHARE",
     outbox_gateway=True,
+    heard_fresh=(
+        "INSERT INTO heard (conversation_id, platform_id, heard_at) VALUES (?, ?, ?) "
+        "ON CONFLICT (conversation_id, platform_id) DO UPDATE SET heard_at = EXCLUDED.heard_at "
+        f"WHERE heard.heard_at < EXCLUDED.heard_at - {HEARD_WINDOW_SECONDS!r} RETURNING 1"
+    ),
 )
 
 
@@ -113,8 +128,28 @@ class CoreBase:
         self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
     ) -> tuple[str, list[tuple[Any, ...]]]:
         """The INSERT statement and its rows for copying ``rows`` (values of ``columns``) into
-        ``table`` as they are; a backend adds what it derives on write (PostgreSQL: a message's
-        search words)."""
+        ``table`` as they are, with what the backend derives on write: a message's search
+        words (``_search_column``), an outbox row's gateway (``Dialect.outbox_gateway``)."""
+        cols, marks = list(columns), ["?"] * len(columns)
+        if table == "outbox" and self.dialect.outbox_gateway and "gateway" not in columns:
+            cols.append("gateway")  # rows copied from SQLite: this gateway's
+            marks.append("?")
+            rows = [(*r, self._claim_gateway()) for r in rows]
+        if table == "messages" and rows:
+            at = [columns.index(c) for c in ("conversation_id", "author", "text", "created_at")]
+            derived = [self._search_column(*(r[i] for i in at)) for r in rows]
+            if derived[0][0]:
+                cols.append(derived[0][0])
+                marks.append(derived[0][1])
+                rows = [(*r, *d[2]) for r, d in zip(rows, derived, strict=True)]
+        return f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join(marks)})", rows
+
+    def _search_column(
+        self, conversation_id: int, author: str, text: str, created_at: float
+    ) -> tuple[str, str, tuple[Any, ...]]:
+        """What a new message row carries for full-text search, written in its INSERT: the
+        column (``"search"``), its value expression (with ``?``) and their parameters.
+        SQLite: ``("", "", ())``, nothing (its FTS triggers index the row)."""
         raise NotImplementedError
 
     async def _after_import(self, tx: Tx) -> None:

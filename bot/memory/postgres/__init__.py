@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from bot.memory.core.derived import DerivedMixin
 from bot.memory.core.identity import IdentityMixin
+from bot.memory.core.messages import MessagesMixin
 from bot.memory.core.outbox import OutboxMixin
 from bot.memory.core.portable import PortableMixin
 from bot.memory.core.sessions import SessionsMixin
 from bot.memory.core.upkeep import UpkeepMixin
 from bot.memory.postgres.base import PgBase
-from bot.memory.postgres.messages import MessagesMixin
 from bot.memory.postgres.rows import RowsMixin
 from bot.memory.postgres.search import SearchMixin
 from bot.memory.postgres.upkeep import PgUpkeepMixin

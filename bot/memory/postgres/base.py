@@ -3,7 +3,7 @@ transactions, small query helpers, and the cross-process locks of several gatewa
 
 Invariants:
 - Queries go through a small pool; multi-statement writes run in one transaction on one
-  connection (``_tx``). Pool connections keep no session state, so they go back to the pool
+  connection (``_atomic``). Pool connections keep no session state, so they go back to the pool
   without asyncpg's reset query (one round trip per use saved; ``_keep_session``); asyncpg's
   statement cache keeps each query prepared per connection. Database errors leave this module
   as ``StorageError`` whose message says how to fix the problem, so callers handle one error
@@ -136,14 +136,6 @@ class PgBase(CoreBase):
             raise StorageError(explain(self.url, exc)) from exc
 
     @asynccontextmanager
-    async def _tx(self) -> AsyncIterator[Conn]:
-        try:
-            async with self._connection() as con, con.transaction():
-                yield con
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-            raise StorageError(explain(self.url, exc)) from exc
-
-    @asynccontextmanager
     async def _connection(self) -> AsyncIterator[Conn]:
         """A pool connection; while the server cannot be reached or is starting up (a
         restart), keeps trying for ``RECONNECT_SECONDS`` before giving up. Only getting the
@@ -173,8 +165,13 @@ class PgBase(CoreBase):
 
     @asynccontextmanager
     async def _atomic(self) -> AsyncIterator[PgTx]:
-        async with self._tx() as con:
-            yield PgTx(con)
+        """One transaction on one pooled connection: committed on exit, rolled back on any
+        exception; database errors leave as ``StorageError``."""
+        try:
+            async with self._connection() as con, con.transaction():
+                yield PgTx(con)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            raise StorageError(explain(self.url, exc)) from exc
 
     async def _all(self, sql: str, params: Iterable[Any] = ()) -> list[Row]:
         args, q = tuple(params), numbered(sql)
@@ -253,7 +250,7 @@ class PgBase(CoreBase):
 
 
 class PgTx:
-    """The core's ``Tx`` on one pooled connection inside its transaction (``_tx``)."""
+    """The core's ``Tx`` on one pooled connection inside its transaction (``_atomic``)."""
 
     __slots__ = ("_con",)
 

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from bot.memory.core import ddl
 from bot.memory.core.versions import check_versions
 from bot.memory.postgres.words import fold, meta
 
@@ -230,39 +231,11 @@ def _m004_memory_tiers() -> str:
 
 
 def _m007_outbox_claims() -> str:
-    # As SQLite's 007_outbox_claims (claims, planned packet ids).
-    return """
-        ALTER TABLE outbox ADD COLUMN claimed_by TEXT,
-            ADD COLUMN claimed_at DOUBLE PRECISION;
-        CREATE TABLE outbox_packets (
-            outbox_id BIGINT NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
-            part INTEGER NOT NULL CHECK (part >= 0),
-            packet_id BIGINT NOT NULL CHECK (packet_id > 0),
-            PRIMARY KEY (outbox_id, part)
-        );
-        """
+    return ddl.outbox_claims(ddl.POSTGRES)  # written once for both backends
 
 
 def _m008_memory_promises() -> str:
-    # As SQLite's 008_memory_promises.
-    return """
-        CREATE TABLE link_codes (
-            code_hash TEXT PRIMARY KEY,
-            transport TEXT NOT NULL,
-            person TEXT NOT NULL,
-            expires_at DOUBLE PRECISION NOT NULL
-        );
-        CREATE INDEX link_codes_person ON link_codes (transport, person);
-        CREATE TABLE link_failures (
-            id BIGSERIAL PRIMARY KEY,
-            transport TEXT NOT NULL,
-            person TEXT NOT NULL,
-            at DOUBLE PRECISION NOT NULL
-        );
-        CREATE INDEX link_failures_at ON link_failures (at);
-        ALTER TABLE messages ADD COLUMN claimed_by TEXT, ADD COLUMN claimed_at DOUBLE PRECISION;
-        CREATE INDEX outbox_finished ON outbox (updated_at) WHERE state != 'pending';
-        """
+    return ddl.memory_promises(ddl.POSTGRES)  # written once for both backends
 
 
 def _m009_pg_word_index() -> str:

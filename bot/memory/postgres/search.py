@@ -2,8 +2,9 @@
 conversation.
 
 Invariants:
-- ``search_terms`` and ``outline`` read one conversation's id range only; ranking happens in
-  ``bot.memory.retrieval`` with that conversation's own statistics, exactly as on SQLite.
+- Term lookups read one conversation's id range only; ``bot.memory.core.search`` shapes the
+  results (``search_terms``) and holds the reads that are the same on both backends; ranking
+  happens in ``bot.memory.retrieval`` with that conversation's own statistics.
 - A term matches where FTS5 would match it as a quoted phrase: it is folded like the text
   (``words.fold``) and stemmed as the stored words are; its words are looked up in
   ``message_words`` (schema ``009_pg_word_index``), keyed by conversation, so a lookup reads
@@ -21,11 +22,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from bot.memory.core.search import VECTORS_SQL, SearchCoreMixin
 from bot.memory.postgres.base import PgBase
-from bot.memory.postgres.messages import M_COLS, MAX_ID
 from bot.memory.postgres.words import fold
-from bot.memory.records import StoredMessage, msg_from_row
-from bot.memory.vectors import VectorMatrix, as_vectors, pack, unit
+from bot.memory.vectors import VectorMatrix, pack
 
 # One round trip for all terms. A term whose phrase query is one word is looked up in
 # ``message_words`` alone: an index-only range scan of the primary key (conversation, word,
@@ -51,52 +51,28 @@ CROSS JOIN LATERAL (
 """
 
 
-class SearchMixin(PgBase):
-    # --- full-text search -------------------------------------------------------------------
-    async def search_terms(
-        self,
-        conversation_id: int,
-        terms: Sequence[str],
-        *,
-        after_id: int,
-        before_id: int,
-        limit_per_term: int = 5000,
-    ) -> list[list[int]]:
-        """For each term, the ids of this conversation's messages in (after_id, before_id) whose
-        text or meta (author, date) contains it, stemmed. One round trip for all terms."""
-        if not terms:
-            return []
+class SearchMixin(SearchCoreMixin, PgBase):
+    # --- full-text search (bot.memory.core.search shapes what this finds) -----------------
+    async def _term_matches(
+        self, conversation_id: int, terms: Sequence[str], span: tuple[int, int], limit: int
+    ) -> list[tuple[int, int]]:
+        """The word table, stemmed as the stored words are. One round trip for all terms."""
         folded = [fold(t) for t in terms]
         asked = [i for i, f in enumerate(folded) if f]  # nothing left: FTS5 matches nothing too
-        out: list[list[int]] = [[] for _ in terms]
         if not asked:
-            return out
+            return []
         rows = await self._all(
             _TERM_SQL,
             (
                 asked,
                 [folded[i] for i in asked],
                 conversation_id,
-                after_id,
-                min(before_id, MAX_ID),
-                limit_per_term,
+                span[0],
+                span[1],
+                limit,
             ),
         )
-        for i, mid in rows:
-            out[int(i)].append(int(mid))
-        return out
-
-    async def outline(
-        self, conversation_id: int, *, after_id: int, before_id: int
-    ) -> list[tuple[int, str, int]]:
-        """(id, role, tokens) of this conversation's messages in (after_id, before_id), in
-        order: the shape retrieval ranks over (lengths, neighbours, question/answer pairs)."""
-        rows = await self._all(
-            "SELECT id, role, tokens FROM messages WHERE conversation_id = $1 AND id > $2 "
-            "AND id < $3 ORDER BY id",
-            (conversation_id, after_id, min(before_id, MAX_ID)),
-        )
-        return [(int(r[0]), str(r[1]), int(r[2])) for r in rows]
+        return [(int(i), int(mid)) for i, mid in rows]
 
     # --- vectors (memory.embeddings) --------------------------------------------------------
     async def add_vectors(self, rows: Sequence[tuple[int, int, str, Sequence[float]]]) -> int:
@@ -105,8 +81,8 @@ class SearchMixin(PgBase):
         or not in that conversation is skipped."""
         if not rows:
             return 0
-        async with self._tx() as con:
-            stored = await con.fetchval(
+        async with self._atomic() as tx:
+            stored = await tx.con.fetchval(
                 "WITH new AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], "
                 "$4::int[], $5::bytea[]) AS n(mid, cid, model, dim, vec)), "
                 "ins AS (INSERT INTO message_vectors "
@@ -126,36 +102,7 @@ class SearchMixin(PgBase):
         self._vectors.drop({cid for _, cid, _, _ in rows})  # the next search reloads
         return int(stored)
 
-    async def messages_missing_vectors(
-        self, model: str, *, limit: int, conversation_id: int | None = None, after_id: int = 0
-    ) -> list[StoredMessage]:
-        """Messages after their conversation's reset mark with no vector from ``model``,
-        oldest first, ids above ``after_id`` (a cursor for paging through a backfill)."""
-        rows = await self._all(
-            f"SELECT {M_COLS} FROM messages m JOIN conversations c ON c.id = m.conversation_id "
-            "WHERE m.id > $1 AND ($2::bigint IS NULL OR m.conversation_id = $2) "
-            "AND m.id > c.reset_after AND NOT EXISTS "
-            "(SELECT 1 FROM message_vectors v WHERE v.message_id = m.id AND v.model = $3) "
-            "ORDER BY m.id LIMIT $4",
-            (after_id, conversation_id, model, limit),
-        )
-        return [msg_from_row(r) for r in rows]
-
-    async def vector_search(
-        self,
-        conversation_id: int,
-        query: Sequence[float],
-        *,
-        model: str,
-        after_id: int,
-        before_id: int,
-        limit: int,
-    ) -> list[tuple[int, float]]:
-        """(message id, cosine similarity) best first, among this conversation's messages with
-        after_id < id < before_id that have a vector from ``model``."""
-        q = unit(as_vectors(query))
-        if limit <= 0 or q.ndim != 1 or not q.any():
-            return []
+    async def _vector_matrix(self, conversation_id: int, model: str) -> VectorMatrix | None:
         row = await self._one(
             "SELECT count(*), coalesce(sum(message_id), 0), coalesce(max(message_id), 0) "
             "FROM message_vectors WHERE conversation_id = $1 AND model = $2",
@@ -165,16 +112,12 @@ class SearchMixin(PgBase):
         mark = (int(row[0]), int(row[1]), int(row[2]))
         matrix = self._vectors.get(conversation_id, model)
         if matrix is None or self._vector_marks.get((conversation_id, model)) != mark:
-            rows = await self._all(
-                "SELECT message_id, dim, vector FROM message_vectors "
-                "WHERE conversation_id = $1 AND model = $2 ORDER BY message_id",
-                (conversation_id, model),
-            )
+            rows = await self._all(VECTORS_SQL, (conversation_id, model))
             matrix = await asyncio.to_thread(
                 VectorMatrix.from_rows, model, [tuple(r) for r in rows]
             )
             if matrix is None:
-                return []
+                return None
             self._vectors.put(conversation_id, matrix)
             self._vector_marks[(conversation_id, model)] = mark
-        return matrix.search(q, after_id=after_id, before_id=before_id, limit=limit)
+        return matrix

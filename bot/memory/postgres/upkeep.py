@@ -53,8 +53,8 @@ class PgUpkeepMixin(PgBase):
         """Move each id sequence past the copied ids, so new rows do not collide with them;
         then VACUUM ANALYZE: the planner gets statistics and the visibility map its index-only
         word lookups need now, not whenever autovacuum comes by after a large copy."""
-        async with self._tx() as con:
-            await advance_sequences(con)
+        async with self._atomic() as tx:
+            await advance_sequences(tx.con)
         await self._run(lambda con: con.execute("VACUUM (ANALYZE)"))
 
     async def ping(self) -> None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from bot.memory.core.derived import DerivedMixin
 from bot.memory.core.identity import IdentityMixin
+from bot.memory.core.messages import MessagesMixin
 from bot.memory.core.outbox import OutboxMixin
 from bot.memory.core.portable import PortableMixin
 from bot.memory.core.sessions import SessionsMixin
 from bot.memory.core.upkeep import UpkeepMixin
 from bot.memory.sqlite.base import SqliteBase
-from bot.memory.sqlite.messages import MessagesMixin
 from bot.memory.sqlite.search import SearchMixin
 from bot.memory.sqlite.upkeep import SqliteUpkeepMixin
 

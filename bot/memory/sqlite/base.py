@@ -172,18 +172,6 @@ class SqliteBase(CoreBase):
         finally:
             self._claims.discard(key)
 
-    @asynccontextmanager
-    async def _tx(self) -> AsyncIterator[aiosqlite.Connection]:
-        async with self._lock:
-            await self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                await self._db.execute("ROLLBACK")
-                raise
-            else:
-                await self._db.execute("COMMIT")
-
     async def ping(self) -> None:
         """One trivial query through the lock and the connection's thread (the watchdog's
         proof that the store is not wedged)."""
@@ -209,15 +197,22 @@ class SqliteBase(CoreBase):
 
     @asynccontextmanager
     async def _atomic(self) -> AsyncIterator[SqliteTx]:
-        async with self._tx() as db:
-            yield SqliteTx(db)
+        """One transaction: the store lock held, ``BEGIN IMMEDIATE`` (so no other writer, not
+        even another process, gets in between), COMMIT on exit, ROLLBACK on any exception."""
+        async with self._lock:
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield SqliteTx(self._db)
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+            else:
+                await self._db.execute("COMMIT")
 
-    def _insert_rows(
-        self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
-    ) -> tuple[str, list[tuple[Any, ...]]]:
-        # The FTS triggers index messages as they arrive.
-        marks = ", ".join("?" * len(columns))
-        return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows
+    def _search_column(
+        self, conversation_id: int, author: str, text: str, created_at: float
+    ) -> tuple[str, str, tuple[Any, ...]]:
+        return "", "", ()  # the FTS triggers index messages as they arrive
 
     def _claim_gateway(self) -> str:
         return SQLITE_GATEWAY  # one process owns a SQLite file: one gateway
@@ -227,13 +222,18 @@ class SqliteBase(CoreBase):
 
 
 class SqliteTx:
-    """The core's ``Tx`` on the store's connection, inside ``_tx`` (lock held, BEGIN IMMEDIATE
-    done): each call is one hop to the connection's thread."""
+    """The core's ``Tx`` on the store's connection, inside ``_atomic`` (lock held, BEGIN
+    IMMEDIATE done): each call is one hop to the connection's thread."""
 
     __slots__ = ("_db",)
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        """The raw connection, for what only SQLite does (``executemany``'s row count)."""
+        return self._db
 
     async def all(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         return list(await self._db.execute_fetchall(sql, tuple(params)))

@@ -37,8 +37,7 @@ class SqliteUpkeepMixin(SqliteBase):
         if row is None:
             return False
         await self._erase_deleted()
-        async with self._tx() as db:
-            await db.execute("DELETE FROM scrub_pending WHERE id = 1")
+        await self._exec("DELETE FROM scrub_pending WHERE id = 1")
         async with self._lock:
             await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return True
