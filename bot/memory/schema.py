@@ -14,7 +14,6 @@ Invariants:
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
 
 import aiosqlite
 
@@ -233,53 +232,7 @@ def _m005_outbox_parts_platform() -> str:
     return "CREATE INDEX outbox_parts_platform ON outbox_parts (platform_id);"
 
 
-def _m007_outbox_claims() -> str:
-    return ddl.outbox_claims(ddl.SQLITE)  # written once for both backends
-
-
-def _m008_memory_promises() -> str:
-    return ddl.memory_promises(ddl.SQLITE)  # written once for both backends
-
-
-def _m006_recall_notes() -> str:
-    # The recall note sent with a person's message (bot.memory.context) is kept with it, so a
-    # restart shows the same prompt; deleted with its message (!forget, retention).
-    return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
-
-
-def _m010_incognito_notes_facts() -> str:
-    # An incognito stretch has an id (``incognito_stretch``, NULL when incognito is off): every
-    # gateway holding the stretch's turns in memory drops them once the id changed (!incognito,
-    # !reset, !forget; bot.memory.stretch). A recall note records the ids of the messages it
-    # quotes (``recall_ids``, JSON list) so pruning one drops the note. Fact extraction keeps a
-    # high-water mark (``facts_through``): each message is read for facts once; existing
-    # conversations start after their newest summarized session (extracted at its close).
-    return """
-        ALTER TABLE conversations ADD COLUMN incognito_stretch TEXT;
-        ALTER TABLE conversations ADD COLUMN facts_through INTEGER NOT NULL DEFAULT 0;
-        ALTER TABLE messages ADD COLUMN recall_ids TEXT;
-        UPDATE conversations SET facts_through = coalesce((SELECT max(s.last_message_id)
-            FROM sessions s WHERE s.conversation_id = conversations.id
-            AND s.summary IS NOT NULL), 0);
-        """
-
-
-def _m011_shown_parts() -> str:
-    # The Discord messages a streamed answer put on screen, recorded as they are posted and
-    # keyed by the question (the answer's outbox row does not exist yet while it streams): after
-    # a restart the answer edits them instead of posting a second copy (bot.delivery). Deleted
-    # with the question (!forget, retention); cleared when the answer's row is finished.
-    return """
-        CREATE TABLE shown_parts (
-            question_id INTEGER NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
-            part INTEGER NOT NULL CHECK (part >= 0),
-            platform_id TEXT NOT NULL,
-            PRIMARY KEY (question_id, part)
-        );
-        """
-
-
-Migration = tuple[str, Callable[[], str]]
+Migration = ddl.Migration
 
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
@@ -287,11 +240,8 @@ MIGRATIONS: list[Migration] = [
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
     ("005_outbox_parts_platform", _m005_outbox_parts_platform),
-    ("006_recall_notes", _m006_recall_notes),
-    ("007_outbox_claims", _m007_outbox_claims),
-    ("008_memory_promises", _m008_memory_promises),
-    ("010_incognito_notes_facts", _m010_incognito_notes_facts),
-    ("011_shown_parts", _m011_shown_parts),
+    *ddl.notes_and_claims(ddl.SQLITE),  # written once for both backends
+    *ddl.stretches_and_shown(ddl.SQLITE),
 ]
 
 

@@ -12,7 +12,9 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +68,67 @@ def memory_promises(t: Types) -> str:
         ALTER TABLE messages ADD COLUMN claimed_at {t.real};
         CREATE INDEX outbox_finished ON outbox (updated_at) WHERE state != 'pending';
         """
+
+
+def recall_notes(t: Types) -> str:
+    # The recall note sent with a person's message (bot.memory.context) is kept with it, so a
+    # restart shows the same prompt; deleted with its message (!forget, retention).
+    return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
+
+
+def incognito_notes_facts(t: Types) -> str:
+    # An incognito stretch has an id (``incognito_stretch``, NULL when incognito is off): every
+    # gateway holding the stretch's turns in memory drops them once the id changed (!incognito,
+    # !reset, !forget; bot.memory.stretch). A recall note records the ids of the messages it
+    # quotes (``recall_ids``, JSON list) so pruning one drops the note. Fact extraction keeps a
+    # high-water mark (``facts_through``): each message is read for facts once; existing
+    # conversations start after their newest summarized session (extracted at its close).
+    return f"""
+        ALTER TABLE conversations ADD COLUMN incognito_stretch TEXT;
+        ALTER TABLE conversations ADD COLUMN facts_through {t.id} NOT NULL DEFAULT 0;
+        ALTER TABLE messages ADD COLUMN recall_ids TEXT;
+        UPDATE conversations SET facts_through = coalesce((SELECT max(s.last_message_id)
+            FROM sessions s WHERE s.conversation_id = conversations.id
+            AND s.summary IS NOT NULL), 0);
+        """
+
+
+def shown_parts(t: Types) -> str:
+    # The Discord messages a streamed answer put on screen, recorded as they are posted and
+    # keyed by the question (the answer's outbox row does not exist yet while it streams): after
+    # a restart the answer edits them instead of posting a second copy (bot.delivery). Deleted
+    # with the question (!forget, retention); cleared when the answer's row is finished.
+    return f"""
+        CREATE TABLE shown_parts (
+            question_id {t.id} NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+            part INTEGER NOT NULL CHECK (part >= 0),
+            platform_id TEXT NOT NULL,
+            PRIMARY KEY (question_id, part)
+        );
+        """
+
+
+Migration = tuple[str, Callable[[], str]]
+
+
+def _named(t: Types, *steps: tuple[str, Callable[[Types], str]]) -> list[Migration]:
+    return [(name, partial(step, t)) for name, step in steps]
+
+
+def notes_and_claims(t: Types) -> list[Migration]:
+    """Migrations 006-008, the same on both backends (each backend's list places them)."""
+    return _named(
+        t,
+        ("006_recall_notes", recall_notes),
+        ("007_outbox_claims", outbox_claims),
+        ("008_memory_promises", memory_promises),
+    )
+
+
+def stretches_and_shown(t: Types) -> list[Migration]:
+    """Migrations 010-011, the same on both backends."""
+    return _named(
+        t,
+        ("010_incognito_notes_facts", incognito_notes_facts),
+        ("011_shown_parts", shown_parts),
+    )

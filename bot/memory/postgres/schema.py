@@ -230,14 +230,6 @@ def _m004_memory_tiers() -> str:
         """
 
 
-def _m007_outbox_claims() -> str:
-    return ddl.outbox_claims(ddl.POSTGRES)  # written once for both backends
-
-
-def _m008_memory_promises() -> str:
-    return ddl.memory_promises(ddl.POSTGRES)  # written once for both backends
-
-
 def _m009_pg_word_index() -> str:
     # Every (conversation, word, message) of ``messages.search`` as a row of ``message_words``,
     # whose primary key is the whole row: a word's lookup is an index-only B-tree range scan over
@@ -364,48 +356,16 @@ async def _restem(con: PoolConnectionProxy[asyncpg.Record]) -> None:
     )
 
 
-def _m006_recall_notes() -> str:
-    # The recall note sent with a person's message (bot.memory.context), kept with it.
-    return "ALTER TABLE messages ADD COLUMN recall_note TEXT;"
-
-
-def _m010_incognito_notes_facts() -> str:
-    # As SQLite's 010_incognito_notes_facts (stretch ids, recall note sources, facts mark).
-    return """
-        ALTER TABLE conversations ADD COLUMN incognito_stretch TEXT,
-            ADD COLUMN facts_through BIGINT NOT NULL DEFAULT 0;
-        ALTER TABLE messages ADD COLUMN recall_ids TEXT;
-        UPDATE conversations SET facts_through = coalesce((SELECT max(s.last_message_id)
-            FROM sessions s WHERE s.conversation_id = conversations.id
-            AND s.summary IS NOT NULL), 0);
-        """
-
-
-def _m011_shown_parts() -> str:
-    # As SQLite's 011_shown_parts (a streamed answer's messages, by question).
-    return """
-        CREATE TABLE shown_parts (
-            question_id BIGINT NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
-            part INTEGER NOT NULL CHECK (part >= 0),
-            platform_id TEXT NOT NULL,
-            PRIMARY KEY (question_id, part)
-        );
-        """
-
-
-Migration = tuple[str, Callable[[], str]]
+Migration = ddl.Migration
 
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_keyed_search", _m002_keyed_search),
     ("003_outbox", _m003_outbox),
     ("004_memory_tiers", _m004_memory_tiers),
-    ("006_recall_notes", _m006_recall_notes),
-    ("007_outbox_claims", _m007_outbox_claims),
-    ("008_memory_promises", _m008_memory_promises),
+    *ddl.notes_and_claims(ddl.POSTGRES),  # written once for both backends
     ("009_pg_word_index", _m009_pg_word_index),
-    ("010_incognito_notes_facts", _m010_incognito_notes_facts),
-    ("011_shown_parts", _m011_shown_parts),
+    *ddl.stretches_and_shown(ddl.POSTGRES),
     ("012_fts5_porter_stems", _m012_fts5_porter_stems),
 ]
 
