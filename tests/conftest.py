@@ -60,7 +60,7 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
 
 
 @pytest.fixture
-async def url() -> AsyncIterator[str]:
+def url() -> Iterator[str]:
     """A fresh database on the shared PostgreSQL server (tests/pg_server.py), dropped after
     the test; the URL names the bot's role (password: ``pg_server.BOT_PASSWORD``)."""
     server = pg_server.shared()

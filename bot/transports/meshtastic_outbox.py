@@ -89,6 +89,7 @@ KNOWN_UP_SECONDS = 60.0
 # At stop, how long a part already being written may take to be written and recorded; past
 # it the stop goes on (the restart writes the part again with its stored packet id).
 STOP_WRITE_WAIT = 5.0
+CONFIRMED_KEPT = 4096  # ACKed (outbox row, part) pairs remembered for a row sent again
 NO_ACK = "no ACK"
 UNCONFIRMED_REPEAT = frozenset({NO_ACK, "MAX_RETRANSMIT"})
 
@@ -139,6 +140,7 @@ class MeshOutbox(MeshLink):
     _jobs_changed: asyncio.Event
     _acks: dict[int, tuple[_Job, _Part]]
     _recent_routing: OrderedDict[int, tuple[int | None, str]]
+    _confirmed: OrderedDict[tuple[int, int], None]  # (outbox id, part) ACKed in this run
     _last_tx: float
     _reply_cooldown: Cooldown
     _pacer: Pacer
@@ -216,6 +218,10 @@ class MeshOutbox(MeshLink):
             self._miss(job, part, reason)
         elif frm == job.dest:
             part.state = "ack"
+            if job.reply.outbox_id is not None:  # a later send of the row skips it
+                self._confirmed[(job.reply.outbox_id, part.index)] = None
+                while len(self._confirmed) > CONFIRMED_KEPT:
+                    self._confirmed.popitem(last=False)
         else:
             part.relayed = True  # implicit ACK: a neighbour rebroadcast it; keep waiting
             return
