@@ -28,10 +28,10 @@ What must hold afterwards, checked in the store and on the air:
 
 The channel courtesy limits are set out of the way (``busy_threshold: 90``, ``duty_cycle:
 100``; tests/test_mesh_courtesy.py covers them): at the default 20% the many long answers of a
-run would wait minutes for their airtime. Spacing is 2.6 s (the radio checks the 2.1 s firmware floor on its own read times, so the
-margin absorbs a loaded machine). The seed is printed on failure (``CRASH_SEED`` replays a
-run); ``pytest -s`` prints each run's figures. Wall-clock waits here are hang guards, not
-timing assertions.
+run would wait minutes for their airtime. Spacing is 2.6 s (the radio checks the 2.1 s
+firmware floor on its own read times, so the margin absorbs a loaded machine). The seed is
+printed on failure (``CRASH_SEED`` replays a run); ``pytest -s`` prints each run's figures.
+Wall-clock waits here are hang guards, not timing assertions.
 """
 
 from __future__ import annotations
@@ -169,6 +169,12 @@ class _Bot:
         )  # fmt: skip
         return self.proc
 
+    async def up(self, radio: FakeTcpRadio) -> None:
+        """Start and wait until the bot's node is connected."""
+        before = radio.connections
+        proc = await self.start()
+        assert await _connected(radio, before, proc), self.tail()
+
     def tail(self) -> str:
         return (self.logs / f"run{self.runs}.log").read_text(errors="replace")[-2000:]
 
@@ -205,7 +211,7 @@ class _Bot:
 
 
 async def _connected(radio: FakeTcpRadio, before: int, proc: asyncio.subprocess.Process) -> bool:
-    for _ in range(600):  # hang guard (30 s)
+    for _ in range(1800):  # hang guard (90 s: a start-up on a loaded machine is slow)
         if radio.connections > before and radio.conn is not None:
             return True
         if proc.returncode is not None:
@@ -318,9 +324,7 @@ async def _kill_runs(bot: _Bot, radio: FakeTcpRadio, rng: random.Random) -> int:
 async def _term_runs(bot: _Bot, radio: FakeTcpRadio, rng: random.Random) -> int:
     asked = 0
     for _ in range(TERMS):
-        before = radio.connections
-        proc = await bot.start()
-        assert await _connected(radio, before, proc), bot.tail()
+        await bot.up(radio)
         await asyncio.sleep(0.3)
         asked = _ask(radio, rng, asked)
         await asyncio.sleep(rng.uniform(0.0, 2.5))  # the model call, storing, or sending
@@ -392,9 +396,7 @@ async def test_no_answer_shown_twice_or_lost(
         else:
             asked = await _link_losses(bot, radio, rng, backend)
         if bot.proc is None:  # the last run: everything still owed goes out
-            before = radio.connections
-            proc = await bot.start()
-            assert await _connected(radio, before, proc), bot.tail()
+            await bot.up(radio)
         with contextlib.suppress(AssertionError):  # _check below says what is missing
             await _until(lambda: _settled(backend), "everything answered and sent", 90.0)
         await bot.terminate(30.0)  # nothing in flight: a quick stop
@@ -428,8 +430,7 @@ async def test_sigterm_with_twenty_replies_waiting_loses_nothing(
     what = f"SIGTERM with 20 waiting on {backend.name}"
     people = [0xD0000001 + i for i in range(20)]
     try:
-        proc = await bot.start()
-        assert await _connected(radio, 0, proc), bot.tail()
+        await bot.up(radio)
         await asyncio.sleep(0.3)
         for i, num in enumerate(people):
             radio.inject_text(f"q{i} short", frm=num)
@@ -443,9 +444,7 @@ async def test_sigterm_with_twenty_replies_waiting_loses_nothing(
         assert on_air_at_term < len(people)  # replies really were waiting
         assert await backend.count(OPEN_ROWS) > 0  # kept, not dropped
         _, sent_before, _ = await _check(backend, radio, what=what, repeat_bound=1, open_ok=True)
-        before = radio.connections
-        proc = await bot.start()  # the kept replies go out after the restart
-        assert await _connected(radio, before, proc), bot.tail()
+        await bot.up(radio)  # the kept replies go out after the restart
 
         async def three_more() -> bool:  # then stop again (CI time)
             _, out, _ = await _check(backend, radio, what=what, repeat_bound=2, open_ok=True)
