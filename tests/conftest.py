@@ -81,12 +81,13 @@ def make_config(
 ) -> Config:
     """A config file on disk pointing at the fake LLM, loaded the way the CLI loads it.
     ``read_timeout`` is generous (a loaded machine is slow, and the fake answers at once); a
-    test about a hung model passes its own, shorter one."""
+    test about a hung model passes its own, shorter one. ``connect_timeout`` (also the openai
+    client's write and pool timeout) is 10 s for the same reason: 2 s timed out under load."""
     path = tmp_path / "config.yaml"
     path.write_text(
         f"state_dir: {tmp_path / 'state'}\n"
         f"llm:\n  base_url: {base_url}\n  model: fake\n  retries: 0\n"
-        f"  read_timeout: {read_timeout}\n  connect_timeout: 2\n" + extra,
+        f"  read_timeout: {read_timeout}\n  connect_timeout: 10\n" + extra,
         encoding="utf-8",
     )
     return load_config(path, env={})
