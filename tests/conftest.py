@@ -60,19 +60,34 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
 
 
 @pytest.fixture
+def url() -> Iterator[str]:
+    """A fresh database on the shared PostgreSQL server (tests/pg_server.py), dropped after
+    the test; the URL names the bot's role (password: ``pg_server.BOT_PASSWORD``)."""
+    server = pg_server.shared()
+    name = server.new_database()
+    yield server.url(name)
+    server.drop_database(name)
+
+
+@pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
     s = await SqliteStore.open(tmp_path / "state" / "meshsage.db")
     yield s
     await s.close()
 
 
-def make_config(tmp_path: Path, base_url: str, extra: str = "") -> Config:
-    """A config file on disk pointing at the fake LLM, loaded the way the CLI loads it."""
+def make_config(
+    tmp_path: Path, base_url: str, extra: str = "", *, read_timeout: float = 30
+) -> Config:
+    """A config file on disk pointing at the fake LLM, loaded the way the CLI loads it.
+    ``read_timeout`` is generous (a loaded machine is slow, and the fake answers at once); a
+    test about a hung model passes its own, shorter one. ``connect_timeout`` (also the openai
+    client's write and pool timeout) is 10 s for the same reason: 2 s timed out under load."""
     path = tmp_path / "config.yaml"
     path.write_text(
         f"state_dir: {tmp_path / 'state'}\n"
         f"llm:\n  base_url: {base_url}\n  model: fake\n  retries: 0\n"
-        f"  read_timeout: 5\n  connect_timeout: 2\n" + extra,
+        f"  read_timeout: {read_timeout}\n  connect_timeout: 10\n" + extra,
         encoding="utf-8",
     )
     return load_config(path, env={})
@@ -100,10 +115,15 @@ class Harness:
 
 
 async def start_harness(
-    tmp_path: Path, llm: FakeLLM, *, extra: str = "", transport: FakeTransport | None = None
+    tmp_path: Path,
+    llm: FakeLLM,
+    *,
+    extra: str = "",
+    transport: FakeTransport | None = None,
+    read_timeout: float = 30,
 ) -> Harness:
     transport = transport or FakeTransport()
-    config = make_config(tmp_path, llm.base_url, extra)
+    config = make_config(tmp_path, llm.base_url, extra, read_timeout=read_timeout)
     app = await build(config, env={}, transports=[transport])
     await app.start()
     return Harness(app, transport, llm)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,6 @@ from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
 
 pytest.importorskip("asyncpg", reason="PostgreSQL tests need meshsage[postgres]")
-
-
-@pytest.fixture
-async def url() -> AsyncIterator[str]:
-    server = pg_server.shared()
-    name = server.new_database()
-    yield server.url(name)
-    server.drop_database(name)
 
 
 def _gateway_config(tmp_path: Path, name: str, llm: FakeLLM, url: str) -> Path:

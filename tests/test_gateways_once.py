@@ -24,14 +24,6 @@ from tests.test_store_contract import ALICE, IMPLEMENTATIONS
 pytest.importorskip("asyncpg", reason="PostgreSQL tests need meshsage[postgres]")
 
 
-@pytest.fixture
-async def url() -> AsyncIterator[str]:
-    server = pg_server.shared()
-    name = server.new_database()
-    yield server.url(name)
-    server.drop_database(name)
-
-
 async def _killed_mid_turn(tmp_path: Path, fake_llm: FakeLLM, url: str) -> None:
     """Gateway one takes "first question", asks the (slow) model, and is killed -9."""
     fake_llm.reply_fn = _echo

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,14 +27,6 @@ pytest.importorskip("asyncpg", reason="PostgreSQL tests need meshsage[postgres]"
 
 ALICE = ConversationKey("mesh", "!0000abcd")
 BOB = ConversationKey("discord", "42", "guild-1")
-
-
-@pytest.fixture
-async def url() -> AsyncIterator[str]:
-    server = pg_server.shared()
-    name = server.new_database()
-    yield server.url(name)
-    server.drop_database(name)
 
 
 async def _fill(store: SqliteStore) -> None:

@@ -10,7 +10,6 @@ import os
 import stat
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -33,14 +32,6 @@ from bot.ops.doctor_pg import check_postgres
 
 ALICE = ConversationKey("mesh", "!0000abcd")
 VAR = pg_server.PASSWORD_ENV
-
-
-@pytest.fixture
-async def url() -> AsyncIterator[str]:
-    server = pg_server.shared()
-    name = server.new_database()
-    yield server.url(name)
-    server.drop_database(name)
 
 
 def _config(tmp_path: Path, url: str, extra: str = "") -> Path:

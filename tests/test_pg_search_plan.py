@@ -10,7 +10,7 @@ write path (insert, import, re-keying a linked DM, forget, retention).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,14 +24,6 @@ from bot.memory.postgres.search import _TERM_SQL  # noqa: E402
 
 CONVERSATIONS = 400
 MESSAGES = 60_000  # interleaved: conversation = row number mod CONVERSATIONS
-
-
-@pytest.fixture
-async def url() -> AsyncIterator[str]:
-    server = pg_server.shared()
-    name = server.new_database()
-    yield server.url(name)
-    server.drop_database(name)
 
 
 async def _open(url: str) -> PostgresStore:

@@ -8,7 +8,6 @@ is its own ``PostgresStore`` with its own connections, as a separate process wou
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,14 +26,6 @@ from bot.memory.postgres.schema import MIGRATIONS  # noqa: E402
 
 ALICE = ConversationKey("mesh", "!0000abcd")
 BOB = ConversationKey("mesh", "!0000beef")
-
-
-@pytest.fixture
-async def url() -> AsyncIterator[str]:
-    server = pg_server.shared()
-    name = server.new_database()
-    yield server.url(name)
-    server.drop_database(name)
 
 
 async def _open(url: str) -> PostgresStore:

@@ -154,6 +154,7 @@ class MeshtasticTransport(MeshOutbox):
         self._acks: dict[int, tuple[_Job, _Part]] = {}
         # Routing answers can overtake the worker's return of the packet id: keep recent ones.
         self._recent_routing: OrderedDict[int, tuple[int | None, str]] = OrderedDict()
+        self._confirmed: OrderedDict[tuple[int, int], None] = OrderedDict()
         self._last_tx = float("-inf")
         self._last_rx = clock.monotonic()
         self._traffic = asyncio.Event()
@@ -439,17 +440,6 @@ class MeshtasticTransport(MeshOutbox):
         texts = render_parts(
             split_parts(text, chunk_bytes=self._cfg.chunk_bytes, max_parts=self._cfg.max_parts)
         )
-        planned = dict(reply.packet_ids)  # ids an earlier run chose (and perhaps wrote)
-        parts = [
-            _Part(
-                i,
-                t,
-                state="done" if i in reply.done_parts else "todo",
-                packet_id=planned.get(i),
-                repeat=i in planned,
-            )
-            for i, t in enumerate(texts)
-        ]
         if inbound.space == DM_SPACE:
             dest, channel, want_ack = sender, self._dm_channel.get(sender, 0), self._cfg.want_ack
         else:
@@ -460,6 +450,29 @@ class MeshtasticTransport(MeshOutbox):
                 dest, channel, want_ack = BROADCAST_NUM, index, False
             else:
                 dest, channel, want_ack = sender, index, self._cfg.want_ack
+        planned = dict(reply.packet_ids)  # ids an earlier run chose (and perhaps wrote)
+        # A part an earlier send wrote is done, unless it waits for an ACK nobody saw (the row
+        # is still pending; this run did not confirm it) and has its planned id: the library
+        # reports a write on a TCP link it is silently re-opening as done, so the part may
+        # never have reached the radio. It is written again with that id: a receiver that has
+        # it drops the repeat (not shown; the part ends ``sent``), one that has not shows it.
+        row = reply.outbox_id
+
+        def done(i: int) -> bool:
+            if i not in reply.done_parts or not want_ack or i not in planned:
+                return i in reply.done_parts
+            return row is not None and (row, i) in self._confirmed
+
+        parts = [
+            _Part(
+                i,
+                t,
+                state="done" if done(i) else "todo",
+                packet_id=planned.get(i),
+                repeat=i in planned,
+            )
+            for i, t in enumerate(texts)
+        ]
         loop = asyncio.get_running_loop()
         return _Job(
             reply=reply,

@@ -34,7 +34,9 @@ The sending model (docs/reliability.md and docs/meshtastic.md explain it for ope
 - Every part the library accepted is reported to the durable outbox (``reply.progress``)
   before the next is written; parts listed in ``reply.done_parts`` (sent by an earlier run)
   are skipped. A reply that could not get a link for ``queue_wait`` seconds ends ``PENDING``
-  (the responder's outbox tries again later); so do replies waiting at ``stop``.
+  (the responder's outbox tries again later); so do replies waiting at ``stop``. A stop waits
+  only for a part already being written (and its record, at most ``STOP_WRITE_WAIT``), never
+  for a link to come back or for the pacer: shutdown is bounded whatever the channel does.
 - ``busy_for`` tells the responder when new replies would wait too long (``outbox_limit``
   replies not started yet, or the channel rule holding replies), so the LLM is not asked for
   an answer that cannot be sent and the person is told when to try again.
@@ -84,6 +86,10 @@ RESENDABLE = frozenset(
     }
 )
 KNOWN_UP_SECONDS = 60.0
+# At stop, how long a part already being written may take to be written and recorded; past
+# it the stop goes on (the restart writes the part again with its stored packet id).
+STOP_WRITE_WAIT = 5.0
+CONFIRMED_KEPT = 4096  # ACKed (outbox row, part) pairs remembered for a row sent again
 NO_ACK = "no ACK"
 UNCONFIRMED_REPEAT = frozenset({NO_ACK, "MAX_RETRANSMIT"})
 
@@ -100,6 +106,7 @@ class _Part:
     reason: str = ""
     packet_id: int | None = None  # planned before the first write; every send repeats it
     repeat: bool = False  # the id was planned by an earlier run: it may be on air already
+    writing: bool = False  # from the library write until the part is recorded (see _send_burst)
 
 
 @dataclass
@@ -133,6 +140,7 @@ class MeshOutbox(MeshLink):
     _jobs_changed: asyncio.Event
     _acks: dict[int, tuple[_Job, _Part]]
     _recent_routing: OrderedDict[int, tuple[int | None, str]]
+    _confirmed: OrderedDict[tuple[int, int], None]  # (outbox id, part) ACKed in this run
     _last_tx: float
     _reply_cooldown: Cooldown
     _pacer: Pacer
@@ -210,6 +218,10 @@ class MeshOutbox(MeshLink):
             self._miss(job, part, reason)
         elif frm == job.dest:
             part.state = "ack"
+            if job.reply.outbox_id is not None:  # a later send of the row skips it
+                self._confirmed[(job.reply.outbox_id, part.index)] = None
+                while len(self._confirmed) > CONFIRMED_KEPT:
+                    self._confirmed.popitem(last=False)
         else:
             part.relayed = True  # implicit ACK: a neighbour rebroadcast it; keep waiting
             return
@@ -320,14 +332,22 @@ class MeshOutbox(MeshLink):
             if job.future.done():  # dropped (send cancelled) while we were writing
                 return True
             # A part the radio has taken must be recorded before a shutdown stops us (else the
-            # restart sends it again): a cancel waits for this one part to be written and
-            # recorded (bounded by the write's own timeout), then takes effect.
+            # restart writes it again: the receiver drops that repeat by its packet id, but it
+            # costs airtime). A cancel that finds the part being written waits for the write
+            # and its record, at most STOP_WRITE_WAIT; one that finds it waiting (for a link,
+            # for the pacer: up to queue_wait / busy_max_wait) takes effect at once, so a stop
+            # is never held by a reply that cannot go out.
             step = asyncio.ensure_future(self._send_part(job, part, deadline))
             try:
                 written = await asyncio.shield(step)
             except asyncio.CancelledError:
-                with contextlib.suppress(Exception):
-                    await step
+                if part.writing:
+                    with contextlib.suppress(Exception, asyncio.CancelledError):
+                        await asyncio.wait_for(asyncio.shield(step), STOP_WRITE_WAIT)
+                if not step.done():
+                    step.cancel()
+                    with contextlib.suppress(Exception, asyncio.CancelledError):
+                        await step
                 raise
             if not written:
                 return False
@@ -340,6 +360,12 @@ class MeshOutbox(MeshLink):
         """Write one part and record it (in memory and in the durable outbox)."""
         if part.packet_id is None:
             part.packet_id = await self._plan_packet_id(job, part)
+        try:
+            return await self._send_and_record(job, part, deadline)
+        finally:
+            part.writing = False
+
+    async def _send_and_record(self, job: _Job, part: _Part, deadline: float) -> bool:
         pid = await self._transmit(job, part, deadline)
         if pid is None:
             return False
@@ -467,11 +493,13 @@ class MeshOutbox(MeshLink):
                     hopLimit=self._cfg.hop_limit,
                 )
 
+            part.writing = True
             try:
                 packet = await self._call(write, timeout=self._cfg.call_timeout)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a failed write means a bad link: reconnect, then retry
+                part.writing = False
                 self._last_tx = self._clock.monotonic()
                 log.warning("sending a part failed (%s: %s)", type(exc).__name__, exc)
                 if self._generation == generation:

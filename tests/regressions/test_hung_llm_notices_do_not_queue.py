@@ -13,12 +13,15 @@ from tests.conftest import start_harness
 from tests.fakes.fake_llm import FakeLLM
 
 HUNG = ("sleep", 60)  # far beyond the read timeout: the server accepted and never answers
+# Its own read timeout (the suite's default is 30 s): short enough to keep the test quick, long
+# enough for the healthy answers on a loaded machine.
+READ_TIMEOUT = 8
 
 
 async def test_people_waiting_behind_a_hung_call_get_their_notice_with_it(
     tmp_path: Path, fake_llm: FakeLLM
 ) -> None:
-    h = await start_harness(tmp_path, fake_llm)
+    h = await start_harness(tmp_path, fake_llm, read_timeout=READ_TIMEOUT)
     try:
         fake_llm.script = [HUNG, HUNG, HUNG]
         for person in ("ann", "bob", "cat"):
@@ -37,7 +40,7 @@ async def test_people_waiting_behind_a_hung_call_get_their_notice_with_it(
 async def test_after_an_outage_one_probe_runs_and_success_ends_it(
     tmp_path: Path, fake_llm: FakeLLM
 ) -> None:
-    h = await start_harness(tmp_path, fake_llm)
+    h = await start_harness(tmp_path, fake_llm, read_timeout=READ_TIMEOUT)
     try:
         fake_llm.script = [HUNG]
         await h.say("first", sender="ann")
