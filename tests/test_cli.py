@@ -27,14 +27,19 @@ def _env(tmp_path: Path, llm: FakeLLM) -> dict[str, str]:
 
 
 async def _meshsage(
-    *args: str, env: dict[str, str], stdin: bytes = b"", timeout: float = 30
+    *args: str, env: dict[str, str], stdin: bytes = b"", timeout: float = 90
 ) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli", *args,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    except TimeoutError:  # kill it and reap it: its pipes must not outlive the test
+        proc.kill()
+        await proc.communicate()
+        raise
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
