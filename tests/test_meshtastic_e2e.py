@@ -15,7 +15,7 @@ from tests.test_cli import _env, _remembers
 
 async def _wait_for_texts(radio: FakeTcpRadio, n: int, proc: asyncio.subprocess.Process) -> None:
     for _ in range(600):  # a hang guard (30 s), not a timing assertion
-        if len(radio.texts()) >= n:
+        if len(radio.shown) >= n:
             return
         if proc.returncode is not None:
             break
@@ -24,7 +24,9 @@ async def _wait_for_texts(radio: FakeTcpRadio, n: int, proc: asyncio.subprocess.
 
 
 async def _run_once(config: Path, env: dict[str, str], radio: FakeTcpRadio, text: str) -> str:
-    before = len(radio.texts())
+    # Counted as the person sees them (``shown``): an answer whose ACK the stopped run never
+    # saw is written again at the next start with its packet id, and the radio drops it.
+    before = len(radio.shown)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli", "run", "--config", str(config),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -45,8 +47,8 @@ async def _run_once(config: Path, env: dict[str, str], radio: FakeTcpRadio, text
     assert proc.returncode == 0, err.decode()[-2000:]
     assert "stopped cleanly" in err.decode()
     assert text not in err.decode()  # no message text in the INFO log
-    assert len(radio.texts()) == before + 1  # one answer, no "thinking..." or notices
-    packet = radio.sent_texts()[-1][1]
+    assert len(radio.shown) == before + 1  # one answer, no "thinking..." or notices
+    packet = radio.shown[-1][1]
     assert (packet.to, packet.want_ack) == (ALICE, True)
     return bytes(packet.decoded.payload).decode("utf-8")
 
