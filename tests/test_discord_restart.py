@@ -1,6 +1,7 @@
 """A streamed Discord answer interrupted by a restart, or by Discord's own trouble, ends as ONE
 complete answer on screen: the half answer is finished (edited) or replaced, never followed by
-a second full answer (issue 18). Real restarts of the whole app on the same SQLite store, the
+a second full answer (issue 18). Real restarts of the whole app on the same store (each test on
+SQLite and on a real PostgreSQL), the
 fake LLM over HTTP, discord.py against the loopback Discord (tests/fakes/fake_discord.py),
 which answers 404 for a message that is gone and 5xx when told to.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import discord
@@ -18,12 +20,33 @@ import pytest
 from bot.app import App, build
 from bot.transports.discord import NO_MENTIONS, build_discord
 from bot.transports.discord_text import split_message
+from tests import pg_server
 from tests.conftest import make_config
 from tests.fakes.fake_discord import CHANNEL_ID, TOKEN, FakeDiscord, Sent
 from tests.fakes.fake_llm import FakeLLM
 
 LONG = " ".join(f"Word{i} of a long answer." for i in range(100))  # two Discord messages
 SHORT = "LoRa is a long range radio modulation, and Meshtastic builds a mesh on top of it."
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where the app keeps its memory: the SQLite file under the state dir, or a fresh
+    database on the shared PostgreSQL server (tests/pg_server.py)."""
+
+    extra: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    if request.param == "sqlite":
+        return Backend()
+    pytest.importorskip("asyncpg", reason="PostgreSQL tests need meshsage[postgres]")
+    url = request.getfixturevalue("url")
+    return Backend(
+        f"storage:\n  url: '{url}'\n  password_env: PW\n", {"PW": pg_server.BOT_PASSWORD}
+    )
 
 
 def quick_ready(intents: discord.Intents) -> discord.Client:
@@ -33,19 +56,25 @@ def quick_ready(intents: discord.Intents) -> discord.Client:
 
 @contextlib.asynccontextmanager
 async def started(
-    tmp_path: Path, llm: FakeLLM, fake: FakeDiscord, *, edit_seconds: float = 1.1
+    tmp_path: Path,
+    llm: FakeLLM,
+    fake: FakeDiscord,
+    backend: Backend,
+    *,
+    edit_seconds: float = 1.1,
 ) -> AsyncIterator[App]:
     """The whole app (Discord only) on the store under ``tmp_path``; leaving the block stops
     it the way a second Ctrl-C does: turns in flight are cut off, nothing is waited for."""
     config = make_config(
         tmp_path,
         llm.base_url,
-        f"discord:\n  channels: [{CHANNEL_ID}]\n  stream_edit_seconds: {edit_seconds}\n",
+        f"discord:\n  channels: [{CHANNEL_ID}]\n  stream_edit_seconds: {edit_seconds}\n"
+        + backend.extra,
     )
     assert config.discord is not None
     fake.ready.clear()
     chat = build_discord(config.discord, env={"DISCORD_TOKEN": TOKEN}, client_factory=quick_ready)
-    app = await build(config, env={}, transports=[chat])
+    app = await build(config, env=dict(backend.env), transports=[chat])
     await app.start()
     try:
         await asyncio.wait_for(fake.ready.wait(), 30)
@@ -68,11 +97,13 @@ def screen(fake: FakeDiscord) -> list[str]:
     return [s.content for s in fake.visible(CHANNEL_ID)]
 
 
-async def ask_and_stop_mid_stream(tmp_path: Path, llm: FakeLLM, fake: FakeDiscord) -> Sent:
+async def ask_and_stop_mid_stream(
+    tmp_path: Path, llm: FakeLLM, fake: FakeDiscord, backend: Backend
+) -> Sent:
     """Ask in the channel; stop the app while the model is still writing (the stream shows
     the first words). Returns the half answer on screen."""
     llm.script = [("stall", 40)]
-    async with started(tmp_path, llm, fake):
+    async with started(tmp_path, llm, fake, backend):
         await fake.say(fake.guild_message("tell me about LoRa", mention_bot=True))
         await until(lambda: bool(fake.sent))
     [half] = fake.visible(CHANNEL_ID)
@@ -85,11 +116,11 @@ def test_the_long_answer_is_two_messages() -> None:
 
 
 async def test_a_restart_in_mid_stream_finishes_the_half_answer_instead_of_a_second_one(
-    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, backend: Backend
 ) -> None:
     fake_llm.reply = LONG
-    half = await ask_and_stop_mid_stream(tmp_path, fake_llm, fake_discord)
-    async with started(tmp_path, fake_llm, fake_discord) as app:
+    half = await ask_and_stop_mid_stream(tmp_path, fake_llm, fake_discord, backend)
+    async with started(tmp_path, fake_llm, fake_discord, backend) as app:
         await until(lambda: screen(fake_discord) == split_message(LONG))
         await app.responder.wait_idle()
         assert await app.responder.redeliver() == 0
@@ -102,12 +133,12 @@ async def test_a_restart_in_mid_stream_finishes_the_half_answer_instead_of_a_sec
 
 
 async def test_a_half_answer_a_moderator_deleted_is_replaced_by_the_whole_one(
-    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, backend: Backend
 ) -> None:
     fake_llm.reply = LONG
-    half = await ask_and_stop_mid_stream(tmp_path, fake_llm, fake_discord)
+    half = await ask_and_stop_mid_stream(tmp_path, fake_llm, fake_discord, backend)
     fake_discord.delete_by_moderator(half.id)  # editing it is now a 404
-    async with started(tmp_path, fake_llm, fake_discord) as app:
+    async with started(tmp_path, fake_llm, fake_discord, backend) as app:
         await until(lambda: screen(fake_discord) == split_message(LONG))
         await app.responder.wait_idle()
     shown = fake_discord.visible(CHANNEL_ID)
@@ -117,19 +148,19 @@ async def test_a_half_answer_a_moderator_deleted_is_replaced_by_the_whole_one(
 
 
 async def test_a_restart_while_the_stream_finishes_edits_it_from_the_outbox(
-    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, backend: Backend
 ) -> None:
     """The answer is stored (its outbox row exists) but the stream had not shown all of it:
     after the restart the outbox sends the row by editing the streamed messages."""
     fake_llm.reply = SHORT
-    async with started(tmp_path, fake_llm, fake_discord, edit_seconds=60) as app:
+    async with started(tmp_path, fake_llm, fake_discord, backend, edit_seconds=60) as app:
         await fake_discord.say(fake_discord.guild_message("what is LoRa?", mention_bot=True))
         # the first words are shown; the next edit waits 60 s: the stream is finishing
         await until(lambda: bool(fake_discord.sent))
         await until(lambda: bool(app.responder._outbox.delivering))
     [half] = fake_discord.visible(CHANNEL_ID)
     assert half.content != SHORT
-    async with started(tmp_path, fake_llm, fake_discord) as app:
+    async with started(tmp_path, fake_llm, fake_discord, backend) as app:
         await until(lambda: screen(fake_discord) == [SHORT])
         await app.responder.wait_idle()
     assert [s.id for s in fake_discord.visible(CHANNEL_ID)] == [half.id]
@@ -137,12 +168,12 @@ async def test_a_restart_while_the_stream_finishes_edits_it_from_the_outbox(
 
 
 async def test_discord_failing_while_a_stream_finishes_leaves_one_whole_answer_later(
-    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, backend: Backend
 ) -> None:
     """Discord answers 503 to every post and edit for a while: the streamed answer stays in
     the outbox (not failed), and the next round finishes the message on screen."""
     fake_llm.reply = SHORT
-    async with started(tmp_path, fake_llm, fake_discord, edit_seconds=0.5) as app:
+    async with started(tmp_path, fake_llm, fake_discord, backend, edit_seconds=0.5) as app:
         await fake_discord.say(fake_discord.guild_message("what is LoRa?", mention_bot=True))
         await until(lambda: bool(fake_discord.sent))
         fake_discord.fail_requests = 1000  # Discord in trouble from now on
@@ -161,11 +192,15 @@ async def test_discord_failing_while_a_stream_finishes_leaves_one_whole_answer_l
 
 @pytest.mark.parametrize("after", [1, 2])
 async def test_a_gateway_drop_mid_stream_still_shows_one_answer(
-    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, after: int
+    tmp_path: Path,
+    fake_llm: FakeLLM,
+    fake_discord: FakeDiscord,
+    backend: Backend,
+    after: int,
 ) -> None:
     fake_llm.reply = LONG
     fake_llm.script = [("slow", 0.002)]
-    async with started(tmp_path, fake_llm, fake_discord) as app:
+    async with started(tmp_path, fake_llm, fake_discord, backend) as app:
         await fake_discord.say(fake_discord.guild_message("tell me", mention_bot=True))
         await until(lambda: len(fake_discord.sent) >= after)
         await fake_discord.disconnect()  # discord.py reconnects and resumes by itself
