@@ -88,10 +88,12 @@ class LLMGate:
                     self._fg_waiting -= 1
             else:
                 while self._running >= self._limit or self._fg_waiting or self._busy():
-                    with contextlib.suppress(TimeoutError):  # busy() has no event: poll it
-                        await asyncio.wait_for(
-                            self._changed.wait(), BUSY_POLL if self._busy() else None
-                        )
+                    # busy() has no event: poll it. asyncio.timeout, not wait_for: wait_for
+                    # waits in another task, and a cancel arriving while that task took the
+                    # lock back left it holding the lock for good (every later call hung).
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(BUSY_POLL if self._busy() else None):
+                            await self._changed.wait()
             self._running += 1
         try:
             if not background:
