@@ -126,3 +126,60 @@ async def test_an_extraction_given_a_later_range_reads_the_unread_gap_first(rig:
     assert rig.script.shown[1:] == [ids[6:]]
     await rig.extractor.extract(conv.id, later)  # all read: no call
     assert len(rig.script.shown) == 2
+
+
+async def _say(rig: Rig, key: ConversationKey, n: int, *, start: float) -> list[int]:
+    conv = await rig.store.conversation(key)
+    return [
+        await rig.store.add_message(
+            conv.id, role="user" if i % 2 == 0 else "assistant",
+            author=key.person if i % 2 == 0 else "bot", text=f"{key.transport} line {i}",
+            tokens=3, status="answered", created_at=start + i,
+        )
+        for i in range(n)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("unread", ["other", "home"])
+async def test_linking_reads_every_message_of_both_accounts_once(rig: Rig, unread: str) -> None:
+    """!link joins the other account's messages into the home. Each side had read its
+    messages for facts up to its own mark; the side that wrote first left a tail unread whose
+    ids lie below the other side's mark. After the link, the next extraction reads that tail
+    (and nothing twice): every message of both accounts is read exactly once."""
+    home, other = ConversationKey("console", "alice"), ConversationKey("mesh", "!a1b2")
+    first, second = (other, home) if unread == "other" else (home, other)
+    start = time.time() - 10 * 3600
+    early = await _say(rig, first, 10, start=start)  # ids below the other side's
+    conv_first = await rig.store.conversation(first)
+    await rig.extractor.extract(conv_first.id, (await rig.store.all_messages(conv_first.id))[:4])
+    late = await _say(rig, second, 70, start=start + 100)
+    conv_second = await rig.store.conversation(second)
+    await rig.extractor.extract(conv_second.id, await rig.store.all_messages(conv_second.id))
+    assert await rig.store.facts_through(conv_second.id) == late[-1]
+    assert await rig.store.link_dm(home, other) == (10 if unread == "other" else 70)
+    conv = await rig.store.conversation(home)
+    assert [m.id for m in await rig.store.facts_pending(conv.id)] == early[4:]
+    newer = await _say(rig, home, 4, start=start + 1000)
+    await rig.extractor.extract(conv.id, (await rig.store.all_messages(conv.id))[-4:])
+    read = [i for chunk in rig.script.shown for i in chunk]
+    assert sorted(read) == sorted([*early, *late, *newer])  # every message, none twice
+    assert rig.script.shown[-1] == [*early[4:], *newer]  # the unread tail first, then the new
+    assert await rig.store.facts_pending(conv.id) == []
+    assert await rig.store.facts_through(conv.id) == newer[-1]
+    calls = len(rig.script.shown)
+    await rig.extractor.extract(conv.id, await rig.store.all_messages(conv.id))
+    assert len(rig.script.shown) == calls  # nothing left unread: no call
+
+
+async def test_a_pending_message_is_read_even_when_nothing_new_came(rig: Rig) -> None:
+    home, other = ConversationKey("console", "alice"), ConversationKey("mesh", "!a1b2")
+    start = time.time() - 10 * 3600
+    early = await _say(rig, other, 6, start=start)
+    late = await _say(rig, home, 6, start=start + 100)
+    conv = await rig.store.conversation(home)
+    await rig.extractor.extract(conv.id, await rig.store.all_messages(conv.id))
+    await rig.store.link_dm(home, other)
+    # A session close over messages all below the mark still reads the linked-in ones.
+    await rig.extractor.extract(conv.id, (await rig.store.all_messages(conv.id))[:3])
+    assert rig.script.shown == [late, early]
+    assert await rig.store.facts_pending(conv.id) == []

@@ -444,3 +444,41 @@ async def test_after_a_complete_match_only_turns_near_its_score_come(store: Sqli
         conv, "Bergen ferry", budget_tokens=800, before_id=ids[-1] + 1
     )
     assert [m.id for m in partial.turns] == [m.id for m in wide_partial.turns]
+
+
+async def test_spare_room_after_a_complete_match_takes_turns_that_match_themselves(
+    store: SqliteStore,
+) -> None:
+    """Room a short window left (``spare_tokens``) goes, after a complete match's cut, to the
+    next-best turns holding enough of the query's words themselves, after the cut's turns;
+    turns that only borrow a neighbour's score stay out, and the block's ``core`` (what a
+    recall note may keep) is the cut's turns only. A weak match gets only such turns."""
+    turns = [(USER, "my sister Ingrid lives in Bergen"), (ASSISTANT, "nice city")]
+    turns += _filler(10)
+    turns += [(USER, f"Ingrid called me about the ferry ({i})") for i in range(4)]
+    turns += _filler(10)
+    ids = await _conversation(store, ALICE, turns)
+    conv = await store.conversation(ALICE)
+    retriever = _retriever(store)
+    query = "where does my sister Ingrid live?"
+    before = ids[-1] + 1
+    sure = await retriever.retrieve(conv, query, budget_tokens=800, before_id=before, relative=0.7)
+    filled = await retriever.retrieve(
+        conv, query, budget_tokens=800, before_id=before, relative=0.7, spare_tokens=400
+    )
+    ferry = {i for i, (_role, text) in zip(ids, turns, strict=True) if "ferry" in text}
+    assert not ferry & {m.id for m in sure.turns}  # under the cut
+    assert ferry <= {m.id for m in filled.turns}  # the spare room takes them ("Ingrid")
+    assert [m.id for m in filled.order[: filled.core]] == [m.id for m in sure.order]
+    assert all("Ingrid" in m.text for m in filled.order[filled.core :] if m.role == USER)
+    assert filled.tokens <= 800 + 400
+    # A weak match (weight 0 within the budget) recalls nothing without spare room, and only
+    # turns that hold its words themselves with it.
+    weak = await retriever.retrieve(
+        conv, "ferry", budget_tokens=800, before_id=before, weight=lambda _s: 0.0
+    )
+    assert weak.turns == []
+    weak_filled = await retriever.retrieve(
+        conv, "ferry", budget_tokens=800, before_id=before, weight=lambda _s: 0.0, spare_tokens=400
+    )
+    assert {m.id for m in weak_filled.turns if m.role == USER} == ferry

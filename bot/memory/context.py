@@ -304,9 +304,15 @@ class ContextBuilder:
         left -= extra_tokens + new_tokens
 
         block = RetrievedBlock()
-        retrieve_budget = min(left, recall_cap) - self._header_tokens[RETRIEVED_HEADER]
+        headers = self._header_tokens[RETRIEVED_HEADER]
         if self.recall == "notes":
-            retrieve_budget -= self._header_tokens[MORE_HEADER]
+            headers += self._header_tokens[MORE_HEADER]
+        # Recall may also take what the window leaves unused (a short window: after a restart,
+        # a fold, a new person with a long history): a partial match's net spans it; after a
+        # complete match's cut or a weak match only turns matching on their own words fill it
+        # (``Retriever.retrieve``). It is the transient tail, never the note.
+        retrieve_budget = min(left, recall_cap) - headers
+        spare = max(0, left - headers - retrieve_budget)
         older = folded or base > conversation.reset_after  # anything older than the window
         if retrieve_budget > 0 and older:
             before = flat[0].id if flat else (new_message_id or 1 << 62)
@@ -326,6 +332,7 @@ class ContextBuilder:
                 floor=MIN_RECALL_TOKENS,
                 skip=(lambda m: m.text in seen) if seen else None,
                 relative=RELATIVE_SCORE,
+                spare_tokens=spare,
             )
         tail: list[Block] = []
         if fresh_text:
@@ -338,7 +345,8 @@ class ContextBuilder:
         rest = RetrievedBlock()
         if self.recall == "notes" and block.turns:
             cap = max(int(free * NOTE_SHARE), MIN_RECALL_TOKENS) if NOTE_SHARE > 0 else 0
-            held = block.head(self._counter, cap) if block.tokens > cap else block
+            small = block.tokens <= cap and block.core in (None, len(block.order))
+            held = block if small else block.head(self._counter, cap, core=True)
             rest = block.head(self._counter, block.tokens - held.tokens, without=held)
         if held.turns:
             text = f"{RETRIEVED_HEADER}\n{held.text}{NOTE_END}"

@@ -185,18 +185,20 @@ class FactExtractor:
     async def _unread(
         self, conversation_id: int, messages: Sequence[StoredMessage]
     ) -> list[StoredMessage]:
-        """``messages`` past the mark, after what lies unread between the mark and them."""
+        """``messages`` past the mark, after what lies unread between the mark and them, and
+        first the messages a ``!link`` brought in below the mark unread (``facts_pending``)."""
         through = await self._store.facts_through(conversation_id)
+        pending = await self._store.facts_pending(conversation_id)
         todo = sorted((m for m in messages if m.id > through), key=lambda m: m.id)
         if not todo:
-            return []
+            return pending
         gap = await self._store.messages_between(
             conversation_id, after_id=through, up_to_id=todo[0].id - 1
         )
         if len(gap) > CATCH_UP_MESSAGES:
             log.info("facts: %d older messages of conversation %d left unread (catch-up limit)",
                      len(gap) - CATCH_UP_MESSAGES, conversation_id)  # fmt: skip
-        return [*gap[-CATCH_UP_MESSAGES:], *todo]
+        return [*pending, *gap[-CATCH_UP_MESSAGES:], *todo]
 
     async def _extract_chunk(self, conversation_id: int, messages: list[StoredMessage]) -> Applied:
         if not any(m.role == USER for m in messages):

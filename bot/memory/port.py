@@ -63,7 +63,10 @@ Invariants every implementation keeps:
 - A recall note records the messages it quotes (``save_recall_note(quoted=...)``); no
   deletion or unlink leaves a note quoting a message gone from its conversation.
 - ``facts_through`` (the fact extraction mark) only moves forward; ``load_dump`` sets it past
-  the imported messages (their facts are imported with them).
+  the imported messages (their facts are imported with them). ``link_dm`` keeps the promise
+  that each message is read for facts once: the home's mark becomes the later of both marks,
+  and the messages of either side past their own mark but not past it are flagged
+  (``facts_pending``) and read by the next extraction.
 - ``dump_person`` is deterministic; ``load_dump`` is one transaction and refuses taken ids.
 """
 
@@ -317,6 +320,8 @@ class MemoryStore(Protocol):
     async def facts_through(self, conversation_id: int) -> int: ...
 
     async def set_facts_through(self, conversation_id: int, message_id: int) -> None: ...
+
+    async def facts_pending(self, conversation_id: int) -> list[StoredMessage]: ...
 
     async def dump_person(self, transport: str, person: str) -> list[dict[str, Any]]: ...
 

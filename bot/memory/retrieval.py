@@ -125,19 +125,26 @@ class RetrievedBlock:
     tokens: int = 0
     reasons: dict[int, str] = field(default_factory=dict)  # message id -> why it is here
     order: list[StoredMessage] = field(default_factory=list)  # best first (thread, then rank)
+    core: int | None = None  # of ``order``: those before the spare-room filling (all if None)
 
     @property
     def text(self) -> str:
         return "\n".join(self.lines)
 
     def head(
-        self, counter: TokenCounter, budget: int, *, without: RetrievedBlock | None = None
+        self,
+        counter: TokenCounter,
+        budget: int,
+        *,
+        without: RetrievedBlock | None = None,
+        core: bool = False,
     ) -> RetrievedBlock:
         """The best turns of this block that fit ``budget`` (what a recall note keeps), leaving
-        out the turns of ``without`` (the rest of a recall once its note is taken)."""
+        out the turns of ``without`` (the rest of a recall once its note is taken); ``core``:
+        only from the turns taken before spare room was filled (a note never holds filler)."""
         taken = {m.id for m in without.turns} if without is not None else set()
         packer = _Packer(counter, budget)
-        for msg in self.order:
+        for msg in self.order[: self.core] if core else self.order:
             if msg.id not in taken:
                 packer.add(msg, self.reasons.get(msg.id, ""))
         return packer.block()
@@ -480,6 +487,7 @@ class Retriever:
         floor: int = 0,
         skip: Callable[[StoredMessage], bool] | None = None,
         relative: float = 0.0,
+        spare_tokens: int = 0,
     ) -> RetrievedBlock:
         """Best older turns for ``query`` that fit ``budget_tokens`` (rendered, newline-joined).
 
@@ -492,8 +500,13 @@ class Retriever:
         query (a complete match, ``COMPLETE_MATCH``), ranked turns scoring under that share of
         its score are left out (their partners may still come with a kept turn): the answer is
         there, and a wide net only costs tokens; a partial match keeps the wide net (measured,
-        docs/memory.md "Recall that answers"). An older message that repeats the query
-        (``is_repeat``) and the answers to it are never recalled.
+        docs/memory.md "Recall that answers"). ``spare_tokens``: room a short window left
+        beyond ``budget_tokens``; a partial match's net spans it, and after a complete match's
+        cut or a weak match (``weight`` 0) it takes the next-best turns that hold at least
+        ``min_score`` of the query's word weight themselves (never ones that only borrow from
+        a neighbour), after the others and their partners (``RetrievedBlock.core`` counts
+        the turns before them: a recall note never holds them). An older message that
+        repeats the query (``is_repeat``) and the answers to it are never recalled.
         """
         cfg = self._config
         if not cfg.enabled or budget_tokens <= 0 or cfg.max_turns == 0:
@@ -508,15 +521,41 @@ class Retriever:
             return packer.block()
         terms = query_terms(query)
         packer.skip = lambda m: is_repeat(m.text, terms) or (skip is not None and skip(m))
-        if relative > 0 and ranked[0].words >= COMPLETE_MATCH:
-            ranked = [r for r in ranked if r.score >= relative * ranked[0].score]
+        complete = ranked[0].words >= COMPLETE_MATCH
+        chosen = ranked
+        if relative > 0 and complete:
+            chosen = [r for r in ranked if r.score >= relative * ranked[0].score]
+        scaled = budget_tokens
         if weight is not None:
             share = weight(ranked[0].score)
             scaled = max(int(budget_tokens * share), floor) if share > 0 else 0
-            budget_tokens = min(budget_tokens, packer.used + scaled)
-            packer.budget = budget_tokens
-            if scaled <= 0:
-                return packer.block()
+            scaled = min(budget_tokens, packer.used + scaled)
+        places = {r.id: place for place, r in enumerate(ranked, start=1)}
+        wide = not complete and scaled > packer.used  # a partial match: the net spans the room
+        packer.budget = scaled + (spare_tokens if wide else 0)
+        if scaled > packer.used:
+            await self._pack(packer, chosen, outline, span, places)
+        core = len(packer.chosen)
+        if spare_tokens > 0 and not wide and len(packer.chosen) < cfg.max_turns:
+            # The room a short window left, after a complete match's cut or a weak match: the
+            # next-best turns that match on their own words (not only by borrowing).
+            packer.budget = max(scaled, packer.used) + spare_tokens
+            more = [r for r in ranked if r.id not in packer.reasons and r.words >= cfg.min_score]
+            await self._pack(packer, more, outline, span, places)
+        return packer.block(core=core)
+
+    async def _pack(
+        self,
+        packer: _Packer,
+        ranked: Sequence[Ranked],
+        outline: Outline,
+        span: tuple[int, int],
+        places: Mapping[int, int],
+    ) -> None:
+        """Add ranked turns best first, then the question/answer partners of what was added,
+        while they fit the packer's budget and ``max_turns``."""
+        cfg = self._config
+        budget_tokens = packer.budget - packer.used
         # Read the text of only as many hits as can fit (the outline knows their stored token
         # counts; twice the budget leaves room for a counter that counts differently).
         pool: list[int] = []
@@ -530,16 +569,15 @@ class Retriever:
         ranked = ranked[: len(pool)]
         pool += partners(outline, pool[: cfg.max_turns], span=span)
         by_id = {m.id: m for m in await self._store.messages_by_ids(pool)}
-        for place, r in enumerate(ranked, start=1):
+        for r in ranked:
             if len(packer.chosen) >= cfg.max_turns:
                 break
             if r.id in by_id:
-                packer.add(by_id[r.id], f"ranked #{place}, score {r.score:.3f}")
+                packer.add(by_id[r.id], f"ranked #{places[r.id]}, score {r.score:.3f}")
         if len(packer.chosen) < cfg.max_turns:
             for mid in partners(outline, [m.id for m in packer.chosen], span=span):
                 if mid in by_id and len(packer.chosen) < cfg.max_turns:
                     packer.add(by_id[mid], "question/answer partner of a retrieved turn")
-        return packer.block()
 
 
 class _Packer:
@@ -575,7 +613,7 @@ class _Packer:
         self.used += cost
         return True
 
-    def block(self) -> RetrievedBlock:
+    def block(self, *, core: int | None = None) -> RetrievedBlock:
         turns = sorted(self.chosen, key=lambda m: m.id)
         lines: list[str] = []
         last_day = None
@@ -591,4 +629,5 @@ class _Packer:
             tokens=self.used,
             reasons=self.reasons,
             order=list(self.chosen),
+            core=core,
         )

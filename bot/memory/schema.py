@@ -242,6 +242,7 @@ MIGRATIONS: list[Migration] = [
     ("005_outbox_parts_platform", _m005_outbox_parts_platform),
     *ddl.notes_and_claims(ddl.SQLITE),  # written once for both backends
     *ddl.stretches_and_shown(ddl.SQLITE),
+    *ddl.link_facts(ddl.SQLITE),
 ]
 
 

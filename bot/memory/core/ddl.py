@@ -132,3 +132,19 @@ def stretches_and_shown(t: Types) -> list[Migration]:
         ("010_incognito_notes_facts", incognito_notes_facts),
         ("011_shown_parts", shown_parts),
     )
+
+
+def facts_pending(t: Types) -> str:
+    # A message moved below a conversation's ``facts_through`` mark without having been read
+    # for facts (a !link joins the other account's unread messages into a home whose mark is
+    # past them) is flagged, so fact extraction reads it once (bot.memory.facts).
+    return """
+        ALTER TABLE messages ADD COLUMN facts_pending INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX messages_facts_pending ON messages (conversation_id, id)
+            WHERE facts_pending = 1;
+        """
+
+
+def link_facts(t: Types) -> list[Migration]:
+    """Migration 014, the same on both backends."""
+    return _named(t, ("014_facts_pending", facts_pending))

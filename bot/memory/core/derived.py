@@ -8,7 +8,9 @@ Invariants:
   folds append chapters and a merge (one row over their union) replaces them.
 - Pinned facts (``!remember``) are never changed by ``update_fact`` or an ``extracted_only``
   removal; ``source_ids`` is a JSON list of the message ids a fact came from.
-- ``facts_through`` only moves forward.
+- ``facts_through`` only moves forward; moving it past a message flagged ``facts_pending`` (one
+  a ``!link`` brought in below the mark unread) clears the flag in the same statement batch:
+  a message is read for facts once, whichever way it came.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bot.memory.core.db import CoreBase
-from bot.memory.records import Conversation, Fact, Summary
+from bot.memory.records import MSG_COLS, Conversation, Fact, StoredMessage, Summary, msg_from_row
 
 
 class DerivedMixin(CoreBase):
@@ -148,11 +150,27 @@ class DerivedMixin(CoreBase):
 
     async def set_facts_through(self, conversation_id: int, message_id: int) -> None:
         """Move the mark forward to ``message_id`` (never back: a slower reader of an earlier
-        range cannot undo a later one)."""
-        await self._exec(
-            "UPDATE conversations SET facts_through = ? WHERE id = ? AND facts_through < ?",
-            (message_id, conversation_id, message_id),
+        range cannot undo a later one); the flagged messages up to it count as read."""
+        async with self._atomic() as tx:
+            await tx.exec(
+                "UPDATE conversations SET facts_through = ? WHERE id = ? AND facts_through < ?",
+                (message_id, conversation_id, message_id),
+            )
+            await tx.exec(
+                "UPDATE messages SET facts_pending = 0 WHERE conversation_id = ? "
+                "AND facts_pending = 1 AND id <= ?",
+                (conversation_id, message_id),
+            )
+
+    async def facts_pending(self, conversation_id: int) -> list[StoredMessage]:
+        """Messages below the mark not read for facts yet (a ``!link`` moved them in), oldest
+        first."""
+        rows = await self._all(
+            f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = ? AND facts_pending = 1 "
+            "ORDER BY id",
+            (conversation_id,),
         )
+        return [msg_from_row(r) for r in rows]
 
 
 def _ids(ids: Sequence[int]) -> str:

@@ -15,6 +15,9 @@ Invariants:
   running stretch (``incognito_stretch``): ``set_incognito`` and ``end_incognito`` give a new
   id (or none when off), so a gateway holding a stretch's turns in memory sees that it ended
   (``bot.memory.stretch``).
+- Linking keeps "each message is read for facts once": the home's ``facts_through`` becomes
+  the later of the two marks and the messages of either side between its own mark and that
+  one are flagged ``facts_pending`` (read at the next extraction, then cleared).
 - Unlinking drops the recall notes that quote a message now in the other conversation.
 - Rolling summaries stay where they were written. Linking keeps the home's long-term summary
   (or copies the other side's when the home has none); unlinking drops the home's (it mixed
@@ -53,7 +56,8 @@ class IdentityMixin(CoreBase):
             raise LinkError("send the code from your account on the other transport.")
         d = self.dialect
         async with self._atomic() as tx:
-            ids = []
+            ids: list[int] = []
+            marks: list[int] = []
             for key in (home, other):
                 await tx.exec(
                     "INSERT INTO conversations (transport, person, space, created_at) "
@@ -61,7 +65,7 @@ class IdentityMixin(CoreBase):
                     (key.transport, key.person, key.space, time.time()),
                 )
                 row = await tx.one(
-                    "SELECT id, merged_into FROM conversations "
+                    "SELECT id, merged_into, facts_through FROM conversations "
                     "WHERE transport = ? AND person = ? AND space = ?" + d.for_update,
                     (key.transport, key.person, key.space),
                 )
@@ -74,7 +78,20 @@ class IdentityMixin(CoreBase):
                         "one of these accounts is already linked; send !unlink there first."
                     )
                 ids.append(int(row[0]))
+                marks.append(int(row[2] or 0))
             home_id, other_id = ids
+            # Facts: each side read its messages up to its own mark. The home keeps the later
+            # mark; what either side had not read below it is flagged, so it is read once.
+            mark = max(marks)
+            for conv_id, own in zip(ids, marks, strict=True):
+                await tx.exec(
+                    "UPDATE messages SET facts_pending = 1 WHERE conversation_id = ? "
+                    "AND id > ? AND id <= ?",
+                    (conv_id, own, mark),
+                )
+            await tx.exec(
+                "UPDATE conversations SET facts_through = ? WHERE id = ?", (mark, home_id)
+            )
             moved = await tx.exec(
                 "UPDATE messages SET conversation_id = ?, origin_conversation_id = ?"
                 f"{d.rekey_search} WHERE conversation_id = ?",

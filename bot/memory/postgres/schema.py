@@ -367,6 +367,7 @@ MIGRATIONS: list[Migration] = [
     ("009_pg_word_index", _m009_pg_word_index),
     *ddl.stretches_and_shown(ddl.POSTGRES),
     ("012_fts5_porter_stems", _m012_fts5_porter_stems),
+    *ddl.link_facts(ddl.POSTGRES),
 ]
 
 # What a migration does in Python after its SQL, in the same transaction.
