@@ -22,7 +22,10 @@ Then each question (categories 1-4 by default) is asked:
   question and its answer become history for the next).
 The reply request the fake server received is read back, and scored: the share of the
 question's evidence turns whose text appears anywhere in it (system, window, notes, final
-message), and its size (cl100k tokens of the ChatML-rendered request).
+message), and its size (cl100k tokens of the ChatML-rendered request). A message the bot sent
+no reply request for is not a crash of the benchmark: what the person got instead (a notice)
+and the app's warnings are printed, a question scores 0 and is counted ("no reply request"),
+and a replayed line is simply missing from the log, as it would be for a user.
 
 Printed: per variant, recall per category and for 1-4, prompt tokens (mean, of the budget),
 questions, and seconds. ``--conversations``/``--questions`` keep a run short on a busy
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import re
 import shutil
 import sqlite3
@@ -110,10 +114,16 @@ class Tally:
     recall: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     tokens: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    unanswered: list[str] = field(default_factory=list)  # questions with no reply request
 
     def add(self, category: int, score: float, tokens: int) -> None:
         self.recall[category].append(score)
         self.tokens.append(tokens)
+
+    def miss(self, category: int, why: str) -> None:
+        """A question the bot sent no reply request for: nothing reached the model (0)."""
+        self.recall[category].append(0.0)
+        self.unanswered.append(why)
 
 
 def score(question: Question, body: dict[str, Any], text_of: dict[str, str]) -> float:
@@ -134,9 +144,46 @@ def pick(questions: Sequence[Question], categories: set[int], limit: int | None)
     return [chosen[int(i * step)] for i in range(limit)]
 
 
+class Warnings(logging.Handler):
+    """The app's warnings and errors while one message is handled (why it got no answer)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+        self.records.append(f"{record.name}: {text}")
+
+
+class Unanswered(Exception):
+    """A message the bot sent no reply request for: what the person got, and the warnings."""
+
+
 async def ask(app: App, transport: MeshLikeTransport, fake: Any, text: str, n: int) -> Any:
-    """Send one message through the app; return the reply request the server received."""
+    """Send one message through the app; return the reply request the server received, or
+    raise ``Unanswered`` saying what the person got instead and the app's warnings."""
     before = len(fake.requests)
+    sent = len(transport.sent)
+    warnings = Warnings()
+    logging.getLogger("bot").addHandler(warnings)
+    try:
+        await _inject(app, transport, text, n)
+    finally:
+        logging.getLogger("bot").removeHandler(warnings)
+    replies = [b for b in fake.requests[before:] if STYLE_HINT in str(b["messages"][0]["content"])]
+    if len(replies) != 1:
+        got = [f"{r.kind.value}: {r.text[:120]!r}" for r in transport.sent[sent:]]
+        raise Unanswered(
+            f"message {n}: {len(replies)} reply requests (expected one); the person got "
+            f"{got or 'nothing'}; warnings: {warnings.records or 'none'}"
+        )
+    return replies[0]
+
+
+async def _inject(app: App, transport: MeshLikeTransport, text: str, n: int) -> None:
     await transport.inject(
         Inbound(
             transport=transport.name,
@@ -148,10 +195,6 @@ async def ask(app: App, transport: MeshLikeTransport, fake: Any, text: str, n: i
     )
     await app.responder.wait_idle()
     await app.summarizer.wait_quiet()
-    replies = [b for b in fake.requests[before:] if STYLE_HINT in str(b["messages"][0]["content"])]
-    if len(replies) != 1:
-        raise RuntimeError(f"expected one reply request for message {n}, got {len(replies)}")
-    return replies[0]
 
 
 async def started(state: Path, base_url: str, share: float | None) -> tuple[App, MeshLikeTransport]:
@@ -187,7 +230,10 @@ async def run_dialogue(
             try:
                 for n, ex in enumerate(exchanges(dlg)):
                     script.answer = ex.answer
-                    await ask(app, transport, fake, ex.message, n)
+                    try:
+                        await ask(app, transport, fake, ex.message, n)
+                    except Unanswered as exc:  # the log then lacks this answer, as for a user
+                        log(f"  {dlg.sample_id}: replay {exc}")
                 log(f"  {dlg.sample_id}: replayed in {time.perf_counter() - t0:.0f} s")
                 snapshot = Path(tmp) / "snapshot.db"
                 with (
@@ -199,7 +245,12 @@ async def run_dialogue(
                     t0 = time.perf_counter()
                     script.answer = "I don't know."
                     for i, q in enumerate(questions):
-                        body = await ask(app, transport, fake, q.text, 100_000 + i)
+                        try:
+                            body = await ask(app, transport, fake, q.text, 100_000 + i)
+                        except Unanswered as exc:
+                            log(f"  {dlg.sample_id}: live {exc}")
+                            tallies["live"].miss(q.category, str(exc))
+                            continue
                         tallies["live"].add(
                             q.category, score(q, body, text_of), sent_tokens(body, counter)
                         )
@@ -216,9 +267,13 @@ async def run_dialogue(
                     app, transport = await started(copy, fake.base_url, share)
                     try:
                         body = await ask(app, transport, fake, q.text, 200_000 + i)
+                    except Unanswered as exc:
+                        log(f"  {dlg.sample_id}: restart {exc}")
+                        tallies["restart"].miss(q.category, str(exc))
+                        continue
                     finally:
                         await app.close()
-                    shutil.rmtree(copy)
+                        shutil.rmtree(copy)
                     tallies["restart"].add(
                         q.category, score(q, body, text_of), sent_tokens(body, counter)
                     )
@@ -231,8 +286,8 @@ def table(tallies: dict[str, Tally], categories: Sequence[int]) -> str:
     head = " | ".join(f"cat {c}" for c in categories)
     lines = [
         f"| variant | questions | {head} | all asked | prompt tokens mean (of {CONTEXT_TOKENS}) "
-        "| min | max | seconds |",
-        "|---|---:|" + "---:|" * len(categories) + "---:|---:|---:|---:|---:|",
+        "| min | max | no reply request | seconds |",
+        "|---|---:|" + "---:|" * len(categories) + "---:|---:|---:|---:|---:|---:|",
     ]
     for name, t in tallies.items():
         every = [s for c in categories for s in t.recall.get(c, [])]
@@ -244,8 +299,9 @@ def table(tallies: dict[str, Tally], categories: Sequence[int]) -> str:
         )
         lines.append(
             f"| {name} | {len(every)} | {cells} | **{statistics.mean(every):.3f}** "
-            f"| {statistics.mean(t.tokens):.0f} | {min(t.tokens)} | {max(t.tokens)} "
-            f"| {t.seconds:.0f} |"
+            f"| {statistics.mean(t.tokens or [0]):.0f} | {min(t.tokens, default=0)} "
+            f"| {max(t.tokens, default=0)} "
+            f"| {len(t.unanswered)} | {t.seconds:.0f} |"
         )
     return "\n".join(lines)
 
