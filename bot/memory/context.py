@@ -71,7 +71,7 @@ from bot.llm.port import ChatMessage, Role, merge_system
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
 from bot.memory.facts import INFERRED_TOKENS, fact_line
 from bot.memory.port import MemoryStore
-from bot.memory.retrieval import RetrievedBlock, Retriever
+from bot.memory.retrieval import RetrievedBlock, Retriever, day_label, query_terms
 from bot.memory.store import ASSISTANT, USER, Conversation, Fact, StoredMessage, Summary
 from bot.text import fill_prompt
 
@@ -80,6 +80,7 @@ NEW_FACTS_HEADER = "(New notes about this person (plain: they asked you to remem
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 RETRIEVED_HEADER = "(Earlier messages that may be relevant, dated:"
 MORE_HEADER = "(More earlier messages that may be relevant to the new message, dated:"
+CHAPTER_HEADER = "(Summary of an earlier session that may be relevant,"
 NOTE_END = ")"
 JOIN_OVERHEAD = 2  # tokens a "\n\n" join and header line break may add
 MIN_NEW_MESSAGE_TOKENS = 16
@@ -101,6 +102,8 @@ RELATIVE_SCORE = 0.7  # after a complete match, ranked turns under this share of
 # ordinary conversational lines do; 97% / 48% reach 0.3).
 STRONG_MATCH = 0.5
 WEAK_MATCH = 0.25
+CHAPTER_SESSIONS = 64  # newest summarized sessions a chapter for the tail is chosen among
+CHAPTER_OVERLAP = 0.5  # share of the message's content words an older chapter must hold
 LATE_ANSWERS = 16  # answers stored after the message being answered that may belong before it
 
 RecallMode = Literal["inline", "notes"]
@@ -366,6 +369,16 @@ class ContextBuilder:
         if rest.turns:
             extras.append(tail[-1].text)
             note = "\n\n".join(extras)
+        # Budget still free after recall: the older session summary that best matches the
+        # message (the system block's chapters stay as they are), this once, like the rest.
+        room = left - sum(b.tokens for b in tail if b.name.startswith("retrieved"))
+        if older and room >= MIN_RECALL_TOKENS:
+            before = flat[0].id if flat else (new_message_id or 1 << 62)
+            chapter = await self._older_chapter(conversation, new_text, before=before)
+            if chapter and self._measure(chapter) <= room:
+                tail.append(Block("chapter, once", self._measure(chapter), chapter))
+                extras.append(chapter)
+                note = "\n\n".join(extras)
         final = f"{note}\n\n{new_text}" if note else new_text
         messages.extend(_join_final(window_msgs, final))
         tail.append(Block("new", new_tokens, new_text))
@@ -384,6 +397,29 @@ class ContextBuilder:
             folded_up_to=base,
             pending_fold=pending_fold,
         )
+
+    async def _older_chapter(self, conversation: Conversation, text: str, *, before: int) -> str:
+        """The summary of the older session (ended before ``before``, after the reset mark;
+        among the newest ``CHAPTER_SESSIONS``) sharing the most of the message's content words,
+        at least ``CHAPTER_OVERLAP`` of them (the newer on a tie), rendered; "" if none."""
+        terms = set(query_terms(text))
+        if not terms:
+            return ""
+        best, best_share = None, 0.0
+        for session in await self._store.sessions(conversation.id, limit=CHAPTER_SESSIONS):
+            if not session.summary or session.last_message_id >= before:
+                continue
+            if session.first_message_id <= conversation.reset_after:
+                continue
+            words = set(query_terms(f"{session.title or ''} {session.summary}", limit=None))
+            share = len(terms & words) / len(terms)
+            if share >= CHAPTER_OVERLAP and share >= best_share:
+                best, best_share = session, share
+        if best is None:
+            return ""
+        title = f"{best.title}: " if best.title else ""
+        day = day_label(best.started_at)
+        return f"{CHAPTER_HEADER} {day}\n{title}{best.summary}{NOTE_END}"
 
     async def _window(
         self, conversation: Conversation, base: int, new_message_id: int | None, cap: int

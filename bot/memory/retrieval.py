@@ -82,15 +82,16 @@ REPEAT_CANDIDATES = 32  # turns sharing the most query words checked for being a
 OUTLINE_CACHE_MESSAGES = 300_000  # and at most this many messages in all (~10 MB): RSS plateaus
 
 
-def query_terms(text: str) -> list[str]:
-    """Distinct content words of ``text``, in order, lower-cased, without stopwords."""
+def query_terms(text: str, *, limit: int | None = MAX_QUERY_TERMS) -> list[str]:
+    """Distinct content words of ``text``, in order, lower-cased, without stopwords (at most
+    ``limit``; None: all)."""
     seen: dict[str, None] = {}
     for word in _WORD.findall(text.lower()):
         word = word.replace("'", "")
         if word in STOPWORDS or (len(word) < 2 and not word.isdigit()):
             continue
         seen.setdefault(word, None)
-        if len(seen) >= MAX_QUERY_TERMS:
+        if limit is not None and len(seen) >= limit:
             break
     return list(seen)
 

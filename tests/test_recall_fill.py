@@ -1,0 +1,116 @@
+"""The budget a short window leaves goes to memory (issue 17 point 2), through the real context
+builder on SQLite and a real PostgreSQL: the recall's spare-room filling and the most relevant
+older chapter (a session summary) ride in the final message this once, never in the stored
+note, the prompt stays within budget, and both stores send the same prompt."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bot.memory.context import CHAPTER_HEADER, MORE_HEADER, RETRIEVED_HEADER
+from bot.memory.port import MemoryStore
+from bot.memory.records import SessionSpan
+from tests.test_recall_notes import BUDGET, COUNTER, KEY, STORES, _ask, _builder, _history
+
+PLAN = (
+    "Alice plans a sailing trip to Tromso in June with two friends from the radio club; "
+    "they leave on 14 June from the north pier."
+)
+
+
+@pytest.fixture(params=sorted(STORES))
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
+    opened = await STORES[request.param](tmp_path)
+    yield opened
+    await opened.close()
+
+
+async def _with_session(store: MemoryStore) -> None:
+    """The history, and its first stretch (the details) closed as a summarized session."""
+    await _history(store)
+    conv = await store.conversation(KEY)
+    first = (await store.all_messages(conv.id))[:6]
+    [sid] = await store.add_sessions(
+        conv.id,
+        [SessionSpan(first[0].id, first[-1].id, first[0].created_at, first[-1].created_at, 6)],
+    )
+    await store.set_session_summary(
+        sid, title="Boat and trip", summary=PLAN, tokens=COUNTER.count(PLAN)
+    )
+
+
+async def test_the_best_matching_older_chapter_fills_the_free_budget_once(
+    store: MemoryStore,
+) -> None:
+    await _with_session(store)
+    builder = _builder(store)
+    asked, mid = await _ask(store, builder, "When is the sailing trip to Tromso?", answer="June.")
+    final = asked[-1].content
+    assert CHAPTER_HEADER in final and PLAN in final  # nothing said matches: the chapter does
+    assert final.index(PLAN) < final.index("When is the sailing trip")  # before the message
+    note = (await store.recall_notes([mid])).get(mid, "")
+    assert PLAN not in note  # transient: never the stored note
+    nxt, _ = await _ask(store, builder, "thanks!", answer="ok")
+    assert PLAN not in "\n".join(m.content for m in nxt)  # shown once
+    # A message sharing too few words with any chapter gets none.
+    other, _ = await _ask(store, builder, "Any tips for the weather tomorrow?")
+    assert CHAPTER_HEADER not in other[-1].content
+
+
+async def test_no_chapter_from_before_a_reset(store: MemoryStore) -> None:
+    await _with_session(store)
+    conv = await store.conversation(KEY)
+    await store.reset(conv.id)
+    asked, _ = await _ask(store, _builder(store), "When is the sailing trip to Tromso?")
+    assert PLAN not in "\n".join(m.content for m in asked)
+
+
+async def test_a_short_window_fills_with_turns_that_match_but_the_note_stays_small(
+    store: MemoryStore,
+) -> None:
+    """After a restart the window is short: a complete match brings its turn (the note) and
+    the room left takes turns holding the message's words themselves, shown once."""
+    await _history(store)
+    conv = await store.conversation(KEY)
+    for i in range(6):  # more about the boat, each naming it
+        await store.add_message(conv.id, role="user", author="alice",
+                                text=f"Osprey got new sails, part {i}", tokens=8,
+                                status="answered", created_at=1_800_000_000.0 + i)  # fmt: skip
+    await _history(store, rounds=12)  # far back again
+    asked, mid = await _ask(store, _builder(store), "Where is my boat Osprey moored?")
+    final = asked[-1].content
+    note = (await store.recall_notes([mid]))[mid]
+    assert "north pier" in note and "sails" not in note
+    assert final.startswith(note + "\n\n" + MORE_HEADER)
+    assert "Osprey got new sails" in final.split(MORE_HEADER, 1)[1]
+    assert RETRIEVED_HEADER in note
+
+
+async def test_sqlite_and_postgres_send_the_same_prompt_with_the_tail_parts(
+    tmp_path: Path,
+) -> None:
+    prompts = []
+    for name in sorted(STORES):
+        opened = await STORES[name](tmp_path / name if name == "sqlite" else tmp_path)
+        try:
+            await _with_session(opened)
+            builder = _builder(opened)
+            sent = []
+            for text in (
+                "When is the sailing trip to Tromso?",
+                "Where is my boat Osprey moored?",
+                "nice weather today",
+                "Which frequency does the repeater use?",
+            ):
+                messages, _ = await _ask(opened, builder, text, answer="ok")
+                sent.append(messages)
+            prompts.append(sent)
+        finally:
+            await opened.close()
+    assert CHAPTER_HEADER in prompts[0][0][-1].content
+    assert MORE_HEADER in "\n".join(m.content for p in prompts[0] for m in p)
+    assert prompts[0] == prompts[1]
+    assert all(sum(COUNTER.count(m.content) + 4 for m in p) <= BUDGET for p in prompts[0])
