@@ -5,6 +5,8 @@ note, the prompt stays within budget, and both stores send the same prompt."""
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +15,17 @@ import pytest
 from bot.memory.context import CHAPTER_HEADER, MORE_HEADER, RETRIEVED_HEADER
 from bot.memory.port import MemoryStore
 from bot.memory.records import SessionSpan
-from tests.test_recall_notes import BUDGET, COUNTER, KEY, STORES, _ask, _builder, _history
+from tests.test_recall_notes import (
+    BUDGET,
+    COUNTER,
+    KEY,
+    STORES,
+    _ask,
+    _builder,
+    _history,
+    _pair,
+    _recalled,
+)
 
 PLAN = (
     "Alice plans a sailing trip to Tromso in June with two friends from the radio club; "
@@ -114,3 +126,27 @@ async def test_sqlite_and_postgres_send_the_same_prompt_with_the_tail_parts(
     assert MORE_HEADER in "\n".join(m.content for p in prompts[0] for m in p)
     assert prompts[0] == prompts[1]
     assert all(sum(COUNTER.count(m.content) + 4 for m in p) <= BUDGET for p in prompts[0])
+
+
+async def test_every_turn_matches_and_the_window_is_short(store: MemoryStore) -> None:
+    """Issue 17's edge case "a history where every turn matches (a repeated phrase)" with room
+    to fill: a chapter covers all but the newest turns (as after a fold or a restart). The
+    room goes to readings not yet shown; none appears twice in one prompt; within budget."""
+    reading = re.compile(r"The ridge weather station read (\d+) degrees at noon")
+    at = 1_700_000_000.0
+    for n in range(80):
+        await _pair(store, f"The ridge weather station read {n} degrees at noon today.",
+                    f"Noted: {n} degrees.", at)  # fmt: skip
+        at += 60
+    conv = await store.conversation(KEY)
+    everything = await store.all_messages(conv.id)
+    await store.save_summary(conv.id, text="They logged noon readings of the ridge station.",
+                             first_message_id=everything[0].id,
+                             last_message_id=everything[-7].id, tokens=10)  # fmt: skip
+    builder = _builder(store)
+    for i in range(3):
+        messages, _ = await _ask(store, builder, "What did the ridge weather station read "
+                                 "at noon?", answer=f"It varied ({i}).")  # fmt: skip
+        shown = Counter(n for m in messages for n in reading.findall(m.content))
+        assert shown and max(shown.values()) == 1, shown  # no reading twice in one prompt
+        assert _recalled(messages)  # the short window left room: older readings came
