@@ -14,6 +14,7 @@ from bot.domain import ConversationKey
 from bot.llm.port import ChatMessage
 from bot.llm.tokens import MESSAGE_OVERHEAD, make_counter
 from bot.memory.context import (
+    CHAPTER_HEADER,
     MIN_RECALL_TOKENS,
     MORE_HEADER,
     NOTE_SHARE,
@@ -310,6 +311,7 @@ async def test_a_fold_on_the_same_turn_as_a_large_recall(memory: MemoryStore) ->
         raise AssertionError("no turn both completed a fold block and recalled a lot")
     note = (await memory.recall_notes([mid]))[mid]
     assert COUNTER.count(note) <= NOTE_LIMIT
+    assert MORE_HEADER not in note and CHAPTER_HEADER not in note  # the tail is never kept
     chapters = await memory.summaries(conv)
     first = chapters[-1].last_message_id + 1 if chapters else 1
     await memory.save_summary(conv.id, text="They talked about the boat Osprey.",
