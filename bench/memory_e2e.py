@@ -45,7 +45,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,6 +197,24 @@ async def _inject(app: App, transport: MeshLikeTransport, text: str, n: int) -> 
     await app.summarizer.wait_quiet()
 
 
+async def tally(
+    into: Tally,
+    q: Question,
+    asked: Coroutine[Any, Any, Any],
+    text_of: dict[str, str],
+    counter: TokenCounter,
+    log: Any,
+) -> None:
+    """Score the reply request ``asked`` returns, or count the question as unanswered."""
+    try:
+        body = await asked
+    except Unanswered as exc:
+        log(f"  {q.text[:40]!r}: {exc}")
+        into.miss(q.category, str(exc))
+        return
+    into.add(q.category, score(q, body, text_of), sent_tokens(body, counter))
+
+
 async def started(state: Path, base_url: str, share: float | None) -> tuple[App, MeshLikeTransport]:
     transport = MeshLikeTransport()
     config = bench_config(state, base_url, share=share)
@@ -245,15 +263,8 @@ async def run_dialogue(
                     t0 = time.perf_counter()
                     script.answer = "I don't know."
                     for i, q in enumerate(questions):
-                        try:
-                            body = await ask(app, transport, fake, q.text, 100_000 + i)
-                        except Unanswered as exc:
-                            log(f"  {dlg.sample_id}: live {exc}")
-                            tallies["live"].miss(q.category, str(exc))
-                            continue
-                        tallies["live"].add(
-                            q.category, score(q, body, text_of), sent_tokens(body, counter)
-                        )
+                        asked = ask(app, transport, fake, q.text, 100_000 + i)
+                        await tally(tallies["live"], q, asked, text_of, counter, log)
                     tallies["live"].seconds += time.perf_counter() - t0
             finally:
                 await app.close()
@@ -266,17 +277,11 @@ async def run_dialogue(
                     shutil.copy(snapshot, copy / app.config.database_path.name)
                     app, transport = await started(copy, fake.base_url, share)
                     try:
-                        body = await ask(app, transport, fake, q.text, 200_000 + i)
-                    except Unanswered as exc:
-                        log(f"  {dlg.sample_id}: restart {exc}")
-                        tallies["restart"].miss(q.category, str(exc))
-                        continue
+                        asked = ask(app, transport, fake, q.text, 200_000 + i)
+                        await tally(tallies["restart"], q, asked, text_of, counter, log)
                     finally:
                         await app.close()
                         shutil.rmtree(copy)
-                    tallies["restart"].add(
-                        q.category, score(q, body, text_of), sent_tokens(body, counter)
-                    )
                 tallies["restart"].seconds += time.perf_counter() - t0
     finally:
         await fake.stop()
