@@ -13,6 +13,8 @@ from typing import Any
 
 from bot.domain import ConversationKey
 from bot.memory.facts import INFERRED, MAX_INPUT_MESSAGES
+from bot.memory.facts import PROMPT as FACTS_PROMPT
+from bot.memory.reading import asks
 from tests.conftest import start_harness
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.memory_script import MemoryScript
@@ -23,7 +25,7 @@ class OsloScript(MemoryScript):
 
     def __call__(self, body: dict[str, Any]) -> str:
         system = body["messages"][0]["content"]
-        if system.startswith("You keep a short list of durable facts"):
+        if asks(system, body["messages"][-1]["content"], FACTS_PROMPT):
             self.seen.append("facts")
             shown = body["messages"][1]["content"]
             found = re.search(r"\[(\d+)\] alice: I live in Oslo", shown)
