@@ -11,6 +11,9 @@ Invariants:
   the previous chapter (or the reset mark) and ending on a turn boundary, so the window that
   follows starts with the person speaking; a merge covers the union of the chapters it
   replaces (the store deletes the covered rows in the same transaction).
+- A fold's chapter call and its fact-extraction call begin with the same front
+  (``bot.memory.reading``) and follow each other (a merge due at that fold waits for the
+  facts), so a one-slot server reads the folded messages once for both.
 - Bounded: a chapter's input is at most ``FOLD_INPUT_TOKENS`` of messages (a summarizer that
   fell behind catches up chapter by chapter) and its output at most ``summary.max_tokens``.
 - Runs in owned background tasks (one per conversation at most) through the LLM gate's
@@ -147,12 +150,15 @@ class Summarizer:
         if not saved:
             return False
         log.debug("conversation %d: chapter up to message %d", conversation.id, pending[-1].id)
+        extracting = None
         if self._extractor is not None:  # its own task: folds are not held up by it
-            task = asyncio.create_task(self._extract_fold(conversation.id, pending))
-            self._extracting.add(task)
-            task.add_done_callback(self._extracting.discard)
+            extracting = asyncio.create_task(self._extract_fold(conversation.id, pending))
+            self._extracting.add(extracting)
+            extracting.add_done_callback(self._extracting.discard)
         total = sum(c.tokens for c in chapters) + self._counter.count(text)
         if total > self._config.max_tokens * MERGE_FACTOR:
+            if extracting is not None:  # facts first: they reuse the chapter call's front
+                await asyncio.wait([extracting])
             await self._merge(conversation)
         return True
 
