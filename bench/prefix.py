@@ -67,7 +67,8 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.layers import LayeredContext
-from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT, Summarizer
+from bot.memory.reading import READER_SYSTEM, SEPARATOR, without_ids
+from bot.memory.summary import MERGE_PROMPT, Summarizer
 from bot.transports.base import OnMessage
 from bot.transports.mesh_text import fit
 
@@ -87,8 +88,9 @@ STYLE_HINT = (  # what MeshtasticTransport sends with the default chunk_bytes an
 )
 ANSWER_BYTES = 300
 LAYOUTS = ("old", "new-inline", "new-notes")
-SUMMARY_PREFIXES = tuple(
-    p.split("{", 1)[0] for p in (LEGACY_SUMMARY_PROMPT, CHAPTER_PROMPT, MERGE_PROMPT)
+SUMMARY_PREFIXES = (  # background calls (chapters and facts share the reader's front)
+    *(p.split("{", 1)[0] for p in (LEGACY_SUMMARY_PROMPT, MERGE_PROMPT)),
+    READER_SYSTEM,
 )
 
 DETAILS = [
@@ -151,7 +153,10 @@ def answer(body: dict[str, Any]) -> str:
     """The fake's deterministic answer: ~300 bytes for a reply, ~50 words for a summary."""
     messages = body["messages"]
     if str(messages[0]["content"]).startswith(SUMMARY_PREFIXES):
-        words = str(messages[-1]["content"]).split()
+        material = str(messages[-1]["content"])
+        if messages[0]["content"] == READER_SYSTEM:  # the chat read, not the task after it
+            material = without_ids(material.split(SEPARATOR, 1)[0])
+        words = material.split()
         return "The person talked about " + " ".join(words[-40:])[:300] + "."
     question = str(messages[-1]["content"]).rsplit("\n\n", 1)[-1]
     head = " ".join(question.split()[:6])

@@ -408,11 +408,15 @@ class Commands:
         on = arg.lower() != "off"
         await self._store.set_incognito(conv.id, on)
         if on:
-            return self._say(
-                "Incognito on: I won't store your new messages here (I remember them only until "
-                f"{p}incognito off or a restart). {p}status shows it."
+            return self._say(  # one mesh packet (200 bytes): every promise, nothing cut
+                "Incognito on: your new messages here and my answers are not stored or ever "
+                f"recalled. I hold them only until {p}incognito off (forgets them, then stores "
+                f"again), {p}reset, {p}forget or a restart."
             )
-        return self._say("Incognito off: I store our messages again.")
+        return self._say(
+            "Incognito off: what you said while incognito is forgotten; I store our new "
+            "messages again."
+        )
 
     async def _stats(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         stats = dict(await self._store.stats())

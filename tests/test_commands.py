@@ -288,3 +288,38 @@ async def test_odd_numbers_get_the_usage_line_never_an_exception(
             assert _last(h).startswith("Usage: !history [n]"), arg
     finally:
         await h.app.close()
+
+
+async def test_incognito_says_whole_what_it_keeps_and_keeps_it(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """The `!incognito` reply names every promise (not stored, never recalled, held only until
+    `!incognito off`, `!reset`, `!forget` or a restart; what `!incognito off` does), whole in
+    one mesh packet; and each promise holds: the secret is in no stored row and, after
+    `!incognito off`, in no later request."""
+    h = await start_harness(tmp_path, fake_llm, transport=FakeTransport(name="meshtastic"))
+    try:
+        fake_llm.reply = "ok"
+        await h.say("hello there")
+        await h.say("!incognito")
+        on = _last(h)
+        assert on == (
+            "Incognito on: your new messages here and my answers are not stored or ever "
+            "recalled. I hold them only until !incognito off (forgets them, then stores "
+            "again), !reset, !forget or a restart."
+        )
+        assert len(on.encode("utf-8")) <= 200  # not cut by the mesh packet
+        await h.say("my secret is 4242")
+        assert "4242" in str(fake_llm.chat_requests()[-1]["messages"])  # held while on
+        await h.say("!incognito off")
+        assert _last(h) == (
+            "Incognito off: what you said while incognito is forgotten; I store our new "
+            "messages again."
+        )
+        await h.say("what is new")
+        assert "4242" not in str(fake_llm.chat_requests()[-1]["messages"])  # forgotten
+        conv = await h.store.conversation(h.transport_key("alice"))
+        stored = [m.text for m in await h.store.all_messages(conv.id)]
+        assert "what is new" in stored and not any("4242" in t for t in stored)  # stored again
+    finally:
+        await h.app.close()

@@ -1,5 +1,6 @@
 """Scripted answers of the fake LLM for the memory tiers: a session summary, a long-term
-summary, fact extraction JSON, or a chat reply, chosen by the request's system prompt.
+summary, fact extraction JSON, or a chat reply, chosen by the request's system prompt (and
+for fact extraction, the task after the transcript: ``bot.memory.reading``).
 
 ``MemoryScript.facts`` is the next extraction answer (raw text: tests feed invalid JSON,
 fenced JSON, 500 items or injected instructions through it)."""
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from bot.memory.facts import PROMPT as FACTS_PROMPT
+from bot.memory.reading import asks
 
 
 @dataclass
@@ -27,7 +31,7 @@ class MemoryScript:
         if system.startswith("You keep a long-term summary"):
             self.seen.append("longterm")
             return self.longterm
-        if system.startswith("You keep a short list of durable facts"):
+        if asks(system, body["messages"][-1]["content"], FACTS_PROMPT):
             self.seen.append("facts")
             return self.facts
         self.seen.append("chat")
