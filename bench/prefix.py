@@ -208,7 +208,11 @@ def bench_config(state_dir: Path, base_url: str, *, share: float | None = None) 
         memory = memory.model_copy(update={"retrieval": retrieval})
     return Config(
         state_dir=state_dir,
-        llm=LLMConfig(base_url=base_url, model="fake", api_key_env=None, retries=0),
+        # The fake server shares this process's event loop: on a starved machine its 5 s connect
+        # timeout expired before the fake read a request (bench.memory_e2e, load ~12).
+        llm=LLMConfig(
+            base_url=base_url, model="fake", api_key_env=None, retries=0, connect_timeout=60.0
+        ),
         bot=BotConfig(rate_limit=RateLimit(messages=10_000, per_seconds=1.0), queue_limit=100),
         memory=memory,
     )
