@@ -102,7 +102,7 @@ class BotConfig(_Strict):
 
 class RetrievalConfig(_Strict):
     enabled: bool = True
-    share: float = Field(0.4, ge=0, le=0.9)  # of the free budget kept for recall (strong match)
+    share: float = Field(0.2, ge=0, le=0.9)  # of the free budget kept for recall (see memory.md)
     # Share (0-1) of the query's IDF mass a turn or its neighbours must match to be retrieved.
     min_score: float = Field(0.2, ge=0, le=1)
     max_turns: int = Field(40, ge=0, le=200)
