@@ -314,7 +314,8 @@ class ContextBuilder:
         # a fold, a new person with a long history): a partial match's net spans it; after a
         # complete match's cut or a weak match only turns matching on their own words fill it
         # (``Retriever.retrieve``). It is the transient tail, never the note.
-        retrieve_budget = min(left, recall_cap) - headers
+        # (at least MIN_RECALL_TOKENS of turns, headers aside: a small budget still recalls)
+        retrieve_budget = min(left - headers, max(recall_cap - headers, MIN_RECALL_TOKENS))
         spare = max(0, left - headers - retrieve_budget)
         older = folded or base > conversation.reset_after  # anything older than the window
         if retrieve_budget > 0 and older:
