@@ -105,8 +105,7 @@ class Script:
         system = str(body["messages"][0]["content"])
         if STYLE_HINT in system:  # a reply (background calls carry no transport hint)
             return self.answer
-        material = str(body["messages"][-1]["content"]).split("\n\nTask: ", 1)[0]  # not the task
-        words = sorted({w.lower() for w in _RARE.findall(material)})
+        words = sorted({w.lower() for w in _RARE.findall(str(body["messages"][-1]["content"]))})
         return "They talked about " + ", ".join(words[:45]) + "."
 
 

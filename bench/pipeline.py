@@ -62,10 +62,10 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM, ChatMessage, Completion, OnText
 from bot.memory.context import ContextBuilder
+from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.layers import LayeredContext
-from bot.memory.reading import READER_SYSTEM
 from bot.memory.sessions import LONGTERM_PROMPT, SESSION_PROMPT
-from bot.memory.summary import MERGE_PROMPT
+from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.transports.base import OnMessage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +83,8 @@ MARK_END = "<!-- bench:pipeline:end -->"
 # extraction) is told apart from replies by its system prompt: this wrapper sits below the
 # gate's lanes.
 _BACKGROUND_PREFIXES = tuple(
-    p.split("{", 1)[0][:60] for p in (READER_SYSTEM, MERGE_PROMPT, SESSION_PROMPT, LONGTERM_PROMPT)
+    p.split("{", 1)[0][:60]
+    for p in (CHAPTER_PROMPT, MERGE_PROMPT, SESSION_PROMPT, LONGTERM_PROMPT, FACTS_PROMPT)
 )
 
 

@@ -67,8 +67,7 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.layers import LayeredContext
-from bot.memory.reading import READER_SYSTEM, SEPARATOR, without_ids
-from bot.memory.summary import MERGE_PROMPT, Summarizer
+from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT, Summarizer
 from bot.transports.base import OnMessage
 from bot.transports.mesh_text import fit
 
@@ -88,9 +87,8 @@ STYLE_HINT = (  # what MeshtasticTransport sends with the default chunk_bytes an
 )
 ANSWER_BYTES = 300
 LAYOUTS = ("old", "new-inline", "new-notes")
-SUMMARY_PREFIXES = (  # background calls (chapters and facts share the reader's front)
-    *(p.split("{", 1)[0] for p in (LEGACY_SUMMARY_PROMPT, MERGE_PROMPT)),
-    READER_SYSTEM,
+SUMMARY_PREFIXES = tuple(
+    p.split("{", 1)[0] for p in (LEGACY_SUMMARY_PROMPT, CHAPTER_PROMPT, MERGE_PROMPT)
 )
 
 DETAILS = [
@@ -153,10 +151,7 @@ def answer(body: dict[str, Any]) -> str:
     """The fake's deterministic answer: ~300 bytes for a reply, ~50 words for a summary."""
     messages = body["messages"]
     if str(messages[0]["content"]).startswith(SUMMARY_PREFIXES):
-        material = str(messages[-1]["content"])
-        if messages[0]["content"] == READER_SYSTEM:  # the chat read, not the task after it
-            material = without_ids(material.split(SEPARATOR, 1)[0])
-        words = material.split()
+        words = str(messages[-1]["content"]).split()
         return "The person talked about " + " ".join(words[-40:])[:300] + "."
     question = str(messages[-1]["content"]).rsplit("\n\n", 1)[-1]
     head = " ".join(question.split()[:6])

@@ -15,17 +15,17 @@ from bot.llm.gate import BackgroundPreempted, LLMGate
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import TRUNCATED_MARK, ChatMessage, ContextTooLong
 from bot.memory.context import merge_system
-from bot.memory.reading import READER_SYSTEM
+from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.store import ASSISTANT
-from bot.memory.summary import MERGE_PROMPT
+from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.responder import UNAVAILABLE
 from tests.conftest import Harness, start_harness
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
 
-SUMMARY_PREFIXES = (  # background work: merges, and chapters and facts read at each fold
-    MERGE_PROMPT.split("{", 1)[0],
-    READER_SYSTEM,
+SUMMARY_PREFIXES = (  # background work: chapters, merges, and facts read at each fold
+    *(p.split("{", 1)[0] for p in (CHAPTER_PROMPT, MERGE_PROMPT)),
+    FACTS_PROMPT[:60],
 )
 UNLIMITED = "bot:\n  rate_limit: {messages: 10000, per_seconds: 1}\n  queue_limit: 100\n"
 

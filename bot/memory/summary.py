@@ -11,9 +11,6 @@ Invariants:
   the previous chapter (or the reset mark) and ending on a turn boundary, so the window that
   follows starts with the person speaking; a merge covers the union of the chapters it
   replaces (the store deletes the covered rows in the same transaction).
-- A fold's chapter call and its fact-extraction call begin with the same front
-  (``bot.memory.reading``) and follow each other (a merge due at that fold waits for the
-  facts), so a one-slot server reads the folded messages once for both.
 - Bounded: a chapter's input is at most ``FOLD_INPUT_TOKENS`` of messages (a summarizer that
   fell behind catches up chapter by chapter) and its output at most ``summary.max_tokens``.
 - Runs in owned background tasks (one per conversation at most) through the LLM gate's
@@ -44,7 +41,6 @@ from bot.llm.port import LLM, TRUNCATED_MARK, ChatMessage
 from bot.llm.tokens import TokenCounter
 from bot.memory.facts import FactExtractor
 from bot.memory.port import MemoryStore
-from bot.memory.reading import reading_prompt, without_ids
 from bot.memory.records import FACTS_CLAIM, SUMMARY_CLAIM
 from bot.memory.store import USER, Conversation, StoredMessage, Summary
 
@@ -53,11 +49,11 @@ log = logging.getLogger("bot.memory.summary")
 # What people ask about later is concrete: who, when, where, how many, what was decided. The
 # prompts ask for those first and verbatim (a paraphrased date or number cannot be recalled).
 CHAPTER_PROMPT = (
-    "Task: summarize the chat above as one chapter that follows the earlier chapter. In at "
-    "most {words} words, first keep every name, date, time, place, number and decision "
-    "exactly as written, with who said or did it; then preferences and open questions. Drop "
-    "small talk and anything the earlier chapter already says. Write plain sentences, no "
-    "preamble, no message ids."
+    "You summarize one stretch of a chat between a person and an assistant, as a chapter "
+    "that follows the earlier ones. In at most {words} words, first keep every name, date, "
+    "time, place, number and decision exactly as written, with who said or did it; then "
+    "preferences and open questions. Drop small talk and anything the earlier chapters "
+    "already say. Write plain sentences, no preamble."
 )
 MERGE_PROMPT = (
     "Merge these consecutive summary chapters of one chat into a single summary of at most "
@@ -138,7 +134,7 @@ class Summarizer:
         pending = _bounded(pending, self._counter)
         words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
         before = chapters[-1].text if chapters else ""
-        text = without_ids(await self._write(lambda w: _chapter_prompt(before, pending, w), words))
+        text = await self._write(CHAPTER_PROMPT, _fold_input(before, pending), words)
         saved = await self._store.save_summary(
             conversation.id,
             text=text,
@@ -150,15 +146,12 @@ class Summarizer:
         if not saved:
             return False
         log.debug("conversation %d: chapter up to message %d", conversation.id, pending[-1].id)
-        extracting = None
         if self._extractor is not None:  # its own task: folds are not held up by it
-            extracting = asyncio.create_task(self._extract_fold(conversation.id, pending))
-            self._extracting.add(extracting)
-            extracting.add_done_callback(self._extracting.discard)
+            task = asyncio.create_task(self._extract_fold(conversation.id, pending))
+            self._extracting.add(task)
+            task.add_done_callback(self._extracting.discard)
         total = sum(c.tokens for c in chapters) + self._counter.count(text)
         if total > self._config.max_tokens * MERGE_FACTOR:
-            if extracting is not None:  # facts first: they reuse the chapter call's front
-                await asyncio.wait([extracting])
             await self._merge(conversation)
         return True
 
@@ -186,13 +179,7 @@ class Summarizer:
         if len(chapters) < 2:
             return False
         words = max(20, int(self._config.max_tokens * 0.6))
-        text = await self._write(
-            lambda w: [
-                ChatMessage("system", MERGE_PROMPT.format(words=w)),
-                ChatMessage("user", _merge_input(chapters)),
-            ],
-            words,
-        )
+        text = await self._write(MERGE_PROMPT, _merge_input(chapters), words)
         saved = await self._store.save_summary(
             conversation.id,
             text=text,
@@ -204,13 +191,16 @@ class Summarizer:
             log.debug("conversation %d: %d chapters merged", conversation.id, len(chapters))
         return saved
 
-    async def _write(self, prompt: Callable[[int], list[ChatMessage]], words: int) -> str:
-        """Ask for a summary of ``words`` words (``prompt(words)``); once more at half if the
-        answer was cut or too long; a second cut answer is kept to its last full sentence
-        and marked."""
+    async def _write(self, instruction: str, material: str, words: int) -> str:
+        """Ask for a summary of ``words`` words; once more at half if the answer was cut or
+        too long; a second cut answer is kept to its last full sentence and marked."""
         limit = self._config.max_tokens
         for attempt in range(2):
-            completion = await self._llm.complete(prompt(words), max_tokens=limit)
+            prompt = [
+                ChatMessage("system", instruction.format(words=words)),
+                ChatMessage("user", material),
+            ]
+            completion = await self._llm.complete(prompt, max_tokens=limit)
             text = completion.text.strip()
             if not completion.truncated and self._counter.count(text) <= limit:
                 return text
@@ -257,13 +247,10 @@ def _last_sentence(text: str) -> str:
     return text[: ends[-1]] if ends else text
 
 
-def _chapter_prompt(
-    before: str, messages: Sequence[StoredMessage], words: int
-) -> list[ChatMessage]:
-    """The fold's chapter call: the reading front shared with the fold's facts call (so a
-    one-slot server reads the messages once for both), then the earlier chapter and the task."""
-    tail = f"Earlier chapter (context only): {before or '(none yet)'}\n\n"
-    return reading_prompt(messages, tail + CHAPTER_PROMPT.format(words=words))
+def _fold_input(before: str, messages: Sequence[StoredMessage]) -> str:
+    lines = [f"Earlier chapter (context only): {before or '(none yet)'}", "", "New messages:"]
+    lines += [f"{m.author}: {m.text}" for m in messages]
+    return "\n".join(lines)
 
 
 def _merge_input(chapters: Sequence[Summary]) -> str:

@@ -1,6 +1,5 @@
 """Scripted answers of the fake LLM for the memory tiers: a session summary, a long-term
-summary, fact extraction JSON, or a chat reply, chosen by the request's system prompt (and
-for fact extraction, the task after the transcript: ``bot.memory.reading``).
+summary, fact extraction JSON, or a chat reply, chosen by the request's system prompt.
 
 ``MemoryScript.facts`` is the next extraction answer (raw text: tests feed invalid JSON,
 fenced JSON, 500 items or injected instructions through it)."""
@@ -9,9 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-from bot.memory.facts import PROMPT as FACTS_PROMPT
-from bot.memory.reading import asks
 
 
 @dataclass
@@ -31,7 +27,7 @@ class MemoryScript:
         if system.startswith("You keep a long-term summary"):
             self.seen.append("longterm")
             return self.longterm
-        if asks(system, body["messages"][-1]["content"], FACTS_PROMPT):
+        if system.startswith("You keep a short list of durable facts"):
             self.seen.append("facts")
             return self.facts
         self.seen.append("chat")
