@@ -129,9 +129,7 @@ class UpkeepMixin(CoreBase):
         self, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
     ) -> None:
         """Insert rows with their ids; search words are indexed as the rows arrive."""
-        sql, args = self._insert_rows(table, columns, rows)
-        async with self._atomic() as tx:
-            await tx.many(sql, args)
+        await self._bulk_insert(table, columns, rows)
 
     # --- counts -----------------------------------------------------------------------------
     async def messages_since(self, since: float) -> dict[str, int]:
