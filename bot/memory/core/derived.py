@@ -54,7 +54,7 @@ class DerivedMixin(CoreBase):
         tokens: int,
     ) -> bool:
         """Store a summary unless a reset happened after ``first_message_id`` was chosen."""
-        async with self._atomic() as tx:
+        async with self._atomic(durable=False) as tx:  # derived: computed again if lost
             mark = await tx.val(
                 "SELECT reset_after FROM conversations WHERE id = ?" + self.dialect.for_update,
                 (conversation_id,),
@@ -113,7 +113,7 @@ class DerivedMixin(CoreBase):
     ) -> bool:
         """Rewrite an extracted fact (never a pinned one); provenance accumulates."""
         now = time.time() if updated_at is None else updated_at
-        async with self._atomic() as tx:
+        async with self._atomic(durable=False) as tx:  # extracted: read again if lost
             old = await tx.val(
                 "SELECT source_ids FROM facts WHERE conversation_id = ? AND id = ? AND pinned = 0"
                 + self.dialect.for_update,
@@ -152,6 +152,7 @@ class DerivedMixin(CoreBase):
         await self._exec(
             "UPDATE conversations SET facts_through = ? WHERE id = ? AND facts_through < ?",
             (message_id, conversation_id, message_id),
+            durable=False,  # lost with the server: those messages are read for facts again
         )
 
 
