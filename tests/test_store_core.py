@@ -126,3 +126,16 @@ async def test_a_repeat_heard_stores_nothing_and_a_new_id_still_stores(memory: M
         [answer],
         [first],
     ]
+
+
+async def test_postgresql_finds_an_answer_part_by_its_platform_id_through_an_index() -> None:
+    """Migration 013 gives PostgreSQL SQLite's index on outbox_parts(platform_id): a reply to a
+    later part of an answer is resolved without reading every recorded part."""
+    store = await pg_server.open_store()
+    try:
+        rows = await store._all(  # type: ignore[attr-defined]
+            "SELECT indexdef FROM pg_indexes WHERE tablename = 'outbox_parts'"
+        )
+        assert any("(platform_id)" in str(r[0]) for r in rows), rows
+    finally:
+        await store.close()
