@@ -358,6 +358,7 @@ async def _restem(con: PoolConnectionProxy[asyncpg.Record]) -> None:
 
 Migration = ddl.Migration
 
+
 def _m013_pg_outbox_parts_platform() -> str:
     # SQLite's 005: a reply to a later part of a multi-message answer finds the answer by the
     # part's platform id (core.messages.add_message) without reading every outbox part.

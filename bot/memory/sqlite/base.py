@@ -211,6 +211,26 @@ class SqliteBase(CoreBase):
             else:
                 await self._db.execute("COMMIT")
 
+    async def _together(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> int:
+        """The steps in one transaction, in ONE hop to the connection's thread (BEGIN
+        IMMEDIATE, the statements, COMMIT; ROLLBACK on any error), not one hop each."""
+
+        def work() -> int:
+            db = self._db._conn  # runs on aiosqlite's thread, the connection's own
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                n = 0
+                for sql, params in steps:
+                    n = db.execute(sql, tuple(params)).rowcount
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return n
+
+        async with self._lock:
+            return int(await self._db._execute(work))  # type: ignore[no-untyped-call]
+
     def _search_column(
         self, conversation_id: int, author: str, text: str, created_at: float
     ) -> tuple[str, str, tuple[Any, ...]]:
