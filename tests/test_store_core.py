@@ -133,9 +133,7 @@ async def test_postgresql_finds_an_answer_part_by_its_platform_id_through_an_ind
     later part of an answer is resolved without reading every recorded part."""
     store = await pg_server.open_store()
     try:
-        rows = await store._all(  # type: ignore[attr-defined]
-            "SELECT indexdef FROM pg_indexes WHERE tablename = 'outbox_parts'"
-        )
+        rows = await store._all("SELECT indexdef FROM pg_indexes WHERE tablename = 'outbox_parts'")
         assert any("(platform_id)" in str(r[0]) for r in rows), rows
     finally:
         await store.close()
