@@ -125,9 +125,10 @@ class OutboxMixin(CoreBase):
         if question_status is not None and entry.question_id is not None:
             update = "UPDATE messages SET status = ? WHERE id = ?"
             steps.append((update, (question_status, entry.question_id)))
-        if tx is not None and answer is not None:
-            answer_id = int(await tx.val(*steps[0]))
-            for sql, more in steps[1:]:
+        if tx is not None:  # one statement after the other; the answer's id for the row
+            if answer is not None:
+                answer_id = int(await tx.val(*steps[0]))
+            for sql, more in steps[1 if answer is not None else 0 :]:
                 await tx.exec(sql, more)
         k = entry.key
         cols = (
@@ -148,9 +149,6 @@ class OutboxMixin(CoreBase):
             values = values[:7] + values[8:]
         insert = f"INSERT INTO outbox ({cols}) VALUES ({', '.join(marks)}) RETURNING id"
         if tx is not None:
-            if answer is None:
-                for sql, more in steps:
-                    await tx.exec(sql, more)
             return int(await tx.val(insert, values))
         parts = ", ".join(f"s{i} AS ({sql})" for i, (sql, _) in enumerate(steps))
         first = [p for _, args in steps for p in args]
