@@ -323,14 +323,11 @@ class Responder:
         # Gateways sharing one store take a person's turns one at a time, and a message that
         # another gateway (or an earlier recovery) answered meanwhile is not answered again.
         async with self._store.turn_lock(conv.id):
-            found = await self._store.messages_by_ids([message_id])
-            if not found or found[0].status != "pending":
-                log.debug("message %d in %s no longer pending; skipped", message_id, conv.id)
-                return
+            # The claim takes only a message still pending (one statement, no read before it).
             stale = time.time() - CLAIM_STALE_SECONDS  # another gateway's live claim: theirs
             if not await self._store.claim_question(message_id, stale_before=stale):
-                log.debug("message %d in %s claimed by another gateway; skipped",
-                          message_id, conv.id)  # fmt: skip
+                log.debug("message %d in %s answered, gone or claimed by another gateway; "
+                          "skipped", message_id, conv.id)  # fmt: skip
                 return
             await self._answer(inbound, message_id)
 

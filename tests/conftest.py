@@ -4,7 +4,7 @@ so no test can touch the user's real database or depend on the developer's shell
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +13,7 @@ import pytest
 from bot.app import App, build
 from bot.config import Config, load_config
 from bot.domain import DM_SPACE, ConversationKey
+from bot.memory.port import MemoryStore
 from bot.memory.store import SqliteStore
 from tests import pg_server
 from tests.fakes import fake_radio
@@ -49,6 +50,30 @@ def _on_air_rules() -> Iterator[None]:
     mark = fake_radio.radios_built()
     yield
     fake_radio.check_radios_since(mark)
+
+
+async def _sqlite_store(tmp: Path) -> MemoryStore:
+    return await SqliteStore.open(tmp / "contract.db")
+
+
+async def _postgres_store(tmp: Path) -> MemoryStore:
+    return await pg_server.open_store()
+
+
+# Every MemoryStore implementation, by name: a test that takes ``memory`` runs on each (the
+# PostgreSQL run skipped, saying why, only when this machine cannot start a server).
+STORES: dict[str, Callable[[Path], Awaitable[MemoryStore]]] = {
+    "sqlite": _sqlite_store,
+    "postgres": _postgres_store,
+}
+
+
+@pytest.fixture(params=sorted(STORES))
+async def memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
+    """An empty store, once per implementation (``STORES``)."""
+    store = await STORES[request.param](tmp_path)
+    yield store
+    await store.close()
 
 
 @pytest.fixture

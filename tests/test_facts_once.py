@@ -23,9 +23,9 @@ from bot.memory.facts import MAX_INPUT_MESSAGES, FactExtractor
 from bot.memory.port import MemoryStore
 from bot.memory.sessions import SessionKeeper
 from bot.memory.summary import Summarizer
+from tests.conftest import STORES
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.memory_script import MemoryScript
-from tests.test_recall_notes import STORES
 
 SHOWN = re.compile(r"^\[(\d+)\] ", re.MULTILINE)
 

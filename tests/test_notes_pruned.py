@@ -7,16 +7,11 @@ real context builder."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 
 from bot.domain import ConversationKey
 from bot.memory.port import MemoryStore
 from tests.test_recall_notes import (
     KEY,
-    STORES,
     _ask,
     _builder,
     _history,
@@ -24,13 +19,6 @@ from tests.test_recall_notes import (
 )
 
 BOAT = "Osprey and she is moored"
-
-
-@pytest.fixture(params=sorted(STORES))
-async def memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
-    store = await STORES[request.param](tmp_path)
-    yield store
-    await store.close()
 
 
 async def _quotes(store: MemoryStore) -> dict[int, list[int]]:

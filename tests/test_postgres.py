@@ -90,6 +90,7 @@ async def test_a_crashed_gateway_releases_its_locks(url: str) -> None:
         await asyncio.wait_for(_hold(b, conv.id, []), 30)
     finally:
         await a._pool.close()
+        await a._lazy.close()
         await b.close()
 
 

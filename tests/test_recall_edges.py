@@ -7,24 +7,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 
 from bot.llm.tokens import MESSAGE_OVERHEAD
 from bot.memory.port import MemoryStore
-from tests.test_recall_notes import BUDGET, COUNTER, STORES, _ask, _builder, _pair, _recalled
+from tests.test_recall_notes import BUDGET, COUNTER, _ask, _builder, _pair, _recalled
 
 READING = re.compile(r"The ridge weather station read (\d+) degrees at noon")
 SHARE = 0.4
-
-
-@pytest.fixture(params=sorted(STORES))
-async def memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
-    store = await STORES[request.param](tmp_path)
-    yield store
-    await store.close()
 
 
 async def test_every_turn_matches_a_repeated_phrase(memory: MemoryStore) -> None:

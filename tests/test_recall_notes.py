@@ -4,10 +4,7 @@ the edge cases: no history, small talk, !reset, !forget, incognito (never noted)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-
-import pytest
 
 from bot.config import RetrievalConfig
 from bot.domain import ConversationKey
@@ -25,8 +22,7 @@ from bot.memory.context import (
 from bot.memory.layers import LayeredContext
 from bot.memory.port import MemoryStore
 from bot.memory.retrieval import Retriever
-from bot.memory.store import SqliteStore
-from tests import pg_server
+from tests.conftest import STORES
 
 COUNTER = make_counter()
 KEY = ConversationKey("console", "alice")
@@ -43,27 +39,6 @@ DETAILS = [
     ("My sister Ingrid lives in Bergen and works as a nurse.", "Good to know."),
     ("I run the repeater on Mount Storsteinen at 433 MHz.", "Nice site."),
 ]
-
-
-async def _sqlite(tmp: Path) -> MemoryStore:
-    return await SqliteStore.open(tmp / "notes.db")
-
-
-async def _postgres(tmp: Path) -> MemoryStore:
-    return await pg_server.open_store()
-
-
-STORES: dict[str, Callable[[Path], Awaitable[MemoryStore]]] = {
-    "sqlite": _sqlite,
-    "postgres": _postgres,
-}
-
-
-@pytest.fixture(params=sorted(STORES))
-async def memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
-    store = await STORES[request.param](tmp_path)
-    yield store
-    await store.close()
 
 
 def _builder(store: MemoryStore, share: float = 0.4) -> ContextBuilder:

@@ -8,7 +8,6 @@ machine cannot start a server.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -18,29 +17,11 @@ from bot.memory.port import MemoryStore
 from bot.memory.records import OutboxEntry, StoredAnswer
 from bot.memory.store import SqliteStore
 from tests import pg_server
+from tests.conftest import STORES
 
-
-async def _sqlite(tmp: Path) -> MemoryStore:
-    return await SqliteStore.open(tmp / "contract.db")
-
-
-async def _postgres(tmp: Path) -> MemoryStore:
-    return await pg_server.open_store()
-
-
-IMPLEMENTATIONS: dict[str, Callable[[Path], Awaitable[MemoryStore]]] = {
-    "sqlite": _sqlite,
-    "postgres": _postgres,
-}
+IMPLEMENTATIONS = STORES  # the other store suites import it from here
 ALICE = ConversationKey("mesh", "!0000abcd")
 BOB = ConversationKey("mesh", "!0000beef")
-
-
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-async def memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
-    store = await IMPLEMENTATIONS[request.param](tmp_path)
-    yield store
-    await store.close()
 
 
 async def _say(m: MemoryStore, key: ConversationKey, text: str, role: str = "user") -> int:

@@ -5,21 +5,12 @@ a conversation's turn lock, claims on derived work), run against every implement
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from bot.memory.port import MemoryStore
 from bot.memory.records import HEARD_WINDOW_SECONDS, SUMMARY_CLAIM, AlreadyStored
-from tests.test_store_contract import ALICE, BOB, IMPLEMENTATIONS
-
-
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-async def memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
-    store = await IMPLEMENTATIONS[request.param](tmp_path)
-    yield store
-    await store.close()
+from tests.test_store_contract import ALICE, BOB
 
 
 async def _hear(m: MemoryStore, cid: int, text: str, pid: str, at: float = 1_000_000.0) -> int:

@@ -126,3 +126,42 @@ async def test_a_repeat_heard_stores_nothing_and_a_new_id_still_stores(memory: M
         [answer],
         [first],
     ]
+
+
+async def test_postgresql_finds_an_answer_part_by_its_platform_id_through_an_index() -> None:
+    """Migration 013 gives PostgreSQL SQLite's index on outbox_parts(platform_id): a reply to a
+    later part of an answer is resolved without reading every recorded part."""
+    store = await pg_server.open_store()
+    try:
+        rows = await store._all("SELECT indexdef FROM pg_indexes WHERE tablename = 'outbox_parts'")
+        assert any("(platform_id)" in str(r[0]) for r in rows), rows
+    finally:
+        await store.close()
+
+
+async def test_postgresql_writes_that_need_no_flush_skip_it_and_are_seen_at_once() -> None:
+    """``durable=False`` writes (a question's claim here) go through the pool that commits
+    without waiting for the WAL flush; the durable pool keeps the server's default. Another
+    gateway sees such a write at once: its own claim of the same question fails."""
+    from bot.memory.postgres import PostgresStore
+
+    one = await pg_server.open_store()
+    two = await PostgresStore.open(
+        one.url, password=pg_server.BOT_PASSWORD, gateway="another-gateway"
+    )
+    try:
+        sql = "SELECT setting, source FROM pg_settings WHERE name = 'synchronous_commit'"
+        durable = await one._run(lambda con: con.fetchrow(sql))
+        lazy = await one._run(lambda con: con.fetchrow(sql), durable=False)
+        assert lazy is not None and tuple(lazy) == ("off", "client")
+        assert (
+            durable is not None and durable["source"] != "client"
+        )  # the server's own setting (tests: no fsync)
+        conv = await one.conversation(MESH)
+        qid = await one.add_message(conv.id, role="user", author="alice", text="hi", tokens=1,
+                                    status="pending")  # fmt: skip
+        assert await one.claim_question(qid, stale_before=0.0)
+        assert not await two.claim_question(qid, stale_before=0.0)  # theirs, and fresh
+    finally:
+        await two.close()
+        await one.close()

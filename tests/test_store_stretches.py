@@ -4,23 +4,13 @@ and the fact extraction mark (only forward; an import starts after its messages)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from bot.domain import ConversationKey
 from bot.memory.port import MemoryStore
 from tests.test_store_contract import ALICE, IMPLEMENTATIONS
 
 CHAT = ConversationKey("discord", "1001")
-
-
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-async def memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
-    store = await IMPLEMENTATIONS[request.param](tmp_path)
-    yield store
-    await store.close()
 
 
 async def test_every_start_and_end_gives_a_new_stretch_id(memory: MemoryStore) -> None:

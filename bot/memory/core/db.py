@@ -12,6 +12,19 @@ Invariants:
   (SQLite: ``BEGIN IMMEDIATE`` under the store lock, so it is already serialised; PostgreSQL:
   a pooled connection's transaction, where ``Dialect.for_update`` locks the rows a decision
   reads). It commits on exit and rolls back on any exception.
+- ``durable=False`` (``_exec``, ``_atomic``) marks a write whose loss in a crash of the
+  *database server* costs nothing lasting: a claim, a use count, a recall note, derived rows
+  (summaries, sessions, facts and their marks) that are computed again. On PostgreSQL it
+  commits without waiting for the WAL flush (``synchronous_commit = off``, a second pool);
+  it is visible at once to every gateway, as any commit, and the next durable commit flushes
+  it too (the WAL is one sequence). Everything a person or the outbox relies on (a message,
+  an answer with its outbox row, a part sent, a finished delivery, a forget) stays durable.
+  SQLite ignores the flag (WAL with ``synchronous = NORMAL`` never waits for the disk at
+  commit). A killed gateway loses nothing either way: a commit that returned is committed.
+- ``_together(steps)`` runs independent write statements as one unit: on PostgreSQL ONE
+  statement (the first ones as data-modifying ``WITH`` parts), one round trip and no
+  BEGIN/COMMIT; on SQLite one ``_atomic`` transaction. The steps must not read each other's
+  changes (PostgreSQL runs them on one snapshot).
 - Only fragments that really differ live in ``Dialect``; anything both engines accept
   (``RETURNING``, ``INSERT ... ON CONFLICT DO NOTHING``, ``coalesce``) is written once.
 """
@@ -117,12 +130,25 @@ class CoreBase:
         """The first column of the first row, or None."""
         raise NotImplementedError
 
-    async def _exec(self, sql: str, params: Iterable[Any] = ()) -> int:
+    async def _exec(self, sql: str, params: Iterable[Any] = (), *, durable: bool = True) -> int:
         """Run a statement in its own transaction; the number of rows it changed."""
         raise NotImplementedError
 
-    def _atomic(self) -> AbstractAsyncContextManager[Tx]:
+    def _atomic(self, *, durable: bool = True) -> AbstractAsyncContextManager[Tx]:
         raise NotImplementedError
+
+    async def _together(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> int:
+        """Run independent write statements as one unit (see the module docstring); the
+        number of rows the last one changed."""
+        if self.dialect.name == "postgres":
+            parts = [f"s{i} AS ({sql})" for i, (sql, _) in enumerate(steps[:-1])]
+            sql = (f"WITH {', '.join(parts)} " if parts else "") + steps[-1][0]
+            return await self._exec(sql, [p for _, params in steps for p in params])
+        async with self._atomic() as tx:
+            n = 0
+            for sql, params in steps:
+                n = await tx.exec(sql, params)
+            return n
 
     def _insert_rows(
         self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
@@ -143,6 +169,15 @@ class CoreBase:
                 marks.append(derived[0][1])
                 rows = [(*r, *d[2]) for r, d in zip(rows, derived, strict=True)]
         return f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join(marks)})", rows
+
+    async def _bulk_insert(
+        self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]
+    ) -> None:
+        """Copy ``rows`` into ``table`` in one transaction (``_insert_rows``'s statement per
+        row; PostgreSQL overrides it with one statement per batch)."""
+        sql, args = self._insert_rows(table, columns, rows)
+        async with self._atomic() as tx:
+            await tx.many(sql, args)
 
     def _search_column(
         self, conversation_id: int, author: str, text: str, created_at: float

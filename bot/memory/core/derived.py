@@ -56,7 +56,7 @@ class DerivedMixin(CoreBase):
         tokens: int,
     ) -> bool:
         """Store a summary unless a reset happened after ``first_message_id`` was chosen."""
-        async with self._atomic() as tx:
+        async with self._atomic(durable=False) as tx:  # derived: computed again if lost
             mark = await tx.val(
                 "SELECT reset_after FROM conversations WHERE id = ?" + self.dialect.for_update,
                 (conversation_id,),
@@ -115,7 +115,7 @@ class DerivedMixin(CoreBase):
     ) -> bool:
         """Rewrite an extracted fact (never a pinned one); provenance accumulates."""
         now = time.time() if updated_at is None else updated_at
-        async with self._atomic() as tx:
+        async with self._atomic(durable=False) as tx:  # extracted: read again if lost
             old = await tx.val(
                 "SELECT source_ids FROM facts WHERE conversation_id = ? AND id = ? AND pinned = 0"
                 + self.dialect.for_update,
@@ -151,7 +151,7 @@ class DerivedMixin(CoreBase):
     async def set_facts_through(self, conversation_id: int, message_id: int) -> None:
         """Move the mark forward to ``message_id`` (never back: a slower reader of an earlier
         range cannot undo a later one); the flagged messages up to it count as read."""
-        async with self._atomic() as tx:
+        async with self._atomic(durable=False) as tx:  # lost with the server: read again
             await tx.exec(
                 "UPDATE conversations SET facts_through = ? WHERE id = ? AND facts_through < ?",
                 (message_id, conversation_id, message_id),

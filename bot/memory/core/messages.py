@@ -239,10 +239,11 @@ class MessagesMixin(CoreBase):
         if not ids:
             return 0
         among, among_args = self.dialect.in_ids("id", ids)
-        return await self._exec(
+        return await self._exec(  # lost in a server crash: a later question covers them
             "UPDATE messages SET status = 'answered' WHERE conversation_id = ? AND role = "
             f"'user' AND status = 'pending' AND {among}",
             (conversation_id, *among_args),
+            durable=False,
         )
 
     async def claim_question(self, message_id: int, *, stale_before: float) -> bool:
@@ -255,6 +256,7 @@ class MessagesMixin(CoreBase):
             "UPDATE messages SET claimed_by = ?, claimed_at = ? WHERE id = ? AND "
             "status = 'pending' AND (claimed_by IS NULL OR claimed_by = ? OR claimed_at < ?)",
             (holder, time.time(), message_id, holder, stale_before),
+            durable=False,  # visible at once; lost only with the server, then claimed again
         )
         return took == 1
 

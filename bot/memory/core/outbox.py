@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from bot.domain import ConversationKey
-from bot.memory.core.db import CoreBase
+from bot.memory.core.db import CoreBase, Tx
 from bot.memory.outbox_claims import new_owner, owner_prefix
 from bot.memory.records import (
     OUTBOX_KINDS,
@@ -47,6 +48,13 @@ from bot.memory.records import (
 _COLS = (
     "id, transport, person, space, kind, text, reply_to, question_id, rest, state, created_at,"
     " answer_id"
+)
+# A row's progress in one read: its recorded parts (0), planned packet ids (1) and the parts
+# its question's stream showed (2), each by part.
+_PROGRESS = (
+    "SELECT 0, part, platform_id FROM outbox_parts WHERE outbox_id = ? UNION ALL "
+    "SELECT 1, part, CAST(packet_id AS TEXT) FROM outbox_packets WHERE outbox_id = ? UNION ALL "
+    "SELECT 2, part, platform_id FROM shown_parts WHERE question_id = ? ORDER BY 1, 2"
 )
 _ANSWER_COLS = (
     "conversation_id", "role", "author", "text", "created_at", "tokens", "parent_id", "status",
@@ -76,57 +84,97 @@ class OutboxMixin(CoreBase):
         assistant message (status ``sending``, parent: the question) is stored and the question
         marked ``answered`` in the same transaction; else ``question_status`` (e.g. ``failed``)
         is set on ``entry.question_id`` in that transaction. ``claim``: the row is created
-        claimed by this process (``undelivered`` never lists it while the claim holds)."""
+        claimed by this process (``undelivered`` never lists it while the claim holds).
+        On PostgreSQL the common case (no linked DM) is one statement: one round trip."""
         if entry.kind not in OUTBOX_KINDS:
             raise ValueError(f"unknown outbox kind {entry.kind!r}")
         now = time.time()
-        async with self._atomic() as tx:
-            answer_id: int | None = None
-            if answer is not None:
-                conversation_id, origin_id = answer.conversation_id, answer.origin_id
-                if origin_id is not None:  # asked through a linked DM: is the link still there?
-                    home = await tx.val(
-                        "SELECT merged_into FROM conversations WHERE id = ?", (origin_id,)
-                    )
-                    if home != conversation_id:  # !unlink during the turn
-                        conversation_id, origin_id = origin_id, None
-                row = (conversation_id, "assistant", answer.author, answer.text, now,
-                       answer.tokens, entry.question_id, "sending", origin_id)  # fmt: skip
-                sql, args = self._insert_rows("messages", _ANSWER_COLS, [row])
-                answer_id = int(await tx.val(sql + " RETURNING id", args[0]))
-                question_status = "answered"
-            if question_status is not None and entry.question_id is not None:
-                await tx.exec(
-                    "UPDATE messages SET status = ? WHERE id = ?",
-                    (question_status, entry.question_id),
+        if answer is not None and answer.origin_id is not None:
+            async with self._atomic() as tx:  # asked through a linked DM: is the link still there?
+                home = await tx.val(
+                    "SELECT merged_into FROM conversations WHERE id = ?", (answer.origin_id,)
                 )
-            k = entry.key
-            cols = (
-                "transport, person, space, kind, text, reply_to, question_id, answer_id, rest,"
-                " created_at, updated_at, claimed_by, claimed_at"
-            )
-            values: tuple[Any, ...] = (
-                k.transport, k.person, k.space, entry.kind, entry.text, entry.reply_to,
-                entry.question_id, answer_id, entry.rest, now, now,
-                self.claim_owner if claim else None, now if claim else None,
-            )  # fmt: skip
-            if self.dialect.outbox_gateway:
-                cols += ", gateway"
-                values += (self._claim_gateway(),)
-            marks = ", ".join("?" * len(values))
-            new_id = await tx.val(
-                f"INSERT INTO outbox ({cols}) VALUES ({marks}) RETURNING id", values
-            )
-            return int(new_id)
+                if home != answer.conversation_id:  # !unlink during the turn
+                    answer = replace(answer, conversation_id=answer.origin_id, origin_id=None)
+                return await self._queue(tx, entry, answer, question_status, claim, now)
+        if self.dialect.name == "postgres":  # one statement: the writes as WITH parts
+            return await self._queue(None, entry, answer, question_status, claim, now)
+        async with self._atomic() as tx:
+            return await self._queue(tx, entry, answer, question_status, claim, now)
+
+    async def _queue(
+        self,
+        tx: Tx | None,
+        entry: OutboxEntry,
+        answer: StoredAnswer | None,
+        question_status: str | None,
+        claim: bool,
+        now: float,
+    ) -> int:
+        """``queue_delivery``'s writes: in ``tx`` one statement after the other, or (``tx``
+        None, PostgreSQL) as one statement whose outbox row takes the answer's id from the
+        ``WITH`` part that inserted it."""
+        steps: list[tuple[str, tuple[Any, ...]]] = []
+        answer_id: Any = None
+        if answer is not None:
+            row = (answer.conversation_id, "assistant", answer.author, answer.text, now,
+                   answer.tokens, entry.question_id, "sending", answer.origin_id)  # fmt: skip
+            sql, args = self._insert_rows("messages", _ANSWER_COLS, [row])
+            steps.append((sql + " RETURNING id", args[0]))
+            question_status = "answered"
+        if question_status is not None and entry.question_id is not None:
+            update = "UPDATE messages SET status = ? WHERE id = ?"
+            steps.append((update, (question_status, entry.question_id)))
+        if tx is not None:  # one statement after the other; the answer's id for the row
+            if answer is not None:
+                answer_id = int(await tx.val(*steps[0]))
+            for sql, more in steps[1 if answer is not None else 0 :]:
+                await tx.exec(sql, more)
+        k = entry.key
+        cols = (
+            "transport, person, space, kind, text, reply_to, question_id, answer_id, rest,"
+            " created_at, updated_at, claimed_by, claimed_at"
+        )
+        values: tuple[Any, ...] = (
+            k.transport, k.person, k.space, entry.kind, entry.text, entry.reply_to,
+            entry.question_id, answer_id, entry.rest, now, now,
+            self.claim_owner if claim else None, now if claim else None,
+        )  # fmt: skip
+        if self.dialect.outbox_gateway:
+            cols += ", gateway"
+            values += (self._claim_gateway(),)
+        marks = ["?"] * len(values)
+        if tx is None and answer is not None:
+            marks[7] = "(SELECT id FROM s0)"  # the answer inserted by the first WITH part
+            values = values[:7] + values[8:]
+        insert = f"INSERT INTO outbox ({cols}) VALUES ({', '.join(marks)}) RETURNING id"
+        if tx is not None:
+            return int(await tx.val(insert, values))
+        parts = ", ".join(f"s{i} AS ({sql})" for i, (sql, _) in enumerate(steps))
+        first = [p for _, args in steps for p in args]
+        new_id = await self._val((f"WITH {parts} " if parts else "") + insert, [*first, *values])
+        return int(new_id)
+
+    def _part_insert(self, table: str, key: str, value: str, parent: str, *, keep: bool) -> str:
+        """INSERT of (``key``, part, ``value``) into ``table`` (``?`` for the three, then the
+        parent's id), only while the parent row exists (``!forget`` may have deleted it; on
+        PostgreSQL ``key_share`` keeps it until the commit). ``keep``: the first value stored
+        for a part stays; otherwise a later one replaces it."""
+        action = "NOTHING" if keep else f"UPDATE SET {value} = excluded.{value}"
+        return (
+            f"INSERT INTO {table} ({key}, part, {value}) SELECT ?, ?, ? "
+            f"WHERE EXISTS (SELECT 1 FROM {parent} WHERE id = ?{self.dialect.key_share}) "
+            f"ON CONFLICT ({key}, part) DO {action}"
+        )
 
     async def record_part(self, outbox_id: int, part: int, platform_id: str) -> None:
         """Part ``part`` (0-based) of the row went out with ``platform_id``. A row deleted
         meanwhile (``!forget``) is left alone."""
+        # One transaction, not ``_together``: on PostgreSQL the guard's FOR KEY SHARE would
+        # not see the outbox row the same statement's UPDATE changed (and insert nothing).
         async with self._atomic() as tx:
             await tx.exec(
-                "INSERT INTO outbox_parts (outbox_id, part, platform_id) SELECT ?, ?, ? "
-                f"WHERE EXISTS (SELECT 1 FROM outbox WHERE id = ?{self.dialect.key_share}) "
-                "ON CONFLICT (outbox_id, part) DO UPDATE SET platform_id = excluded.platform_id",
+                self._part_insert("outbox_parts", "outbox_id", "platform_id", "outbox", keep=False),
                 (outbox_id, part, platform_id, outbox_id),
             )
             await tx.exec("UPDATE outbox SET updated_at = ? WHERE id = ?", (time.time(), outbox_id))
@@ -167,9 +215,7 @@ class OutboxMixin(CoreBase):
         the part wins and is returned (0 when the row is gone: ``!forget``)."""
         async with self._atomic() as tx:
             await tx.exec(
-                "INSERT INTO outbox_packets (outbox_id, part, packet_id) SELECT ?, ?, ? "
-                f"WHERE EXISTS (SELECT 1 FROM outbox WHERE id = ?{self.dialect.key_share}) "
-                "ON CONFLICT (outbox_id, part) DO NOTHING",
+                self._part_insert("outbox_packets", "outbox_id", "packet_id", "outbox", keep=True),
                 (outbox_id, part, packet_id, outbox_id),
             )
             got = await tx.val(
@@ -181,19 +227,15 @@ class OutboxMixin(CoreBase):
     async def record_shown(self, question_id: int, part: int, platform_id: str | None) -> None:
         """A streamed answer to ``question_id`` shows part ``part`` as message ``platform_id``
         (None: that message was deleted). A question deleted meanwhile is left alone."""
-        async with self._atomic() as tx:
-            if platform_id is None:
-                await tx.exec(
-                    "DELETE FROM shown_parts WHERE question_id = ? AND part = ?",
-                    (question_id, part),
-                )
-                return
-            await tx.exec(
-                "INSERT INTO shown_parts (question_id, part, platform_id) SELECT ?, ?, ? "
-                f"WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?{self.dialect.key_share}) "
-                "ON CONFLICT (question_id, part) DO UPDATE SET platform_id = excluded.platform_id",
-                (question_id, part, platform_id, question_id),
+        if platform_id is None:
+            await self._exec(
+                "DELETE FROM shown_parts WHERE question_id = ? AND part = ?", (question_id, part)
             )
+            return
+        await self._exec(
+            self._part_insert("shown_parts", "question_id", "platform_id", "messages", keep=False),
+            (question_id, part, platform_id, question_id),
+        )
 
     async def shown_parts(self, question_id: int) -> tuple[tuple[int, str], ...]:
         """(part, platform id) of the messages a stream of this question's answer left on
@@ -210,22 +252,16 @@ class OutboxMixin(CoreBase):
         """End the row in ``state`` (not ``pending``); the answer message follows."""
         if state not in OUTBOX_STATES or state == "pending":
             raise ValueError(f"not a final outbox state: {state!r}")
-        async with self._atomic() as tx:
-            await tx.exec(
-                "UPDATE outbox SET state = ?, detail = ?, updated_at = ? WHERE id = ?",
-                (state, detail, time.time(), outbox_id),
-            )
-            await tx.exec(
-                "UPDATE messages SET status = ?, platform_id = coalesce(platform_id,"
-                " (SELECT platform_id FROM outbox_parts WHERE outbox_id = ? ORDER BY part"
-                " LIMIT 1)) WHERE id = (SELECT answer_id FROM outbox WHERE id = ?)",
-                (state, outbox_id, outbox_id),
-            )
-            await tx.exec(
-                "DELETE FROM shown_parts WHERE question_id ="
-                " (SELECT question_id FROM outbox WHERE id = ?)",
-                (outbox_id,),
-            )
+        await self._together([
+            ("UPDATE outbox SET state = ?, detail = ?, updated_at = ? WHERE id = ?",
+             (state, detail, time.time(), outbox_id)),
+            ("UPDATE messages SET status = ?, platform_id = coalesce(platform_id,"
+             " (SELECT platform_id FROM outbox_parts WHERE outbox_id = ? ORDER BY part"
+             " LIMIT 1)) WHERE id = (SELECT answer_id FROM outbox WHERE id = ?)",
+             (state, outbox_id, outbox_id)),
+            ("DELETE FROM shown_parts WHERE question_id ="
+             " (SELECT question_id FROM outbox WHERE id = ?)", (outbox_id,)),
+        ])  # fmt: skip
 
     async def undelivered(self, *, transports: Sequence[str]) -> list[OutboxRow]:
         """Unclaimed rows still ``pending`` on these transports (this gateway's), oldest
@@ -261,15 +297,9 @@ class OutboxMixin(CoreBase):
             return str(row[1])
 
     async def _outbox_row(self, r: Any) -> OutboxRow:
-        parts = await self._all(
-            "SELECT part, platform_id FROM outbox_parts WHERE outbox_id = ? ORDER BY part",
-            (r[0],),
-        )
-        planned = await self._all(
-            "SELECT part, packet_id FROM outbox_packets WHERE outbox_id = ? ORDER BY part",
-            (r[0],),
-        )
-        shown = await self.shown_parts(r[7]) if r[7] is not None else ()
+        found: dict[int, list[tuple[int, str]]] = {0: [], 1: [], 2: []}
+        for kind, part, value in await self._all(_PROGRESS, (r[0], r[0], r[7])):
+            found[int(kind)].append((int(part), str(value)))
         entry = OutboxEntry(
             key=ConversationKey(r[1], r[2], r[3]),
             kind=r[4],
@@ -282,9 +312,9 @@ class OutboxMixin(CoreBase):
             id=r[0],
             entry=entry,
             state=r[9],
-            parts=tuple((int(p[0]), str(p[1])) for p in parts),
+            parts=tuple(found[0]),
             created_at=float(r[10]),
             answer_id=r[11],
-            packet_ids=tuple((int(p[0]), int(p[1])) for p in planned),
-            shown=shown,
+            packet_ids=tuple((p, int(v)) for p, v in found[1]),
+            shown=tuple(found[2]),
         )

@@ -69,7 +69,7 @@ class SessionsMixin(CoreBase):
         conversation's backlog of sessions costs one commit, not one each."""
         if not spans:
             return []
-        async with self._atomic() as tx:
+        async with self._atomic(durable=False) as tx:  # derived from messages: found again
             if self.dialect.for_update:
                 await tx.exec(
                     "SELECT 1 FROM conversations WHERE id = ?" + self.dialect.for_update,
@@ -100,6 +100,7 @@ class SessionsMixin(CoreBase):
         changed = await self._exec(
             "UPDATE sessions SET title = ?, summary = ?, tokens = ? WHERE id = ?",
             (title, summary, tokens, session_id),
+            durable=False,
         )
         return changed > 0
 
@@ -172,7 +173,7 @@ class SessionsMixin(CoreBase):
         updated_at: float | None = None,
     ) -> None:
         """Add a version; only the newest ``LONGTERM_VERSIONS`` are kept."""
-        async with self._atomic() as tx:
+        async with self._atomic(durable=False) as tx:  # derived: computed again if lost
             await tx.exec(
                 "INSERT INTO longterm_summaries (conversation_id, text, tokens, sessions, "
                 "up_to_message_id, updated_at) VALUES (?, ?, ?, ?, ?, ?)",

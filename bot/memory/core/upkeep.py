@@ -129,9 +129,7 @@ class UpkeepMixin(CoreBase):
         self, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
     ) -> None:
         """Insert rows with their ids; search words are indexed as the rows arrive."""
-        sql, args = self._insert_rows(table, columns, rows)
-        async with self._atomic() as tx:
-            await tx.many(sql, args)
+        await self._bulk_insert(table, columns, rows)
 
     # --- counts -----------------------------------------------------------------------------
     async def messages_since(self, since: float) -> dict[str, int]:
@@ -152,7 +150,9 @@ class UpkeepMixin(CoreBase):
         """Count a use of each message that retrieval put into a prompt."""
         if message_ids:
             where, params = self.dialect.in_ids("id", message_ids)
-            await self._exec(f"UPDATE messages SET uses = uses + 1 WHERE {where}", params)
+            await self._exec(
+                f"UPDATE messages SET uses = uses + 1 WHERE {where}", params, durable=False
+            )
 
     async def save_recall_note(
         self, message_id: int, note: str, quoted: Sequence[int] = ()
@@ -162,6 +162,7 @@ class UpkeepMixin(CoreBase):
         await self._exec(
             "UPDATE messages SET recall_note = ?, recall_ids = ? WHERE id = ?",
             (note or None, quoted_json(note, quoted), message_id),
+            durable=False,  # a note lost with the server is only not shown again
         )
 
     async def recall_notes(self, message_ids: Sequence[int]) -> dict[int, str]:

@@ -3,13 +3,15 @@ transactions, small query helpers, and the cross-process locks of several gatewa
 
 Invariants:
 - Queries go through a small pool; multi-statement writes run in one transaction on one
-  connection (``_atomic``). Pool connections keep no session state, so they go back to the pool
-  without asyncpg's reset query (one round trip per use saved; ``_keep_session``); asyncpg's
-  statement cache keeps each query prepared per connection. Database errors leave this module
-  as ``StorageError`` whose message says how to fix the problem, so callers handle one error
-  type for both backends. A server that cannot be reached (a restart) is waited for up to
-  ``RECONNECT_SECONDS`` before a connection is handed out (``_connection``); a statement is
-  never re-sent, so a write can never happen twice.
+  connection (``_atomic``). Writes marked ``durable=False`` (``bot.memory.core.db``) go
+  through a second pool whose sessions commit without waiting for the WAL flush
+  (``synchronous_commit = off``). Pool connections keep no session state, so they go back to
+  the pool without asyncpg's reset query (one round trip per use saved; ``_keep_session``);
+  asyncpg's statement cache keeps each query prepared per connection. Database errors leave
+  this module as ``StorageError`` whose message says how to fix the problem, so callers
+  handle one error type for both backends. A server that cannot be reached (a restart) is
+  waited for up to ``RECONNECT_SECONDS`` before a connection is handed out
+  (``_connection``); a statement is never re-sent, so a write can never happen twice.
 - Cross-process locks are PostgreSQL advisory locks held on one dedicated connection per
   process (``_locks``): a conversation's turn (``turn_lock``, waited for) and one-off derived
   work (``claim``, never waited for). They are released when the work ends or, if the process
@@ -67,12 +69,14 @@ class PgBase(CoreBase):
         self,
         *,
         pool: asyncpg.Pool,
+        lazy: asyncpg.Pool,
         locks: asyncpg.Connection,
         url: str,
         password: str | None,
         gateway: str,
     ):
         self._pool = pool
+        self._lazy = lazy  # synchronous_commit = off: writes whose loss in a crash costs nothing
         self._locks = locks
         self._locks_mutex = asyncio.Lock()
         self._held: dict[tuple[int, int], int] = {}
@@ -96,6 +100,7 @@ class PgBase(CoreBase):
         """``gateway`` names this gateway for its outbox rows (stable across restarts);
         default: the host name. ``copying``: open an unfinished migrate-store copy."""
         pool: asyncpg.Pool | None = None
+        lazy: asyncpg.Pool | None = None
         try:
             pool = await asyncpg.create_pool(
                 dsn=url, password=password, min_size=1, max_size=POOL_SIZE, reset=_keep_session
@@ -105,15 +110,21 @@ class PgBase(CoreBase):
                 applied = await migrate(con, copying=copying)
             if applied:
                 log.info("database %s migrated: %s", redact(url), ", ".join(applied))
+            lazy = await asyncpg.create_pool(
+                dsn=url, password=password, min_size=1, max_size=POOL_SIZE, reset=_keep_session,
+                server_settings={"synchronous_commit": "off"},
+            )  # fmt: skip
             locks = await asyncpg.connect(dsn=url, password=password)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, StorageError) as exc:
-            if pool is not None:
-                await pool.close()
+            for opened in (pool, lazy):
+                if opened is not None:
+                    await opened.close()
             if isinstance(exc, StorageError):
                 raise
             raise StorageError(explain(url, exc)) from None
         return cls(
             pool=pool,
+            lazy=lazy,
             locks=locks,
             url=url,
             password=password,
@@ -125,18 +136,21 @@ class PgBase(CoreBase):
         try:
             await self._locks.close()
         finally:
-            await self._pool.close()
+            try:
+                await self._lazy.close()
+            finally:
+                await self._pool.close()
 
     # --- queries ---------------------------------------------------------------------------
-    async def _run(self, work: Callable[[Conn], Awaitable[_T]]) -> _T:
+    async def _run(self, work: Callable[[Conn], Awaitable[_T]], *, durable: bool = True) -> _T:
         try:
-            async with self._connection() as con:
+            async with self._connection(durable=durable) as con:
                 return await work(con)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             raise StorageError(explain(self.url, exc)) from exc
 
     @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Conn]:
+    async def _connection(self, *, durable: bool = True) -> AsyncIterator[Conn]:
         """A pool connection; while the server cannot be reached or is starting up (a
         restart), keeps trying for ``RECONNECT_SECONDS`` before giving up. Only getting the
         connection is retried, before any statement of the work was sent, so nothing can be
@@ -144,9 +158,10 @@ class PgBase(CoreBase):
         rolled back by the server) with a ``StorageError`` the caller reports."""
         deadline = time.monotonic() + RECONNECT_SECONDS
         wait = 0.1
+        pool = self._pool if durable else self._lazy
         while True:
             try:
-                con = await self._pool.acquire()
+                con = await pool.acquire()
                 break
             except (OSError, asyncpg.CannotConnectNowError, asyncpg.PostgresConnectionError):
                 if time.monotonic() + wait > deadline:
@@ -158,17 +173,17 @@ class PgBase(CoreBase):
         try:
             yield con
         finally:
-            await self._pool.release(con)
+            await pool.release(con)
 
     def _claim_gateway(self) -> str:
         return self.gateway
 
     @asynccontextmanager
-    async def _atomic(self) -> AsyncIterator[PgTx]:
+    async def _atomic(self, *, durable: bool = True) -> AsyncIterator[PgTx]:
         """One transaction on one pooled connection: committed on exit, rolled back on any
         exception; database errors leave as ``StorageError``."""
         try:
-            async with self._connection() as con, con.transaction():
+            async with self._connection(durable=durable) as con, con.transaction():
                 yield PgTx(con)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             raise StorageError(explain(self.url, exc)) from exc
@@ -185,9 +200,9 @@ class PgBase(CoreBase):
         args, q = tuple(params), numbered(sql)
         return await self._run(lambda con: con.fetchval(q, *args))
 
-    async def _exec(self, sql: str, params: Iterable[Any] = ()) -> int:
+    async def _exec(self, sql: str, params: Iterable[Any] = (), *, durable: bool = True) -> int:
         args, q = tuple(params), numbered(sql)
-        return changed(await self._run(lambda con: con.execute(q, *args)))
+        return changed(await self._run(lambda con: con.execute(q, *args), durable=durable))
 
     async def database_bytes(self) -> int:
         """The whole database's size on the server (``pg_database_size``), for the monitor."""

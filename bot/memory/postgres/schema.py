@@ -358,6 +358,13 @@ async def _restem(con: PoolConnectionProxy[asyncpg.Record]) -> None:
 
 Migration = ddl.Migration
 
+
+def _m013_pg_outbox_parts_platform() -> str:
+    # SQLite's 005: a reply to a later part of a multi-message answer finds the answer by the
+    # part's platform id (core.messages.add_message) without reading every outbox part.
+    return "CREATE INDEX outbox_parts_platform ON outbox_parts (platform_id);"
+
+
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_keyed_search", _m002_keyed_search),
@@ -367,6 +374,7 @@ MIGRATIONS: list[Migration] = [
     ("009_pg_word_index", _m009_pg_word_index),
     *ddl.stretches_and_shown(ddl.POSTGRES),
     ("012_fts5_porter_stems", _m012_fts5_porter_stems),
+    ("013_pg_outbox_parts_platform", _m013_pg_outbox_parts_platform),
     *ddl.link_facts(ddl.POSTGRES),
 ]
 

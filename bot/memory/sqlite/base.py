@@ -189,16 +189,18 @@ class SqliteBase(CoreBase):
         rows = await self._all(sql, params)
         return rows[0][0] if rows else None
 
-    async def _exec(self, sql: str, params: Iterable[Any] = ()) -> int:
+    async def _exec(self, sql: str, params: Iterable[Any] = (), *, durable: bool = True) -> int:
         # Autocommit: one statement is its own transaction, so no BEGIN/COMMIT round trips.
         async with self._lock:
             cur = await self._db.execute(sql, tuple(params))
             return cur.rowcount
 
     @asynccontextmanager
-    async def _atomic(self) -> AsyncIterator[SqliteTx]:
+    async def _atomic(self, *, durable: bool = True) -> AsyncIterator[SqliteTx]:
         """One transaction: the store lock held, ``BEGIN IMMEDIATE`` (so no other writer, not
-        even another process, gets in between), COMMIT on exit, ROLLBACK on any exception."""
+        even another process, gets in between), COMMIT on exit, ROLLBACK on any exception.
+        ``durable`` changes nothing here (WAL, ``synchronous = NORMAL``: no commit waits for
+        the disk)."""
         async with self._lock:
             await self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -208,6 +210,26 @@ class SqliteBase(CoreBase):
                 raise
             else:
                 await self._db.execute("COMMIT")
+
+    async def _together(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> int:
+        """The steps in one transaction, in ONE hop to the connection's thread (BEGIN
+        IMMEDIATE, the statements, COMMIT; ROLLBACK on any error), not one hop each."""
+
+        def work() -> int:
+            db = self._db._conn  # runs on aiosqlite's thread, the connection's own
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                n = 0
+                for sql, params in steps:
+                    n = db.execute(sql, tuple(params)).rowcount
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return n
+
+        async with self._lock:
+            return int(await self._db._execute(work))  # type: ignore[no-untyped-call]
 
     def _search_column(
         self, conversation_id: int, author: str, text: str, created_at: float
