@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -15,11 +14,11 @@ import pytest
 from bot.memory.context import CHAPTER_HEADER, MORE_HEADER, RETRIEVED_HEADER
 from bot.memory.port import MemoryStore
 from bot.memory.records import SessionSpan
+from tests.conftest import STORES
 from tests.test_recall_notes import (
     BUDGET,
     COUNTER,
     KEY,
-    STORES,
     _ask,
     _builder,
     _history,
@@ -33,11 +32,10 @@ PLAN = (
 )
 
 
-@pytest.fixture(params=sorted(STORES))
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
-    opened = await STORES[request.param](tmp_path)
-    yield opened
-    await opened.close()
+@pytest.fixture
+def store(memory: MemoryStore) -> MemoryStore:
+    """conftest's ``memory``: SQLite and a real PostgreSQL."""
+    return memory
 
 
 async def _with_session(store: MemoryStore) -> None:
