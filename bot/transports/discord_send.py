@@ -133,8 +133,9 @@ async def post(
 
 async def posted(msg: discord.Message, content: str) -> discord.Message:
     """``msg`` showing ``content``: a post Discord answered with an earlier message of the same
-    nonce (it created nothing) still shows that message's old text; edit it."""
-    if msg.content == content:
+    nonce (it created nothing) still shows that message's old text; edit it. (Discord trims
+    the whitespace around a message's content: that is not a difference.)"""
+    if msg.content.strip() == content.strip():
         return msg
     return await msg.edit(content=content, allowed_mentions=NO_MENTIONS)
 
