@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from bot.app import App, build
-from bot.transports.discord import build_discord
-from tests.conftest import make_config
-from tests.fakes.fake_discord import CHANNEL_ID, TOKEN, FakeDiscord
+from bot.app import App
+from tests import test_discord_restart as restart
+from tests.fakes.fake_discord import CHANNEL_ID, FakeDiscord
 from tests.fakes.fake_llm import FakeLLM
-from tests.test_discord_restart import SHORT, Backend, backend, quick_ready, screen, until
+from tests.test_discord_restart import SHORT, Backend, backend, screen, until
 
 __all__ = ["backend"]  # the fixture: each test on SQLite and on PostgreSQL
 
@@ -32,24 +31,10 @@ __all__ = ["backend"]  # the fixture: each test on SQLite and on PostgreSQL
 async def started(
     tmp_path: Path, llm: FakeLLM, fake: FakeDiscord, backend: Backend, *, stream: bool
 ) -> AsyncIterator[App]:
-    config = make_config(
-        tmp_path,
-        llm.base_url,
-        f"discord:\n  channels: [{CHANNEL_ID}]\n  stream: {str(stream).lower()}\n"
-        "  stream_edit_seconds: 0.2\n" + backend.extra,
-    )
-    assert config.discord is not None
-    fake.ready.clear()
-    chat = build_discord(config.discord, env={"DISCORD_TOKEN": TOKEN}, client_factory=quick_ready)
-    app = await build(config, env=dict(backend.env), transports=[chat])
-    await app.start()
-    try:
-        await asyncio.wait_for(fake.ready.wait(), 30)
-        await asyncio.wait_for(chat.caught_up.wait(), 30)
+    async with restart.started(
+        tmp_path, llm, fake, backend, edit_seconds=0.2, stream=stream
+    ) as app:
         yield app
-    finally:
-        app.hurry()
-        await app.close()
 
 
 async def _ask(fake: FakeDiscord, app: App) -> None:
