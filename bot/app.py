@@ -7,7 +7,12 @@ Invariants:
   ends when it is asked to stop, or when every transport has ended by itself (console EOF).
 - Shutdown order: stop taking turns and finish the ones in flight (replies still go out),
   stop transports, stop background summaries and indexing, close the LLM and embedding
-  clients, close the database.
+  clients, close the database. The whole shutdown shares ONE deadline (``STOP_SECONDS``, below
+  systemd's TimeoutStopSec=45): the drain ends by 60% of it, the transports by 80%, the
+  background steps and clients by 88%, a cut step may unwind until 90%, and the database
+  close has the rest. A step still running at its end is
+  cancelled and left behind (never awaited past it); what it did not finish stays in the
+  outbox as ``pending`` under this process's claim, released and sent at the next start.
 - The store is SQLite in the state dir unless ``storage.url`` names another file or a
   PostgreSQL database (several gateways sharing one memory; ``bot.memory.open``).
 - Operations: once the transports run, a ``Monitor`` task checks health, pings the systemd
@@ -27,7 +32,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
@@ -62,7 +67,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bot.app")
 
-DRAIN_SECONDS = 30.0
+STOP_SECONDS = 30.0  # the whole shutdown; systemd's TimeoutStopSec=45 kills after that
+DRAIN_SHARE = 0.6  # LLM calls in flight may finish until this share of the budget
+DRAIN_SECONDS = STOP_SECONDS * DRAIN_SHARE
+TRANSPORTS_SHARE = 0.8  # the relay and the transports stop by this share
+STEPS_SHARE = 0.88  # the background steps and the clients by this share
+GRACE_SHARE = 0.9  # a cut step may unwind until then; the rest is the database close's
 RETENTION_INTERVAL = 6 * 3600.0
 MAINTENANCE_INTERVAL = 10.0
 
@@ -91,6 +101,8 @@ class App:
     _close_embedder: OpenAICompatEmbedder | None = None
     _maintenance: asyncio.Task[None] | None = None
     bridge: Bridge | None = None  # relay: pairs configured
+    stop_seconds: float = STOP_SECONDS  # the one shutdown deadline (tests shorten it)
+    cut_at_stop: list[str] = field(default_factory=list)  # steps the deadline cut off
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -181,8 +193,8 @@ class App:
         at the next start (their messages stay pending)."""
         self._hurry.set()
 
-    async def _drain(self) -> None:
-        drainer = asyncio.create_task(self.responder.drain(timeout=DRAIN_SECONDS))
+    async def _drain(self, timeout: float) -> None:
+        drainer = asyncio.create_task(self.responder.drain(timeout=timeout))
         hurry = asyncio.create_task(self._hurry.wait())
         await asyncio.wait([drainer, hurry], return_when=asyncio.FIRST_COMPLETED)
         hurry.cancel()
@@ -190,44 +202,75 @@ class App:
             await self.responder.drain(timeout=0)  # cancels what is still running
         await drainer
 
+    async def _step(
+        self, name: str, step: Awaitable[object], until: float, grace_until: float
+    ) -> None:
+        """Run one shutdown step until the loop time ``until``. Past it the step is cancelled
+        and may unwind until ``grace_until``, then it is left behind (never awaited past it).
+        Errors are logged; the next steps still run."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(step)
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, until - loop.time()))
+        if not done:
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, grace_until - loop.time()))
+            self.cut_at_stop.append(name)
+            log.warning(
+                "shutdown: %s did not finish within the stop budget (%.0f s): %s", name,
+                self.stop_seconds, "cancelled" if done else "cancelled, left running",
+            )  # fmt: skip
+        if done and not task.cancelled() and task.exception() is not None:
+            log.error("shutdown: %s failed", name, exc_info=task.exception())
+
     async def _all_closed(self) -> None:
         await asyncio.gather(*(t.wait_closed() for t in self.transports))
 
     async def close(self) -> None:
+        """Shut down within ``stop_seconds`` in total (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        deadline = start + self.stop_seconds
+        grace_end = start + self.stop_seconds * GRACE_SHARE  # shared by every cut step
+
+        async def step(name: str, awaitable: Awaitable[object], share: float = STEPS_SHARE) -> None:
+            await self._step(name, awaitable, start + self.stop_seconds * share, grace_end)
+
         self.notifier.stopping()
         if self._monitor_task is not None:
             if self.monitor is not None:
                 self.monitor.stop()
             self._monitor_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor_task
+            await step("the monitor", self._monitor_task)
             logging.getLogger("bot").removeHandler(self.last_error)
             with contextlib.suppress(OSError):  # a stopped bot has no status to report
                 (self.config.database_path.parent / STATUS_FILE).unlink()
         if self._maintenance is not None:
             self._maintenance.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._maintenance
-        await self._drain()
+            await step("maintenance", self._maintenance)
+        drain_end = start + self.stop_seconds * DRAIN_SHARE
+        await step("the drain", self._drain(max(0.0, drain_end - loop.time())))
         if self.bridge is not None:
-            await self.bridge.close()
+            await step("the relay", self.bridge.close(), TRANSPORTS_SHARE)
         for transport in self.transports:
-            try:
-                await transport.stop()
-            except Exception:  # shutdown boundary: keep closing the rest
-                log.exception("stopping %s failed", transport.name)
-        await self.summarizer.stop()
+            await step(f"stopping {transport.name}", transport.stop(), TRANSPORTS_SHARE)
+        await step("summaries", self.summarizer.stop())
         if self.sessions is not None:
-            await self.sessions.stop()
+            await step("sessions", self.sessions.stop())
         if self.indexer is not None:
-            await self.indexer.stop()
+            await step("the indexer", self.indexer.stop())
         if self._close_llm is not None:
-            await self._close_llm.close()
+            await step("the LLM client", self._close_llm.close())
         if self._close_embedder is not None:
-            await self._close_embedder.close()
-        await self.store.close()
+            await step("the embedding client", self._close_embedder.close())
+        await self._step("the database", self.store.close(), deadline, deadline)
         self.notifier.close()
-        log.info("stopped cleanly")
+        took = loop.time() - start
+        if self.cut_at_stop:
+            log.warning("stopped in %.1f s; cut off: %s (what they did not send stays in the "
+                        "outbox and goes out at the next start)", took,
+                        ", ".join(self.cut_at_stop))  # fmt: skip
+        else:
+            log.info("stopped cleanly in %.1f s", took)
 
 
 async def build(

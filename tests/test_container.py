@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bot.app import DRAIN_SECONDS
+from bot.app import STOP_SECONDS
 from bot.config import ENV_CONFIG, ENV_LLM_BASE_URL, ENV_STATE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,7 +160,7 @@ def test_compose_example_wires_ollama_radio_and_grace_period() -> None:
     bot = compose["services"]["meshsage"]
     assert "ollama" in compose["services"]
     grace = re.fullmatch(r"(\d+)s", bot["stop_grace_period"])
-    assert grace and int(grace.group(1)) >= DRAIN_SECONDS + 10
+    assert grace and int(grace.group(1)) >= STOP_SECONDS + 10
     assert bot["environment"][ENV_LLM_BASE_URL] == "http://ollama:11434/v1"
     assert any(d.startswith("/dev/serial/by-id/") for d in bot["devices"])
     assert any(v.endswith(":/data") for v in bot["volumes"])

@@ -62,6 +62,7 @@ async def started(
     backend: Backend,
     *,
     edit_seconds: float = 1.1,
+    stream: bool = True,
 ) -> AsyncIterator[App]:
     """The whole app (Discord only) on the store under ``tmp_path``; leaving the block stops
     it the way a second Ctrl-C does: turns in flight are cut off, nothing is waited for."""
@@ -69,7 +70,7 @@ async def started(
         tmp_path,
         llm.base_url,
         f"discord:\n  channels: [{CHANNEL_ID}]\n  stream_edit_seconds: {edit_seconds}\n"
-        + backend.extra,
+        f"  stream: {str(stream).lower()}\n" + backend.extra,
     )
     assert config.discord is not None
     fake.ready.clear()

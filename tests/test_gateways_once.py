@@ -32,11 +32,14 @@ async def _killed_mid_turn(tmp_path: Path, fake_llm: FakeLLM, url: str) -> None:
     assert one.stdin is not None
     one.stdin.write(b"first question\n")
     await one.stdin.drain()
+    # Wait for the model call to be *logged* ("start": its body read and stored in
+    # ``requests``), not merely for a connection (``in_flight`` counts one before the body is
+    # read: a kill then left no request behind, and the tests counting two calls failed).
     for _ in range(3000):
-        if fake_llm.in_flight or one.returncode is not None:
+        if ("start", 0) in fake_llm.events or one.returncode is not None:
             break
         await asyncio.sleep(0.01)
-    if fake_llm.in_flight != 1:
+    if ("start", 0) not in fake_llm.events:
         one.kill()
         raise AssertionError((await one.communicate())[1].decode())
     one.kill()  # SIGKILL: no shutdown, the question stays pending (claimed by "one")

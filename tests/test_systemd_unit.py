@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.app import DRAIN_SECONDS
+from bot.app import STOP_SECONDS
 from bot.config import ENV_CONFIG, ENV_STATE_DIR
 from bot.errors import ConfigError
 
@@ -145,7 +145,7 @@ def test_environment_points_the_bot_at_config_state_and_secrets(unit: list[Entry
 
 def test_stop_timeout_covers_the_drain(unit: list[Entry]) -> None:
     assert one(unit, "Service", "KillSignal") == "SIGTERM"
-    assert int(one(unit, "Service", "TimeoutStopSec")) >= DRAIN_SECONDS + 10
+    assert int(one(unit, "Service", "TimeoutStopSec")) >= STOP_SECONDS + 10
 
 
 def test_restarts_forever_except_on_a_bad_config(unit: list[Entry]) -> None:

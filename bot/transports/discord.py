@@ -92,6 +92,8 @@ from bot.transports.discord_send import (
     NO_MENTIONS,
     Target,
     describe,
+    marked_nonces,
+    part_nonce,
     post,
     reply_target,
     send_attachments,
@@ -219,11 +221,18 @@ class DiscordTransport:
         try:
             if parts:
                 channel, reference = await self._target(client, reply.inbound)
+                # a post repeated after a 5xx-after-write returns its first message (nonce)
+                nonces = marked_nonces(reply.shown)
                 for i, part in enumerate(parts):
                     if i in reply.done_parts:  # posted before a restart: never twice
                         continue
+                    nonce = nonces.get(i) or (  # no row (a notice): discord.py's random one
+                        None
+                        if reply.outbox_id is None
+                        else part_nonce(f"o{reply.outbox_id}:{part}", i)
+                    )
                     msg = await earlier.take(channel, part) or await post(
-                        channel, part, reference if i == 0 else None
+                        channel, part, reference if i == 0 else None, nonce
                     )
                     sent.append(str(msg.id))
                     if reply.progress is not None:
@@ -282,6 +291,7 @@ class DiscordTransport:
             note=self._note_for,
             earlier=Earlier(shown, record),
             record=record,
+            nonces=marked_nonces(shown),
         )
         stream.first_post = lambda: self._stop_typing(inbound)
         return stream

@@ -6,6 +6,12 @@ Invariants:
   (a DM reopens the person's DM channel). A reference never fails the post if the message was
   deleted (``fail_if_not_exists=False``).
 - Nothing posted can ping anyone (``AllowedMentions.none()``, no author ping on replies).
+- An answer's part is posted with a nonce that names it (``part_nonce``) and
+  ``enforce_nonce`` (discord.py sets it with any nonce): a post repeated after a 5xx that
+  Discord returned AFTER creating the message (within Discord's window, a few minutes) gets
+  the first message back instead of a second one; ``posted`` then edits it to the text wanted.
+  A stream records the nonce of a post before making it (``NONCE_MARK`` in ``shown_parts``),
+  so the next stream or the outbox send repeats that post with the same nonce.
 - ``send_attachments``: private attachments (``dm_only``, or anything in a DM) go to the person
   by DM; if DMs are closed the channel is told how to open them; if the upload fails after the
   text said the files were coming, a follow-up says so plainly. Each upload message stays
@@ -15,7 +21,9 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
+import secrets
 
 import aiohttp
 import discord
@@ -41,6 +49,17 @@ NOT_SENT = (
     "Ask the operator for a copy (meshsage export), or try again later."
 )
 Target = tuple[discord.abc.Messageable, discord.MessageReference | None]
+NONCE_MARK = "nonce:"  # a shown_parts entry for a post made with this nonce, id not yet known
+
+
+def part_nonce(key: str, part: int) -> str:
+    """The nonce of part ``part`` of the answer ``key`` (Discord allows 25 characters)."""
+    return "m" + hashlib.sha256(f"{key}:{part}".encode()).hexdigest()[:24]
+
+
+def marked_nonces(shown: tuple[tuple[int, str], ...]) -> dict[int, str]:
+    """Nonces of posts a stream made whose message id it never learnt (part -> nonce)."""
+    return {p: v.removeprefix(NONCE_MARK) for p, v in shown if v.startswith(NONCE_MARK)}
 
 
 def channel_space(guild_id: int, channel_id: int) -> str:
@@ -91,14 +110,34 @@ async def reply_target(
 
 
 async def post(
-    channel: discord.abc.Messageable, content: str, reference: discord.MessageReference | None
+    channel: discord.abc.Messageable,
+    content: str,
+    reference: discord.MessageReference | None,
+    nonce: str | None = None,
 ) -> discord.Message:
-    """One text message, as a reply when ``reference`` is given; it can ping nobody."""
+    """One text message, as a reply when ``reference`` is given; it can ping nobody. With a
+    ``nonce`` a repeat of an earlier post returns that message (see ``posted``)."""
+    once: str | int = secrets.randbits(64) if nonce is None else nonce  # discord.py's default
     if reference is None:
-        return await channel.send(content, allowed_mentions=NO_MENTIONS)
-    return await channel.send(
-        content, reference=reference, mention_author=False, allowed_mentions=NO_MENTIONS
-    )
+        msg = await channel.send(content, allowed_mentions=NO_MENTIONS, nonce=once)
+    else:
+        msg = await channel.send(
+            content,
+            reference=reference,
+            mention_author=False,
+            allowed_mentions=NO_MENTIONS,
+            nonce=once,
+        )
+    return await posted(msg, content)
+
+
+async def posted(msg: discord.Message, content: str) -> discord.Message:
+    """``msg`` showing ``content``: a post Discord answered with an earlier message of the same
+    nonce (it created nothing) still shows that message's old text; edit it. (Discord trims
+    the whitespace around a message's content: that is not a difference.)"""
+    if msg.content.strip() == content.strip():
+        return msg
+    return await msg.edit(content=content, allowed_mentions=NO_MENTIONS)
 
 
 async def send_files(

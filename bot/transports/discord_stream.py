@@ -15,6 +15,9 @@ Invariants:
   every part's id, and never raises for Discord trouble.
 - ``abort`` deletes what was shown (the LLM failed; the person gets the notice instead).
 - A failed edit during streaming stops further streaming edits; ``finish`` still reconciles.
+- Each post carries this stream's nonce for its part (random per stream, or the one an earlier
+  stream recorded for that part), recorded as ``NONCE_MARK`` before the post: a post repeated
+  after a 5xx that came after Discord created the message gets that message back, not a copy.
   Discord unreachable (network, 5xx) while finishing yields ``PENDING``: the outbox keeps the
   row and a later ``send`` edits the messages shown (``Reply.shown``) into the answer.
 - Every message posted (or deleted) is recorded at once (``record``), and the messages an
@@ -26,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 
 import discord
@@ -33,7 +37,7 @@ import discord
 from bot.domain import Delivery, DeliveryStatus, Reply
 from bot.transports.base import ShownRecord
 from bot.transports.discord_resume import Earlier
-from bot.transports.discord_send import NETWORK_ERRORS
+from bot.transports.discord_send import NETWORK_ERRORS, NONCE_MARK, part_nonce, posted
 from bot.transports.discord_text import DISCORD_MAX_CHARS, split_message, units
 
 log = logging.getLogger("bot.transport.discord")
@@ -64,8 +68,11 @@ class DiscordStream:
         note: Callable[[Reply], str | None],
         earlier: Earlier | None = None,
         record: ShownRecord | None = None,
+        nonces: dict[int, str] | None = None,
     ) -> None:
         self._target = target
+        self._nonces = nonces or {}  # part -> nonce an earlier stream posted it with
+        self._salt = secrets.token_hex(8)
         self._max_parts = max_parts
         self._interval = interval
         self._clock = clock
@@ -157,7 +164,9 @@ class DiscordStream:
                 continue
             msg = await self._earlier.take(self._channel, part)
             if msg is None:
-                msg = await self._post(part, first=not self._messages)
+                nonce = self._nonces.get(i) or part_nonce(f"s{self._salt}", i)
+                await self._note_shown(i, NONCE_MARK + nonce)
+                msg = await posted(await self._post(part, nonce, first=not self._messages), part)
             elif not self._messages:
                 self.first_post()
             self._messages.append(msg)
@@ -177,7 +186,7 @@ class DiscordStream:
         if changed:
             self._last = self._clock()
 
-    async def _post(self, content: str, *, first: bool) -> discord.Message:
+    async def _post(self, content: str, nonce: str, *, first: bool) -> discord.Message:
         assert self._channel is not None
         if first:
             self.first_post()
@@ -187,5 +196,6 @@ class DiscordStream:
                 reference=self._reference,
                 mention_author=False,
                 allowed_mentions=NO_MENTIONS,
+                nonce=nonce,
             )
-        return await self._channel.send(content, allowed_mentions=NO_MENTIONS)
+        return await self._channel.send(content, allowed_mentions=NO_MENTIONS, nonce=nonce)

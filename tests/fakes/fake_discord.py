@@ -11,7 +11,11 @@ Every call is recorded so tests assert on what Discord would have received (payl
 As unkind as Discord where it matters: editing or deleting a message that is gone (deleted by
 the bot or a moderator, ``delete_by_moderator``) or not in that channel is a 404 (code 10008);
 edits beyond the channel's rate limit are 429s; ``fail_requests`` makes posts, edits and
-deletes answer a 5xx for a while. ``visible(channel)`` is what a person sees there.
+deletes answer a 5xx for a while, and ``fail_after_write`` makes them answer a 5xx AFTER doing
+the write (a gateway timeout behind which the message was really created or edited).
+A post with ``enforce_nonce`` and a nonce seen in the last ``nonce_window`` seconds creates
+nothing and returns the message first created with it (as Discord does; counted in
+``deduped``). ``visible(channel)`` is what a person sees there.
 """
 
 from __future__ import annotations
@@ -108,6 +112,10 @@ class FakeDiscord:
         # is raised by discord.py at once, 500/502/504 are retried by it after 1, 3, 5... s.
         self.fail_requests = 0
         self.fail_status = 503
+        self.fail_after_write = 0  # the next N posts/edits are done, then answered fail_status
+        self.nonce_window = 300.0  # Discord: "the past few minutes"
+        self.nonces: dict[str, tuple[float, int]] = {}  # nonce -> (when, message id)
+        self.deduped = 0
         self.sent: list[Sent] = []
         self.typing: list[int] = []
         self.dm_opened: list[int] = []
@@ -232,6 +240,12 @@ class FakeDiscord:
             return None
         self.fail_requests -= 1
         return self._error(self.fail_status, 0, "Service Unavailable")
+
+    def _failing_after_write(self) -> web.Response | None:
+        if self.fail_after_write <= 0:
+            return None
+        self.fail_after_write -= 1
+        return self._error(self.fail_status, 0, "Gateway Timeout (after the write)")
 
     def _unknown(self, cid: int, mid: int) -> web.Response | None:
         """404 like Discord for a message that was deleted or never was in that channel."""
@@ -373,7 +387,7 @@ class FakeDiscord:
         data = self._message(content, BOT_USER, cid)
         data["id"] = str(mid)
         data["edited_timestamp"] = _now()
-        return _json(data)
+        return self._failing_after_write() or _json(data)
 
     async def _delete_message(self, request: web.Request) -> web.Response:
         cid, mid = int(request.match_info["cid"]), int(request.match_info["mid"])
@@ -665,7 +679,16 @@ class FakeDiscord:
             return self._error(413, 40005, "Request entity too large")
         if len(str(payload.get("content") or "")) > 2000:
             return self._error(400, 50035, "Invalid Form Body: content too long")
+        nonce = str(payload["nonce"]) if payload.get("nonce") is not None else None
+        if nonce is not None and payload.get("enforce_nonce"):
+            seen = self.nonces.get(nonce)
+            if seen is not None and time.monotonic() - seen[0] < self.nonce_window:
+                self.deduped += 1  # nothing created: the first message, as it is now
+                [first] = [s for s in self.sent if s.id == seen[1]]
+                return _json(self._as_message(first) | {"nonce": nonce})
         sent = Sent(channel_id=cid, payload=payload, files=files, id=self.snowflake())
+        if nonce is not None:
+            self.nonces[nonce] = (time.monotonic(), sent.id)
         self.sent.append(sent)
         self.sent_event.set()
         data = self._message(str(payload.get("content") or ""), BOT_USER, cid)
@@ -681,7 +704,9 @@ class FakeDiscord:
             }
             for name, blob in files
         ]
-        return _json(data)
+        if nonce is not None:
+            data["nonce"] = nonce
+        return self._failing_after_write() or _json(data)
 
 
 def free_port() -> int:

@@ -108,13 +108,23 @@ class FakeLLM:
             resp = await self._answer(request, body)
             self.events.append(("end", index))
             return resp
-        except (asyncio.CancelledError, ConnectionResetError):
-            self.cancelled += 1  # the client went away (a real server stops generating)
-            self.disconnected.append(index)
-            self.events.append(("disconnect", index))
+        except asyncio.CancelledError:
+            self._hung_up(index)  # the client went away (a real server stops generating)
             raise
+        except ConnectionResetError:
+            # The client hung up while a write was on its way (aiohttp raises "Cannot write to
+            # closing transport" before the handler's cancel lands): the same hang-up, not a
+            # server error. aiohttp drops this stand-in quietly (the connection is gone);
+            # re-raising made it log a traceback per cancelled request (bench.pipeline output).
+            self._hung_up(index)
+            return web.Response(status=499, text="client closed the request")
         finally:
             self.in_flight -= 1
+
+    def _hung_up(self, index: int) -> None:
+        self.cancelled += 1
+        self.disconnected.append(index)
+        self.events.append(("disconnect", index))
 
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         beh: Any = self.script.pop(0) if self.script else "ok"
