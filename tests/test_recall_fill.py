@@ -14,7 +14,6 @@ import pytest
 from bot.memory.context import CHAPTER_HEADER, MORE_HEADER, RETRIEVED_HEADER
 from bot.memory.port import MemoryStore
 from bot.memory.records import SessionSpan
-from tests.conftest import STORES
 from tests.test_recall_notes import (
     BUDGET,
     COUNTER,
@@ -24,6 +23,7 @@ from tests.test_recall_notes import (
     _history,
     _pair,
     _recalled,
+    prompts_on_both,
 )
 
 PLAN = (
@@ -102,24 +102,13 @@ async def test_a_short_window_fills_with_turns_that_match_but_the_note_stays_sma
 async def test_sqlite_and_postgres_send_the_same_prompt_with_the_tail_parts(
     tmp_path: Path,
 ) -> None:
-    prompts = []
-    for name in sorted(STORES):
-        opened = await STORES[name](tmp_path / name if name == "sqlite" else tmp_path)
-        try:
-            await _with_session(opened)
-            builder = _builder(opened)
-            sent = []
-            for text in (
-                "When is the sailing trip to Tromso?",
-                "Where is my boat Osprey moored?",
-                "nice weather today",
-                "Which frequency does the repeater use?",
-            ):
-                messages, _ = await _ask(opened, builder, text, answer="ok")
-                sent.append(messages)
-            prompts.append(sent)
-        finally:
-            await opened.close()
+    questions = (
+        "When is the sailing trip to Tromso?",
+        "Where is my boat Osprey moored?",
+        "nice weather today",
+        "Which frequency does the repeater use?",
+    )
+    prompts = await prompts_on_both(tmp_path, _with_session, questions)
     assert CHAPTER_HEADER in prompts[0][0][-1].content
     assert MORE_HEADER in "\n".join(m.content for p in prompts[0] for m in p)
     assert prompts[0] == prompts[1]

@@ -4,6 +4,7 @@ the edge cases: no history, small talk, !reset, !forget, incognito (never noted)
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from bot.config import RetrievalConfig
@@ -193,20 +194,30 @@ async def test_note_is_stored_with_its_turn_and_a_restart_sends_the_same_prompt(
     assert "Osprey and she is moored" in window  # the note rides with its turn
 
 
-async def test_sqlite_and_postgres_send_the_same_prompt(tmp_path: Path) -> None:
+async def prompts_on_both(
+    tmp_path: Path, history: Callable[[MemoryStore], Awaitable[object]], questions: Sequence[str]
+) -> list[list[list[ChatMessage]]]:
+    """The prompts each store (SQLite, then PostgreSQL) sends for ``questions`` asked in turn
+    after the same ``history``."""
     prompts = []
     for name in sorted(STORES):
         store = await STORES[name](tmp_path / name if name == "sqlite" else tmp_path)
         try:
-            await _history(store)
+            await history(store)
             builder = _builder(store)
             sent = []
-            for text in ("Where does Ingrid live?", "nice weather today", "Which frequency?"):
+            for text in questions:
                 messages, _ = await _ask(store, builder, text, answer="ok")
                 sent.append(messages)
             prompts.append(sent)
         finally:
             await store.close()
+    return prompts
+
+
+async def test_sqlite_and_postgres_send_the_same_prompt(tmp_path: Path) -> None:
+    questions = ("Where does Ingrid live?", "nice weather today", "Which frequency?")
+    prompts = await prompts_on_both(tmp_path, _history, questions)
     assert prompts[0] == prompts[1]
 
 
