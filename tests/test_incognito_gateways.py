@@ -22,7 +22,8 @@ from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
 from tests.test_memory_promises import _marker_anywhere
 
-SECRET = "4242"
+# No number, id or timestamp can contain it ("4242" once matched a status file's clock).
+SECRET = "quokka-vault-zephyr"
 RADIO = "!0000abcd"
 CHAT = "1001"
 # What gateway B is sent; each sequence ends a stretch and leaves the person incognito again.
