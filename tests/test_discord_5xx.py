@@ -37,9 +37,12 @@ async def started(
         yield app
 
 
-async def _ask(fake: FakeDiscord, app: App) -> None:
+async def _ask(fake: FakeDiscord, app: App, llm: FakeLLM) -> None:
+    """Ask a new question and wait until its turn is over. Waits for the model's request, not
+    for a busy responder: a turn whose post fails at once can start and end between two polls."""
+    before = len(llm.chat_requests())
     await fake.say(fake.guild_message("what is LoRa?", mention_bot=True))
-    await until(lambda: not app.responder.idle)
+    await until(lambda: len(llm.chat_requests()) > before)
     await app.responder.wait_idle()
 
 
@@ -51,7 +54,7 @@ async def test_a_post_refused_before_the_write_is_sent_once_later(
     fake_discord.fail_status = status
     fake_discord.fail_requests = 1 if status == 503 else 5  # 502: past discord.py's retries
     async with started(tmp_path, fake_llm, fake_discord, backend, stream=False) as app:
-        await _ask(fake_discord, app)
+        await _ask(fake_discord, app, fake_llm)
         assert screen(fake_discord) == []  # nothing was created
         assert len(await app.store.undelivered(transports=["discord"])) == 1  # kept
         await app.responder.redeliver()  # the next outbox round
@@ -72,7 +75,7 @@ async def test_a_post_answered_5xx_after_discord_created_it_shows_once(
     fake_discord.fail_status = status
     fake_discord.fail_after_write = 1
     async with started(tmp_path, fake_llm, fake_discord, backend, stream=False) as app:
-        await _ask(fake_discord, app)
+        await _ask(fake_discord, app, fake_llm)
         if status == 503:
             assert len(await app.store.undelivered(transports=["discord"])) == 1
             await app.responder.redeliver()
@@ -93,7 +96,7 @@ async def test_a_stream_post_answered_5xx_after_the_write_is_finished_not_repeat
     fake_llm.script = [("slow", 0.05)]
     fake_discord.fail_after_write = 1
     async with started(tmp_path, fake_llm, fake_discord, backend, stream=True) as app:
-        await _ask(fake_discord, app)
+        await _ask(fake_discord, app, fake_llm)
         assert screen(fake_discord) == [SHORT]
         assert fake_discord.deduped == 1
         assert await app.store.undelivered(transports=["discord"]) == []
