@@ -23,7 +23,8 @@ Invariants:
   LLM.
 - The durable outbox: the model's whole answer (the assistant turn), the question's
   ``answered`` mark and an outbox row holding exactly what the transport sends are one
-  transaction. The row is created already claimed (``queue_delivery(claim=True)``) and sent by
+  transaction. The row is created already claimed (``queue_claimed``, which returns it, so
+  no second read) and sent by
   the composed ``OutboxSender`` (``bot.delivery``, which keeps the delivery invariants: parts
   recorded, at most once under the store's claim, expiry, streams finishing their row).
   ``redeliver`` (at start and on every maintenance tick) queues the rows still waiting behind
@@ -74,7 +75,13 @@ from bot.memory.indexer import Indexer
 from bot.memory.keep import CLAIM_STALE_SECONDS
 from bot.memory.layers import LayeredContext
 from bot.memory.port import MemoryStore
-from bot.memory.records import AlreadyStored, OutboxEntry, OutboxRow, StoredAnswer
+from bot.memory.records import (
+    AlreadyStored,
+    Conversation,
+    OutboxEntry,
+    OutboxRow,
+    StoredAnswer,
+)
 from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
@@ -167,7 +174,7 @@ class Responder:
             return
         try:
             conv = await self._store.conversation(inbound.key)
-            if await self._store.is_incognito(conv.id):
+            if conv.incognito:  # read with the conversation: one round trip
                 if limited:
                     await self._notice_once(inbound, limited)
                 elif self._accepting:
@@ -296,10 +303,7 @@ class Responder:
             reply_to=inbound.message_id,
             rest=rest,
         )
-        outbox_id = await self._store.queue_delivery(entry, claim=True)
-        row = await self._store.outbox_row(outbox_id)
-        if row is None:  # the person ran !forget meanwhile
-            return
+        row = await self._store.queue_claimed(entry)
         delivery = await self._outbox.deliver_now(inbound, row)
         self._after_delivery(result, delivery)
 
@@ -329,9 +333,12 @@ class Responder:
                 log.debug("message %d in %s answered, gone or claimed by another gateway; "
                           "skipped", message_id, conv.id)  # fmt: skip
                 return
-            await self._answer(inbound, message_id)
+            await self._answer(inbound, message_id, conv)
 
-    async def _answer(self, inbound: Inbound, message_id: int) -> None:
+    async def _answer(self, inbound: Inbound, message_id: int, conv: Conversation) -> None:
+        """Answer the claimed question. ``conv`` was read before the turn lock: only a turn
+        takes the lock, and a turn changes no conversation row, so waiting for another
+        gateway's turn leaves it as read."""
         transport = self._transports[inbound.transport]
         if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
             log.warning("outbox of %s full; told %s to try later", transport.name, inbound.key)
@@ -339,7 +346,6 @@ class Responder:
             await self._notice(inbound, _busy(wait))
             return
         limits = transport.limits
-        conv = await self._store.conversation(inbound.key)
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
         async with transport.working(inbound):
             ctx = await self._context.build(
@@ -381,12 +387,8 @@ class Responder:
                 entry = OutboxEntry(
                     inbound.key, "notice", transport.fit(UNAVAILABLE), question_id=message_id
                 )
-                outbox_id = await self._store.queue_delivery(
-                    entry, question_status="failed", claim=True
-                )
-                row = await self._store.outbox_row(outbox_id)
-                if row is not None:
-                    await self._outbox.deliver_now(inbound, row)
+                row = await self._store.queue_claimed(entry, question_status="failed")
+                await self._outbox.deliver_now(inbound, row)
                 return
         whole = completion.text.strip()
         text, rest = self._cut(transport, whole)
@@ -400,7 +402,7 @@ class Responder:
             rest=rest,
         )
         try:
-            outbox_id = await self._store.queue_delivery(
+            row = await self._store.queue_claimed(
                 entry,
                 answer=StoredAnswer(
                     conv.id,
@@ -409,7 +411,6 @@ class Responder:
                     self._counter.count(whole),
                     origin_id=conv.origin_id,
                 ),
-                claim=True,
             )
         except (sqlite3.Error, StorageError) as exc:  # disk full: the person hears why
             log.error("could not store the answer for %s: %s", inbound.key, exc)
@@ -417,9 +418,6 @@ class Responder:
             return
         folded = [m.id for m in ctx.window if m.role == "user" and m.status == "pending"]
         await self._store.mark_answered(conv.id, [i for i in folded if i != message_id])
-        row = await self._store.outbox_row(outbox_id)
-        if row is None:
-            return
         delivery = await self._outbox.deliver_now(
             inbound, row, note=TRIMMED_NOTE if trimmed else None, stream=stream
         )

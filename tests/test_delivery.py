@@ -113,6 +113,6 @@ async def test_disk_full_when_storing_the_answer_still_tells_the_person(
     async def full(*args: object, **kwargs: object) -> int:
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(SqliteStore, "queue_delivery", full)
+    monkeypatch.setattr(SqliteStore, "queue_claimed", full)
     await harness.say("hello")
     assert harness.transport.texts() == [ANSWER_NOT_STORED]

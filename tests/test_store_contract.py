@@ -445,3 +445,52 @@ async def test_shown_parts_are_kept_by_question_until_its_row_is_finished(
     assert await memory.shown_parts(other) == ()
     await memory.record_shown(other, 1, "2002")  # the question is gone (!forget): ignored
     assert await memory.shown_parts(other) == ()
+
+
+async def test_a_claimed_row_comes_back_from_the_write_as_a_read_would_see_it(
+    memory: MemoryStore,
+) -> None:
+    """``queue_claimed`` returns the new row from its own write (no second read): the same
+    ``OutboxRow`` that ``outbox_row`` reads afterwards, shown parts included, for an answer
+    (which stores the assistant turn), a notice that settles its question, and a reply to no
+    question; and the row is claimed (no outbox round lists it)."""
+    qid = await _say(memory, ALICE, "a long question")
+    await memory.record_shown(qid, 1, "1002")
+    await memory.record_shown(qid, 0, "1001")
+    answer = StoredAnswer(
+        (await memory.conversation(ALICE)).id, "meshsage", "the whole answer", 3
+    )
+    row = await memory.queue_claimed(
+        OutboxEntry(ALICE, "answer", "the whole", reply_to="p1", question_id=qid, rest="answer"),
+        answer=answer,
+    )
+    assert row.answer_id is not None and row.shown == ((0, "1001"), (1, "1002"))
+    assert await memory.outbox_row(row.id) == row
+    assert [m.text for m in await memory.all_messages(answer.conversation_id)][-1] == answer.text
+    assert await memory.undelivered(transports=("mesh",)) == []
+    other = await _say(memory, ALICE, "another question")
+    notice = await memory.queue_claimed(
+        OutboxEntry(ALICE, "notice", "LLM unavailable", question_id=other),
+        question_status="failed",
+    )
+    assert notice.answer_id is None and notice.shown == ()
+    assert await memory.outbox_row(notice.id) == notice
+    assert not await memory.claim_question(other, stale_before=time.time())  # settled: failed
+    plain = await memory.queue_claimed(OutboxEntry(ALICE, "command", "Forgotten."))
+    assert await memory.outbox_row(plain.id) == plain and plain.entry.question_id is None
+
+
+async def test_a_conversation_is_read_with_its_memory_incognito_flag(memory: MemoryStore) -> None:
+    """``conversation`` carries the incognito flag of the memory it resolves to (a linked DM:
+    the joined conversation's), so a message's intake needs no second read."""
+    conv = await memory.conversation(ALICE)
+    assert not conv.incognito
+    await memory.set_incognito(conv.id, True)
+    assert (await memory.conversation(ALICE)).incognito
+    other = ConversationKey("discord", "42")
+    await _say(memory, other, "from discord")
+    assert await memory.link_dm(ALICE, other) == 1
+    linked = await memory.conversation(other)
+    assert linked.id == conv.id and linked.incognito
+    await memory.set_incognito(conv.id, False)
+    assert not (await memory.conversation(other)).incognito

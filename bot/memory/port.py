@@ -26,7 +26,8 @@ Invariants every implementation keeps:
   answer message's status to the same value; ``undelivered`` lists ``pending`` rows oldest
   first with their recorded parts; ``take_more`` returns the ``rest`` of the newest answer (or
   ``more``) row of a conversation once, then clears it. A row is sent only under its claim
-  (``claim_delivery``, a compare-and-set; ``queue_delivery(claim=True)``); ``undelivered``
+  (``claim_delivery``, a compare-and-set; ``queue_delivery(claim=True)``, or
+  ``queue_claimed``, which also returns the new row as ``outbox_row`` reads it); ``undelivered``
   lists only unclaimed rows; ``release_stale_claims`` frees the claims of this gateway's dead
   processes at start; ``plan_part`` fixes a part's packet id before it is written (see
   ``bot.memory.outbox_claims``). ``record_shown`` keeps, by question, the messages a streamed
@@ -342,6 +343,14 @@ class MemoryStore(Protocol):
         question_status: str | None = None,
         claim: bool = False,
     ) -> int: ...
+
+    async def queue_claimed(
+        self,
+        entry: OutboxEntry,
+        *,
+        answer: StoredAnswer | None = None,
+        question_status: str | None = None,
+    ) -> OutboxRow: ...
 
     @property
     def claim_owner(self) -> str: ...

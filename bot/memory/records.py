@@ -25,6 +25,9 @@ class Conversation:
     key: ConversationKey
     reset_after: int
     origin_id: int | None = None
+    # The memory's incognito flag as read with the row (``conversation``/``find_conversation``),
+    # so a message's intake needs no second read; ``is_incognito`` reads it fresh.
+    incognito: bool = False
 
 
 @dataclass(frozen=True, slots=True)

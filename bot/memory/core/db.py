@@ -14,11 +14,14 @@ Invariants:
   reads). It commits on exit and rolls back on any exception.
 - ``durable=False`` (``_exec``, ``_atomic``) marks a write whose loss in a crash of the
   *database server* costs nothing lasting: a claim, a use count, a recall note, derived rows
-  (summaries, sessions, facts and their marks) that are computed again. On PostgreSQL it
+  (summaries, sessions, facts and their marks) that are computed again, and a finished
+  delivery: every part a transport sent is recorded durably first (``record_part``), so a
+  finish lost with the server leaves a row whose parts are all recorded, which the next
+  outbox round finishes without sending anything again. On PostgreSQL it
   commits without waiting for the WAL flush (``synchronous_commit = off``, a second pool);
   it is visible at once to every gateway, as any commit, and the next durable commit flushes
   it too (the WAL is one sequence). Everything a person or the outbox relies on (a message,
-  an answer with its outbox row, a part sent, a finished delivery, a forget) stays durable.
+  an answer with its outbox row, a part sent, a forget) stays durable.
   SQLite ignores the flag (WAL with ``synchronous = NORMAL`` never waits for the disk at
   commit). A killed gateway loses nothing either way: a commit that returned is committed.
 - ``_together(steps)`` runs independent write statements as one unit: on PostgreSQL ONE
@@ -137,14 +140,17 @@ class CoreBase:
     def _atomic(self, *, durable: bool = True) -> AbstractAsyncContextManager[Tx]:
         raise NotImplementedError
 
-    async def _together(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> int:
+    async def _together(
+        self, steps: Sequence[tuple[str, Sequence[Any]]], *, durable: bool = True
+    ) -> int:
         """Run independent write statements as one unit (see the module docstring); the
         number of rows the last one changed."""
         if self.dialect.name == "postgres":
             parts = [f"s{i} AS ({sql})" for i, (sql, _) in enumerate(steps[:-1])]
             sql = (f"WITH {', '.join(parts)} " if parts else "") + steps[-1][0]
-            return await self._exec(sql, [p for _, params in steps for p in params])
-        async with self._atomic() as tx:
+            args = [p for _, params in steps for p in params]
+            return await self._exec(sql, args, durable=durable)
+        async with self._atomic(durable=durable) as tx:
             n = 0
             for sql, params in steps:
                 n = await tx.exec(sql, params)

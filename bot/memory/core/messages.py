@@ -69,7 +69,8 @@ class MessagesMixin(CoreBase):
 
     async def find_conversation(self, key: ConversationKey) -> Conversation | None:
         row = await self._one(
-            "SELECT c.id, c.reset_after, h.id, h.transport, h.person, h.space, h.reset_after "
+            "SELECT c.id, c.reset_after, h.id, h.transport, h.person, h.space, h.reset_after, "
+            "coalesce(h.incognito, c.incognito) "
             "FROM conversations c LEFT JOIN conversations h ON h.id = c.merged_into "
             "WHERE c.transport = ? AND c.person = ? AND c.space = ?",
             (key.transport, key.person, key.space),
@@ -78,8 +79,10 @@ class MessagesMixin(CoreBase):
             return None
         if row[2] is not None:  # linked: memory lives in the other transport's DM
             home = ConversationKey(row[3], row[4], row[5])
-            return Conversation(id=row[2], key=home, reset_after=row[6], origin_id=row[0])
-        return Conversation(id=row[0], key=key, reset_after=row[1])
+            return Conversation(
+                id=row[2], key=home, reset_after=row[6], origin_id=row[0], incognito=bool(row[7])
+            )
+        return Conversation(id=row[0], key=key, reset_after=row[1], incognito=bool(row[7]))
 
     async def conversations_of(self, transport: str, person: str) -> list[Conversation]:
         rows = await self._all(

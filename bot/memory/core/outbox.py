@@ -10,7 +10,9 @@ Invariants:
 - A part's platform id is recorded as soon as the platform accepted it (``record_part``); a
   part with a recorded id is never sent again.
 - ``finish_delivery`` ends a row (delivered, sent, failed, expired) and gives the assistant
-  message the same status; finished rows are never listed by ``undelivered`` again.
+  message the same status; finished rows are never listed by ``undelivered`` again. It is
+  written ``durable=False`` (``bot.memory.core.db``): the parts it follows were recorded
+  durably, so a finish lost with a crashed database server costs a round that sends nothing.
 - ``take_more`` hands out the rest of a cut answer once (on PostgreSQL the row is locked
   while taken).
 - On PostgreSQL each row records the gateway that queued it (``Dialect.outbox_gateway``): the
@@ -56,6 +58,7 @@ _PROGRESS = (
     "SELECT 1, part, CAST(packet_id AS TEXT) FROM outbox_packets WHERE outbox_id = ? UNION ALL "
     "SELECT 2, part, platform_id FROM shown_parts WHERE question_id = ? ORDER BY 1, 2"
 )
+_SHOWN = "SELECT part, platform_id FROM shown_parts WHERE question_id = ? ORDER BY part"
 _ANSWER_COLS = (
     "conversation_id", "role", "author", "text", "created_at", "tokens", "parent_id", "status",
     "origin_conversation_id",
@@ -86,6 +89,27 @@ class OutboxMixin(CoreBase):
         is set on ``entry.question_id`` in that transaction. ``claim``: the row is created
         claimed by this process (``undelivered`` never lists it while the claim holds).
         On PostgreSQL the common case (no linked DM) is one statement: one round trip."""
+        return (await self._queued(entry, answer, question_status, claim)).id
+
+    async def queue_claimed(
+        self,
+        entry: OutboxEntry,
+        *,
+        answer: StoredAnswer | None = None,
+        question_status: str | None = None,
+    ) -> OutboxRow:
+        """``queue_delivery(..., claim=True)``, returning the new row as ``outbox_row`` would
+        read it (no parts yet; the parts its question's stream showed), from the same
+        statement (PostgreSQL) or transaction (SQLite): no second read."""
+        return await self._queued(entry, answer, question_status, True)
+
+    async def _queued(
+        self,
+        entry: OutboxEntry,
+        answer: StoredAnswer | None,
+        question_status: str | None,
+        claim: bool,
+    ) -> OutboxRow:
         if entry.kind not in OUTBOX_KINDS:
             raise ValueError(f"unknown outbox kind {entry.kind!r}")
         now = time.time()
@@ -110,10 +134,11 @@ class OutboxMixin(CoreBase):
         question_status: str | None,
         claim: bool,
         now: float,
-    ) -> int:
+    ) -> OutboxRow:
         """``queue_delivery``'s writes: in ``tx`` one statement after the other, or (``tx``
         None, PostgreSQL) as one statement whose outbox row takes the answer's id from the
-        ``WITH`` part that inserted it."""
+        ``WITH`` part that inserted it and whose result rows carry the question's shown
+        parts (one per part, or one row of NULLs)."""
         steps: list[tuple[str, tuple[Any, ...]]] = []
         answer_id: Any = None
         if answer is not None:
@@ -148,12 +173,30 @@ class OutboxMixin(CoreBase):
             marks[7] = "(SELECT id FROM s0)"  # the answer inserted by the first WITH part
             values = values[:7] + values[8:]
         insert = f"INSERT INTO outbox ({cols}) VALUES ({', '.join(marks)}) RETURNING id"
+        # (the statement form below returns answer_id too: ``{insert}, answer_id``)
         if tx is not None:
-            return int(await tx.val(insert, values))
-        parts = ", ".join(f"s{i} AS ({sql})" for i, (sql, _) in enumerate(steps))
-        first = [p for _, args in steps for p in args]
-        new_id = await self._val((f"WITH {parts} " if parts else "") + insert, [*first, *values])
-        return int(new_id)
+            new_id = int(await tx.val(insert, values))
+            shown = [tuple(r) for r in await tx.all(_SHOWN, (entry.question_id,))]
+        else:
+            parts = "".join(f"s{i} AS ({sql}), " for i, (sql, _) in enumerate(steps))
+            first = [p for _, args in steps for p in args]
+            rows = await self._all(
+                f"WITH {parts}q AS ({insert}, answer_id) SELECT q.id, q.answer_id, sp.part,"
+                " sp.platform_id FROM q LEFT JOIN shown_parts sp ON sp.question_id = ?"
+                " ORDER BY sp.part",
+                [*first, *values, entry.question_id],
+            )
+            new_id, answer_id = int(rows[0][0]), rows[0][1]
+            shown = [(r[2], r[3]) for r in rows if r[2] is not None]
+        return OutboxRow(
+            id=new_id,
+            entry=entry,
+            state="pending",
+            parts=(),
+            created_at=now,
+            answer_id=answer_id,
+            shown=tuple((int(p), str(v)) for p, v in shown),
+        )
 
     def _part_insert(self, table: str, key: str, value: str, parent: str, *, keep: bool) -> str:
         """INSERT of (``key``, part, ``value``) into ``table`` (``?`` for the three, then the
@@ -240,10 +283,7 @@ class OutboxMixin(CoreBase):
     async def shown_parts(self, question_id: int) -> tuple[tuple[int, str], ...]:
         """(part, platform id) of the messages a stream of this question's answer left on
         screen, by part."""
-        rows = await self._all(
-            "SELECT part, platform_id FROM shown_parts WHERE question_id = ? ORDER BY part",
-            (question_id,),
-        )
+        rows = await self._all(_SHOWN, (question_id,))
         return tuple((int(r[0]), str(r[1])) for r in rows)
 
     async def finish_delivery(
@@ -261,7 +301,7 @@ class OutboxMixin(CoreBase):
              (state, outbox_id, outbox_id)),
             ("DELETE FROM shown_parts WHERE question_id ="
              " (SELECT question_id FROM outbox WHERE id = ?)", (outbox_id,)),
-        ])  # fmt: skip
+        ], durable=False)  # fmt: skip
 
     async def undelivered(self, *, transports: Sequence[str]) -> list[OutboxRow]:
         """Unclaimed rows still ``pending`` on these transports (this gateway's), oldest

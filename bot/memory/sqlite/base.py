@@ -211,9 +211,12 @@ class SqliteBase(CoreBase):
             else:
                 await self._db.execute("COMMIT")
 
-    async def _together(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> int:
+    async def _together(
+        self, steps: Sequence[tuple[str, Sequence[Any]]], *, durable: bool = True
+    ) -> int:
         """The steps in one transaction, in ONE hop to the connection's thread (BEGIN
-        IMMEDIATE, the statements, COMMIT; ROLLBACK on any error), not one hop each."""
+        IMMEDIATE, the statements, COMMIT; ROLLBACK on any error), not one hop each.
+        ``durable`` changes nothing here (see ``bot.memory.core.db``)."""
 
         def work() -> int:
             db = self._db._conn  # runs on aiosqlite's thread, the connection's own
