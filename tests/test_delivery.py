@@ -65,6 +65,31 @@ async def test_undelivered_answers_survive_a_restart(tmp_path: Path, fake_llm: F
         await h2.app.close()
 
 
+async def test_a_finish_lost_with_the_database_sends_nothing_again(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """``finish_delivery`` does not wait for the flush (PostgreSQL): a database server crash
+    may lose it. What is left then is a row still pending, with every part it sent recorded
+    durably; after the restart the outbox finishes it and sends nothing twice."""
+    h = await start_harness(tmp_path, fake_llm)
+    fake_llm.reply = "Sent once."
+    await h.say("hello")
+    assert h.transport.texts() == ["Sent once."]
+    await h.store._exec("UPDATE outbox SET state = 'pending', claimed_by = NULL, claimed_at = NULL")
+    await h.store._exec("UPDATE messages SET status = 'sending' WHERE role = 'assistant'")
+    await h.app.close()  # the finish never happened, as if lost with the server
+    h2 = await start_harness(tmp_path, fake_llm)
+    try:
+        await h2.app.responder.wait_idle()
+        assert h2.transport.texts() == []
+        assert await _outbox(h2) == [("answer", "delivered")]
+        statuses = await h2.store._all("SELECT status FROM messages WHERE role = 'assistant'")
+        assert [r[0] for r in statuses] == ["delivered"]
+        assert len(fake_llm.chat_requests()) == 1
+    finally:
+        await h2.app.close()
+
+
 async def test_a_second_question_sees_the_answer_to_the_first(harness: Harness) -> None:
     harness.llm.reply_fn = lambda body: "answer to " + body["messages"][-1]["content"][-5:]
     harness.llm.script = [("sleep", 0.3)]

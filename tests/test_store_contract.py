@@ -457,9 +457,7 @@ async def test_a_claimed_row_comes_back_from_the_write_as_a_read_would_see_it(
     qid = await _say(memory, ALICE, "a long question")
     await memory.record_shown(qid, 1, "1002")
     await memory.record_shown(qid, 0, "1001")
-    answer = StoredAnswer(
-        (await memory.conversation(ALICE)).id, "meshsage", "the whole answer", 3
-    )
+    answer = StoredAnswer((await memory.conversation(ALICE)).id, "meshsage", "the whole answer", 3)
     row = await memory.queue_claimed(
         OutboxEntry(ALICE, "answer", "the whole", reply_to="p1", question_id=qid, rest="answer"),
         answer=answer,
