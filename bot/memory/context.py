@@ -71,6 +71,8 @@ from bot.llm.port import ChatMessage, Role, merge_system
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
 from bot.memory.facts import INFERRED_TOKENS, fact_line
 from bot.memory.port import MemoryStore
+from bot.memory.reads import at_once
+from bot.memory.records import Session
 from bot.memory.retrieval import RetrievedBlock, Retriever, day_label, query_terms
 from bot.memory.store import ASSISTANT, USER, Conversation, Fact, StoredMessage, Summary
 from bot.text import fill_prompt
@@ -108,6 +110,17 @@ LATE_ANSWERS = 16  # answers stored after the message being answered that may be
 
 RecallMode = Literal["inline", "notes"]
 __all__ = ["AssembledContext", "Block", "ContextBuilder", "group_turns", "merge_system"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Reads:
+    """``ContextBuilder._reads``: what a prompt reads first, at once."""
+
+    chapters: list[Summary]
+    facts: list[Fact]
+    sessions: list[Session]
+    late: list[StoredMessage]
+    chain: list[StoredMessage]
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,22 +233,21 @@ class ContextBuilder:
         free = budget - system_tokens
         if free < MIN_NEW_MESSAGE_TOKENS + MESSAGE_OVERHEAD:
             raise ValueError(f"budget {budget} cannot hold the system prompt and a message")
-        chapters = await self._store.summaries(conversation)
-        chapters, chapter_text, chapter_tokens = self._chapters(chapters, free)
+        reads = await self._reads(conversation, new_message_id)
+        chapters, chapter_text, chapter_tokens = self._chapters(reads.chapters, free)
         # Chapters change only at a fold, so the cap (and the fold points) stay put between.
         # The rest of the cap (retrieval.share) is kept for the new message, facts and recall.
         window_cap = int((free - chapter_tokens) * max(MIN_WINDOW_SHARE, 1.0 - self._share))
         base = chapters[-1].last_message_id if chapters else conversation.reset_after
         base = max(base, conversation.reset_after)
         turns, notes, fold, anchored = await self._window(
-            conversation, base, new_message_id, window_cap
+            conversation, base, new_message_id, window_cap, late=reads.late
         )
 
         # Facts: the newest that fit their share; those older than the window are stable.
-        facts = await self._store.facts(conversation.id)
         kept: list[Fact] = []
         fact_tokens = self._header_tokens[FACTS_HEADER]
-        for fact in reversed(facts):
+        for fact in reversed(reads.facts):
             cost = fact.tokens + 2 + (0 if fact.pinned else INFERRED_TOKENS)
             if fact_tokens + cost > int(free * FACTS_MAX_SHARE):
                 continue
@@ -322,8 +334,7 @@ class ContextBuilder:
             before = flat[0].id if flat else (new_message_id or 1 << 62)
             thread: list[StoredMessage] = []
             if new_message_id is not None:  # a reply: the chain it answers, if out of the window
-                chain = await self._store.ancestors(new_message_id, limit=THREAD_HOPS)
-                thread = [m for m in chain if conversation.reset_after < m.id < before]
+                thread = [m for m in reads.chain if conversation.reset_after < m.id < before]
             # Not again what the prompt already holds: notes of this window, pinned facts.
             seen = "\n".join([*notes.values(), *(f.text for f in kept)])
             block = await self._retriever.retrieve(
@@ -375,7 +386,7 @@ class ContextBuilder:
         room = left - sum(b.tokens for b in tail if b.name.startswith("retrieved"))
         if older and room >= MIN_RECALL_TOKENS:
             before = flat[0].id if flat else (new_message_id or 1 << 62)
-            chapter = await self._older_chapter(conversation, new_text, before=before)
+            chapter = self._older_chapter(conversation, reads.sessions, new_text, before=before)
             if chapter and self._measure(chapter) <= room:
                 tail.append(Block("chapter, once", self._measure(chapter), chapter))
                 extras.append(chapter)
@@ -399,7 +410,33 @@ class ContextBuilder:
             pending_fold=pending_fold,
         )
 
-    async def _older_chapter(self, conversation: Conversation, text: str, *, before: int) -> str:
+    async def _reads(self, conversation: Conversation, new_message_id: int | None) -> _Reads:
+        """What the prompt reads that depends on nothing else read, at once (``at_once``):
+        chapters, facts, the late answers and a reply's chain (both for a stored message),
+        and the sessions the older chapter is chosen from."""
+        store = self._store
+        async with at_once() as reads:
+            chapters = reads.create_task(store.summaries(conversation))
+            facts = reads.create_task(store.facts(conversation.id))
+            sessions = reads.create_task(store.sessions(conversation.id, limit=CHAPTER_SESSIONS))
+            late = chain = None
+            if new_message_id is not None:  # answers stored after it to ones before it
+                newest = store.recent_messages(
+                    conversation, limit=LATE_ANSWERS, before_id=new_message_id
+                )
+                late = reads.create_task(newest)
+                chain = reads.create_task(store.ancestors(new_message_id, limit=THREAD_HOPS))
+        return _Reads(
+            chapters=chapters.result(),
+            facts=facts.result(),
+            sessions=sessions.result(),
+            late=late.result() if late is not None else [],
+            chain=chain.result() if chain is not None else [],
+        )
+
+    def _older_chapter(
+        self, conversation: Conversation, sessions: Sequence[Session], text: str, *, before: int
+    ) -> str:
         """The summary of the older session (ended before ``before``, after the reset mark;
         among the newest ``CHAPTER_SESSIONS``) sharing the most of the message's content words,
         at least ``CHAPTER_OVERLAP`` of them (the newer on a tie), rendered; "" if none."""
@@ -407,7 +444,7 @@ class ContextBuilder:
         if not terms:
             return ""
         best, best_share = None, 0.0
-        for session in await self._store.sessions(conversation.id, limit=CHAPTER_SESSIONS):
+        for session in sessions:
             if not session.summary or session.last_message_id >= before:
                 continue
             if session.first_message_id <= conversation.reset_after:
@@ -423,18 +460,21 @@ class ContextBuilder:
         return f"{CHAPTER_HEADER} {day}\n{title}{best.summary}{NOTE_END}"
 
     async def _window(
-        self, conversation: Conversation, base: int, new_message_id: int | None, cap: int
+        self,
+        conversation: Conversation,
+        base: int,
+        new_message_id: int | None,
+        cap: int,
+        *,
+        late: Sequence[StoredMessage],
     ) -> tuple[list[list[StoredMessage]], dict[int, str], int, bool]:
         """Turns since the base, their stored recall notes, the index of the fold point the
         window starts at, and whether the turns were re-anchored (older ones since the base
-        left out)."""
+        left out). ``late``: the newest messages before the new one, for answers stored after
+        it to questions before it."""
         up_to = (new_message_id - 1) if new_message_id is not None else 1 << 62
         msgs = await self._store.messages_between(conversation.id, after_id=base, up_to_id=up_to)
-        if new_message_id is not None:  # answers stored after this message to ones before it
-            recent = await self._store.recent_messages(
-                conversation, limit=LATE_ANSWERS, before_id=new_message_id
-            )
-            msgs += [m for m in recent if m.id > up_to and base < (m.parent_id or 0)]
+        msgs += [m for m in late if m.id > up_to and base < (m.parent_id or 0)]
         # Each answer right after its question, so a late answer keeps the order stable.
         msgs.sort(key=lambda m: (_anchor(m), m.id))
         anchored = len(msgs) > 2 * FETCH_ANCHOR

@@ -50,6 +50,7 @@ from bot.errors import EmbeddingUnavailable
 from bot.llm.tokens import TokenCounter
 from bot.memory.embeddings import Embedder
 from bot.memory.port import MemoryStore
+from bot.memory.reads import at_once
 from bot.memory.store import USER, Conversation, StoredMessage
 
 log = logging.getLogger("bot.memory.retrieval")
@@ -400,11 +401,13 @@ class Retriever:
         """This conversation's whole outline, current as of now."""
         cached = self._outlines.pop(conversation_id, None) or Outline()
         before = len(cached)
-        rows = await self._store.outline(
-            conversation_id, after_id=cached.last_id, before_id=1 << 62
-        )
-        cached.extend(rows)
-        if len(cached.ids) != await self._store.count_messages(conversation_id):
+        async with at_once() as reads:  # the rows since, and the count that checks them
+            rows = reads.create_task(
+                self._store.outline(conversation_id, after_id=cached.last_id, before_id=1 << 62)
+            )
+            count = reads.create_task(self._store.count_messages(conversation_id))
+        cached.extend(rows.result())
+        if len(cached.ids) != count.result():
             cached = Outline(
                 await self._store.outline(conversation_id, after_id=0, before_id=1 << 62)
             )
