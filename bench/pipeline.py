@@ -146,15 +146,16 @@ class TimingLLM:
         self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
     ) -> Completion:
         started = time.perf_counter()
+        background = bool(messages) and messages[0].content.startswith(_BACKGROUND_PREFIXES)
         try:
-            return await self.inner.complete(messages, max_tokens=max_tokens, on_text=on_text)
+            completion = await self.inner.complete(messages, max_tokens=max_tokens, on_text=on_text)
         finally:
-            ended = time.perf_counter()
-            if messages and messages[0].content.startswith(_BACKGROUND_PREFIXES):
-                self.background_calls += 1
-            else:
-                self.foreground.append((started, ended))
+            if not background:
+                self.foreground.append((started, time.perf_counter()))
                 self.prompt_chars += sum(len(m.content) for m in messages)
+        if background:  # answered: a call cut at the stop or preempted is not counted
+            self.background_calls += 1
+        return completion
 
 
 # --- one serving run ------------------------------------------------------------------------

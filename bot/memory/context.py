@@ -143,13 +143,17 @@ class AssembledContext:
     chapters: list[Summary] = field(default_factory=list)  # the summary chapters used
     folded_up_to: int = 0  # last message id before the window (chapter end or reset mark)
     pending_fold: int | None = None  # first message the window keeps once its fold is written
+    folded: bool = False  # turns since ``folded_up_to`` were left out of the window
 
     @property
     def window_start_id(self) -> int | None:
         """Where the window starts once its pending fold has a chapter: the summarizer writes
-        everything before this id."""
+        everything before this id. None when there is nothing to write: the window holds
+        every turn since the last chapter and no fold is pending."""
         if self.pending_fold is not None:
             return self.pending_fold
+        if not self.folded:
+            return None
         return self.window[0].id if self.window else None
 
 
@@ -408,6 +412,7 @@ class ContextBuilder:
             chapters=chapters,
             folded_up_to=base,
             pending_fold=pending_fold,
+            folded=folded,
         )
 
     async def _reads(self, conversation: Conversation, new_message_id: int | None) -> _Reads:
