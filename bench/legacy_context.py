@@ -61,6 +61,7 @@ class AssembledContext:
     retrieved: list[StoredMessage] = field(default_factory=list)
     retrieved_reasons: dict[int, str] = field(default_factory=dict)  # id -> why (memory show)
     trimmed: bool = False  # the new message, facts or summary had to be cut
+    reserved: int = 0  # held back for the long-term tier (``LayeredContext``)
 
     @property
     def window_start_id(self) -> int | None:
@@ -110,7 +111,12 @@ class ContextBuilder:
         new_message_id: int | None,
         budget: int,
         style_hint: str = "",
+        longterm_reserve: int = 0,
     ) -> AssembledContext:
+        reserved = 0  # held back for the long-term tier around this builder, as it was
+        if longterm_reserve and await self._store.has_longterm_summary(conversation.id):
+            reserved = longterm_reserve
+        budget -= reserved
         trimmed = False
         system = f"{self._system_prompt} {style_hint}".strip()
         system_tokens = self._counter.count(system) + MESSAGE_OVERHEAD
@@ -207,6 +213,7 @@ class ContextBuilder:
             retrieved=list(block.turns),
             retrieved_reasons=dict(block.reasons),
             trimmed=trimmed,
+            reserved=reserved,
         )
 
     async def _facts(self, conversation: Conversation, free: int) -> tuple[str, int, bool]:

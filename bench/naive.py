@@ -32,6 +32,7 @@ class NaiveContextBuilder:
         new_message_id: int | None,
         budget: int,
         style_hint: str = "",
+        longterm_reserve: int = 0,  # no summary of any kind: nothing is held back for one
     ) -> AssembledContext:
         system = f"{self._system_prompt} {style_hint}".strip()
         system_tokens = self._counter.count(system) + MESSAGE_OVERHEAD

@@ -50,6 +50,7 @@ from bot.domain import Inbound
 from bot.llm.openai_compat import OpenAICompatLLM
 
 _depth: contextvars.ContextVar[int] = contextvars.ContextVar("store_depth", default=0)
+_who: contextvars.ContextVar[str] = contextvars.ContextVar("store_who", default="background")
 
 
 class Recorder:
@@ -60,9 +61,17 @@ class Recorder:
 
     @staticmethod
     def who() -> str:
+        """``turn`` in a turn's worker task and in the tasks it starts for reads made at once
+        (``bot.memory.reads``: they copy the worker's context, where this marks it)."""
         task = asyncio.current_task()
         name = task.get_name() if task is not None else ""
-        return "turn" if name.startswith("turns ") or name == "main" else "background"
+        if name.startswith("turns ") or name == "main":
+            _who.set("turn")
+            return "turn"
+        coro = task.get_coro() if task is not None else None
+        if getattr(getattr(coro, "cr_code", None), "co_name", "") == "timed":
+            return _who.get()  # a task that is one store call: a read made at once
+        return "background"
 
     def call(self, name: str, seconds: float) -> None:
         if self.on:

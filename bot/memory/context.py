@@ -121,6 +121,7 @@ class _Reads:
     sessions: list[Session]
     late: list[StoredMessage]
     chain: list[StoredMessage]
+    longterm: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +145,7 @@ class AssembledContext:
     folded_up_to: int = 0  # last message id before the window (chapter end or reset mark)
     pending_fold: int | None = None  # first message the window keeps once its fold is written
     folded: bool = False  # turns since ``folded_up_to`` were left out of the window
+    reserved: int = 0  # tokens held back for the long-term summary (``longterm_reserve``)
 
     @property
     def window_start_id(self) -> int | None:
@@ -229,15 +231,20 @@ class ContextBuilder:
         new_message_id: int | None,
         budget: int,
         style_hint: str = "",
+        longterm_reserve: int = 0,
     ) -> AssembledContext:
+        """``longterm_reserve``: tokens to hold back from ``budget`` when the conversation
+        has a long-term summary (read with the rest, ``_reads``); ``reserved`` says if."""
         trimmed = False
         prompt = fill_prompt(self._system_prompt, datetime.now(UTC))
         system = f"{prompt} {style_hint}".strip()
         system_tokens = self._counter.count(system) + MESSAGE_OVERHEAD
+        reads = await self._reads(conversation, new_message_id, longterm=longterm_reserve > 0)
+        reserved = longterm_reserve if reads.longterm else 0
+        budget -= reserved
         free = budget - system_tokens
         if free < MIN_NEW_MESSAGE_TOKENS + MESSAGE_OVERHEAD:
             raise ValueError(f"budget {budget} cannot hold the system prompt and a message")
-        reads = await self._reads(conversation, new_message_id)
         chapters, chapter_text, chapter_tokens = self._chapters(reads.chapters, free)
         # Chapters change only at a fold, so the cap (and the fold points) stay put between.
         # The rest of the cap (retrieval.share) is kept for the new message, facts and recall.
@@ -413,14 +420,21 @@ class ContextBuilder:
             folded_up_to=base,
             pending_fold=pending_fold,
             folded=folded,
+            reserved=reserved,
         )
 
-    async def _reads(self, conversation: Conversation, new_message_id: int | None) -> _Reads:
+    async def _reads(
+        self, conversation: Conversation, new_message_id: int | None, *, longterm: bool
+    ) -> _Reads:
         """What the prompt reads that depends on nothing else read, at once (``at_once``):
         chapters, facts, the late answers and a reply's chain (both for a stored message),
-        and the sessions the older chapter is chosen from."""
+        the sessions the older chapter is chosen from, and (``longterm``) whether there is a
+        long-term summary."""
         store = self._store
         async with at_once() as reads:
+            has_longterm = (
+                reads.create_task(store.has_longterm_summary(conversation.id)) if longterm else None
+            )
             chapters = reads.create_task(store.summaries(conversation))
             facts = reads.create_task(store.facts(conversation.id))
             sessions = reads.create_task(store.sessions(conversation.id, limit=CHAPTER_SESSIONS))
@@ -437,6 +451,7 @@ class ContextBuilder:
             sessions=sessions.result(),
             late=late.result() if late is not None else [],
             chain=chain.result() if chain is not None else [],
+            longterm=has_longterm.result() if has_longterm is not None else False,
         )
 
     def _older_chapter(
@@ -478,7 +493,15 @@ class ContextBuilder:
         left out). ``late``: the newest messages before the new one, for answers stored after
         it to questions before it."""
         up_to = (new_message_id - 1) if new_message_id is not None else 1 << 62
-        msgs = await self._store.messages_between(conversation.id, after_id=base, up_to_id=up_to)
+        notes: dict[int, str] = {}
+        if self.recall == "notes":  # the messages and their notes in one read
+            msgs, notes = await self._store.messages_with_notes(
+                conversation.id, after_id=base, up_to_id=up_to
+            )
+        else:
+            msgs = await self._store.messages_between(
+                conversation.id, after_id=base, up_to_id=up_to
+            )
         msgs += [m for m in late if m.id > up_to and base < (m.parent_id or 0)]
         # Each answer right after its question, so a late answer keeps the order stable.
         msgs.sort(key=lambda m: (_anchor(m), m.id))
@@ -486,9 +509,9 @@ class ContextBuilder:
         if anchored:  # summaries far behind (or off): a nearer anchor keeps this cheap
             msgs = msgs[(len(msgs) // FETCH_ANCHOR - 1) * FETCH_ANCHOR :]
         turns = group_turns(msgs)
-        notes: dict[int, str] = {}
-        if self.recall == "notes":
-            notes = await self._store.recall_notes([m.id for m in msgs if m.role == USER])
+        if anchored:
+            kept = {m.id for m in msgs}
+            notes = {i: note for i, note in notes.items() if i in kept}
         costs = [self._cost(t, notes) for t in turns]
         return turns, notes, fold_start(costs, cap=cap, min_turns=self._min_fold_turns), anchored
 

@@ -57,18 +57,17 @@ class LayeredContext:
         style_hint: str = "",
         ephemeral: Sequence[tuple[str, str]] = (),
     ) -> AssembledContext:
-        reserved = 0
-        if await self._store.has_longterm_summary(conversation.id):
-            reserved = self.reserve(budget)
         note = self._incognito_note(ephemeral, budget) if ephemeral else ""
         note_tokens = self._counter.count(note) + JOIN_OVERHEAD if note else 0
-        ctx = await self.inner.build(
+        ctx = await self.inner.build(  # holds the reserve back if there is a long-term summary
             conversation,
             new_text=new_text,
             new_message_id=new_message_id,
-            budget=budget - reserved - note_tokens,
+            budget=budget - note_tokens,
             style_hint=style_hint,
+            longterm_reserve=self.reserve(budget),
         )
+        reserved = ctx.reserved
         if ctx.retrieved:
             await self._store.note_retrieved([m.id for m in ctx.retrieved])
         blocks = list(ctx.blocks)

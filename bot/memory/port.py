@@ -149,6 +149,10 @@ class MemoryStore(Protocol):
         self, conversation_id: int, *, after_id: int, up_to_id: int
     ) -> list[StoredMessage]: ...
 
+    async def messages_with_notes(
+        self, conversation_id: int, *, after_id: int, up_to_id: int
+    ) -> tuple[list[StoredMessage], dict[int, str]]: ...
+
     async def message_by_platform_id(
         self, conversation_id: int, platform_id: str
     ) -> int | None: ...

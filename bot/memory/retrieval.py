@@ -427,14 +427,22 @@ class Retriever:
         the index span searched (after the reset mark, before ``before_id``)."""
         terms = query_terms(query)
         postings: list[list[int]] = []
-        if terms:
-            postings = await self._store.search_terms(
-                conversation.id, terms, after_id=conversation.reset_after, before_id=before_id
-            )
+        if terms:  # the outline is read with the postings: most messages with words match
+            async with at_once() as reads:
+                found = reads.create_task(
+                    self._store.search_terms(
+                        conversation.id,
+                        terms,
+                        after_id=conversation.reset_after,
+                        before_id=before_id,
+                    )
+                )
+                current = reads.create_task(self.outline(conversation.id))
+            postings = found.result()
         similarity = await self._similar(conversation, query, before_id=before_id)
         if not any(postings) and not similarity:
             return [], Outline(), (0, 0)
-        outline = await self.outline(conversation.id)
+        outline = current.result() if terms else await self.outline(conversation.id)
         span = outline.span(after_id=conversation.reset_after, before_id=before_id)
         repeats = await self._repeats(terms, postings, outline)
         cfg = self._config

@@ -27,6 +27,7 @@ from typing import Any
 
 from bot.domain import ConversationKey
 from bot.memory.core.db import MAX_ID, CoreBase
+from bot.memory.core.notes import quotes_missing
 from bot.memory.records import (
     MSG_COLS,
     AlreadyStored,
@@ -297,6 +298,20 @@ class MessagesMixin(CoreBase):
             (conversation_id, after_id, min(up_to_id, MAX_ID)),
         )
         return [msg_from_row(r) for r in rows]
+
+    async def messages_with_notes(
+        self, conversation_id: int, *, after_id: int, up_to_id: int
+    ) -> tuple[list[StoredMessage], dict[int, str]]:
+        """``messages_between`` and, from the same read, what ``recall_notes`` gives for its
+        user messages (a note quoting a message that is gone is left out)."""
+        rows = await self._all(
+            f"SELECT {MSG_COLS}, CASE WHEN role = 'user' AND recall_note IS NOT NULL "
+            f"AND NOT {quotes_missing(self.dialect)} THEN recall_note END FROM messages "
+            "WHERE conversation_id = ? AND id > ? AND id <= ? ORDER BY id",
+            (conversation_id, after_id, min(up_to_id, MAX_ID)),
+        )
+        notes = {int(r[0]): str(r[-1]) for r in rows if r[-1] is not None}
+        return [msg_from_row(tuple(r)[:-1]) for r in rows], notes
 
     async def message_by_platform_id(self, conversation_id: int, platform_id: str) -> int | None:
         value = await self._val(
