@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -221,7 +222,8 @@ def run_gateways(args: argparse.Namespace, base_url: str, n: int, messages: int)
     )
 
 
-def run_all(args: argparse.Namespace) -> list[GatewayRun]:
+def run_all(args: argparse.Namespace, counts: str | None = None) -> list[GatewayRun]:
+    """The PostgreSQL runs for ``counts`` gateway processes (default ``--gateways``)."""
     db = cache_path(args)
     if not db.exists():
         db.parent.mkdir(parents=True, exist_ok=True)
@@ -241,7 +243,7 @@ def run_all(args: argparse.Namespace) -> list[GatewayRun]:
         first = fake.stdout.readline().split()
         base_url = f"http://127.0.0.1:{first[1]}/v1"
         runs = []
-        for n in (int(x) for x in args.gateways.split(",")):
+        for n in (int(x) for x in (counts or args.gateways).split(",")):
             print(f"{n} gateway(s): {args.turns} turns ...", flush=True)
             try:
                 runs.append(run_gateways(args, base_url, n, messages))
@@ -278,7 +280,11 @@ def sqlite_row(args: argparse.Namespace) -> GatewayRun | None:
     )
 
 
-def table(runs: Sequence[GatewayRun], sqlite: GatewayRun | None = None) -> str:
+def table(
+    runs: Sequence[GatewayRun],
+    sqlite: GatewayRun | None = None,
+    rounds: Sequence[tuple[GatewayRun, GatewayRun]] = (),
+) -> str:
     lines = [
         "| store | gateway processes | overhead p50 ms | overhead p99 ms | turns/s (all) "
         "| turns/s per gateway | messages in DB | duplicate sends |",
@@ -299,6 +305,18 @@ def table(runs: Sequence[GatewayRun], sqlite: GatewayRun | None = None) -> str:
             f"PostgreSQL (1 gateway) / SQLite: overhead p50 "
             f"{one.overhead_p50_ms / sqlite.overhead_p50_ms:.2f}x, p99 "
             f"{one.overhead_p99_ms / sqlite.overhead_p99_ms:.2f}x (target: p50 within 1.5x).",
+        ]
+    if len(rounds) > 1:
+        ratios = [pg.overhead_p50_ms / sq.overhead_p50_ms for sq, pg in rounds]
+        each = ", ".join(
+            f"{sq.overhead_p50_ms:.2f} / {pg.overhead_p50_ms:.2f} ms = {r:.2f}x"
+            for (sq, pg), r in zip(rounds, ratios, strict=True)
+        )
+        lines += [
+            "",
+            f"{len(rounds)} rounds, SQLite then 1 PostgreSQL gateway each (overhead p50): "
+            f"{each}. Median ratio {statistics.median(ratios):.2f}x (the table shows the "
+            "last round).",
         ]
     return "\n".join(lines)
 
@@ -323,7 +341,7 @@ def write_docs(
         f"average {args.load[0]:.1f} at the start, {args.load[1]:.1f} at the end (other work "
         "shares this machine: compare runs only at similar load).",
         "",
-        table(runs, sqlite),
+        table(runs, sqlite, getattr(args, "rounds_measured", ())),
         MARK_END,
     ])  # fmt: skip
     text = path.read_text() if path.exists() else ""
@@ -347,11 +365,21 @@ def main(args: argparse.Namespace) -> None:
         print("GATEWAY " + json.dumps(asyncio.run(serve_one(args))))
         return
     load_before = os.getloadavg()[0]
+    rounds: list[tuple[GatewayRun, GatewayRun]] = []
+    for i in range(1, args.rounds):  # the earlier rounds: SQLite, then 1 gateway
+        print(f"round {i} of {args.rounds}", flush=True)
+        sq, pg = sqlite_row(args), run_all(args, "1")
+        if sq is not None and pg:
+            rounds.append((sq, pg[0]))
     sqlite = sqlite_row(args)
     runs = run_all(args)
+    one = next((r for r in runs if r.gateways == 1), None)
+    if rounds and sqlite is not None and one is not None:
+        rounds.append((sqlite, one))
     args.load = (load_before, os.getloadavg()[0])
+    args.rounds_measured = rounds
     print()
-    print(table(runs, sqlite))
+    print(table(runs, sqlite, rounds))
     print(f"\nmachine: {machine_notes()}")
     if args.write_docs:
         args.server_version = asyncio.run(_server_version(args))

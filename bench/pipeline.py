@@ -607,6 +607,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "on the same history (bench.gateways)",
     )
     p.add_argument("--gateways", default="1,2,4", help="with --store: gateway process counts")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --store: measure SQLite and 1 PostgreSQL gateway this many times, "
+        "alternately, and report each round's p50 ratio and their median (a shared machine's "
+        "load drifts; alternating rounds see the same drift); the other gateway counts run "
+        "once, in the last round",
+    )
     p.add_argument("--password-env", default="MESHSAGE_PG_PASSWORD", help="with --store")
     p.add_argument(
         "--skip-sqlite", action="store_true", help="with --store: PostgreSQL only (no SQLite row)"
