@@ -50,6 +50,7 @@ from bench.pipeline import (
     cache_path,
     machine_notes,
     percentile,
+    serve_turn,
 )
 from bot.app import build
 from bot.config import StorageConfig
@@ -110,22 +111,9 @@ async def serve_one(args: argparse.Namespace) -> dict[str, Any]:
                 message_id=f"gw{args.index}-{os.getpid()}-{count}",
                 sender_name=f"Person {person}",
             )
-            llm.foreground.clear()
-            sent = len(transport.sent)
-            t0 = time.perf_counter()
-            await transport.inject(inbound)
-            await app.responder.wait_idle()
-            t1 = time.perf_counter()
-            new = transport.sent[sent:]
-            if len(llm.foreground) == 1 and len(new) > 1 and {r.text for r in new} == {new[0].text}:
-                duplicates[0] += len(new) - 1  # an outbox race: counted and reported
-            elif len(llm.foreground) != 1 or len(new) != 1:
-                raise RuntimeError(
-                    f"turn {count} did not produce one LLM call and one reply "
-                    f"({len(llm.foreground)} calls, replies {[r.text[:60] for r in new]})"
-                )
-            a, b = llm.foreground[0]
-            return Turn(total=t1 - t0, llm=b - a, before_llm=a - t0, after_llm=t1 - b)
+            turn, doubles = await serve_turn(app, transport, llm, inbound, count)
+            duplicates[0] += doubles  # an outbox race: counted and reported
+            return turn
 
         for i in range(args.warmup // args.of + 1):
             await one_turn(warm[(i * args.of + args.index) % len(warm)])

@@ -158,6 +158,33 @@ class TimingLLM:
         return completion
 
 
+async def serve_turn(
+    app: App, transport: BenchTransport, llm: TimingLLM, inbound: Inbound, n: int
+) -> tuple[Turn, int]:
+    """Inject one message, wait until the app is idle, and time the turn; with the number of
+    extra copies of its reply (an outbox race: counted, not hidden). Raises unless the turn
+    made exactly one LLM call and sent one reply (or copies of one)."""
+    llm.foreground.clear()
+    sent = len(transport.sent)
+    t0 = time.perf_counter()
+    await transport.inject(inbound)
+    await app.responder.wait_idle()
+    t1 = time.perf_counter()
+    new = transport.sent[sent:]
+    if len(llm.foreground) == 1 and len(new) > 1 and {r.text for r in new} == {new[0].text}:
+        doubles = len(new) - 1
+    elif len(llm.foreground) != 1 or len(new) != 1:
+        raise RuntimeError(
+            f"turn {n} did not produce exactly one LLM call and one reply "
+            f"({len(llm.foreground)} calls, {len(new)} replies: "
+            f"{[r.text[:80] for r in new]}; message {inbound.text[:80]!r})"
+        )
+    else:
+        doubles = 0
+    a, b = llm.foreground[0]
+    return Turn(total=t1 - t0, llm=b - a, before_llm=a - t0, after_llm=t1 - b), doubles
+
+
 # --- one serving run ------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Turn:
@@ -288,23 +315,9 @@ async def drive(
                 message_id=f"in-{counter}",
                 sender_name=f"Person {person}",
             )
-            llm.foreground.clear()
-            sent = len(transport.sent)
-            t0 = time.perf_counter()
-            await transport.inject(inbound)
-            await app.responder.wait_idle()
-            t1 = time.perf_counter()
-            new = transport.sent[sent:]
-            if len(llm.foreground) == 1 and len(new) > 1 and {r.text for r in new} == {new[0].text}:
-                duplicates += len(new) - 1  # counted and reported, not hidden (see RunResult)
-            elif len(llm.foreground) != 1 or len(new) != 1:
-                raise RuntimeError(
-                    f"turn {counter} did not produce exactly one LLM call and one reply "
-                    f"({len(llm.foreground)} calls, {len(transport.sent) - sent} replies: "
-                    f"{[r.text[:80] for r in new]}; message {inbound.text[:80]!r})"
-                )
-            a, b = llm.foreground[0]
-            return Turn(total=t1 - t0, llm=b - a, before_llm=a - t0, after_llm=t1 - b)
+            turn, doubles = await serve_turn(app, transport, llm, inbound, counter)
+            duplicates += doubles  # counted and reported, not hidden (see RunResult)
+            return turn
 
         for i in range(warmup):
             await one_turn(warm_people[i % len(warm_people)])
