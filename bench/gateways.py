@@ -40,6 +40,7 @@ from typing import Any
 
 from bench.corpus import TRANSPORT, TextGen
 from bench.pipeline import (
+    HEADLINE,
     ROOT,
     BenchTransport,
     TimingLLM,
@@ -63,6 +64,9 @@ from bot.memory.sqlite import SqliteStore
 
 MARK_START = "<!-- bench:gateways:start -->"
 MARK_END = "<!-- bench:gateways:end -->"
+README = ROOT / "README.md"
+README_START = "<!-- bench:turn-cost:start -->"
+README_END = "<!-- bench:turn-cost:end -->"
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,11 +336,26 @@ def write_docs(
         table(runs, sqlite, getattr(args, "rounds_measured", ())),
         MARK_END,
     ])  # fmt: skip
+    _replace(path, MARK_START, MARK_END, block)
+    if path.resolve() == HEADLINE.resolve():  # the published run: README's summary too
+        summary = "\n".join([
+            README_START,
+            f"Measured {time.strftime('%Y-%m-%d')} with `{command_line(args)}` on a 2-core "
+            "machine that also runs the PostgreSQL server and the fake LLM (details: "
+            "[docs/benchmarks.md](docs/benchmarks.md#several-gateways-on-postgresql)):",
+            "",
+            table(runs, sqlite, getattr(args, "rounds_measured", ())),
+            README_END,
+        ])  # fmt: skip
+        _replace(README, README_START, README_END, summary)
+
+
+def _replace(path: Path, start: str, end: str, block: str) -> None:
     text = path.read_text() if path.exists() else ""
-    if MARK_START not in text:
-        raise SystemExit(f"{path} has no {MARK_START} marker; add one where the table goes")
-    head, rest = text.split(MARK_START, 1)
-    path.write_text(head + block + rest.split(MARK_END, 1)[1])
+    if start not in text:
+        raise SystemExit(f"{path} has no {start} marker; add one where the table goes")
+    head, rest = text.split(start, 1)
+    path.write_text(head + block + rest.split(end, 1)[1])
 
 
 async def _server_version(args: argparse.Namespace) -> str:

@@ -142,3 +142,29 @@ def test_tables_are_written_only_when_asked_and_only_from_a_full_run(
         assert exit_.value.code == 2
         err = capsys.readouterr().err
         assert "needs a full run" in err and small[0] in err
+
+
+def test_the_gateways_table_reports_each_round_and_the_median_ratio(tmp_path: Path) -> None:
+    """``--rounds``: each round's SQLite and 1-gateway p50 and their ratio, then the median;
+    a table written anywhere but docs/benchmarks.md leaves README alone."""
+    from bench import gateways
+
+    def run(n: int, p50: float) -> gateways.GatewayRun:
+        return gateways.GatewayRun(n, 100, 1000, p50, 2 * p50, 10.0, 10.0 / n)
+
+    rounds = [(run(1, 10.0), run(1, 20.0)), (run(1, 10.0), run(1, 12.0)), (run(1, 8.0), run(1, 12))]
+    text = gateways.table([rounds[-1][1], run(2, 30.0)], rounds[-1][0], rounds)
+    assert "| SQLite | 1 | 8.00 |" in text and "| PostgreSQL | 2 | 30.00 |" in text
+    assert "2.00x, 1.20x, 1.50x" not in text  # each round is shown with its figures
+    assert "10.00 / 20.00 ms = 2.00x" in text and "8.00 / 12.00 ms = 1.50x" in text
+    assert "Median ratio 1.50x" in text
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text(f"a\n{gateways.MARK_START}\nold\n{gateways.MARK_END}\nb\n")
+    readme = gateways.README.read_text()
+    args = argparse.Namespace(
+        messages=1000, conversations=10, turns=100, active=10, gateways="1,2", warmup=5,
+        seed=1, server_version="15", load=(1.0, 1.5), rounds_measured=rounds,
+    )  # fmt: skip
+    gateways.write_docs(docs, args, [rounds[-1][1]], rounds[-1][0])
+    assert "Median ratio 1.50x" in docs.read_text() and "old" not in docs.read_text()
+    assert gateways.README.read_text() == readme
