@@ -312,7 +312,7 @@ async def drive(
                 transport=TRANSPORT,
                 sender=person,
                 text=gen.user_message(rng),
-                message_id=f"in-{counter}",
+                message_id=f"in-{os.getpid()}-{counter}",  # unique in a reused database too
                 sender_name=f"Person {person}",
             )
             turn, doubles = await serve_turn(app, transport, llm, inbound, counter)
@@ -473,11 +473,13 @@ def run_all(args: argparse.Namespace) -> list[RunResult]:
         if first[:1] != ["PORT"]:
             raise RuntimeError(f"fake LLM did not start: {first}")
         base_url = f"http://127.0.0.1:{first[1]}/v1"
+        reuse = getattr(args, "reuse_work", False)  # rounds: the same database grows on
         for strategy in args.strategies.split(","):
             work = RESULTS / f"work-{strategy}"
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-            shutil.copyfile(db, work / DB_NAME)
+            if not (reuse and (work / DB_NAME).exists()):
+                shutil.rmtree(work, ignore_errors=True)
+                work.mkdir(parents=True)
+                shutil.copyfile(db, work / DB_NAME)
             print(f"serving {args.turns} turns with strategy {strategy} ...", flush=True)
             proc = subprocess.run(
                 _child(
@@ -496,7 +498,7 @@ def run_all(args: argparse.Namespace) -> list[RunResult]:
                 text=True,
             )
             results.append(RunResult(**_result_line(proc.stdout, "RESULT")))
-            if not args.keep:
+            if not args.keep and not reuse:
                 shutil.rmtree(work, ignore_errors=True)
     finally:
         if fake.stdin is not None:
