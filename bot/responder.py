@@ -3,6 +3,9 @@
 Invariants:
 - The inbound message is persisted before anything else (status ``pending``), so a crash or a
   shutdown loses nothing; pending messages are picked up again at the next start.
+- A turn reads its conversation once: the row read at intake, if nothing ran for the person
+  and no command ran for anyone since (``_Job.conv``: commands are what change conversation
+  rows), else again when the turn starts.
 - Per conversation, jobs (messages, commands, deliveries of stored answers) run one at a time,
   in arrival order, by a worker task that exits when its queue is empty; different
   conversations run at once. A person's next message is answered only after the previous
@@ -119,6 +122,10 @@ class _Job:
     command: bool = False
     outbox: OutboxRow | None = None  # a stored delivery to (re)send
     incognito: bool = False  # answered from memory, nothing stored
+    # The conversation as read at intake, kept only for a job that runs next with no command
+    # run since the read (commands are what change conversation rows): its turn needs no
+    # second read.
+    conv: Conversation | None = None
 
 
 class Responder:
@@ -151,6 +158,7 @@ class Responder:
         self._workers: dict[tuple[str, str, str], asyncio.Task[None]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
+        self._commands_run = 0  # commands finished, any person (see _Job.conv)
         self._accepting = True
         self._stretches = HeldStretches()
 
@@ -172,6 +180,7 @@ class Responder:
             elif self._accepting:  # commands are not stored; during shutdown they are dropped
                 self._enqueue(_Job(inbound, command=True))
             return
+        commands_before = self._commands_run
         try:
             conv = await self._store.conversation(inbound.key)
             if conv.incognito:  # read with the conversation: one round trip
@@ -206,7 +215,10 @@ class Responder:
             return
         if not self._accepting:
             return  # stored as pending; answered after the restart
-        self._enqueue(_Job(inbound, message_id))
+        key = inbound.key  # a person with a worker: this job runs after what it has queued
+        idle = (key.transport, key.person, key.space) not in self._workers
+        fresh = idle and commands_before == self._commands_run
+        self._enqueue(_Job(inbound, message_id, conv=conv if fresh else None))
 
     def _over_limit(self, inbound: Inbound) -> str | None:
         if self._commands.is_operator(inbound):
@@ -246,12 +258,15 @@ class Responder:
                     if job.outbox is not None:
                         await self._outbox.deliver(job.inbound, job.outbox)
                     elif job.command:
-                        await self._command(job.inbound)
+                        try:
+                            await self._command(job.inbound)
+                        finally:
+                            self._commands_run += 1
                     elif job.incognito:
                         await self._incognito_turn(job.inbound)
                     else:
                         assert job.message_id is not None
-                        await self._turn(job.inbound, job.message_id)
+                        await self._turn(job.inbound, job.message_id, job.conv)
                 except Exception:  # loop boundary: one bad turn must not stop this person's queue
                     log.exception("turn failed in %s", job.inbound.key)
                     await self._after_failure(job)
@@ -322,8 +337,9 @@ class Responder:
             return transport.fit_more(text)
         return transport.fit(text), None
 
-    async def _turn(self, inbound: Inbound, message_id: int) -> None:
-        conv = await self._store.conversation(inbound.key)
+    async def _turn(self, inbound: Inbound, message_id: int, conv: Conversation | None) -> None:
+        if conv is None:  # something ran for this person since intake (see _Job.conv)
+            conv = await self._store.conversation(inbound.key)
         # Gateways sharing one store take a person's turns one at a time, and a message that
         # another gateway (or an earlier recovery) answered meanwhile is not answered again.
         async with self._store.turn_lock(conv.id):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from bot.domain import ReplyKind
 from bot.responder import UNAVAILABLE
 from tests.conftest import Harness, start_harness
@@ -204,3 +206,34 @@ async def test_storage_failure_is_reported_to_the_person(harness: Harness) -> No
     await harness.store._db.execute("PRAGMA query_only = OFF")
     await harness.say("and now?")
     assert harness.transport.texts()[-1] == "Hello from fake"
+
+
+async def test_a_reset_that_ran_while_a_message_was_being_stored_is_honoured(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn may reuse the conversation its message's intake read (one read less) only when
+    nothing ran for anyone's commands since: here a ``!reset`` runs to its end while the
+    message is being stored, so the turn reads the conversation again and the old talk stays
+    out of the prompt."""
+    await harness.say("my boat is called Seagull")
+    store = harness.store
+    real_add = store.add_message
+    storing, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_add(*args: object, **kwargs: object) -> int:
+        storing.set()
+        await release.wait()
+        return await real_add(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "add_message", slow_add)
+    message = asyncio.create_task(harness.transport.say("what is my boat called?"))
+    await asyncio.wait_for(storing.wait(), timeout=10)
+    monkeypatch.setattr(store, "add_message", real_add)
+    await harness.say("!reset")  # runs to its end while the question is being stored
+    release.set()
+    await message
+    await harness.app.responder.wait_idle()
+    prompt = harness.llm.chat_requests()[-1]["messages"]
+    text = "\n".join(str(m["content"]) for m in prompt)
+    assert "what is my boat called?" in text
+    assert "Seagull" not in text
