@@ -320,12 +320,14 @@ def command_line(args: argparse.Namespace) -> str:
         f"python -m bench.pipeline --store postgresql://... --messages {args.messages} "
         f"--conversations {args.conversations} --turns {args.turns} --active {args.active} "
         f"--gateways {args.gateways}"
+        + (f" --rounds {args.rounds}" if getattr(args, "rounds", 1) > 1 else "")
     )
 
 
 def write_docs(
     path: Path, args: argparse.Namespace, runs: Sequence[GatewayRun], sqlite: GatewayRun | None
 ) -> None:
+    measured = table(runs, sqlite, getattr(args, "rounds_measured", ()))
     block = "\n".join([
         MARK_START,
         f"Command: `{command_line(args)}` (warm-up {args.warmup} turns, seed {args.seed}); "
@@ -335,20 +337,17 @@ def write_docs(
         f"average {args.load[0]:.1f} at the start, {args.load[1]:.1f} at the end (other work "
         "shares this machine: compare runs only at similar load).",
         "",
-        table(runs, sqlite, getattr(args, "rounds_measured", ())),
+        measured,
         MARK_END,
     ])  # fmt: skip
     _replace(path, MARK_START, MARK_END, block)
     if path.resolve() == HEADLINE.resolve():  # the published run: README's summary too
-        summary = "\n".join([
-            README_START,
+        intro = (
             f"Measured {time.strftime('%Y-%m-%d')} with `{command_line(args)}` on a 2-core "
             "machine that also runs the PostgreSQL server and the fake LLM (details: "
-            "[docs/benchmarks.md](docs/benchmarks.md#several-gateways-on-postgresql)):",
-            "",
-            table(runs, sqlite, getattr(args, "rounds_measured", ())),
-            README_END,
-        ])  # fmt: skip
+            "[docs/benchmarks.md](docs/benchmarks.md#several-gateways-on-postgresql)):"
+        )
+        summary = "\n".join([README_START, intro, "", measured, README_END])
         _replace(README, README_START, README_END, summary)
 
 
