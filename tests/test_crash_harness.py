@@ -11,11 +11,12 @@ last run that lets everything still owed go out, then a SIGTERM:
 - ``SIGTERM``: ``CRASH_TERMS`` (default 3) runs, each: two people write, SIGTERM at a random
   moment (model call, storing, sending: one run in each third of 0-2.5 s); the process must
   exit 0 within systemd's 45 s;
-- ``link loss``: one process; ``CRASH_DROPS`` (default 4) times two people write, and once
-  their questions are stored the fake radio drops the TCP connection (the first loss as soon
-  as a part is on air: mid-send; the second after a random pause; then either, at random),
-  either briefly (even losses) or gone for 0.5-3 s (odd ones); the bot reconnects. The last
-  loss ends with a SIGTERM while the radio is gone (the stop must not wait for it).
+- ``link loss``: one process; ``CRASH_DROPS`` (default 3: one of each kind) times two people
+  write, and once their questions are stored the fake radio drops the TCP connection (the
+  first loss as soon as a part is on air: mid-send; the second after a random pause; then
+  either, at random), either briefly (even losses) or gone for 0.5-3 s (odd ones); the bot
+  reconnects. The last loss ends with a SIGTERM while the radio is gone (the stop must not
+  wait for it).
 The defaults keep CI short (docs/development.md, "Test suite time"); the sizes of earlier
 sessions (``CRASH_KILLS=12 CRASH_TERMS=5 CRASH_DROPS=8``) or larger are one variable away.
 ``test_sigterm_with_twenty_replies_waiting_loses_nothing``: SIGTERM while 20 replies wait; kept
@@ -68,7 +69,7 @@ from tests.test_cli import _env
 
 KILLS = int(os.environ.get("CRASH_KILLS", "6"))
 TERMS = int(os.environ.get("CRASH_TERMS", "3"))
-DROPS = int(os.environ.get("CRASH_DROPS", "4"))
+DROPS = int(os.environ.get("CRASH_DROPS", "3"))
 PEOPLE = [0xC0DE0001 + i for i in range(6)]
 STOP_GUARD = 45.0  # systemd's TimeoutStopSec (systemd/meshsage.service): then it kills
 
