@@ -59,11 +59,13 @@ def _version_key(path: str) -> int:
 
 
 def _scratch() -> str | None:
-    """Where the cluster lives: /dev/shm when it is a tmpfs with room (4 GiB free: a test
-    session leaves a few hundred databases of ~9 MB each, removed at its end), else the
-    default temp dir. Nothing here needs a disk (fsync is off in tests): in memory, creating
-    a database and removing the cluster cost no disk I/O, which on a busy machine took
-    seconds (17 s for the cluster's removal at the end of one run)."""
+    """Where a test cluster (``durable=False`` only) lives: /dev/shm when it is a tmpfs with
+    room (4 GiB free: a test session leaves a few hundred databases of ~9 MB each, removed at
+    its end), else the default temp dir. Tests need no disk (fsync is off): in memory,
+    creating a database and removing the cluster cost no disk I/O, which on a busy machine
+    took seconds (17 s for the cluster's removal at the end of one run). A durable server
+    (benchmarks) always stays on disk: on tmpfs a flushed commit would cost nothing and flatter
+    the PostgreSQL figures."""
     try:
         fs = os.statvfs("/dev/shm")
     except OSError:
@@ -89,7 +91,7 @@ class PgServer:
         owner = "postgres" if os.geteuid() == 0 else None
         if owner is not None and shutil.which("runuser") is None:
             raise PgUnavailable("running as root without runuser: cannot start PostgreSQL")
-        root = Path(tempfile.mkdtemp(prefix="meshsage-pg-", dir=_scratch()))
+        root = Path(tempfile.mkdtemp(prefix="meshsage-pg-", dir=None if durable else _scratch()))
         server = cls(root, bindir, owner)
         server.socket_dir.mkdir()
         if owner is not None:
