@@ -48,7 +48,11 @@ JOBS ?= 2
 unit: $(STAMP) postgres-bin
 	$(BIN)/pytest $(if $(filter 0,$(JOBS)),,-n $(JOBS))
 
-test: lint typecheck unit
+# Lint and typecheck run beside the tests: pytest mostly waits (loopback servers, subprocesses,
+# radio airtime), so mypy's half-minute of CPU costs little wall time. Each one's output is
+# printed whole when it ends; any failure fails `make test`.
+test: $(STAMP) postgres-bin
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint typecheck unit
 
 constraints: $(STAMP)  ## re-pin constraints.txt after changing dependencies in pyproject.toml
 	$(BIN)/python tools/constraints.py

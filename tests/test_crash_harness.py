@@ -4,14 +4,21 @@ on both stores (SQLite in the state dir; PostgreSQL from tests/pg_server.py, one
 
 Disruptions (``test_no_answer_shown_twice_or_lost``, one per parameter), each followed by a
 last run that lets everything still owed go out, then a SIGTERM:
-- ``kill -9``: ``CRASH_KILLS`` (default 12) SIGKILLs at random moments, from start-up
-  (migrations, recovery) to sending; every fifth run people write first;
-- ``SIGTERM``: ``CRASH_TERMS`` (default 5) runs, each: two people write, SIGTERM at a random
-  moment (model call, storing, sending); the process must exit 0 within systemd's 45 s;
-- ``link loss``: one process; ``CRASH_DROPS`` (default 8) times two people write, and once
-  their questions are stored the fake radio drops the TCP connection (half the time as soon
-  as a part is on air: mid-send), either briefly or gone for 0.5-3 s; the bot reconnects. The
-  last loss ends with a SIGTERM while the radio is gone (the stop must not wait for it).
+- ``kill -9``: ``CRASH_KILLS`` (default 6) SIGKILLs at random moments, from start-up
+  (migrations, recovery) to sending; every fifth run (the first and the sixth) people write
+  first; the other kills fall one in each equal slice of 0.2-3.2 s after the start (``_slice``),
+  so even the default size kills early in start-up and late, while answers are sent;
+- ``SIGTERM``: ``CRASH_TERMS`` (default 3) runs, each: two people write, SIGTERM at a random
+  moment (model call, storing, sending: one run in each third of 0-2.5 s); the process must
+  exit 0 within systemd's 45 s;
+- ``link loss``: one process; ``CRASH_DROPS`` (default 3: one of each kind) times two people
+  write, and once their questions are stored the fake radio drops the TCP connection (the
+  first loss as soon as a part is on air: mid-send; the second after a random pause; then
+  either, at random), either briefly (even losses) or gone for 0.5-3 s (odd ones); the bot
+  reconnects. The last loss ends with a SIGTERM while the radio is gone (the stop must not
+  wait for it).
+The defaults keep CI short (docs/development.md, "Test suite time"); the sizes of earlier
+sessions (``CRASH_KILLS=12 CRASH_TERMS=5 CRASH_DROPS=8``) or larger are one variable away.
 ``test_sigterm_with_twenty_replies_waiting_loses_nothing``: SIGTERM while 20 replies wait; kept
 in the outbox, sent after the restart.
 
@@ -60,9 +67,9 @@ from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_radio import FakeTcpRadio
 from tests.test_cli import _env
 
-KILLS = int(os.environ.get("CRASH_KILLS", "12"))
-TERMS = int(os.environ.get("CRASH_TERMS", "5"))
-DROPS = int(os.environ.get("CRASH_DROPS", "8"))
+KILLS = int(os.environ.get("CRASH_KILLS", "6"))
+TERMS = int(os.environ.get("CRASH_TERMS", "3"))
+DROPS = int(os.environ.get("CRASH_DROPS", "3"))
 PEOPLE = [0xC0DE0001 + i for i in range(6)]
 STOP_GUARD = 45.0  # systemd's TimeoutStopSec (systemd/meshsage.service): then it kills
 
@@ -305,8 +312,17 @@ def _ask(radio: FakeTcpRadio, rng: random.Random, asked: int, *, long: float = 0
     return asked
 
 
+def _slice(rng: random.Random, i: int, n: int, lo: float, hi: float) -> float:
+    """A random moment in the ``i``-th of ``n`` equal slices of [lo, hi]: over ``n`` runs
+    every part of the range is hit once, however small ``n`` is."""
+    width = (hi - lo) / max(n, 1)
+    return rng.uniform(lo + (i % max(n, 1)) * width, lo + (i % max(n, 1) + 1) * width)
+
+
 async def _kill_runs(bot: _Bot, radio: FakeTcpRadio, rng: random.Random) -> int:
     asked = 0
+    quiet = [k for k in range(KILLS) if k % 5 != 0]  # the runs killed at a moment from start
+    order = rng.sample(range(len(quiet)), len(quiet))  # which slice each of them gets
     for kill in range(KILLS):
         before = radio.connections
         proc = await bot.start()
@@ -316,18 +332,20 @@ async def _kill_runs(bot: _Bot, radio: FakeTcpRadio, rng: random.Random) -> int:
                 asked = _ask(radio, rng, asked)
             await asyncio.sleep(rng.uniform(0.0, 1.5))
         else:  # any moment from start-up (migrations, recovery) to sending
-            await asyncio.sleep(rng.uniform(0.2, 3.2))
+            await asyncio.sleep(_slice(rng, order[quiet.index(kill)], len(quiet), 0.2, 3.2))
         await bot.kill()
     return asked
 
 
 async def _term_runs(bot: _Bot, radio: FakeTcpRadio, rng: random.Random) -> int:
     asked = 0
-    for _ in range(TERMS):
+    order = rng.sample(range(TERMS), TERMS)
+    for term in range(TERMS):
         await bot.up(radio)
         await asyncio.sleep(0.3)
         asked = _ask(radio, rng, asked)
-        await asyncio.sleep(rng.uniform(0.0, 2.5))  # the model call, storing, or sending
+        # the model call, storing, or sending
+        await asyncio.sleep(_slice(rng, order[term], TERMS, 0.0, 2.5))
         await bot.terminate()
     return asked
 
@@ -342,7 +360,8 @@ async def _link_losses(bot: _Bot, radio: FakeTcpRadio, rng: random.Random, db: _
         on_air = len(radio.on_air)
         asked = _ask(radio, rng, asked, long=0.5)
         await _until(partial(_at_least, db, QUESTIONS, asked), "the questions stored")
-        if rng.random() < 0.5:  # mid-send: as soon as a part of an answer is on air
+        mid_send = drop == 0 or (drop != 1 and rng.random() < 0.5)
+        if mid_send:  # as soon as a part of an answer is on air
             await _until(partial(_more_on_air, radio, on_air), "a part on air")
         else:
             await asyncio.sleep(rng.uniform(0.0, 2.0))

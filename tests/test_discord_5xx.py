@@ -46,8 +46,24 @@ async def _ask(fake: FakeDiscord, app: App, llm: FakeLLM) -> None:
     await app.responder.wait_idle()
 
 
-@pytest.mark.parametrize("status", [503, 502])
 async def test_a_post_refused_before_the_write_is_sent_once_later(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, backend: Backend
+) -> None:
+    await _refused_then_sent(tmp_path, fake_llm, fake_discord, backend, 503)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_a_post_refused_past_discord_py_retries_is_sent_once_later(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, backend: Backend
+) -> None:
+    """502 five times: past discord.py's own retries (it waits 1, 3, 5, 7 and 9 s between
+    its five tries: 25 s of idle time), then the outbox's round sends it once. On SQLite only:
+    what the store does (the row kept, then delivered once) is the 503 test's path, which runs
+    on both backends; this test adds discord.py's retries, which no backend changes."""
+    await _refused_then_sent(tmp_path, fake_llm, fake_discord, backend, 502)
+
+
+async def _refused_then_sent(
     tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, backend: Backend, status: int
 ) -> None:
     fake_llm.reply = SHORT
