@@ -180,3 +180,27 @@ async def test_tidy_checkpoints_the_wal(tmp_path: Path) -> None:
     await store.tidy()
     assert path.stat().st_size > main_before + 100_000  # the pages reached the main file
     await store.close()
+
+
+async def test_a_commit_that_fails_leaves_no_transaction_open(tmp_path: Path) -> None:
+    """A COMMIT SQLite refuses ("SQL statements in progress": here a write's cursor left half
+    read on the connection) fails that one write, rolled back; it must not leave the
+    transaction open, or every later write fails ("cannot start a transaction within a
+    transaction") until a restart. Seen once with ten people waiting during a !forget."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="statements in progress"):
+            async with store._atomic() as tx:
+                cur = await tx.db.execute(
+                    "INSERT INTO link_codes (code_hash, transport, person, expires_at) "
+                    "VALUES ('a', 'mesh', 'p', 1), ('b', 'mesh', 'p', 1) RETURNING code_hash"
+                )
+                assert await cur.fetchone() is not None  # the second row is never read
+        await cur.close()
+        assert not store._db.in_transaction
+        assert await store._all("SELECT count(*) FROM link_codes") == [(0,)]  # rolled back
+        async with store._atomic() as tx:  # the next write works
+            await tx.exec("INSERT INTO link_codes VALUES ('c', 'mesh', 'p', 1)")
+        assert await store._val("SELECT count(*) FROM link_codes") == 1
+    finally:
+        await store.close()

@@ -205,11 +205,13 @@ class SqliteBase(CoreBase):
             await self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield SqliteTx(self._db)
-            except BaseException:
-                await self._db.execute("ROLLBACK")
-                raise
-            else:
                 await self._db.execute("COMMIT")
+            except BaseException:
+                # Also when COMMIT itself fails ("SQL statements in progress", disk full): a
+                # transaction left open would make every later BEGIN fail until a restart.
+                if self._db.in_transaction:
+                    await self._db.execute("ROLLBACK")
+                raise
 
     async def _together(
         self, steps: Sequence[tuple[str, Sequence[Any]]], *, durable: bool = True
@@ -225,10 +227,11 @@ class SqliteBase(CoreBase):
                 n = 0
                 for sql, params in steps:
                     n = db.execute(sql, tuple(params)).rowcount
+                db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # COMMIT failed too: never leave it open (_atomic)
+                    db.execute("ROLLBACK")
                 raise
-            db.execute("COMMIT")
             return n
 
         async with self._lock:
