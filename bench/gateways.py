@@ -294,9 +294,10 @@ def table(
         )
     one = next((r for r in runs if r.gateways == 1), None)
     if sqlite is not None and one is not None:
+        which = "in the last round" if len(rounds) > 1 else ""
         lines += [
             "",
-            f"PostgreSQL (1 gateway) / SQLite: overhead p50 "
+            f"PostgreSQL (1 gateway) / SQLite{' ' + which if which else ''}: overhead p50 "
             f"{one.overhead_p50_ms / sqlite.overhead_p50_ms:.2f}x, p99 "
             f"{one.overhead_p99_ms / sqlite.overhead_p99_ms:.2f}x (target: p50 within 1.5x).",
         ]
@@ -309,7 +310,7 @@ def table(
         lines += [
             "",
             f"{len(rounds)} rounds, SQLite then 1 PostgreSQL gateway each (overhead p50): "
-            f"{each}. Median ratio {statistics.median(ratios):.2f}x (the table shows the "
+            f"{each}. **Median ratio {statistics.median(ratios):.2f}x** (the table shows the "
             "last round).",
         ]
     return "\n".join(lines)

@@ -157,7 +157,7 @@ def test_the_gateways_table_reports_each_round_and_the_median_ratio(tmp_path: Pa
     assert "| SQLite | 1 | 8.00 |" in text and "| PostgreSQL | 2 | 30.00 |" in text
     assert "2.00x, 1.20x, 1.50x" not in text  # each round is shown with its figures
     assert "10.00 / 20.00 ms = 2.00x" in text and "8.00 / 12.00 ms = 1.50x" in text
-    assert "Median ratio 1.50x" in text
+    assert "Median ratio 1.50x" in text and "SQLite in the last round: overhead p50 1.50x" in text
     docs = tmp_path / "benchmarks.md"
     docs.write_text(f"a\n{gateways.MARK_START}\nold\n{gateways.MARK_END}\nb\n")
     readme = gateways.README.read_text()
