@@ -4,8 +4,9 @@ Invariants:
 - The inbound message is persisted before anything else (status ``pending``), so a crash or a
   shutdown loses nothing; pending messages are picked up again at the next start.
 - A turn reads its conversation once: the row read at intake, if nothing ran for the person
-  and no command ran for anyone since (``_Job.conv``: commands are what change conversation
-  rows), else again when the turn starts.
+  and no command of anyone's started, ended or was running since (``_Job.conv``: commands are
+  what change conversation rows, a ``!link`` on one transport the row of another), else again
+  when the turn starts.
 - Per conversation, jobs (messages, commands, deliveries of stored answers) run one at a time,
   in arrival order, by a worker task that exits when its queue is empty; different
   conversations run at once. A person's next message is answered only after the previous
@@ -123,8 +124,8 @@ class _Job:
     outbox: OutboxRow | None = None  # a stored delivery to (re)send
     incognito: bool = False  # answered from memory, nothing stored
     # The conversation as read at intake, kept only for a job that runs next with no command
-    # run since the read (commands are what change conversation rows): its turn needs no
-    # second read.
+    # started, ended or running since the read (commands are what change conversation rows):
+    # its turn needs no second read.
     conv: Conversation | None = None
 
 
@@ -158,7 +159,9 @@ class Responder:
         self._workers: dict[tuple[str, str, str], asyncio.Task[None]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
-        self._commands_run = 0  # commands finished, any person (see _Job.conv)
+        # Commands started or finished, any person, and how many run now (see _Job.conv).
+        self._command_events = 0
+        self._commands_running = 0
         self._accepting = True
         self._stretches = HeldStretches()
 
@@ -180,7 +183,7 @@ class Responder:
             elif self._accepting:  # commands are not stored; during shutdown they are dropped
                 self._enqueue(_Job(inbound, command=True))
             return
-        commands_before = self._commands_run
+        commands_before = self._command_events
         try:
             conv = await self._store.conversation(inbound.key)
             if conv.incognito:  # read with the conversation: one round trip
@@ -217,7 +220,8 @@ class Responder:
             return  # stored as pending; answered after the restart
         key = inbound.key  # a person with a worker: this job runs after what it has queued
         idle = (key.transport, key.person, key.space) not in self._workers
-        fresh = idle and commands_before == self._commands_run
+        quiet = commands_before == self._command_events and not self._commands_running
+        fresh = idle and quiet
         self._enqueue(_Job(inbound, message_id, conv=conv if fresh else None))
 
     def _over_limit(self, inbound: Inbound) -> str | None:
@@ -258,10 +262,13 @@ class Responder:
                     if job.outbox is not None:
                         await self._outbox.deliver(job.inbound, job.outbox)
                     elif job.command:
+                        self._command_events += 1
+                        self._commands_running += 1
                         try:
                             await self._command(job.inbound)
                         finally:
-                            self._commands_run += 1
+                            self._commands_running -= 1
+                            self._command_events += 1
                     elif job.incognito:
                         await self._incognito_turn(job.inbound)
                     else:
