@@ -55,15 +55,16 @@ from bot.memory.retrieval import Retriever
 from bot.memory.sessions import SessionKeeper
 from bot.memory.store import SqliteStore
 from bot.memory.summary import Summarizer
-from bot.ops.metrics import LastError, Latencies, TimedLLM
+from bot.ops.metrics import Counters, LastError, Latencies, TimedLLM
 from bot.ops.monitor import Monitor
 from bot.ops.sdnotify import Notifier
-from bot.ops.status import STATUS_FILE
+from bot.ops.status import STATUS_FILE, Status
 from bot.responder import Responder
 from bot.transports.base import Transport
 
 if TYPE_CHECKING:
     from bot.memory.postgres import PostgresStore
+    from bot.web.server import WebServer
 
 log = logging.getLogger("bot.app")
 
@@ -103,6 +104,7 @@ class App:
     bridge: Bridge | None = None  # relay: pairs configured
     stop_seconds: float = STOP_SECONDS  # the one shutdown deadline (tests shorten it)
     cut_at_stop: list[str] = field(default_factory=list)  # steps the deadline cut off
+    web: WebServer | None = None  # web.enabled: the operator's web view and /metrics
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -126,6 +128,12 @@ class App:
             self.sessions.start()
         await self.responder.recover_pending()
         self._start_monitor()
+        if self.web is not None:
+            try:
+                await self.web.start()
+            except MeshsageError as exc:  # the bot still serves people; the operator is told
+                log.error("%s", exc)
+                self.web = None
         self.notifier.ready("serving on " + ", ".join(t.name for t in running))
         return running
 
@@ -144,6 +152,12 @@ class App:
             relay=self._relay_counters if self.bridge is not None else None,
         )
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
+
+    async def status_now(self) -> Status:
+        """The monitor's newest report (what ``meshsage status`` reads), or a fresh one."""
+        if self.monitor is None:
+            raise MeshsageError("the monitor is not running yet")
+        return self.monitor.last or await self.monitor.collect()
 
     async def _maintenance_loop(self) -> None:
         """Database upkeep off the reply path: WAL checkpoints and small FTS merges while no
@@ -236,6 +250,8 @@ class App:
             await self._step(name, awaitable, start + self.stop_seconds * share, grace_end)
 
         self.notifier.stopping()
+        if self.web is not None:
+            await step("the web view", self.web.stop())
         if self._monitor_task is not None:
             if self.monitor is not None:
                 self.monitor.stop()
@@ -376,7 +392,9 @@ async def build(
             model_name=lambda: gate.model_name,
             links=LinkCodes(store),
         )
+        counters = Counters()
         responder = Responder(
+            counters=counters,
             store=store,
             llm=gate.foreground,
             context=context,
@@ -418,6 +436,8 @@ async def build(
                 _build_transport(name, app, env=env, stdin=stdin, stdout=stdout) for name in names
             ]
         app.transports = transports
+        if config.web.enabled and only is None:  # `run` only: chat and the tools serve no view
+            app.web = _build_web(app, env=env, latencies=latencies, counters=counters)
         # chat, memory tools and reindex build one transport or none: no bridge to make
         if config.relay.pairs and only is None and transports:
             app.bridge = _build_bridge(config, transports)
@@ -429,6 +449,36 @@ async def build(
     except BaseException:
         await store.close()
         raise
+
+
+def _build_web(
+    app: App, *, env: Mapping[str, str], latencies: Latencies, counters: Counters
+) -> WebServer:
+    """The web view (``web:``); refuses without the token a non-loopback bind needs."""
+    from bot.web.checks import web_problems, web_token
+    from bot.web.model import Collector
+    from bot.web.server import WebServer
+
+    problems = web_problems(app.config, env=env)
+    if problems:
+        raise MeshsageError(" ".join(problems))
+    collector = Collector(
+        status=app.status_now,
+        transports=lambda: app.transports,
+        store=app.store,
+        latencies=latencies,
+        counters=counters,
+        last_error=app.last_error,
+        waiting=app.responder.waiting,
+        model_name=lambda: app.gate.model_name,
+        backups=app.config.database_path.parent / "backups",
+    )
+    return WebServer(
+        config=app.config.web,
+        token=web_token(app.config, env),
+        collector=collector,
+        name=app.config.bot.name,
+    )
 
 
 def _build_bridge(config: Config, transports: list[Transport]) -> Bridge:

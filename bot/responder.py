@@ -89,6 +89,7 @@ from bot.memory.records import (
 from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
+from bot.ops.metrics import Counters
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import AnswerStream, Congested, KeepsFiles, Paginates, Transport
 
@@ -143,7 +144,9 @@ class Responder:
         indexer: Indexer | None = None,
         max_age: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        counters: Counters | None = None,
     ) -> None:
+        self.counters = counters or Counters()  # totals for the operator's view (counts only)
         self._store = store
         self._llm = llm
         self._context = context
@@ -214,6 +217,7 @@ class Responder:
             await self._notice(inbound, NOT_STORED)
             return
         if limited:
+            self.counters.add("limited")
             await self._notice_once(inbound, limited)
             return
         if not self._accepting:
@@ -362,6 +366,7 @@ class Responder:
         """Answer the claimed question. ``conv`` was read before the turn lock: only a turn
         takes the lock, and a turn changes no conversation row, so waiting for another
         gateway's turn leaves it as read."""
+        self.counters.add("turns")
         transport = self._transports[inbound.transport]
         if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
             log.warning("outbox of %s full; told %s to try later", transport.name, inbound.key)
@@ -411,6 +416,7 @@ class Responder:
                     inbound.key, "notice", transport.fit(UNAVAILABLE), question_id=message_id
                 )
                 row = await self._store.queue_claimed(entry, question_status="failed")
+                self.counters.add("notices")
                 await self._outbox.deliver_now(inbound, row)
                 return
         whole = completion.text.strip()
@@ -444,6 +450,8 @@ class Responder:
         delivery = await self._outbox.deliver_now(
             inbound, row, note=TRIMMED_NOTE if trimmed else None, stream=stream
         )
+        self.counters.add("answers")
+        self.counters.replied(max(0.0, time.time() - inbound.received_at.timestamp()))
         log.info(
             "answered %s: %d context tokens (%s), %d answer chars, %s",
             inbound.key,
@@ -501,6 +509,7 @@ class Responder:
             log.exception("could not mark the failed turn in %s", job.inbound.key)
 
     async def _notice(self, inbound: Inbound, text: str) -> None:
+        self.counters.add("notices")
         await self._outbox.notice(inbound, text)
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -538,6 +547,11 @@ class Responder:
         if n:
             log.info("sending %d undelivered reply(ies) from the outbox", n)
         return n
+
+    def waiting(self) -> tuple[int, int]:
+        """(people with turns queued or running, turns queued or running): counts only."""
+        people = {key[:2] for key, q in self._queues.items() if q}
+        return len(people), sum(len(q) for q in self._queues.values())
 
     @property
     def idle(self) -> bool:

@@ -27,7 +27,8 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections import OrderedDict, deque
+import time
+from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -68,6 +69,7 @@ from bot.transports.mesh_text import (
     split_parts,
     utf8_len,
 )
+from bot.transports.mesh_view import MeshView, NodeBook, nodes_seen
 from bot.transports.meshtastic_link import (
     EARLY_LIMIT,
     TOPIC_LOST,
@@ -171,6 +173,9 @@ class MeshtasticTransport(MeshOutbox):
         self._subscribed = False
         self._closing = _Counter()
         self._broken = ""  # name of a loop that ended with an exception (health: not ok)
+        self._nodes = NodeBook()  # signal and counts per node, for the operator's view
+        self._holds: Counter[str] = Counter()  # holds started, by cause (operator's view)
+        self._holding = ""  # why a part is held right now ("" when none is)
 
     # --- Transport protocol ----------------------------------------------------------------
     def fit(self, text: str) -> str:
@@ -260,6 +265,15 @@ class MeshtasticTransport(MeshOutbox):
             return
         self._last_rx = self._clock.monotonic()
         self._traffic.set()
+        frm = packet.get("from")
+        if isinstance(frm, int) and frm != self._my_num:
+            snr, rssi = packet.get("rxSnr"), packet.get("rxRssi")
+            self._nodes.heard(
+                node_id(frm),
+                snr=float(snr) if isinstance(snr, int | float) else None,
+                rssi=int(rssi) if isinstance(rssi, int) else None,
+                at=time.time(),
+            )
         decoded = packet.get("decoded")
         port = decoded.get("portnum") if isinstance(decoded, Mapping) else None
         if port == "ROUTING_APP" and isinstance(decoded, Mapping):
@@ -316,6 +330,7 @@ class MeshtasticTransport(MeshOutbox):
         except asyncio.QueueFull:
             log.warning("inbound queue full; dropping a message from %s", msg.sender)
             return
+        self._nodes.message_from(msg.sender)
         log.info(
             "message from %s in %s (%d bytes, %d hops)",
             msg.sender,
@@ -436,6 +451,7 @@ class MeshtasticTransport(MeshOutbox):
     def _make_job(self, reply: Reply) -> _Job:
         inbound = reply.inbound
         sender = node_num(inbound.sender)
+        self._nodes.reply_to(inbound.sender)
         text = self.fit(reply.text)
         texts = render_parts(
             split_parts(text, chunk_bytes=self._cfg.chunk_bytes, max_parts=self._cfg.max_parts)
@@ -504,6 +520,34 @@ class MeshtasticTransport(MeshOutbox):
         detail = f"loop {self._broken} died" if self._broken else self._lost_reason
         return TransportHealth(
             link=link, loop_ok=not self._broken, detail=detail, outbox=len(self._jobs)
+        )
+
+    def mesh_view(self) -> MeshView:
+        """The operator's view (``bot.transports.mesh_view``): cheap, non-blocking; the
+        library's node table is copied here (its thread may be writing it)."""
+        now = self._clock.monotonic()
+        table: dict[Any, Any] = {}
+        iface = self._iface
+        for _ in range(3):  # the library's thread may grow the table while it is copied
+            try:
+                table = dict((iface.nodesByNum or {}) if iface is not None else {})
+                break
+            except (RuntimeError, AttributeError):
+                continue
+        me = node_id(self._my_num) if self._my_num is not None else None
+        m = self._pacer.metrics
+        return MeshView(
+            link=self.health().link,
+            channel_utilization=m.channel_utilization,
+            air_util_tx=m.air_util_tx,
+            bot_hour_share=self._pacer.own_share(now, 3600.0),
+            others=self._pacer.others(now),
+            channel_limit=self._cfg.busy_threshold,
+            duty_cycle=self._cfg.duty_cycle,
+            holding=self._holding,
+            holds=dict(self._holds),
+            outbox_waiting=len(self._jobs),
+            nodes=tuple(nodes_seen(table, self._nodes, my_id=me)),
         )
 
 

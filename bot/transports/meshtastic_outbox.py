@@ -57,7 +57,7 @@ import contextlib
 import logging
 import math
 import secrets
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,6 +146,8 @@ class MeshOutbox(MeshLink):
     _pacer: Pacer
     _metrics_said: bool
     _held: str
+    _holds: Counter[str]
+    _holding: str
 
     # --- capacity ------------------------------------------------------------------------------
     def busy_for(self) -> float | None:
@@ -523,6 +525,12 @@ class MeshOutbox(MeshLink):
     async def _pace(self, job: _Job, part: _Part) -> bool:
         """Wait until the pacer lets this part go. False when it was held (channel busy or
         duty cycle spent) for ``busy_max_wait``: the reply then goes back to the outbox."""
+        try:
+            return await self._pace_part(job, part)
+        finally:
+            self._holding = ""  # (the operator's view: nothing is held once this returns)
+
+    async def _pace_part(self, job: _Job, part: _Part) -> bool:
         urgent = job.reply.kind is ReplyKind.NOTICE and len(job.parts) == 1
         airtime = self._airtime(part)
         held_since: float | None = None
@@ -536,6 +544,8 @@ class MeshOutbox(MeshLink):
             if verdict.reason in ("hold", "duty"):
                 if held_since is None:
                     held_since = now
+                    self._holds[verdict.reason] += 1
+                    self._holding = _why(verdict.reason)
                     log.info("%s; holding replies (%s)", _why(verdict.reason), self._figures(now))
                 if now - held_since >= self._cfg.busy_max_wait:
                     self._held = f"held {now - held_since:.0f} s: {_why(verdict.reason)}"
