@@ -154,10 +154,11 @@ class App:
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
 
     async def status_now(self) -> Status:
-        """The monitor's newest report (what ``meshsage status`` reads), or a fresh one."""
+        """A report as ``meshsage status`` reads it, collected now by the monitor (its file
+        may be one interval old; the web view shows links as they are)."""
         if self.monitor is None:
             raise MeshsageError("the monitor is not running yet")
-        return self.monitor.last or await self.monitor.collect()
+        return await self.monitor.collect()
 
     async def _maintenance_loop(self) -> None:
         """Database upkeep off the reply path: WAL checkpoints and small FTS merges while no

@@ -388,7 +388,7 @@ class WebConfig(_Strict):
 
     enabled: bool = False
     bind: str = Field("127.0.0.1", min_length=1, max_length=255)
-    port: int = Field(8470, ge=1, le=65535)
+    port: int = Field(8470, ge=0, le=65535)  # 0: any free port (tests)
     # The environment variable holding the token (browsers: ?token=..., then a cookie;
     # scrapers: Authorization: Bearer ...). Required for any bind but 127.0.0.1/::1/localhost.
     token_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")

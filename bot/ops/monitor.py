@@ -70,7 +70,6 @@ class Monitor:
         self._write_failed = ""
         self._stopped = False
         self._store_name = store_name(store)
-        self.last: status_file.Status | None = None  # the newest report (the web view reads it)
 
     def stop(self) -> None:
         """Ends ``run`` at its next step, even if a cancel was lost."""
@@ -86,7 +85,6 @@ class Monitor:
 
     async def tick(self) -> status_file.Status:
         snapshot = await self.collect()
-        self.last = snapshot
         if snapshot.healthy:
             self._notifier.watchdog()
         line = self.status_line(snapshot)

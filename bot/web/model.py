@@ -35,6 +35,10 @@ class ShowsMesh(Protocol):
     def mesh_view(self) -> MeshView: ...
 
 
+class Collects(Protocol):
+    async def collect(self) -> Snapshot: ...
+
+
 @dataclass(frozen=True)
 class OutboxState:
     state: str

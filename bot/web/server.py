@@ -35,7 +35,7 @@ from bot.errors import MeshsageError
 from bot.web import pages, prom
 from bot.web.assets import APP_CSS, APP_JS, CSP
 from bot.web.history import History
-from bot.web.model import Collector, Snapshot
+from bot.web.model import Collects, Snapshot
 
 log = logging.getLogger("bot.web")
 
@@ -66,7 +66,7 @@ class WebServer:
         *,
         config: WebConfig,
         token: str | None,
-        collector: Collector,
+        collector: Collects,
         name: str = "meshsage",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
