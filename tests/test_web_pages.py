@@ -99,10 +99,10 @@ async def test_metrics_follow_the_text_format_with_fixed_labels_only(
         mesh_harness(start=False) as h,
         web_app(tmp_path, fake_llm, h) as app,
         client(app) as http,
+        http.get("/metrics") as r,
     ):
-        async with http.get("/metrics") as r:
-            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-            text = await r.text()
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = await r.text()
     names = set()
     for line in text.splitlines():
         if line.startswith("# TYPE "):

@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 
 from bot.app import App, build
+from bot.transports.base import Transport
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
@@ -31,7 +32,7 @@ async def web_app(
     """The app with the harness's transport (or a fake chat transport when ``h`` is None: no
     radio configured), started, its web view listening."""
     config = make_config(tmp_path, llm.base_url, WEB + extra)
-    transports = [h.transport] if h is not None else [FakeTransport()]
+    transports: list[Transport] = [h.transport] if h is not None else [FakeTransport()]
     app = await build(config, env=env or {}, transports=transports)
     try:
         await app.start()
