@@ -110,7 +110,12 @@ async def test_pages_load_charts_update_live_and_nothing_leaves_the_machine(
     async with mesh_harness(start=False) as h, web_app(tmp_path, fake_llm, h) as app:
         page = await browser.context.new_page()
         page.on("pageerror", lambda e: browser.errors.append(str(e)))
-        page.on("console", lambda m: m.type == "error" and browser.errors.append(m.text))
+
+        def console(message: Any) -> None:
+            if message.type == "error":
+                browser.errors.append(message.text)
+
+        page.on("console", console)
         url = base_url(app)
         for path, marker in (
             ("/", "Health"),
