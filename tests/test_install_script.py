@@ -218,7 +218,7 @@ def test_backup_directory_and_daily_timer_are_installed(root: Path) -> None:
     for name in ("meshsage-backup.service", "meshsage-backup.timer"):
         assert (units / name).read_text() == (REPO / "systemd" / name).read_text()
     service = (units / "meshsage-backup.service").read_text()
-    assert "meshsage backup --keep 7 /var/lib/meshsage/backups/" in service
+    assert "meshsage backup --missing-ok --keep 7 /var/lib/meshsage/backups/" in service
     assert "OnCalendar=daily" in (units / "meshsage-backup.timer").read_text()
 
 
