@@ -23,7 +23,15 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from bot.transports.mesh_text import MIN_PACKET_SPACING_SECONDS
 
@@ -387,11 +395,12 @@ class WebConfig(_Strict):
     show node ids, queue depths and health, which a LAN should not see without the token."""
 
     enabled: bool = False
-    bind: str = Field("127.0.0.1", min_length=1, max_length=255)
-    port: int = Field(8470, ge=0, le=65535)  # 0: any free port (tests)
     # The environment variable holding the token (browsers: ?token=..., then a cookie;
     # scrapers: Authorization: Bearer ...). Required for any bind but 127.0.0.1/::1/localhost.
+    # (Declared before ``bind``, whose check reads it.)
     token_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    bind: str = Field("127.0.0.1", min_length=1, max_length=255)
+    port: int = Field(8470, ge=0, le=65535)  # 0: any free port (tests)
     refresh: float = Field(5.0, ge=0.2, le=300)  # seconds between samples and live updates
     max_viewers: int = Field(8, ge=1, le=100)  # live (server-sent events) connections at once
 
@@ -399,15 +408,16 @@ class WebConfig(_Strict):
     def loopback(self) -> bool:
         return self.bind in LOOPBACK_BINDS
 
-    @model_validator(mode="after")
-    def _token_off_loopback(self) -> WebConfig:
-        if self.enabled and not self.loopback and self.token_env is None:
+    @field_validator("bind")
+    @classmethod
+    def _token_off_loopback(cls, v: str, info: ValidationInfo) -> str:
+        if info.data.get("enabled") and v not in LOOPBACK_BINDS and not info.data.get("token_env"):
             raise ValueError(
-                f"bind: {self.bind} serves the web view beyond this machine, which needs a "
-                "token. Fix: set token_env: MESHSAGE_WEB_TOKEN and put MESHSAGE_WEB_TOKEN=<a "
-                "long random string> in the env file (/etc/meshsage/env), or bind: 127.0.0.1"
+                f"{v} serves the web view beyond this machine, which needs a token. Fix: set "
+                "web.token_env: MESHSAGE_WEB_TOKEN and put MESHSAGE_WEB_TOKEN=<a long random "
+                "string> in the env file (/etc/meshsage/env), or bind: 127.0.0.1"
             )
-        return self
+        return v
 
 
 LOOPBACK_BINDS = frozenset({"127.0.0.1", "::1", "localhost"})
