@@ -8,8 +8,9 @@ without a ``web:`` section (loopback, default refresh), and measures:
 - idle RSS: VmRSS after --idle seconds, runs alternating without/with the web view;
 - CPU at idle: the process's user+system CPU seconds over --watch seconds divided by them
   (percent of one core), with web on and no viewer, then with one headless Chromium
-  (Debian's, driven by Playwright, the flags the browser tests use) showing the Airtime page
-  with its live stream open, then RSS once more after that watch.
+  (Debian's, driven by Playwright, the flags the browser tests use) showing the Airtime page,
+  then the Now page (which changes at every sample: the uptime), each with its live stream
+  open, and RSS once more after each watch.
 
 It prints one line per measurement and a summary; it writes nothing.
 Usage: python -m bench.web [--runs 3] [--idle 10] [--watch 60]
@@ -148,13 +149,14 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"web {mode}, no viewer: CPU {cpu[mode]:.2f}% of a core over "
                           f"{args.watch:.0f} s", flush=True)  # fmt: skip
                     if mode == "on":
-                        watched, updates = asyncio.run(
-                            _watch(f"http://127.0.0.1:{port}/airtime", bot, args.watch)
-                        )
-                        after = bot.rss_mb()
-                        print(f"web on, one browser on /airtime: CPU {watched:.2f}% of a core "
-                              f"over {args.watch:.0f} s ({updates} live updates), RSS after "
-                              f"{after:.1f} MB", flush=True)  # fmt: skip
+                        for path in ("/airtime", "/"):  # charts; Now (changes every sample)
+                            watched, updates = asyncio.run(
+                                _watch(f"http://127.0.0.1:{port}{path}", bot, args.watch)
+                            )
+                            after = bot.rss_mb()
+                            print(f"web on, one browser on {path}: CPU {watched:.2f}% of a "
+                                  f"core over {args.watch:.0f} s ({updates} live updates), RSS "
+                                  f"after {after:.1f} MB", flush=True)  # fmt: skip
                 finally:
                     bot.stop()
             radio.stop()

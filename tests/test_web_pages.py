@@ -132,3 +132,26 @@ async def test_without_a_radio_the_airtime_and_nodes_pages_say_so(
                 assert "No radio is configured" in await r.text()
         async with http.get("/metrics") as r:
             assert "meshsage_mesh_" not in await r.text()
+
+
+async def test_an_unreachable_llm_shows_on_the_now_page_and_in_metrics(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script = [("status", 503, "loading model")]
+    async with (
+        mesh_harness(start=False) as h,
+        web_app(tmp_path, fake_llm, h) as app,
+        client(app) as http,
+    ):
+        h.radio.inject_text("are you there?", frm=ALICE)
+        await h.until(lambda: len(h.radio.sent_texts()) == 1, "the 'unavailable' notice")
+        await app.responder.wait_idle()
+        assert app.web is not None
+        await app.web.sample()
+        async with http.get("/") as r:
+            now = await r.text()
+        assert "the latest call failed" in now
+        async with http.get("/metrics") as r:
+            metrics = await r.text()
+        assert "meshsage_llm_failures_total 1" in metrics
+        assert "meshsage_notices_total 1" in metrics and "meshsage_answers_total 0" in metrics

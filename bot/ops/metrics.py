@@ -37,9 +37,11 @@ class Latencies:
         self.total = 0  # every successful call since start
         self.total_seconds = 0.0
         self.failures = 0  # calls that raised (unavailable, timeouts, errors)
+        self.last_ok: bool | None = None  # how the latest call ended (None: no call yet)
 
     def add(self, seconds: float) -> None:
         self._seconds.append(seconds)
+        self.last_ok = True
         self.total += 1
         self.total_seconds += seconds
         for i, bound in enumerate(BUCKETS):
@@ -78,6 +80,7 @@ class TimedLLM:
             result = await self._llm.complete(messages, max_tokens=max_tokens, **kwargs)
         except Exception:
             self._latencies.failures += 1
+            self._latencies.last_ok = False
             raise
         self._latencies.add(self._clock() - started)
         return result

@@ -53,6 +53,7 @@ class Snapshot:
     model: str
     context_tokens: dict[str, int]
     llm_failures: int
+    llm_last_ok: bool | None
     llm_total: int
     llm_seconds_total: float
     llm_buckets: tuple[int, ...]
@@ -121,6 +122,7 @@ class Collector:
             model=self._model_name(),
             context_tokens={t.name: t.limits.context_tokens for t in transports},
             llm_failures=self._latencies.failures,
+            llm_last_ok=self._latencies.last_ok,
             llm_total=self._latencies.total,
             llm_seconds_total=self._latencies.total_seconds,
             llm_buckets=tuple(self._latencies.buckets),

@@ -87,6 +87,15 @@ def now_fragments(snap: Snapshot) -> dict[str, str]:
     ctx = ", ".join(f"{escape(k)} {v}" for k, v in sorted(snap.context_tokens.items()))
     llm = _dl(
         [
+            (
+                "reachable",
+                {
+                    None: "no call yet",
+                    True: '<span class="ok">yes</span> (the latest call answered)',
+                    False: '<span class="bad">no</span> (the latest call '
+                    "failed; see the last errors)",
+                }[snap.llm_last_ok],
+            ),
             ("model", escape(snap.model)),
             (
                 "latency",
