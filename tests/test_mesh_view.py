@@ -7,7 +7,7 @@ from bot.transports.mesh_view import NodeBook, nodes_seen
 
 
 def test_a_thousand_nodes_merge_with_signal_and_counts_newest_first() -> None:
-    table = {
+    table: dict[object, object] = {
         num: {
             "num": num,
             "user": {"longName": f"Hiker {num}", "shortName": f"H{num % 100}"},
@@ -19,7 +19,7 @@ def test_a_thousand_nodes_merge_with_signal_and_counts_newest_first() -> None:
         for num in range(1, 1001)
     }
     table[7] = {"num": 7}  # a node that never sent its user info
-    table["junk"] = "not a node"  # type: ignore[index]
+    table["junk"] = "not a node"
     book = NodeBook()
     book.heard("!00000005", snr=-3.0, rssi=-110, at=1_900_000_000.0)
     book.message_from("!00000005")
