@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 from pathlib import Path
 
-from bot.app import App
+import pytest
+
+from bot.app import App, build
+from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_radio import ALICE
+from tests.fakes.fake_transport import FakeTransport
 from tests.fakes.mesh_harness import mesh_harness
 from tests.web_harness import client, web_app
 
@@ -155,3 +160,28 @@ async def test_an_unreachable_llm_shows_on_the_now_page_and_in_metrics(
             metrics = await r.text()
         assert "meshsage_llm_failures_total 1" in metrics
         assert "meshsage_notices_total 1" in metrics and "meshsage_answers_total 0" in metrics
+
+
+async def test_a_taken_port_is_logged_with_the_fix_and_the_bot_serves_on(
+    tmp_path: Path, fake_llm: FakeLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    config = make_config(tmp_path, fake_llm.base_url, f"web:\n  enabled: true\n  port: {port}\n")
+    transport = FakeTransport()
+    app = await build(config, env={}, transports=[transport])
+    try:
+        await app.start()
+        assert app.web is None
+        assert any(
+            f"cannot listen on 127.0.0.1:{port}" in r.getMessage() and "Fix:" in r.getMessage()
+            for r in caplog.records
+        )
+        await transport.say("still there?")
+        await app.responder.wait_idle()
+        assert transport.sent  # people are still answered
+    finally:
+        await app.close()
+        taken.close()
