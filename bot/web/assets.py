@@ -75,9 +75,9 @@ td.num, th.num { text-align: right; }
 .warn { color: var(--warn); }
 .live { font-size: .8rem; margin-left: .5rem; } .live.on { color: var(--ok); }
 .live.off { color: var(--warn); }
-svg.chart { width: 100%; height: 11rem; display: block; }
+svg.chart { width: 100%; height: auto; max-height: 16rem; display: block; }
 svg .grid { stroke: var(--line); stroke-width: 1; }
-svg .axis, svg .limit-label { font-size: 11px; }
+svg .axis, svg .limit-label { font-size: 14px; }
 svg .limit { stroke: var(--bad); stroke-dasharray: 5 4; stroke-width: 1.2; }
 svg path.series { fill: none; stroke-width: 2; vector-effect: non-scaling-stroke; }
 .s-channel { stroke: var(--a); fill: var(--a); color: var(--a); }

@@ -54,7 +54,7 @@ def _frame(chart_id: str, title: str, ymax: float, unit: str, left: str, right: 
     plot_h = H - TOP - BOTTOM
     out = [
         f'<svg id="{escape(chart_id)}" class="chart" viewBox="0 0 {W:.0f} {H:.0f}" '
-        f'role="img" aria-label="{escape(title)}" preserveAspectRatio="none">',
+        f'role="img" aria-label="{escape(title)}">',
         f"<title>{escape(title)}</title>",
     ]
     for frac in (0.0, 0.5, 1.0):
