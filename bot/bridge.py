@@ -25,13 +25,13 @@ Invariants:
   ``mesh_channel_messages``); what is over a limit waits in the channel's backlog and is posted
   together as one digest when the channel's window has room: nothing heard is dropped.
 - Replies and reactions cross as replies and reactions, both ways, on relayed messages: the
-  bridge remembers which Discord message and which mesh packet are the same message (the last
-  ``LINKS`` of them, in memory). A mesh reply or tapback to a relayed message becomes a Discord
-  reply (webhooks cannot reply: a quote line instead) or a reaction by the bot; a Discord reply
-  or reaction to a relayed message goes on air with that packet's ``reply_id`` (a reaction as
-  a tapback), through the same limits and paced outbox as text. A reply or reaction to a
-  message that was never relayed crosses as plain text (replies) or not at all (reactions,
-  counted in ``reactions_unmatched``).
+  bridge remembers which Discord message and which mesh packet are the same message (the
+  last ``bridge_parts.LINKS`` of them, in memory). A mesh reply or tapback to a relayed
+  message becomes a Discord reply (webhooks cannot reply: a quote line instead) or a reaction
+  by the bot; a Discord reply or reaction to a relayed message goes on air with that packet's
+  ``reply_id`` (a reaction as a tapback), through the same limits and paced outbox as text. A
+  reply or reaction to a message that was never relayed crosses as plain text (replies) or not
+  at all (reactions, counted in ``reactions_unmatched``).
 - ``counters`` (relayed each way, cut, refused, digests, reactions) are shown by ``!stats``.
 """
 
@@ -41,11 +41,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from bot.bridge_parts import Link, Links, Window, first_id, pages, snippet
 from bot.config import RelayConfig
 from bot.domain import Delivery, DeliveryStatus
 
@@ -64,9 +65,6 @@ FULL_NOTICE = (
 )
 SEEN_PACKETS = 2048
 DIGEST_GATHER = 5.0  # seconds a backlog gathers before its digest is posted
-DISCORD_POST = 2000  # Discord's characters per message
-LINKS = 4096  # relayed messages whose Discord and mesh ids are remembered (replies, reactions)
-SNIPPET_CHARS = 60  # of the original text, in a webhook reply's quote line
 DIGEST_HEAD = "-# {n} more from the mesh, over the relay limit ({why}):"
 REACTION_NOTICE = (
     "Reactions are relayed to the mesh at most {n} per {s} s {who} (the radio is shared and "
@@ -155,95 +153,6 @@ class DiscordSide(Protocol):
     async def relay_notice(self, channel_id: int, message_id: int, text: str) -> None: ...
 
 
-class _Window:
-    """At most ``count`` events per ``seconds`` per key (sliding window)."""
-
-    def __init__(self, count: int, seconds: float) -> None:
-        self.count, self.seconds = count, seconds
-        self._stamps: dict[object, deque[float]] = {}
-
-    def full(self, key: object, now: float) -> bool:
-        stamps = self._stamps.setdefault(key, deque())
-        while stamps and now - stamps[0] >= self.seconds:
-            stamps.popleft()
-        if not stamps:
-            del self._stamps[key]  # keep the table as small as the set of active keys
-            return False
-        return len(stamps) >= self.count
-
-    def note(self, key: object, now: float) -> None:
-        self._stamps.setdefault(key, deque()).append(now)
-
-    def free_in(self, key: object, now: float) -> float:
-        """Seconds until ``key`` has room again (0 when it has room now)."""
-        stamps = self._stamps.get(key)
-        if not stamps or len(stamps) < self.count:
-            return 0.0
-        return max(0.0, stamps[0] + self.seconds - now)
-
-
-def _pages(head: str, lines: list[str]) -> list[str]:
-    """``head`` and ``lines`` in as few posts of at most ``DISCORD_POST`` characters as fit."""
-    pages: list[str] = []
-    page = head
-    for line in lines:
-        line = line if len(line) <= DISCORD_POST - 10 else line[: DISCORD_POST - 11] + "…"
-        if len(page) + 1 + len(line) > DISCORD_POST:
-            pages.append(page)
-            page = head
-        page += "\n" + line
-    pages.append(page)
-    return pages
-
-
-@dataclass(frozen=True, slots=True)
-class _Link:
-    discord_channel: int
-    discord_message: int
-    mesh_channel: int
-    packet_id: int
-    snippet: str  # "name: first words", for a quote line
-
-
-class _Links:
-    """The last ``LINKS`` relayed messages, found by either side's id."""
-
-    def __init__(self, size: int = LINKS) -> None:
-        self._size = size
-        self._by_discord: OrderedDict[tuple[int, int], _Link] = OrderedDict()
-        self._by_mesh: dict[tuple[int, int], list[_Link]] = {}
-
-    def add(self, link: _Link) -> None:
-        self._by_discord[(link.discord_channel, link.discord_message)] = link
-        self._by_mesh.setdefault((link.mesh_channel, link.packet_id), []).append(link)
-        while len(self._by_discord) > self._size:
-            _, old = self._by_discord.popitem(last=False)
-            same = self._by_mesh.get((old.mesh_channel, old.packet_id), [])
-            if old in same:
-                same.remove(old)
-            if not same:
-                self._by_mesh.pop((old.mesh_channel, old.packet_id), None)
-
-    def discord(self, channel_id: int, message_id: int) -> _Link | None:
-        return self._by_discord.get((channel_id, message_id))
-
-    def mesh(self, channel: int, packet_id: int) -> list[_Link]:
-        return list(self._by_mesh.get((channel, packet_id), ()))
-
-
-def _snippet(name: str, text: str) -> str:
-    words = " ".join(text.split())
-    cut = words[:SNIPPET_CHARS] + ("…" if len(words) > SNIPPET_CHARS else "")
-    return f"{name}: {cut}"
-
-
-def _first_id(delivery: Delivery) -> int | None:
-    try:
-        return int(delivery.message_ids[0]) if delivery.message_ids else None
-    except ValueError:
-        return None
-
-
 class Bridge:
     def __init__(
         self,
@@ -267,13 +176,13 @@ class Bridge:
             if pair.direction in ("both", "discord_to_mesh"):
                 self._to_mesh.setdefault(pair.discord_channel, []).append(pair.mesh_channel)
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self._per_author = _Window(config.author_messages, config.author_seconds)
-        self._per_channel = _Window(config.channel_messages, config.channel_seconds)
-        self._per_node = _Window(config.node_messages, config.node_seconds)
-        self._per_post = _Window(config.mesh_channel_messages, config.mesh_channel_seconds)
+        self._per_author = Window(config.author_messages, config.author_seconds)
+        self._per_channel = Window(config.channel_messages, config.channel_seconds)
+        self._per_node = Window(config.node_messages, config.node_seconds)
+        self._per_post = Window(config.mesh_channel_messages, config.mesh_channel_seconds)
         self._backlog: dict[int, list[tuple[MeshText, str]]] = {}  # Discord channel -> waiting
         self._flushing: set[int] = set()
-        self._links = _Links()
+        self._links = Links()
         self._noticed: dict[tuple[int, str], float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.counters = {
@@ -357,7 +266,7 @@ class Bridge:
             self.counters["mesh_to_discord"] += 1
             if msg.packet_id:
                 self._links.add(
-                    _Link(channel_id, posted, msg.channel, msg.packet_id, _snippet(name, msg.text))
+                    Link(channel_id, posted, msg.channel, msg.packet_id, snippet(name, msg.text))
                 )
 
     async def _flush(self, channel_id: int) -> None:
@@ -382,7 +291,7 @@ class Bridge:
                 lines = [
                     f"**{m.short_name or m.sender}** ({m.sender}): {text}" for m, text in waiting
                 ]
-                for body in _pages(DIGEST_HEAD.format(n=len(waiting), why=why), lines):
+                for body in pages(DIGEST_HEAD.format(n=len(waiting), why=why), lines):
                     await self._room(channel_id)
                     self._per_post.note(channel_id, self._clock())
                     posted = await self._discord.relay_post(
@@ -464,10 +373,10 @@ class Bridge:
                 await self._discord.relay_react(msg.channel_id, msg.message_id, FAILED_REACTION)
                 await self._notice_once(msg.channel_id, msg.message_id, "full", FULL_NOTICE)
                 return
-            packet = _first_id(delivery)
+            packet = first_id(delivery)
             if packet is not None:
-                snippet = _snippet(msg.author_name, msg.text)
-                self._links.add(_Link(msg.channel_id, msg.message_id, channel, packet, snippet))
+                quote = snippet(msg.author_name, msg.text)
+                self._links.add(Link(msg.channel_id, msg.message_id, channel, packet, quote))
         self.counters["discord_to_mesh"] += 1
 
     def discord_reaction(self, reaction: DiscordReaction) -> None:
@@ -499,7 +408,7 @@ class Bridge:
         self._per_author.note(author, now)
         self._spawn(self._tapback(reaction, link))
 
-    async def _tapback(self, reaction: DiscordReaction, link: _Link) -> None:
+    async def _tapback(self, reaction: DiscordReaction, link: Link) -> None:
         delivery = await self._mesh.broadcast(
             link.mesh_channel,
             reaction.emoji,
