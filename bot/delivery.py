@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import StorageError
@@ -69,6 +69,8 @@ class OutboxSender:
         self._max_age = dict(max_age or {})
         self.in_flight: set[int] = set()  # outbox rows queued or being sent
         self.delivering: set[tuple[str, str, str]] = set()  # workers waiting on a transport
+        # Told the seconds from a message to its answer's first part accepted (operator's view).
+        self.first_part: Callable[[float], None] | None = None
         self._unreleased: set[int] = set()  # own claims a store error kept us from giving back
 
     async def open_stream(self, inbound: Inbound, question_id: int) -> AnswerStream | None:
@@ -139,8 +141,12 @@ class OutboxSender:
             await self._store.finish_delivery(row.id, "expired", detail=f"{age:.0f} s old")
             return Delivery(DeliveryStatus.FAILED, detail="expired")
 
+        fresh_answer = row.entry.kind == "answer" and not row.parts
+
         async def progress(part: int, platform_id: str) -> None:
             await self._store.record_part(row.id, part, platform_id)
+            if part == 0 and fresh_answer and self.first_part is not None:
+                self.first_part(max(0.0, time.time() - inbound.received_at.timestamp()))
 
         async def plan(part: int, packet_id: int) -> int:
             return await self._store.plan_part(row.id, part, packet_id)

@@ -158,6 +158,7 @@ class Responder:
         self._limits = PersonLimits(config=config, clock=clock)
         self._transports: dict[str, Transport] = {}
         self._outbox = OutboxSender(store=store, transports=self._transports, max_age=max_age)
+        self._outbox.first_part = self.counters.first_part_sent
         self._queues: dict[tuple[str, str, str], deque[_Job]] = {}
         self._workers: dict[tuple[str, str, str], asyncio.Task[None]] = {}
         self._idle = asyncio.Event()

@@ -89,6 +89,7 @@ async def test_every_page_and_metrics_answer_with_the_running_bots_figures(
         assert 'meshsage_transport_up{transport="meshtastic"} 1' in metrics
         assert 'meshsage_outbox_rows{state="delivered"} 1' in metrics
         assert "meshsage_llm_request_duration_seconds_count 1" in metrics
+        assert "meshsage_first_part_duration_seconds_count 1" in metrics
         assert 'meshsage_llm_request_duration_seconds_bucket{le="+Inf"} 1' in metrics
         assert f"{ALICE:08x}" not in metrics and SECRET not in metrics
 

@@ -44,7 +44,8 @@ def snapshot(*, at: float | None = None, nodes: int = 3, answers: int = 0) -> Sn
         at=now, status=status, model="fake", context_tokens={"meshtastic": 1536},
         llm_failures=0, llm_last_ok=None, llm_total=0, llm_seconds_total=0.0, llm_buckets=(0,) * 10,
         totals={"answers": answers, "notices": 0, "turns": answers, "limited": 0},
-        first_reply_p50=None, first_reply_total=0.0, people_waiting=0, turns_waiting=0,
+        first_reply_p50=None, first_reply_total=0.0, first_part_total=0.0,
+        first_part_count=0, people_waiting=0, turns_waiting=0,
         outbox=(OutboxState("pending", 0, None),), mesh=mesh, gateway=None, other_gateways=(),
         last_backup=None, errors=(),
     )  # fmt: skip

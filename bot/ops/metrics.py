@@ -93,6 +93,10 @@ class Counters:
         self.totals: dict[str, int] = {"turns": 0, "answers": 0, "notices": 0, "limited": 0}
         self.first_reply: deque[float] = deque(maxlen=window)  # seconds, message to reply sent
         self.first_reply_total = 0.0
+        # seconds from a message to its answer's first part accepted by the platform
+        self.first_part: deque[float] = deque(maxlen=window)
+        self.first_part_total = 0.0
+        self.first_part_count = 0
 
     def add(self, name: str, n: int = 1) -> None:
         self.totals[name] = self.totals.get(name, 0) + n
@@ -100,6 +104,11 @@ class Counters:
     def replied(self, seconds: float) -> None:
         self.first_reply.append(seconds)
         self.first_reply_total += seconds
+
+    def first_part_sent(self, seconds: float) -> None:
+        self.first_part.append(seconds)
+        self.first_part_total += seconds
+        self.first_part_count += 1
 
 
 class LastError(logging.Handler):

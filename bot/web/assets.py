@@ -84,6 +84,7 @@ svg path.series { fill: none; stroke-width: 2; vector-effect: non-scaling-stroke
 .s-bot_share { stroke: var(--b); fill: var(--b); color: var(--b); }
 .s-others { stroke: var(--c); fill: var(--c); color: var(--c); }
 .s-latency, .s-answers { stroke: var(--d); fill: var(--d); color: var(--d); }
+.s-first_part { stroke: var(--a); fill: var(--a); color: var(--a); }
 .s-notices, .s-hold_channel { stroke: var(--b); fill: var(--b); color: var(--b); }
 .s-limited, .s-hold_duty { stroke: var(--c); fill: var(--c); color: var(--c); }
 svg path.series { fill: none; }

@@ -3,9 +3,10 @@
 Invariants:
 - Two rings of fixed length (``HOUR``: 60 one-minute buckets; ``DAY``: 96 quarter-hour
   buckets), so memory is the same after a minute and after a year of uptime.
-- Gauges (channel utilisation, the bot's share, reply latency) keep the mean of the samples
-  that fell into a bucket; counts (answers, notices, holds) keep how many happened in it,
-  from the difference of the totals between two samples (a restart starts from zero).
+- Gauges (channel utilisation, the bot's share, first-part and whole-reply latency) keep the
+  mean of the samples that fell into a bucket; counts (answers, notices, holds) keep how many
+  happened in it, from the difference of the totals between two samples (a restart starts
+  from zero).
 - Buckets are aligned on wall-clock time; empty buckets (nothing sampled: bot stopped, no
   radio) draw as gaps, never as zeros.
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 
 from bot.web.model import Snapshot
 
-GAUGES = ("channel", "bot_share", "others", "latency")
+GAUGES = ("channel", "bot_share", "others", "latency", "first_part")
 COUNTS = ("answers", "notices", "limited", "hold_channel", "hold_duty")
 
 
@@ -80,8 +81,11 @@ class History:
             for name in COUNTS:
                 delta = totals[name] - self._last.get(name, 0.0)
                 counts[name] = int(delta) if delta > 0 else 0  # a restart resets the totals
-        answered = totals["answers"] - (self._last or totals)["answers"]
-        spent = totals["reply_seconds"] - (self._last or totals)["reply_seconds"]
+        before = self._last or totals
+        answered = totals["answers"] - before["answers"]
+        spent = totals["reply_seconds"] - before["reply_seconds"]
+        firsts = totals["first_parts"] - before["first_parts"]
+        first_spent = totals["first_part_seconds"] - before["first_part_seconds"]
         self._last = totals
         mesh = snap.mesh
         gauges: dict[str, float | None] = {
@@ -89,6 +93,7 @@ class History:
             "bot_share": mesh.bot_hour_share if mesh else None,
             "others": mesh.others if mesh else None,
             "latency": spent / answered if answered > 0 else None,
+            "first_part": first_spent / firsts if firsts > 0 else None,
         }
         for ring in (self.hour, self.day):
             ring.add(snap.at, gauges, counts)
@@ -103,4 +108,6 @@ def _totals(snap: Snapshot) -> dict[str, float]:
         "hold_channel": float(holds.get("hold", 0)),
         "hold_duty": float(holds.get("duty", 0)),
         "reply_seconds": snap.first_reply_total,
+        "first_parts": float(snap.first_part_count),
+        "first_part_seconds": snap.first_part_total,
     }

@@ -60,6 +60,8 @@ class Snapshot:
     totals: dict[str, int]
     first_reply_p50: float | None
     first_reply_total: float
+    first_part_total: float
+    first_part_count: int
     people_waiting: int
     turns_waiting: int
     outbox: tuple[OutboxState, ...]
@@ -129,6 +131,8 @@ class Collector:
             totals=dict(self._counters.totals),
             first_reply_p50=first[(len(first) - 1) // 2] if first else None,
             first_reply_total=self._counters.first_reply_total,
+            first_part_total=self._counters.first_part_total,
+            first_part_count=self._counters.first_part_count,
             people_waiting=people,
             turns_waiting=turns,
             outbox=outbox,

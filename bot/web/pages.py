@@ -208,7 +208,14 @@ def airtime_fragments(snap: Snapshot, history: History) -> dict[str, str]:
     latency = line_chart(
         "chart-latency",
         "Time to reply, last day",
-        [Line("message to reply sent", "latency", _values(day, snap.at, _mean("latency")))],
+        [
+            Line(
+                "message to first part sent",
+                "first_part",
+                _values(day, snap.at, _mean("first_part")),
+            ),
+            Line("message to whole reply sent", "latency", _values(day, snap.at, _mean("latency"))),
+        ],
         unit="s",
         floor=5.0,
         left="-24 h",

@@ -130,6 +130,14 @@ def exposition(snap: Snapshot) -> str:
     o.sample("meshsage_reply_duration_seconds_sum", {}, round(snap.first_reply_total, 6))
     o.sample("meshsage_reply_duration_seconds_count", {}, answers)
     o.metric(
+        "meshsage_first_part_duration_seconds",
+        "summary",
+        "From a message's arrival to its answer's first part accepted by the platform.",
+        [],
+    )
+    o.sample("meshsage_first_part_duration_seconds_sum", {}, round(snap.first_part_total, 6))
+    o.sample("meshsage_first_part_duration_seconds_count", {}, snap.first_part_count)
+    o.metric(
         "meshsage_outbox_rows",
         "gauge",
         "Outbox rows by state (this gateway's).",
