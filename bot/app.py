@@ -498,6 +498,8 @@ def _build_transport(
             env=env,
             max_message_chars=config.bot.max_message_chars,
             vision=config.llm.vision,
+            command_prefix=config.bot.command_prefix,
+            command_names=COMMAND_NAMES,
             seen_path=config.database_path.parent / "discord-seen.json",
             known=lambda ids, since: store.known_platform_ids("discord", ids, since=since),
         )

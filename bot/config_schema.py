@@ -320,6 +320,10 @@ class DiscordConfig(TransportBase):
     catch_up: CatchUpConfig = CatchUpConfig()
     stream: bool = True  # answers appear and grow by message edits
     stream_edit_seconds: float = Field(1.5, ge=0.2, le=60)  # least time between two edits
+    # Slash commands (/reset, /history ...) registered at start, next to the !commands; empty
+    # slash_guilds: for every server and DMs (global), else only in those servers (at once).
+    slash_commands: bool = True
+    slash_guilds: tuple[Snowflake, ...] = ()
 
 
 class RelayPair(_Strict):

@@ -47,8 +47,10 @@ Invariants:
   not resume) reads DMs and allowed channels back to the last message handled there (bounded
   by ``catch_up``) and hands on, through the same admission path, what is not stored yet.
 - Message text is never logged above DEBUG.
-- Commands arrive as ordinary messages (``!reset``, after the @mention in a channel); no slash
-  commands are registered, so the invite needs only the ``bot`` scope.
+- Commands arrive as ordinary messages (``!reset``, after the @mention in a channel) and, with
+  ``slash_commands`` (on by default), as slash commands (``discord_slash``): the same command
+  as its ``!`` form, answered through the interaction (ephemeral in a shared channel where
+  the answer is private), never into the channel.
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ from bot.transports.discord_send import (
     reply_target,
     send_attachments,
 )
+from bot.transports.discord_slash import SLASH_NAMES, SlashCommands
 from bot.transports.discord_stream import DiscordStream
 from bot.transports.discord_text import DISCORD_MAX_CHARS, fit_text, note_line, split_message, units
 
@@ -136,6 +139,8 @@ class DiscordTransport:
         known: Known | None = None,
         clock: Callable[[], float] = time.monotonic,
         vision: bool = False,
+        command_prefix: str = "!",
+        command_names: tuple[str, ...] = SLASH_NAMES,
     ) -> None:
         self.limits = TransportLimits(
             context_tokens=config.context_tokens,
@@ -165,6 +170,18 @@ class DiscordTransport:
         # inbound message id -> a note for its answer (attachments not read, text cut)
         self._notes: OrderedDict[str, str] = OrderedDict()
         self._mine = OwnMessages(limit=config.remembered_messages)  # the bot's own messages
+        self.slash = (
+            SlashCommands(
+                config=config,
+                prefix=command_prefix,
+                names=command_names,
+                handle=lambda: self._on_message,
+                transport=NAME,
+            )
+            if config.slash_commands
+            else None
+        )
+        self._tree: discord.app_commands.CommandTree[discord.Client] | None = None
 
     # --- port -------------------------------------------------------------------------------
     def fit(self, text: str) -> str:
@@ -214,6 +231,8 @@ class DiscordTransport:
                 parts.append(note)
         if not parts and not reply.attachments:
             return Delivery(DeliveryStatus.FAILED, detail="nothing to send (empty reply)")
+        if self.slash is not None and self.slash.owns(reply.inbound):
+            return await self._send_slash(client, reply, parts)
         sent: list[str] = []
         # Messages an interrupted stream of this answer left on screen: edited into the parts
         # (a restart finishes the half answer instead of posting a second one under it).
@@ -263,6 +282,35 @@ class DiscordTransport:
             return Delivery(status, tuple(sent), detail=describe(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
 
+    async def _send_slash(self, client: discord.Client, reply: Reply, parts: list[str]) -> Delivery:
+        """A slash command's answer: through its interaction, never into the channel."""
+        assert self.slash is not None
+        sent: list[str] = []
+        try:
+            posted, failed = await self.slash.deliver(reply, parts)
+            sent += posted
+            if failed is not None:
+                log.warning("delivery to %s failed: %s", reply.inbound.key, failed.detail)
+                return failed
+            if reply.attachments:  # files (an export) go to the person's DMs
+                for msg in await send_attachments(
+                    client, reply, None, limit=self._config.upload_limit
+                ):
+                    sent.append(str(msg.id))
+        except DELIVERY_ERRORS as exc:
+            transient = isinstance(exc, NETWORK_ERRORS)
+            how = "postponed" if transient else "failed"
+            log.warning(
+                "slash answer to %s %s after %d message(s): %s",
+                reply.inbound.key,
+                how,
+                len(sent),
+                describe(exc),
+            )
+            status = DeliveryStatus.PENDING if transient else DeliveryStatus.FAILED
+            return Delivery(status, tuple(sent), detail=describe(exc))
+        return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
+
     def stream(
         self,
         inbound: Inbound,
@@ -275,6 +323,8 @@ class DiscordTransport:
         client = self._client
         if not self._config.stream or client is None or client.is_closed():
             return None
+        if self.slash is not None and self.slash.owns(inbound):
+            return None  # a slash command's answer goes through its interaction
 
         def on_post(message: discord.Message, head: int) -> None:
             self._mine.remember(message.id, head=head)
@@ -390,12 +440,16 @@ class DiscordTransport:
                 self._catchup_task.cancel()
             self.caught_up.clear()
             self._catchup_task = asyncio.create_task(self._catch_up(client), name="catch-up")
+            if self.slash is not None and self._tree is not None:
+                await self.slash.sync(self._tree)
 
         async def on_message(message: discord.Message) -> None:
             await self._handle(client, message)
 
         client.event(on_ready)
         client.event(on_message)
+        if self.slash is not None:
+            self._tree = self.slash.install(client)
 
     # --- inbound ----------------------------------------------------------------------------
     async def _catch_up(self, client: discord.Client) -> None:
@@ -488,6 +542,8 @@ def build_discord(
     known: Known | None = None,
     clock: Callable[[], float] | None = None,
     vision: bool = False,
+    command_prefix: str = "!",
+    command_names: tuple[str, ...] | None = None,
 ) -> DiscordTransport:
     """The Discord transport with its token read from ``env[config.token_env]``."""
     token = (env.get(config.token_env) or "").strip() or None
@@ -502,4 +558,6 @@ def build_discord(
         known=known,
         clock=clock or time.monotonic,
         vision=vision,
+        command_prefix=command_prefix,
+        command_names=command_names or SLASH_NAMES,
     )

@@ -36,6 +36,8 @@ import pytest
 import yarl
 from aiohttp import WSMsgType, web
 
+from tests.fakes.fake_discord_interactions import FakeInteractions
+
 TOKEN = "fake-bot-token"
 BOT_ID = 900_000_000_000_000_001
 APP_ID = 900_000_000_000_000_002
@@ -147,6 +149,8 @@ class FakeDiscord:
         self.webhooks: dict[int, Json] = {}
         self.cdn: dict[int, bytes] = {}  # attachment id -> bytes served on the fake CDN
         self.cdn_reads: list[int] = []
+        # slash commands: registration, INTERACTION_CREATE, callback, follow-ups
+        self.interactions = FakeInteractions(self)
 
     # --- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -167,6 +171,7 @@ class FakeDiscord:
         app.router.add_get("/api/v10/channels/{cid}/webhooks", self._list_webhooks)
         app.router.add_post("/api/v10/channels/{cid}/webhooks", self._create_webhook)
         app.router.add_post("/api/v10/webhooks/{wid}/{token}", self._execute_webhook)
+        self.interactions.routes(app)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -437,6 +442,8 @@ class FakeDiscord:
 
     async def _execute_webhook(self, request: web.Request) -> web.Response:
         wid = int(request.match_info["wid"])
+        if wid == APP_ID:  # an interaction's follow-up (the application's own webhook)
+            return await self.interactions.followup(request)
         hook = self.webhooks.get(wid)
         if hook is None or request.match_info["token"] != hook["token"]:
             return self._error(404, 10015, "Unknown Webhook")
