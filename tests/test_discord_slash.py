@@ -114,9 +114,14 @@ async def test_a_command_where_the_bot_does_not_answer_is_refused_privately(
         assert in_thread.text != NOT_HERE.format(name="facts")
         await rig.app.responder.wait_idle()
         assert fake_discord.sent == []
-        assert await rig.app.store.find_conversation(
-            Inbound("discord", str(ALICE), "", space=f"guild:{GUILD_ID}:ch:{OTHER_CHANNEL_ID}").key
-        ) is None
+        assert (
+            await rig.app.store.find_conversation(
+                Inbound(
+                    "discord", str(ALICE), "", space=f"guild:{GUILD_ID}:ch:{OTHER_CHANNEL_ID}"
+                ).key
+            )
+            is None
+        )
 
 
 async def test_an_interaction_acknowledged_late_is_not_run_and_is_logged(
