@@ -123,3 +123,6 @@ class TransportLimits:
     context_tokens: int  # budget for the whole prompt
     max_tokens: int  # completion budget asked from the LLM
     style_hint: str  # one sentence added to the system prompt ("answer in under 200 bytes")
+    # Shared spaces show who speaks (Discord channels: "Alice (id 930...): text", from the
+    # stored author, ``Inbound.sender_name``); DMs never do.
+    names_speakers: bool = False

@@ -70,7 +70,7 @@ from dataclasses import dataclass, replace
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
 from bot.delivery import OutboxSender
-from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
+from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind, TransportLimits
 from bot.errors import LLMUnavailable, StorageError
 from bot.limits import PersonLimits
 from bot.llm.port import LLM, ContextTooLong
@@ -103,6 +103,14 @@ ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try ag
 BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
 RECOVER_WITHIN_SECONDS = 15 * 60
 MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
+
+
+def _speaker(inbound: Inbound, limits: TransportLimits) -> str | None:
+    """The name the new message is shown under (shared spaces of transports that name their
+    speakers); the same as the author it is stored with, so the next prompt reads it alike."""
+    if not limits.names_speakers or inbound.is_dm:
+        return None
+    return inbound.sender_name or inbound.sender
 
 
 def _command_room(transport: Transport) -> int:
@@ -377,6 +385,7 @@ class Responder:
                 new_message_id=message_id,
                 budget=limits.context_tokens,
                 style_hint=limits.style_hint,
+                speaker=_speaker(inbound, limits),
             )
             messages = ctx.messages
             if inbound.images:  # for the model only, with the new message (never stored)
@@ -396,6 +405,7 @@ class Responder:
                         new_message_id=message_id,
                         budget=smaller,
                         style_hint=limits.style_hint,
+                        speaker=_speaker(inbound, limits),
                     )
                     messages = ctx.messages
                     if inbound.images:
@@ -471,6 +481,7 @@ class Responder:
                 budget=limits.context_tokens,
                 style_hint=limits.style_hint,
                 ephemeral=list(turns),
+                speaker=_speaker(inbound, limits),
             )
             try:
                 completion = await self._llm.complete(ctx.messages, max_tokens=limits.max_tokens)

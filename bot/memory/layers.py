@@ -56,6 +56,7 @@ class LayeredContext:
         budget: int,
         style_hint: str = "",
         ephemeral: Sequence[tuple[str, str]] = (),
+        speaker: str | None = None,
     ) -> AssembledContext:
         note = self._incognito_note(ephemeral, budget) if ephemeral else ""
         note_tokens = self._counter.count(note) + JOIN_OVERHEAD if note else 0
@@ -66,6 +67,7 @@ class LayeredContext:
             budget=budget - note_tokens,
             style_hint=style_hint,
             longterm_reserve=self.reserve(budget),
+            speaker=speaker,
         )
         reserved = ctx.reserved
         if ctx.retrieved:

@@ -14,7 +14,10 @@ Invariants:
   to one of its messages). The mention is stripped. sender = the author's id; space =
   ``DM_SPACE`` for DMs, else ``guild:<guild id>:ch:<channel id>`` (one conversation per person
   per channel, so nothing said in a DM reaches a channel reply). Each message id is handed on
-  at most once.
+  at most once. In a shared channel (threads too) the sender's name is ``Alice (id 930...)``,
+  display name and stable id (``discord_text.speaker``), stored as the message's author and
+  shown before each of the person's messages in the prompt (``names_speakers``); the prompt's
+  earlier turns never change with a new display name. DMs are unchanged.
 - Outbound: ``fit(text)`` is ``discord_text.fit_text`` (at most ``max_parts`` messages of at
   most 2,000 characters); ``send`` delivers exactly ``split_message(fit(text))``: the first
   part as a reply to the triggering message (no author ping), the rest as follow-ups, with
@@ -102,7 +105,13 @@ from bot.transports.discord_send import (
 )
 from bot.transports.discord_slash import SLASH_NAMES, SlashCommands
 from bot.transports.discord_stream import DiscordStream
-from bot.transports.discord_text import DISCORD_MAX_CHARS, fit_text, note_line, split_message, units
+from bot.transports.discord_text import (
+    DISCORD_MAX_CHARS,
+    fit_text,
+    note_line,
+    split_message,
+    units,
+)
 
 __all__ = ["NAME", "NO_MENTIONS", "STYLE_HINT", "DiscordTransport", "build_discord"]
 
@@ -146,6 +155,7 @@ class DiscordTransport:
             context_tokens=config.context_tokens,
             max_tokens=config.max_tokens,
             style_hint=STYLE_HINT,
+            names_speakers=True,
         )
         self._config = config
         self._max_message_chars = max_message_chars
@@ -170,6 +180,7 @@ class DiscordTransport:
         # inbound message id -> a note for its answer (attachments not read, text cut)
         self._notes: OrderedDict[str, str] = OrderedDict()
         self._mine = OwnMessages(limit=config.remembered_messages)  # the bot's own messages
+        self._prefix = command_prefix
         self.slash = (
             SlashCommands(
                 config=config,

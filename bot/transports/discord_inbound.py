@@ -28,7 +28,7 @@ from bot.transports.discord_read import is_dm as dm_channel
 from bot.transports.discord_read import quote as quote_of
 from bot.transports.discord_read import readable_text
 from bot.transports.discord_send import channel_space
-from bot.transports.discord_text import strip_mentions
+from bot.transports.discord_text import speaker, strip_mentions
 
 log = logging.getLogger("bot.transport.discord")
 
@@ -151,6 +151,6 @@ def to_inbound(
         space=DM_SPACE if is_dm or guild is None else channel_space(guild.id, channel.id),
         message_id=str(message.id),
         reply_to=mine.thread_parent(ref),
-        sender_name=author.display_name,
+        sender_name=author.display_name if is_dm else speaker(author.display_name, author.id),
         received_at=message.created_at,
     )

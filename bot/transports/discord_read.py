@@ -7,7 +7,8 @@ Invariants:
   private), never by a missing guild.
 - ``quote`` quotes only what is visible in the channel (the replied-to message itself), at
   most ``QUOTE_MAX_CHARS``; it returns None for the asker's own message and for the bot's
-  answer to the asker (``answered_to`` says whom an answer of ours was for).
+  answer to the asker (``answered_to`` says whom an answer of ours was for). The quoted author
+  is named as in ``discord_text.speaker`` (display name and id).
 - ``read_attachments`` downloads only what ``discord_attach.wants_bytes`` allows; a failed
   download leaves the file named, not read.
 """
@@ -21,7 +22,7 @@ import aiohttp
 import discord
 
 from bot.transports.discord_attach import Incoming, merge, wants_bytes
-from bot.transports.discord_text import readable
+from bot.transports.discord_text import readable, speaker
 
 log = logging.getLogger("bot.transport.discord")
 
@@ -71,7 +72,9 @@ def quote(
     if len(body) > QUOTE_MAX_CHARS:
         body = body[: QUOTE_MAX_CHARS - 1] + "…"
     lines = "\n".join("> " + line for line in body.splitlines())
-    return f"(replying to {quoted.author.display_name}:)\n{lines}"
+    who = quoted.author.display_name  # a person is named as in their own messages; we are us
+    who = who if quoted.author.id == me else speaker(who, quoted.author.id)
+    return f"(replying to {who}:)\n{lines}"
 
 
 async def read_attachments(
