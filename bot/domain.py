@@ -50,6 +50,11 @@ class Inbound:
     # Images as data: URLs for a vision model (``llm.vision``); shown to the model with this
     # message only, never stored (the stored text names them: "[image: cat.png]").
     images: tuple[str, ...] = ()
+    # An edit of the earlier message ``message_id``: what is stored follows the new text, and
+    # it is answered (again) where the answer would change; ``edit_only``: the edited message
+    # no longer addresses the bot (a mention removed), so it is stored but never answered.
+    edited: bool = False
+    edit_only: bool = False
 
     @property
     def key(self) -> ConversationKey:

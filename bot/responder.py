@@ -51,6 +51,7 @@ Invariants:
   or ``!forget``, on any gateway sharing the store, through any linked account) or the process
   stops: nothing said in an ended stretch reaches a later prompt (``bot.memory.stretch``: each
   incognito turn checks the store's stretch id).
+- An edit (``Inbound.edited``) changes what is stored, never adds a message (``_edited``).
 - A message through a linked DM is stored with its origin (``Conversation.origin_id``), so
   ``!unlink`` can give it back, even when the unlink lands during the turn.
 """
@@ -96,6 +97,7 @@ log = logging.getLogger("bot.responder")
 
 UNAVAILABLE = "LLM unavailable, try again later."
 INTERNAL_ERROR = "Sorry, something went wrong on my side. Please try again."
+WITHDRAWN = "(withdrawn: this answered the message before it was edited)"
 EMPTY = "Your message was empty. Send some text, or {prefix}help for commands."
 TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
@@ -184,6 +186,9 @@ class Responder:
         if not text:
             await self._notice(inbound, EMPTY.format(prefix=self._commands.prefix))
             return
+        if inbound.edited:
+            await self._edited(inbound)
+            return
         limited = self._over_limit(inbound)
         if self._commands.parse(text) is not None:
             if limited:  # commands obey the same limits: a flood of them gets one notice
@@ -231,6 +236,45 @@ class Responder:
         quiet = commands_before == self._command_events and not self._commands_running
         fresh = idle and quiet
         self._enqueue(_Job(inbound, message_id, conv=conv if fresh else None))
+
+    async def _edited(self, inbound: Inbound) -> None:
+        """The person edited an earlier message: the stored text follows (the old words leave
+        memory and search); a question still waiting is answered as edited; the newest
+        question, already answered, is answered again when its words changed (its old answer
+        withdrawn from memory). An edit of a message never stored is a new message."""
+        text = inbound.text
+        if self._commands.parse(text) is not None or inbound.message_id is None:
+            return  # commands are not stored, and an edit never runs one
+        try:
+            conv = await self._store.find_conversation(inbound.key)
+            edited = None
+            if conv is not None and not conv.incognito:
+                edited = await self._store.edit_message(
+                    conv.id,
+                    inbound.message_id,
+                    text=text,
+                    tokens=self._counter.count(text),
+                    reopen=not inbound.edit_only and self._accepting,
+                    withdrawn=WITHDRAWN,
+                )
+        except (sqlite3.Error, StorageError) as exc:
+            log.error("could not store an edit from %s: %s", inbound.key, exc)
+            await self._notice(inbound, NOT_STORED)
+            return
+        if edited is None:
+            if not inbound.edit_only:  # e.g. a mention added: answered as a new message
+                await self.handle(replace(inbound, edited=False))
+            return
+        log.info("message %d in %s edited", edited.message.id, inbound.key)
+        fresh = replace(inbound, edited=False)
+        key = inbound.key
+        queue = self._queues.get((key.transport, key.person, key.space))
+        if edited.old_status == "pending" and queue:
+            for i, job in enumerate(queue):  # not yet answered: it is answered as edited
+                if i and job.message_id == edited.message.id:
+                    queue[i] = replace(job, inbound=fresh, conv=None)
+        elif edited.reopened:
+            self._enqueue(_Job(fresh, edited.message.id))
 
     def _over_limit(self, inbound: Inbound) -> str | None:
         if self._commands.is_operator(inbound):

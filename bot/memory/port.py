@@ -79,6 +79,7 @@ from typing import Any, Protocol
 
 from bot.domain import ConversationKey
 from bot.memory.records import (
+    EditedMessage,
     LongTermSummary,
     OutboxEntry,
     OutboxRow,
@@ -120,6 +121,17 @@ class MemoryStore(Protocol):
         answers: int | None = None,
         origin_id: int | None = None,
     ) -> int: ...
+
+    async def edit_message(
+        self,
+        conversation_id: int,
+        platform_id: str,
+        *,
+        text: str,
+        tokens: int,
+        reopen: bool = False,
+        withdrawn: str = "",
+    ) -> EditedMessage | None: ...
 
     def turn_lock(self, conversation_id: int) -> AbstractAsyncContextManager[None]: ...
 

@@ -49,6 +49,11 @@ Invariants:
 - Catch-up (``discord_catchup``): every new gateway session (start, or a reconnect that could
   not resume) reads DMs and allowed channels back to the last message handled there (bounded
   by ``catch_up``) and hands on, through the same admission path, what is not stored yet.
+- Edits (``on_raw_message_edit``): an edit whose text changed is handed on as
+  ``Inbound.edited`` with the message's id, admitted like a new message, except that one that
+  no longer addresses the bot (mention removed) still goes on as ``edit_only`` (stored text
+  follows, never answered). An answer that follows an edit carries the note "answer to your
+  edited message".
 - Message text is never logged above DEBUG.
 - Commands arrive as ordinary messages (``!reset``, after the @mention in a channel) and, with
   ``slash_commands`` (on by default), as slash commands (``discord_slash``): the same command
@@ -121,6 +126,7 @@ STYLE_HINT = (
     "You are answering on Discord: be concise, use Discord Markdown, and put code in fenced "
     "code blocks."
 )
+EDITED_NOTE = "answer to your edited message"
 SEND_ERRORS: tuple[type[BaseException], ...] = (
     discord.HTTPException,
     discord.ClientException,
@@ -457,8 +463,12 @@ class DiscordTransport:
         async def on_message(message: discord.Message) -> None:
             await self._handle(client, message)
 
+        async def on_raw_message_edit(payload: discord.RawMessageUpdateEvent) -> None:
+            await self._edited(client, payload.message, payload.cached_message)
+
         client.event(on_ready)
         client.event(on_message)
+        client.event(on_raw_message_edit)
         if self.slash is not None:
             self._tree = self.slash.install(client)
 
@@ -524,6 +534,36 @@ class DiscordTransport:
             dm = dm_channel(channel)
             if dm or channel.id in self._config.channels:
                 self._marks.see(channel.id, message.id, dm=dm)
+
+    async def _edited(
+        self, client: discord.Client, message: discord.Message, cached: discord.Message | None
+    ) -> None:
+        """A person edited a message: handed on as an edit (``Inbound.edited``) when its text
+        changed; a link preview appearing (no ``edited_at``) is no edit."""
+        try:
+            before = cached or self._recent.get(str(message.id))
+            if message.edited_at is None or (
+                before is not None and before.content == message.content
+            ):
+                return
+            inbound = to_inbound(
+                message,
+                me=client.user,
+                config=self._config,
+                mine=self._mine,
+                handled=(),
+                edit=True,
+            )
+            if inbound is None or self._on_message is None:
+                return
+            if not inbound.edit_only:
+                self._remember(str(message.id), message)
+                self._notes[str(message.id)] = EDITED_NOTE
+            if message.attachments:
+                inbound = await self._with_attachments(message, inbound)
+            await self._on_message(inbound)
+        except Exception:  # event boundary: one bad edit must not stop the next event
+            log.exception("handling the edit of Discord message %s failed", message.id)
 
     async def _with_attachments(self, message: discord.Message, inbound: Inbound) -> Inbound:
         text, note, images = await read_attachments(

@@ -23,7 +23,7 @@ import discord
 
 from bot.config import DiscordConfig
 from bot.domain import DM_SPACE, Inbound
-from bot.transports.discord_policy import Seen, admit
+from bot.transports.discord_policy import NOT_ADDRESSED, Seen, admit
 from bot.transports.discord_read import is_dm as dm_channel
 from bot.transports.discord_read import quote as quote_of
 from bot.transports.discord_read import readable_text
@@ -80,8 +80,11 @@ def to_inbound(
     config: DiscordConfig,
     mine: OwnMessages,
     handled: Container[str],
+    edit: bool = False,
 ) -> Inbound | None:
-    """The ``Inbound`` for a message the bot answers, or None (logged at DEBUG, with why)."""
+    """The ``Inbound`` for a message the bot answers, or None (logged at DEBUG, with why).
+    ``edit``: the message was edited; one that no longer addresses the bot (its mention
+    removed) still becomes an ``edit_only`` inbound, so what is stored follows the edit."""
     if me is None:
         return None
     author = message.author
@@ -121,6 +124,9 @@ def to_inbound(
         replies_to_bot=replies_to_bot,
     )
     reason = admit(seen, config=config)
+    edit_only = edit and reason == NOT_ADDRESSED
+    if edit_only:
+        reason = None
     if reason is not None:
         log.debug("ignoring Discord message %s: %s", message.id, reason)
         return None
@@ -136,7 +142,7 @@ def to_inbound(
         not text
         and not message.attachments
         and not is_dm
-        and (not seen.mentions_bot or message.stickers or message.embeds)
+        and (not seen.mentions_bot or message.stickers or message.embeds or edit)
     ):
         log.debug("ignoring Discord message %s: no content", message.id)
         return None
@@ -153,4 +159,6 @@ def to_inbound(
         reply_to=mine.thread_parent(ref),
         sender_name=author.display_name if is_dm else speaker(author.display_name, author.id),
         received_at=message.created_at,
+        edited=edit,
+        edit_only=edit_only,
     )

@@ -53,7 +53,10 @@ def admit(seen: Seen, *, config: DiscordConfig) -> str | None:
         return "no role in allowed_roles"
     if seen.mentions_bot or (config.reply_trigger and seen.replies_to_bot):
         return None
-    return "not addressed to the bot"
+    return NOT_ADDRESSED
+
+
+NOT_ADDRESSED = "not addressed to the bot"
 
 
 def retry_delay(attempt: int, *, initial: float, cap: float, rand: float) -> float:

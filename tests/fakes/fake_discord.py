@@ -219,6 +219,26 @@ class FakeDiscord:
             await self.dispatch("MESSAGE_CREATE", data)
         return data
 
+    async def edit_by_author(
+        self, data: Json, content: str, *, mention_bot: bool | None = None
+    ) -> Json:
+        """The author edits their message ``data`` to ``content`` (``mention_bot``: the new
+        text @mentions the bot, or no longer does; None: as before): MESSAGE_UPDATE with the
+        whole message, as Discord sends it, and the channel's history shows the new text."""
+        mentioned = any(m["id"] == str(BOT_ID) for m in data.get("mentions", []))
+        mention = mentioned if mention_bot is None else mention_bot
+        others = [m for m in data.get("mentions", []) if m["id"] != str(BOT_ID)]
+        edited = {
+            **data,
+            "content": f"<@{BOT_ID}> {content}" if mention else content,
+            "mentions": [BOT_USER, *others] if mention else others,
+            "edited_timestamp": _now(),
+        }
+        history = self.history.setdefault(int(data["channel_id"]), [])
+        history[:] = [edited if m["id"] == data["id"] else m for m in history]
+        await self.dispatch("MESSAGE_UPDATE", edited)
+        return edited
+
     def post_offline(self, data: Json) -> Json:
         """A message posted while the bot is away (stopped): only in the channel's history."""
         self.history.setdefault(int(data["channel_id"]), []).append(data)
