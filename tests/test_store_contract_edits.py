@@ -11,11 +11,13 @@ KEY = ConversationKey("discord", "930000000000000001")
 FAR = 1 << 62
 
 
-async def _store(m: MemoryStore, role: str, text: str, pid: str | None, **kw: int) -> int:
+async def _store(
+    m: MemoryStore, role: str, text: str, pid: str | None, parent_id: int | None = None
+) -> int:
     conv = await m.conversation(KEY)
     status = "answered" if role == "user" else "sent"
     return await m.add_message(conv.id, role=role, author="Alice", text=text, tokens=3,
-                               status=status, platform_id=pid, **kw)  # fmt: skip
+                               status=status, platform_id=pid, parent_id=parent_id)  # fmt: skip
 
 
 async def test_edit_replaces_text_and_search_words(memory: MemoryStore) -> None:
