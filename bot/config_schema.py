@@ -324,6 +324,11 @@ class DiscordConfig(TransportBase):
     # slash_guilds: for every server and DMs (global), else only in those servers (at once).
     slash_commands: bool = True
     slash_guilds: tuple[Snowflake, ...] = ()
+    # A thread where the bot was @mentioned (in an allowed channel) is followed: every message
+    # there is answered, no mention needed, until "!stop" there, the thread is archived, or
+    # thread_idle seconds pass without a message.
+    follow_threads: bool = True
+    thread_idle: float = Field(86_400.0, gt=0, le=30 * 86_400)
 
 
 class RelayPair(_Strict):

@@ -54,6 +54,11 @@ Invariants:
   no longer addresses the bot (mention removed) still goes on as ``edit_only`` (stored text
   follows, never answered). An answer that follows an edit carries the note "answer to your
   edited message".
+- Threads (``follow_threads``): a thread where the bot was @mentioned (in an allowed channel)
+  is followed (``SeenMarks.followed``): its messages are answered without a mention until
+  ``!stop`` there, the thread is archived or deleted, or ``thread_idle`` seconds of silence.
+  Catch-up reads followed threads too; a DM channel seen for the first time is read back
+  before its message (what was said there while the bot was away).
 - Message text is never logged above DEBUG.
 - Commands arrive as ordinary messages (``!reset``, after the @mention in a channel) and, with
   ``slash_commands`` (on by default), as slash commands (``discord_slash``): the same command
@@ -79,7 +84,13 @@ import discord
 from bot.config import DiscordConfig, RelayConfig
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.transports.base import OnMessage, ShownRecord
-from bot.transports.discord_catchup import MAX_DM_CHANNELS, Known, SeenMarks, catch_up
+from bot.transports.discord_catchup import (
+    MAX_DM_CHANNELS,
+    Known,
+    SeenMarks,
+    catch_up,
+    read_back,
+)
 from bot.transports.discord_connect import (
     BAD_TOKEN,
     MISSING_TOKEN,
@@ -117,6 +128,7 @@ from bot.transports.discord_text import (
     split_message,
     units,
 )
+from bot.transports.discord_threads import Threads
 
 __all__ = ["NAME", "NO_MENTIONS", "STYLE_HINT", "DiscordTransport", "build_discord"]
 
@@ -187,6 +199,7 @@ class DiscordTransport:
         self._notes: OrderedDict[str, str] = OrderedDict()
         self._mine = OwnMessages(limit=config.remembered_messages)  # the bot's own messages
         self._prefix = command_prefix
+        self._threads = Threads(config=config, marks=self._marks, prefix=command_prefix)
         self.slash = (
             SlashCommands(
                 config=config,
@@ -249,7 +262,7 @@ class DiscordTransport:
         if not parts and not reply.attachments:
             return Delivery(DeliveryStatus.FAILED, detail="nothing to send (empty reply)")
         if self.slash is not None and self.slash.owns(reply.inbound):
-            return await self._send_slash(client, reply, parts)
+            return await self.slash.send(client, reply, parts, limit=self._config.upload_limit)
         sent: list[str] = []
         # Messages an interrupted stream of this answer left on screen: edited into the parts
         # (a restart finishes the half answer instead of posting a second one under it).
@@ -292,35 +305,6 @@ class DiscordTransport:
                 "delivery to %s %s after %d message(s): %s",
                 reply.inbound.key,
                 "postponed" if transient else "failed",
-                len(sent),
-                describe(exc),
-            )
-            status = DeliveryStatus.PENDING if transient else DeliveryStatus.FAILED
-            return Delivery(status, tuple(sent), detail=describe(exc))
-        return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
-
-    async def _send_slash(self, client: discord.Client, reply: Reply, parts: list[str]) -> Delivery:
-        """A slash command's answer: through its interaction, never into the channel."""
-        assert self.slash is not None
-        sent: list[str] = []
-        try:
-            posted, failed = await self.slash.deliver(reply, parts)
-            sent += posted
-            if failed is not None:
-                log.warning("delivery to %s failed: %s", reply.inbound.key, failed.detail)
-                return failed
-            if reply.attachments:  # files (an export) go to the person's DMs
-                for msg in await send_attachments(
-                    client, reply, None, limit=self._config.upload_limit
-                ):
-                    sent.append(str(msg.id))
-        except DELIVERY_ERRORS as exc:
-            transient = isinstance(exc, NETWORK_ERRORS)
-            how = "postponed" if transient else "failed"
-            log.warning(
-                "slash answer to %s %s after %d message(s): %s",
-                reply.inbound.key,
-                how,
                 len(sent),
                 describe(exc),
             )
@@ -463,6 +447,8 @@ class DiscordTransport:
         async def on_message(message: discord.Message) -> None:
             await self._handle(client, message)
 
+        self._threads.register(client)
+
         async def on_raw_message_edit(payload: discord.RawMessageUpdateEvent) -> None:
             await self._edited(client, payload.message, payload.cached_message)
 
@@ -478,6 +464,7 @@ class DiscordTransport:
         dms = sorted(self._marks.dms, key=lambda c: self._marks.last.get(c, 0), reverse=True)
         channels = [*self._config.channels, *dms[:MAX_DM_CHANNELS]]
         channels += [c.id for c in client.private_channels if c.id not in channels]
+        channels += self._threads.ids()
         try:
             await catch_up(
                 client,
@@ -497,13 +484,27 @@ class DiscordTransport:
         self, client: discord.Client, message: discord.Message, *, live: bool = True
     ) -> None:
         try:
+            channel = message.channel
+            if live and dm_channel(channel) and channel.id not in self._marks.dms:
+                # A DM channel never seen: what its person said while we were away (their
+                # first-ever DM, too) is read back and answered before this message.
+                await read_back(
+                    channel,
+                    message,
+                    config=self._config.catch_up,
+                    known=self._known,
+                    handle=lambda m: self._handle(client, m, live=False),
+                )
             inbound = to_inbound(
                 message,
                 me=client.user,
                 config=self._config,
                 mine=self._mine,
                 handled=self._recent,
+                followed=self._threads.followed(channel),
             )
+            if inbound is not None and not await self._threads.admitted(message, inbound):
+                return  # "!stop" in a followed thread
             relay = self.relay
             if (
                 live
@@ -532,7 +533,7 @@ class DiscordTransport:
         finally:
             channel = message.channel
             dm = dm_channel(channel)
-            if dm or channel.id in self._config.channels:
+            if dm or channel.id in self._config.channels or channel.id in self._marks.followed:
                 self._marks.see(channel.id, message.id, dm=dm)
 
     async def _edited(

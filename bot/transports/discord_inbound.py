@@ -81,6 +81,7 @@ def to_inbound(
     mine: OwnMessages,
     handled: Container[str],
     edit: bool = False,
+    followed: bool = False,
 ) -> Inbound | None:
     """The ``Inbound`` for a message the bot answers, or None (logged at DEBUG, with why).
     ``edit``: the message was edited; one that no longer addresses the bot (its mention
@@ -122,6 +123,7 @@ def to_inbound(
         role_ids=frozenset(r.id for r in getattr(author, "roles", ())),
         mentions_bot=any(u.id == me.id for u in message.mentions) or bool(bot_roles),
         replies_to_bot=replies_to_bot,
+        followed=followed and isinstance(channel, discord.Thread),
     )
     reason = admit(seen, config=config)
     edit_only = edit and reason == NOT_ADDRESSED

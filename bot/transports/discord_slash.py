@@ -28,19 +28,27 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import discord
 from discord import app_commands
 
 from bot.config import DiscordConfig
 from bot.domain import DM_SPACE, Delivery, DeliveryStatus, Inbound, Reply
 from bot.transports.discord_policy import Seen, admit
-from bot.transports.discord_send import NETWORK_ERRORS, NO_MENTIONS, channel_space, describe
+from bot.transports.discord_send import (
+    NETWORK_ERRORS,
+    NO_MENTIONS,
+    channel_space,
+    describe,
+    send_attachments,
+)
 
 log = logging.getLogger("bot.transport.discord")
 
@@ -101,6 +109,14 @@ SPECS: tuple[SlashSpec, ...] = (
 
 SLASH_NAMES = tuple(spec.name for spec in SPECS)
 ERRORS: tuple[type[BaseException], ...] = (discord.HTTPException, *NETWORK_ERRORS)
+SEND_ERRORS: tuple[type[BaseException], ...] = (
+    discord.HTTPException,
+    discord.ClientException,
+    OSError,
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    ValueError,  # ids that are not Discord's
+)
 
 
 @dataclass(slots=True)
@@ -267,6 +283,30 @@ class SlashCommands:
     @staticmethod
     def owns(inbound: Inbound) -> bool:
         return (inbound.message_id or "").startswith(SLASH_PREFIX)
+
+    async def send(
+        self, client: discord.Client, reply: Reply, parts: list[str], *, limit: int
+    ) -> Delivery:
+        """A slash command's answer: through its interaction, never into the channel; files
+        (an export) to the person's DMs. Never raises for Discord trouble."""
+        sent: list[str] = []
+        try:
+            posted, failed = await self.deliver(reply, parts)
+            sent += posted
+            if failed is not None:
+                log.warning("delivery to %s failed: %s", reply.inbound.key, failed.detail)
+                return failed
+            if reply.attachments:
+                for msg in await send_attachments(client, reply, None, limit=limit):
+                    sent.append(str(msg.id))
+        except SEND_ERRORS as exc:
+            transient = isinstance(exc, NETWORK_ERRORS)
+            how = "postponed" if transient else "failed"
+            log.warning("slash answer to %s %s after %d message(s): %s", reply.inbound.key,
+                        how, len(sent), describe(exc))  # fmt: skip
+            status = DeliveryStatus.PENDING if transient else DeliveryStatus.FAILED
+            return Delivery(status, tuple(sent), detail=describe(exc))
+        return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
 
     async def deliver(self, reply: Reply, parts: list[str]) -> tuple[list[str], Delivery | None]:
         """Post ``parts`` through the interaction; (ids posted, a failed Delivery or None)."""
