@@ -84,6 +84,7 @@ import discord
 from bot.config import DiscordConfig, RelayConfig
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.transports.base import OnMessage, ShownRecord
+from bot.transports.discord_attach import merge_notes
 from bot.transports.discord_catchup import (
     MAX_DM_CHANNELS,
     Known,
@@ -361,7 +362,7 @@ class DiscordTransport:
 
     def _note_for(self, reply: Reply) -> str | None:
         pending = self._notes.pop(reply.inbound.message_id or "", None)
-        return note_line("; ".join(n for n in (reply.note, pending) if n))
+        return note_line(merge_notes(reply.note, pending))
 
     def _stop_typing(self, inbound: Inbound) -> None:
         typing = self._typing.pop(inbound.message_id or "", None)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import aiohttp
 import discord
 
-from bot.transports.discord_attach import Incoming, merge, wants_bytes
+from bot.transports.discord_attach import Incoming, kind, merge, wants_bytes
 from bot.transports.discord_text import readable, speaker
 
 log = logging.getLogger("bot.transport.discord")
@@ -83,13 +83,15 @@ async def read_attachments(
     """Text files read into ``text`` under their name; images and other files named; a note
     for the person saying what was not read (or None); images for a vision model."""
     found: list[tuple[Incoming, bytes | None]] = []
+    taken = 0  # images to be downloaded so far: past the count, none is
     for att in message.attachments:
         seen = Incoming(att.filename, att.content_type, att.size)
         data: bytes | None = None
-        if wants_bytes(seen, vision=vision):
+        if wants_bytes(seen, vision=vision, images_taken=taken):
+            taken += kind(seen) == "image"
             try:
                 data = await att.read()
             except READ_ERRORS as exc:
                 log.warning("could not read an attachment of %s: %s", message.id, exc)
         found.append((seen, data))
-    return merge(text, found, budget=budget)
+    return merge(text, found, budget=budget, vision=vision)
