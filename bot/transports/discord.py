@@ -110,7 +110,6 @@ from bot.transports.discord_read import read_attachments, readable_text
 from bot.transports.discord_relay import DiscordRelay
 from bot.transports.discord_resume import Earlier
 from bot.transports.discord_send import (
-    NETWORK_ERRORS,
     NO_MENTIONS,
     Target,
     describe,
@@ -119,6 +118,7 @@ from bot.transports.discord_send import (
     post,
     reply_target,
     send_attachments,
+    transient,
 )
 from bot.transports.discord_slash import SLASH_NAMES, SlashCommands
 from bot.transports.discord_stream import DiscordStream
@@ -299,17 +299,18 @@ class DiscordTransport:
                     sent.append(str(msg.id))
                     self._mine.remember(msg.id)
         except DELIVERY_ERRORS as exc:
-            # Discord unreachable (network, 5xx): the outbox keeps the row and the parts not
-            # yet posted go out on a later try; Discord refusing (403, 404, 400) is final.
-            transient = isinstance(exc, NETWORK_ERRORS)
+            # Discord unreachable (network, 5xx) or rate limiting (429 without Via): the
+            # outbox keeps the row and the parts not yet posted go out on a later try;
+            # Discord refusing (403, 404, 400) is final.
+            retry = transient(exc)
             log.warning(
                 "delivery to %s %s after %d message(s): %s",
                 reply.inbound.key,
-                "postponed" if transient else "failed",
+                "postponed" if retry else "failed",
                 len(sent),
                 describe(exc),
             )
-            status = DeliveryStatus.PENDING if transient else DeliveryStatus.FAILED
+            status = DeliveryStatus.PENDING if retry else DeliveryStatus.FAILED
             return Delivery(status, tuple(sent), detail=describe(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
 

@@ -48,6 +48,7 @@ from bot.transports.discord_send import (
     channel_space,
     describe,
     send_attachments,
+    transient,
 )
 
 log = logging.getLogger("bot.transport.discord")
@@ -300,11 +301,11 @@ class SlashCommands:
                 for msg in await send_attachments(client, reply, None, limit=limit):
                     sent.append(str(msg.id))
         except SEND_ERRORS as exc:
-            transient = isinstance(exc, NETWORK_ERRORS)
-            how = "postponed" if transient else "failed"
+            retry = transient(exc)
+            how = "postponed" if retry else "failed"
             log.warning("slash answer to %s %s after %d message(s): %s", reply.inbound.key,
                         how, len(sent), describe(exc))  # fmt: skip
-            status = DeliveryStatus.PENDING if transient else DeliveryStatus.FAILED
+            status = DeliveryStatus.PENDING if retry else DeliveryStatus.FAILED
             return Delivery(status, tuple(sent), detail=describe(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
 

@@ -115,6 +115,7 @@ class FakeDiscord:
         self.fail_requests = 0
         self.fail_status = 503
         self.fail_after_write = 0  # the next N posts/edits are done, then answered fail_status
+        self.posts_429 = 0  # the next N posts answer 429 without ``Via`` (nothing is created)
         self.nonce_window = 300.0  # Discord: "the past few minutes"
         self.nonces: dict[str, tuple[float, int]] = {}  # nonce -> (when, message id)
         self.deduped = 0
@@ -265,6 +266,16 @@ class FakeDiscord:
             return None
         self.fail_requests -= 1
         return self._error(self.fail_status, 0, "Service Unavailable")
+
+    def _limited_without_via(self) -> web.Response | None:
+        """A 429 without the ``Via`` header (``posts_429``): what Discord's edge answers when
+        it limits by IP; discord.py raises it at once instead of waiting."""
+        if self.posts_429 <= 0:
+            return None
+        self.posts_429 -= 1
+        self.rate_limited += 1
+        body = {"message": "You are being rate limited.", "retry_after": 1.0, "global": False}
+        return _json(body, status=429)
 
     def _failing_after_write(self) -> web.Response | None:
         if self.fail_after_write <= 0:
@@ -687,7 +698,7 @@ class FakeDiscord:
             assert request.transport is not None
             request.transport.close()
             raise web.HTTPServiceUnavailable()  # never reaches the client
-        refused = self._failing()
+        refused = self._failing() or self._limited_without_via()
         if refused is not None:
             return refused
         if cid in self.forbidden_channels:
