@@ -90,6 +90,9 @@ class BotConfig(_Strict):
     rate_limit: RateLimit = RateLimit()
     queue_limit: int = Field(3, ge=1, le=100)  # turns waiting per person before we say "slow down"
     max_message_chars: int = Field(4000, ge=100, le=100_000)  # longer inbound text is cut
+    # Named personas (system prompts) people may choose with !persona NAME; operators may also
+    # set any text for a channel, a server or the whole bot (docs/discord.md).
+    personas: dict[str, str] = {}
 
     @field_validator("operators")
     @classmethod

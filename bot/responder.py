@@ -68,13 +68,14 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from bot.chat_settings import ChatSettings
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
 from bot.delivery import OutboxSender
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind, TransportLimits
 from bot.errors import LLMUnavailable, StorageError
 from bot.limits import PersonLimits
-from bot.llm.port import LLM, ContextTooLong
+from bot.llm.port import LLM, MODEL_CHOICE, ContextTooLong
 from bot.llm.tokens import TokenCounter
 from bot.memory.indexer import Indexer
 from bot.memory.keep import CLAIM_STALE_SECONDS
@@ -153,7 +154,9 @@ class Responder:
         indexer: Indexer | None = None,
         max_age: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        settings: ChatSettings | None = None,
     ) -> None:
+        self._settings = settings  # model and persona per channel, server, bot or person
         self._store = store
         self._llm = llm
         self._context = context
@@ -276,6 +279,10 @@ class Responder:
         elif edited.reopened:
             self._enqueue(_Job(fresh, edited.message.id))
 
+    def _persona(self, inbound: Inbound) -> str | None:
+        """The persona's prompt chosen for this conversation (None: ``bot.system_prompt``)."""
+        return None if self._settings is None else self._settings.persona(inbound)[1]
+
     def _over_limit(self, inbound: Inbound) -> str | None:
         if self._commands.is_operator(inbound):
             return None
@@ -310,6 +317,10 @@ class Responder:
                 job = queue[0]
                 if not self._accepting and job.outbox is not None:
                     break  # shutting down: the row stays in the outbox for the next start
+                # the model chosen for this conversation, for every LLM call of this job
+                chosen = MODEL_CHOICE.set(
+                    None if self._settings is None else self._settings.model(job.inbound)
+                )
                 try:
                     if job.outbox is not None:
                         await self._outbox.deliver(job.inbound, job.outbox)
@@ -330,6 +341,7 @@ class Responder:
                     log.exception("turn failed in %s", job.inbound.key)
                     await self._after_failure(job)
                 finally:
+                    MODEL_CHOICE.reset(chosen)
                     queue.popleft()
                     if job.outbox is not None:
                         self._outbox.in_flight.discard(job.outbox.id)
@@ -430,6 +442,7 @@ class Responder:
                 budget=limits.context_tokens,
                 style_hint=limits.style_hint,
                 speaker=_speaker(inbound, limits),
+                system_prompt=self._persona(inbound),
             )
             messages = ctx.messages
             if inbound.images:  # for the model only, with the new message (never stored)
@@ -450,6 +463,7 @@ class Responder:
                         budget=smaller,
                         style_hint=limits.style_hint,
                         speaker=_speaker(inbound, limits),
+                        system_prompt=self._persona(inbound),
                     )
                     messages = ctx.messages
                     if inbound.images:
@@ -526,6 +540,7 @@ class Responder:
                 style_hint=limits.style_hint,
                 ephemeral=list(turns),
                 speaker=_speaker(inbound, limits),
+                system_prompt=self._persona(inbound),
             )
             try:
                 completion = await self._llm.complete(ctx.messages, max_tokens=limits.max_tokens)

@@ -233,6 +233,7 @@ class ContextBuilder:
         style_hint: str = "",
         longterm_reserve: int = 0,
         speaker: str | None = None,
+        system_prompt: str | None = None,
     ) -> AssembledContext:
         """``longterm_reserve``: tokens to hold back from ``budget`` when the conversation
         has a long-term summary (read with the rest, ``_reads``); ``reserved`` says if.
@@ -241,7 +242,8 @@ class ContextBuilder:
         (the author stored with it, so an earlier turn reads the same in every prompt)."""
         named = speaker is not None
         trimmed = False
-        prompt = fill_prompt(self._system_prompt, datetime.now(UTC))
+        # ``system_prompt``: a persona chosen for this conversation (bot.chat_settings)
+        prompt = fill_prompt(system_prompt or self._system_prompt, datetime.now(UTC))
         system = f"{prompt} {style_hint}".strip()
         system_tokens = self._counter.count(system) + MESSAGE_OVERHEAD
         reads = await self._reads(conversation, new_message_id, longterm=longterm_reserve > 0)

@@ -79,6 +79,7 @@ from typing import Any, Protocol
 
 from bot.domain import ConversationKey
 from bot.memory.records import (
+    ChatSetting,
     EditedMessage,
     LongTermSummary,
     OutboxEntry,
@@ -132,6 +133,10 @@ class MemoryStore(Protocol):
         reopen: bool = False,
         withdrawn: str = "",
     ) -> EditedMessage | None: ...
+
+    async def chat_settings(self, scopes: Sequence[str] | None = None) -> list[ChatSetting]: ...
+
+    async def set_chat_setting(self, scope: str, field: str, value: str | None) -> None: ...
 
     def turn_lock(self, conversation_id: int) -> AbstractAsyncContextManager[None]: ...
 

@@ -105,7 +105,20 @@ SPECS: tuple[SlashSpec, ...] = (
     SlashSpec("link", "Link your accounts (mesh, Discord)", "code", "the code, if you have one"),
     SlashSpec("unlink", "Undo a link"),
     SlashSpec("incognito", "Stop storing what we say", "off", "off, to end it"),
+    SlashSpec(
+        "persona",
+        "Show or choose a persona",
+        "choice",
+        "a name, off, or (operators) here|server|bot and a name or prompt",
+    ),
     SlashSpec("stats", "Operator: counters", operator=True),
+    SlashSpec(
+        "model",
+        "Operator: the model here, or set one",
+        "choice",
+        "NAME [here|server|bot], or clear",
+        operator=True,
+    ),
 )
 
 SLASH_NAMES = tuple(spec.name for spec in SPECS)
