@@ -454,9 +454,15 @@ class DiscordTransport:
         async def on_raw_message_edit(payload: discord.RawMessageUpdateEvent) -> None:
             await self._edited(client, payload.message, payload.cached_message)
 
+        async def on_raw_reaction_add(event: discord.RawReactionActionEvent) -> None:
+            relay = self.relay
+            if relay is not None and client.user is not None:
+                relay.offer_reaction(event, me=client.user.id)
+
         client.event(on_ready)
         client.event(on_message)
         client.event(on_raw_message_edit)
+        client.event(on_raw_reaction_add)
         if self.slash is not None:
             self._tree = self.slash.install(client)
 
