@@ -332,6 +332,7 @@ class DiscordConfig(TransportBase):
     # thread_idle seconds pass without a message.
     follow_threads: bool = True
     thread_idle: float = Field(86_400.0, gt=0, le=30 * 86_400)
+    open_threads: bool = False  # answer a channel @mention in a new thread opened from it
 
 
 class RelayPair(_Strict):

@@ -7,7 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot.transports.discord_threads import UNFOLLOWED
-from tests.fakes.fake_discord import BOB, GUILD_ID, OTHER_THREAD_ID, THREAD_ID, FakeDiscord, user
+from tests.fakes.fake_discord import (
+    BOB,
+    CHANNEL_ID,
+    GUILD_ID,
+    OTHER_THREAD_ID,
+    THREAD_ID,
+    FakeDiscord,
+    user,
+)
 from tests.fakes.fake_llm import FakeLLM
 from tests.test_discord_app import running
 
@@ -82,3 +90,28 @@ async def test_catch_up_reads_followed_threads_and_a_new_dm_channel(
         ]
         assert dm_answers[0].reference_id == int(first_dm["id"])
         assert len(dm_answers) == 2
+
+
+async def test_open_threads_answers_a_channel_question_in_a_new_followed_thread(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    keys = "  open_threads: true\n"
+    async with running(tmp_path, fake_llm, fake_discord, discord_keys=keys) as rig:
+        question = await fake_discord.say(
+            fake_discord.guild_message("how far does LoRa reach?", mention_bot=True)
+        )
+        [answer] = await fake_discord.wait_sent(1)
+        await rig.app.responder.wait_idle()
+        [(channel, message, name)] = fake_discord.threads_opened
+        assert (channel, message, name) == (CHANNEL_ID, int(question["id"]),
+                                            "how far does LoRa reach?")  # fmt: skip
+        thread_id = answer.channel_id
+        assert thread_id != CHANNEL_ID
+        # the follow-up in the thread needs no mention and continues the same conversation
+        await rig.exchange(fake_discord.guild_message("and in a city?", channel_id=thread_id))
+        prompt = rig.prompt()
+        assert "how far does LoRa reach?" in prompt and "and in a city?" in prompt
+        # a thread cannot be opened (no permission): answered in the channel, as before
+        fake_discord.threads_allowed = False
+        said = await rig.exchange(fake_discord.guild_message("again", mention_bot=True))
+        assert said.channel_id == CHANNEL_ID

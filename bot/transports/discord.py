@@ -112,6 +112,7 @@ from bot.transports.discord_resume import Earlier
 from bot.transports.discord_send import (
     NO_MENTIONS,
     Target,
+    channel_space,
     describe,
     marked_nonces,
     part_nonce,
@@ -200,6 +201,7 @@ class DiscordTransport:
         self._notes: OrderedDict[str, str] = OrderedDict()
         self._mine = OwnMessages(limit=config.remembered_messages)  # the bot's own messages
         self._prefix = command_prefix
+        self._opened: dict[str, discord.Thread] = {}  # question id -> the thread opened for it
         self._threads = Threads(config=config, marks=self._marks, prefix=command_prefix)
         self.slash = (
             SlashCommands(
@@ -359,6 +361,9 @@ class DiscordTransport:
         return self.relay
 
     async def _target(self, client: discord.Client, inbound: Inbound) -> Target:
+        thread = self._opened.get(inbound.message_id or "")
+        if thread is not None:  # open_threads: the answer opens the conversation there
+            return thread, None
         return await reply_target(client, inbound, self._recent.get(inbound.message_id or ""))
 
     def _note_for(self, reply: Reply) -> str | None:
@@ -513,6 +518,14 @@ class DiscordTransport:
             )
             if inbound is not None and not await self._threads.admitted(message, inbound):
                 return  # "!stop" in a followed thread
+            if inbound is not None and message.guild is not None:
+                opened = await self._threads.open_for(message, inbound)
+                if opened is not None:  # the question and its answer belong to the new thread
+                    self._opened[str(message.id)] = opened
+                    while len(self._opened) > self._config.remembered_messages:
+                        self._opened.pop(next(iter(self._opened)))
+                    space = channel_space(message.guild.id, opened.id)
+                    inbound = replace(inbound, space=space)
             relay = self.relay
             if (
                 live

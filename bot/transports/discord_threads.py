@@ -8,6 +8,9 @@ Invariants:
   following and catch-up reads the thread.
 - It stops on ``!stop`` there (answered with ``UNFOLLOWED``, not handed on), when the thread
   is archived or deleted, and after ``thread_idle`` seconds without a message.
+- With ``open_threads`` a channel question (an @mention, not a command or a reply) gets a new
+  thread opened from it, followed, and the question belongs to that thread's conversation,
+  so the follow-ups there continue it. A refusal (no permission) answers in the channel.
 - Nothing here posts except the one ``UNFOLLOWED`` line.
 """
 
@@ -26,6 +29,7 @@ from bot.transports.discord_send import post
 
 log = logging.getLogger("bot.transport.discord")
 
+THREAD_NAME_MAX = 90  # Discord allows 100 characters
 UNFOLLOWED = "I stop answering everything here. @mention me to bring me back to this thread."
 
 
@@ -63,6 +67,32 @@ class Threads:
             return False
         self._marks.follow(thread.id, self._now())
         return True
+
+    async def open_for(self, message: discord.Message, inbound: Inbound) -> discord.Thread | None:
+        """With ``open_threads``: a thread opened from a channel message that @mentions the bot
+        (not a command, not a reply), followed; the answer goes there. None: not for this
+        message, or Discord refused (logged; the answer then goes to the channel)."""
+        channel = message.channel
+        if (
+            not self._config.open_threads
+            or not isinstance(channel, discord.TextChannel)
+            or message.reference is not None
+            or inbound.text.startswith(self._prefix)
+        ):
+            return None
+        name = " ".join(inbound.text.split())[:THREAD_NAME_MAX] or "meshsage"
+        try:
+            thread = await message.create_thread(name=name, auto_archive_duration=1440)
+        except (discord.HTTPException, discord.ClientException, ValueError) as exc:
+            log.warning(
+                "could not open a thread for message %s (%s); answering in the channel. Fix: "
+                "give the bot Create Public Threads there, or set discord.open_threads: false",
+                message.id,
+                exc,
+            )
+            return None
+        self._marks.follow(thread.id, self._now())
+        return thread
 
     def ids(self) -> list[int]:
         """The threads followed now (for catch-up)."""

@@ -152,6 +152,8 @@ class FakeDiscord:
         self.cdn_reads: list[int] = []
         # slash commands: registration, INTERACTION_CREATE, callback, follow-ups
         self.interactions = FakeInteractions(self)
+        self.threads_allowed = True  # False: Create Public Threads missing (403)
+        self.threads_opened: list[tuple[int, int, str]] = []  # (channel, message, thread) ids
 
     # --- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -173,6 +175,7 @@ class FakeDiscord:
         app.router.add_post("/api/v10/channels/{cid}/webhooks", self._create_webhook)
         app.router.add_post("/api/v10/webhooks/{wid}/{token}", self._execute_webhook)
         self.interactions.routes(app)
+        app.router.add_post("/api/v10/channels/{cid}/messages/{mid}/threads", self._open_thread)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -466,6 +469,34 @@ class FakeDiscord:
             (int(request.match_info["mid"]), unquote(request.match_info["emoji"]))
         )
         return web.Response(status=204)
+
+    async def _open_thread(self, request: web.Request) -> web.Response:
+        """A thread started from a message (the bot's ``open_threads``)."""
+        cid, mid = int(request.match_info["cid"]), int(request.match_info["mid"])
+        if not self.threads_allowed:
+            return self._error(403, 50013, "Missing Permissions")
+        body = await request.json()
+        tid = self.snowflake()
+        self.threads_opened.append((cid, mid, str(body.get("name"))))
+        thread: Json = {
+            "id": str(tid),
+            "type": 11,
+            "guild_id": str(GUILD_ID),
+            "parent_id": str(cid),
+            "owner_id": str(BOT_ID),
+            "name": str(body.get("name")),
+            "message_count": 0,
+            "member_count": 1,
+            "thread_metadata": {
+                "archived": False,
+                "auto_archive_duration": 1440,
+                "archive_timestamp": _now(),
+                "locked": False,
+            },
+        }
+        if self._ws is not None and not self._ws.closed:  # as Discord: the creator hears of it
+            await self.dispatch("THREAD_CREATE", {**thread, "newly_created": True})
+        return _json(thread)
 
     def _webhook(self, cid: int, wid: int) -> Json:
         return {
