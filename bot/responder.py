@@ -92,7 +92,14 @@ from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
-from bot.transports.base import AnswerStream, Congested, KeepsFiles, Paginates, Transport
+from bot.transports.base import (
+    AnswerStream,
+    Congested,
+    KeepsFiles,
+    Paginates,
+    Rereads,
+    Transport,
+)
 
 log = logging.getLogger("bot.responder")
 
@@ -134,6 +141,7 @@ class _Job:
     command: bool = False
     outbox: OutboxRow | None = None  # a stored delivery to (re)send
     incognito: bool = False  # answered from memory, nothing stored
+    recovered: bool = False  # stored before a restart: the transport may reread it (images)
     # The conversation as read at intake, kept only for a job that runs next with no command
     # started, ended or running since the read (commands are what change conversation rows):
     # its turn needs no second read.
@@ -336,7 +344,11 @@ class Responder:
                         await self._incognito_turn(job.inbound)
                     else:
                         assert job.message_id is not None
-                        await self._turn(job.inbound, job.message_id, job.conv)
+                        inbound = job.inbound
+                        transport = self._transports.get(inbound.transport)
+                        if job.recovered and isinstance(transport, Rereads):
+                            inbound = await transport.reread(inbound)  # images, not stored
+                        await self._turn(inbound, job.message_id, job.conv)
                 except Exception:  # loop boundary: one bad turn must not stop this person's queue
                     log.exception("turn failed in %s", job.inbound.key)
                     await self._after_failure(job)
@@ -591,7 +603,7 @@ class Responder:
                 message_id=msg.platform_id,
                 sender_name=msg.author,
             )
-            self._enqueue(_Job(inbound, msg.id))
+            self._enqueue(_Job(inbound, msg.id, recovered=True))
         if jobs:
             log.info("answering %d message(s) stored before the last shutdown", len(jobs))
         return len(jobs) + sent

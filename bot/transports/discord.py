@@ -141,6 +141,8 @@ STYLE_HINT = (
     "code blocks."
 )
 EDITED_NOTE = "answer to your edited message"
+REREAD_WAIT = 60.0  # seconds a question stored before a restart waits for the gateway
+IMAGES_LOST = "your image could not be looked at again after a restart; send it again"
 SEND_ERRORS: tuple[type[BaseException], ...] = (
     discord.HTTPException,
     discord.ClientException,
@@ -350,6 +352,31 @@ class DiscordTransport:
         )
         stream.first_post = lambda: self._stop_typing(inbound)
         return stream
+
+    async def reread(self, inbound: Inbound) -> Inbound:
+        """A question stored before a restart, with its images read again (they are never
+        stored); when they cannot be, its answer says so. Never raises."""
+        if not self._vision or "[image: " not in inbound.text or not inbound.message_id:
+            return inbound
+        try:
+            # at start the pending questions are queued before the gateway is up
+            await asyncio.wait_for(self.caught_up.wait(), REREAD_WAIT)
+            client = self._client
+            if client is None or client.is_closed():
+                raise discord.ClientException("Discord is not connected")
+            channel, _ = await reply_target(client, replace(inbound, message_id=None), None)
+            message = await channel.fetch_message(int(inbound.message_id))
+            _, note, images = await read_attachments(
+                message, "", budget=self._max_message_chars, vision=True
+            )
+        except DELIVERY_ERRORS as exc:
+            log.warning("could not read the images of %s again after the restart: %s",
+                        inbound.key, describe(exc))  # fmt: skip
+            self._notes[inbound.message_id] = IMAGES_LOST
+            return inbound
+        if note is not None:
+            self._notes[inbound.message_id] = note
+        return replace(inbound, images=images)
 
     def attach_relay(self, config: RelayConfig) -> DiscordRelay:
         """The bridge's Discord side, fed by this transport's messages."""

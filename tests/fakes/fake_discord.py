@@ -176,6 +176,7 @@ class FakeDiscord:
         app.router.add_post("/api/v10/webhooks/{wid}/{token}", self._execute_webhook)
         self.interactions.routes(app)
         app.router.add_post("/api/v10/channels/{cid}/messages/{mid}/threads", self._open_thread)
+        app.router.add_get("/api/v10/channels/{cid}/messages/{mid}", self._fetch_message)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -469,6 +470,14 @@ class FakeDiscord:
             (int(request.match_info["mid"]), unquote(request.match_info["emoji"]))
         )
         return web.Response(status=204)
+
+    async def _fetch_message(self, request: web.Request) -> web.Response:
+        """GET one message of a channel's history (404, code 10008, when it is not there)."""
+        cid, mid = int(request.match_info["cid"]), request.match_info["mid"]
+        found = [m for m in self.history.get(cid, []) if m["id"] == mid]
+        if not found:
+            return self._error(404, 10008, "Unknown Message")
+        return _json(found[-1])
 
     async def _open_thread(self, request: web.Request) -> web.Response:
         """A thread started from a message (the bot's ``open_threads``)."""
