@@ -6,7 +6,8 @@ Invariants:
   the LLM server does not offer is refused with the list it offers, and nothing changes when
   the list cannot be read.
 - ``!persona NAME`` lets anyone choose, for their own conversations on this transport, one of
-  the personas the operator allowed (``bot.personas``); setting a persona for a channel, a
+  the personas the operator allowed (``bot.personas``), except on the mesh
+  (``OPERATORS_ONLY``), where only operators change it; setting a persona for a channel, a
   server or the bot (``here``/``server``/``bot``), or any text as one, is for operators.
 - A persona changes the system prompt only: memory stays per person, so no persona can make
   the bot read another person's conversation.
@@ -21,6 +22,7 @@ from bot.domain import DM_SPACE, Inbound
 
 ListModels = Callable[[], Awaitable[list[str]]]
 WHERE = ("here", "server", "bot")
+OPERATORS_ONLY = ("meshtastic",)  # transports where choosing a persona is for operators
 
 
 def scope_of(inbound: Inbound, where: str) -> str | None:
@@ -102,6 +104,8 @@ class SettingsCommands:
                     f"{p}persona off).")  # fmt: skip
         first = words[0].lower()
         operator = self._is_operator(inbound)
+        if inbound.transport in OPERATORS_ONLY and not operator:
+            return "On the mesh only operators change the persona."
         if first in WHERE or (first == "clear" and operator):
             if not operator:
                 return f"Only operators set a persona for {first}. You may choose: {allowed}."

@@ -97,3 +97,25 @@ async def test_slash_model_refuses_a_name_the_server_lacks(
         inv = await slash.wait(await slash.command("model", {"choice": "gpt-9"}))
         assert inv.text == "The server has no model gpt-9. It offers: fake."
         assert inv.ephemeral
+
+
+async def test_on_the_mesh_model_and_persona_are_for_operators(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    from tests.conftest import start_harness
+    from tests.fakes.fake_transport import FakeTransport
+
+    extra = 'bot:\n  operators: ["meshtastic:root"]\n  personas:\n    pirate: "Arr."\n'
+    h = await start_harness(tmp_path, fake_llm, extra=extra,
+                            transport=FakeTransport(name="meshtastic"))  # fmt: skip
+    try:
+        await h.say("!persona pirate", sender="alice")
+        assert h.transport.sent[-1].text == "On the mesh only operators change the persona."
+        await h.say("!model fake", sender="alice")
+        assert "Unknown command" in h.transport.sent[-1].text
+        await h.say("!persona bot pirate", sender="root")
+        assert h.transport.sent[-1].text == "Persona for bot: pirate."
+        await h.say("hello", sender="alice")
+        assert fake_llm.chat_requests()[-1]["messages"][0]["content"].startswith("Arr.")
+    finally:
+        await h.app.close()
