@@ -40,7 +40,7 @@ import discord
 from bot.domain import Delivery, DeliveryStatus, Reply
 from bot.transports.base import ShownRecord
 from bot.transports.discord_resume import Earlier
-from bot.transports.discord_send import NETWORK_ERRORS, NONCE_MARK, part_nonce, posted
+from bot.transports.discord_send import NONCE_MARK, part_nonce, posted, transient
 from bot.transports.discord_text import DISCORD_MAX_CHARS, split_message, units
 
 log = logging.getLogger("bot.transport.discord")
@@ -124,11 +124,11 @@ class DiscordStream:
                 for i, message in enumerate(self._messages):
                     await reply.progress(i, str(message.id))
         except STREAM_ERRORS as exc:
-            transient = isinstance(exc, NETWORK_ERRORS)
+            retry = transient(exc)  # network, 5xx, or a 429 discord.py did not wait out
             log.warning("streamed answer could not be completed%s: %s",
-                        " (tried again later)" if transient else "", exc)  # fmt: skip
+                        " (tried again later)" if retry else "", exc)  # fmt: skip
             ids = tuple(str(m.id) for m in self._messages)
-            status = DeliveryStatus.PENDING if transient else DeliveryStatus.FAILED
+            status = DeliveryStatus.PENDING if retry else DeliveryStatus.FAILED
             return Delivery(status, ids, detail=str(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(str(m.id) for m in self._messages))
 
