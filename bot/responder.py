@@ -94,6 +94,7 @@ from bot.memory.summary import Summarizer
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import (
     AnswerStream,
+    AwaitsAnswer,
     Congested,
     KeepsFiles,
     Paginates,
@@ -304,7 +305,10 @@ class Responder:
 
     async def _notice_once(self, inbound: Inbound, text: str) -> None:
         who = (inbound.transport, inbound.sender)
-        if self._limits.may_notice(who):  # one per window: a flood must not make us flood back
+        transport = self._transports.get(inbound.transport)
+        waiting = isinstance(transport, AwaitsAnswer) and transport.awaits_answer(inbound)
+        # one per window: a flood must not make us flood back (a slash command waits for one)
+        if self._limits.may_notice(who) or waiting:
             await self._notice(inbound, text)
 
     def _enqueue(self, job: _Job) -> None:

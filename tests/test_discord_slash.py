@@ -185,3 +185,19 @@ async def test_an_answer_for_a_forgotten_interaction_is_never_posted_in_the_chan
         assert "interaction" in (delivery.detail or "")
         await asyncio.sleep(0)
         assert fake_discord.sent == []
+
+
+async def test_slash_commands_obey_the_rate_limit_and_each_gets_an_answer(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
+) -> None:
+    """Limited like the ! form; but a slash command shows "thinking..." until answered, so
+    every limited one gets the notice (the ! form gets one per window)."""
+    slash = fake_discord.interactions
+    limits = "bot:\n  rate_limit: {messages: 2, per_seconds: 600}\n"
+    async with running(tmp_path, fake_llm, fake_discord, sections=limits):
+        await slash.wait_registered()
+        runs = [await slash.wait(await slash.command("facts")) for _ in range(4)]
+        texts = [r.text for r in runs]
+        assert all(texts)
+        assert texts[2] == texts[3] != texts[0]  # the limit's notice, to each of them
+        assert fake_discord.sent == []

@@ -147,3 +147,12 @@ class Rereads(Protocol):
     async def reread(self, inbound: Inbound) -> Inbound:
         """``inbound`` with what only the platform kept (images); never raises."""
         ...
+
+
+@runtime_checkable
+class AwaitsAnswer(Protocol):
+    """A transport where some inbounds must get a reply even when others would be silent (a
+    Discord slash command shows "thinking..." until answered): a rate-limit notice is sent to
+    each of them, not once per window."""
+
+    def awaits_answer(self, inbound: Inbound) -> bool: ...

@@ -353,6 +353,10 @@ class DiscordTransport:
         stream.first_post = lambda: self._stop_typing(inbound)
         return stream
 
+    def awaits_answer(self, inbound: Inbound) -> bool:
+        """A slash command shows "thinking..." until answered: it gets every notice."""
+        return self.slash is not None and self.slash.owns(inbound)
+
     async def reread(self, inbound: Inbound) -> Inbound:
         """A question stored before a restart, with its images read again (they are never
         stored); when they cannot be, its answer says so. Never raises."""
