@@ -16,6 +16,11 @@ the write (a gateway timeout behind which the message was really created or edit
 A post with ``enforce_nonce`` and a nonce seen in the last ``nonce_window`` seconds creates
 nothing and returns the message first created with it (as Discord does; counted in
 ``deduped``). ``visible(channel)`` is what a person sees there.
+Also: ``posts_429`` makes posts answer 429 without ``Via`` (discord.py raises it at once);
+``edit_by_author`` sends MESSAGE_UPDATE for a person's edit (adding or removing the mention);
+``react`` a reaction; threads opened from a message (``threads_opened``, THREAD_CREATE, 403
+with ``threads_allowed = False``); GET of one message; and slash commands
+(``interactions``: tests/fakes/fake_discord_interactions.py).
 """
 
 from __future__ import annotations
