@@ -43,6 +43,7 @@ from bot.errors import MeshsageError
 from bot.llm.gate import LLMGate
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM
+from bot.llm.server_limits import LearnedLimits
 from bot.llm.tokens import TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.embeddings import Embedder, OpenAICompatEmbedder
@@ -103,6 +104,7 @@ class App:
     bridge: Bridge | None = None  # relay: pairs configured
     stop_seconds: float = STOP_SECONDS  # the one shutdown deadline (tests shorten it)
     cut_at_stop: list[str] = field(default_factory=list)  # steps the deadline cut off
+    server_limits: LearnedLimits | None = None  # what the LLM server holds (the real adapter)
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -124,6 +126,8 @@ class App:
             self.indexer.start()
         if self.sessions is not None:
             self.sessions.start()
+        if self.server_limits is not None:  # before the first turn: answers fit the server
+            await self.server_limits.refresh()
         await self.responder.recover_pending()
         self._start_monitor()
         self.notifier.ready("serving on " + ", ".join(t.name for t in running))
@@ -142,6 +146,7 @@ class App:
             latencies=self.latencies,
             last_error=self.last_error,
             relay=self._relay_counters if self.bridge is not None else None,
+            llm_limits=self.server_limits.describe if self.server_limits is not None else None,
         )
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
 
@@ -298,8 +303,12 @@ async def build(
     try:
         counter = make_counter()
         real_llm = None
+        server_limits = None
         if llm is None:
-            real_llm = OpenAICompatLLM(config=config.llm, env=env)
+            server_limits = LearnedLimits(base_url=config.llm.base_url, model=config.llm.model)
+            real_llm = OpenAICompatLLM(
+                config=config.llm, env=env, connection_lost=server_limits.mark_stale
+            )
             llm = real_llm
         latencies = Latencies()
         # Background LLM work waits while any turn is in progress (bound late: responder below).
@@ -385,6 +394,7 @@ async def build(
             counter=counter,
             config=config.bot,
             indexer=indexer,
+            server=server_limits,
             max_age={
                 name: section.delivery.max_age
                 for name, section in (
@@ -411,6 +421,7 @@ async def build(
             sessions=sessions,
             _close_llm=real_llm,
             _close_embedder=real_embedder,
+            server_limits=server_limits,
         )
         if transports is None:
             names = only if only is not None else config.enabled_transports()

@@ -23,7 +23,7 @@ from dataclasses import replace
 from bot.config import BotConfig
 from bot.domain import Inbound, TransportLimits
 from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, OnText
-from bot.llm.server_limits import LearnedLimits
+from bot.llm.server_limits import LearnedLimits, prompt_from_error
 from bot.llm.server_limits import budget as server_budget
 from bot.memory.context import AssembledContext
 from bot.memory.layers import LayeredContext
@@ -101,6 +101,9 @@ class FittingAsk:
                         learned, context_tokens=limits.context_tokens, max_tokens=answer
                     )
                     smaller = min(smaller, room)
+                    said = prompt_from_error(exc.server_message)  # the server's own count
+                    if said and said > ctx.tokens:  # it counts more than we do: scale down
+                        smaller = min(smaller, room * ctx.tokens // said)
                 smaller = max(MIN_RETRY_BUDGET, smaller)
                 shrinks += 1
                 if shrinks > MAX_SHRINKS or smaller >= ctx.tokens:

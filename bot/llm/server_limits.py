@@ -52,6 +52,12 @@ _CTX_IN_ERROR = (
     re.compile(r"n_ctx\W{1,3}(\d+)", re.IGNORECASE),
 )
 
+_PROMPT_IN_ERROR = (
+    re.compile(r"\((\d+) in the messages", re.IGNORECASE),  # OpenAI, vLLM, llama-cpp-python
+    re.compile(r"request \((\d+) tokens\)", re.IGNORECASE),  # llama-server
+    re.compile(r"Requested tokens \((\d+)\)", re.IGNORECASE),  # llama-cpp-python (raw)
+)
+
 Fetch = Callable[[str, "bytes | None", float], "Any | None"]
 
 
@@ -104,6 +110,14 @@ def ctx_from_error(message: str) -> int | None:
             n = int(m.group(1))
             if 64 <= n <= 10_000_000:
                 return n
+    return None
+
+
+def prompt_from_error(message: str) -> int | None:
+    """The prompt's size by the server's own count, when its overflow error says it."""
+    for pattern in _PROMPT_IN_ERROR:
+        if m := pattern.search(message):
+            return int(m.group(1))
     return None
 
 
@@ -265,7 +279,8 @@ class LearnedLimits:
                 found = replace(self._from_error, learned_at=found.learned_at)
             if found.learned_at is not None:
                 self._stale = False
-            if found.n_ctx != self.current.n_ctx or found.source != self.current.source:
+            first = self.current.learned_at is None and found.learned_at is not None
+            if first or (found.n_ctx, found.source) != (self.current.n_ctx, self.current.source):
                 log.info("LLM server limits: %s", found.describe())
             self.current = found
             return found
