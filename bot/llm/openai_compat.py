@@ -313,23 +313,34 @@ class OpenAICompatLLM:
     async def _diagnose_empty(self, target: _Target, payload: list[dict[str, Any]]) -> None:
         """A streamed 200 with nothing in it: llama-cpp-python's answer to a prompt longer
         than its context. Ask once without streaming and one token: a 400 in context words is
-        ``_TooLong``; anything else leaves the attempt failed as unusable."""
-        try:
-            async with asyncio.timeout(self._config.connect_timeout + self._config.read_timeout):
-                await target.client.chat.completions.create(
-                    model=target.endpoint.model,
-                    messages=payload,  # type: ignore[arg-type]
-                    max_tokens=1,
-                    stream=False,
-                )
-        except openai.BadRequestError as exc:
-            server = _server_message(exc)
-            if _CONTEXT_ERROR.search(server):
-                raise _TooLong(server) from None
-            raise _Unusable(f"an empty stream, then {describe_error(exc)}") from None
-        except (openai.APIError, TimeoutError) as exc:
-            raise _Unusable(f"an empty stream, then {describe_error(exc)}") from None
-        raise _Unusable("an empty stream (the same prompt fits when not streamed)")
+        ``_TooLong``; anything else leaves the attempt failed as unusable. That server closes
+        the connection after an empty stream, and the first request after it may meet the
+        closed connection (measured: "connection failed"), so a failed connection is tried
+        again twice."""
+        for tries in range(3):
+            try:
+                async with asyncio.timeout(
+                    self._config.connect_timeout + self._config.read_timeout
+                ):
+                    await target.client.chat.completions.create(
+                        model=target.endpoint.model,
+                        messages=payload,  # type: ignore[arg-type]
+                        max_tokens=1,
+                        stream=False,
+                    )
+            except openai.BadRequestError as exc:
+                server = _server_message(exc)
+                if _CONTEXT_ERROR.search(server):
+                    raise _TooLong(server) from None
+                raise _Unusable(f"an empty stream, then {describe_error(exc)}") from None
+            except openai.APIConnectionError as exc:
+                if tries == 2 or isinstance(exc, openai.APITimeoutError):
+                    raise _Unusable(f"an empty stream, then {describe_error(exc)}") from None
+                await self._sleep(0.2 * (tries + 1))
+                continue
+            except (openai.APIError, TimeoutError) as exc:
+                raise _Unusable(f"an empty stream, then {describe_error(exc)}") from None
+            raise _Unusable("an empty stream (the same prompt fits when not streamed)")
 
 
 def _payload(message: ChatMessage) -> dict[str, Any]:
