@@ -18,6 +18,7 @@ from bot.fitting import TOO_LONG
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import CUT_MARK, ChatMessage, ContextTooLong
 from bot.llm.server_limits import (
+    RELEARN_EVERY,
     LearnedLimits,
     ServerLimits,
     budget,
@@ -349,14 +350,23 @@ def test_a_learned_limits_holder_relearns_after_the_connection_was_lost() -> Non
 
     import asyncio
 
+    now = [0.0]
+
     async def run() -> None:
-        limits = LearnedLimits(base_url="http://h:1/v1", model="m", fetch=fetch)
+        limits = LearnedLimits(
+            base_url="http://h:1/v1", model="m", fetch=fetch, clock=lambda: now[0]
+        )
         await limits.ensure()
         await limits.ensure()  # fresh: no second look
         assert sum(u.endswith("/props") for u in calls) == 1
-        limits.mark_stale()
+        limits.mark_stale()  # the connection was lost
+        await limits.ensure()  # at once: no (a host that does not answer costs a timeout)
+        assert sum(u.endswith("/props") for u in calls) == 1
+        now[0] += RELEARN_EVERY
         await limits.ensure()
         assert sum(u.endswith("/props") for u in calls) == 2 and limits.current.n_ctx == 1024
+        await limits.ensure()  # fresh again
+        assert sum(u.endswith("/props") for u in calls) == 2
 
     asyncio.run(run())
 

@@ -264,9 +264,10 @@ class LearnedLimits:
         self.last_cold_load: float | None = None
 
     def mark_stale(self) -> None:
-        """The connection was lost (a restart may have changed the server): look again."""
+        """The connection was lost (a restart may have changed the server): look again at
+        the next turn, but not more often than ``RELEARN_EVERY`` while it stays away (each
+        look at a host that does not answer costs its timeout)."""
         self._stale = True
-        self._tried_at = None
 
     async def refresh(self) -> ServerLimits:
         async with self._lock:
