@@ -12,7 +12,8 @@ Invariants:
   refuses even the smallest prompt ends the turn with ``ContextTooLong``; the responder then
   tells the person ``TOO_LONG`` and the operator the fix.
 - Each rebuild is the ordinary context assembly at a smaller budget, so the new message is
-  answered (cut if it alone is too long, which the context reports as ``trimmed``).
+  answered (cut if it alone is too long, which the context reports as ``trimmed``). A budget
+  that cannot hold the system prompt and a message at all is ``ContextTooLong`` too.
 """
 
 from __future__ import annotations
@@ -78,14 +79,20 @@ class FittingAsk:
         budget, answer = await self.budget(limits)
         shrinks = 0
         while True:
-            ctx = await self._context.build(
-                conv,
-                new_text=inbound.text[: self._config.max_message_chars],
-                new_message_id=message_id,
-                budget=budget,
-                style_hint=limits.style_hint,
-                ephemeral=ephemeral or (),
-            )
+            try:
+                ctx = await self._context.build(
+                    conv,
+                    new_text=inbound.text[: self._config.max_message_chars],
+                    new_message_id=message_id,
+                    budget=budget,
+                    style_hint=limits.style_hint,
+                    ephemeral=ephemeral or (),
+                )
+            except ValueError as exc:  # the server's room is below the system prompt's size
+                log.warning("the LLM server's context leaves %d prompt tokens, too few for %s "
+                            "(%s). Fix: raise the server's context (llama.cpp --n_ctx, Ollama "
+                            "num_ctx)", budget, inbound.key, exc)  # fmt: skip
+                raise ContextTooLong(f"{exc}; the server's context leaves no more") from None
             messages: list[ChatMessage] = list(ctx.messages)
             if inbound.images:  # for the model only, with the new message (never stored)
                 messages = [*messages[:-1], replace(messages[-1], images=inbound.images)]

@@ -205,13 +205,17 @@ async def test_a_message_longer_than_the_whole_context_is_answered_cut(
 async def test_a_server_that_refuses_everything_gets_told_not_unavailable(
     tmp_path: Path, fake_llm: FakeLLM
 ) -> None:
-    fake_llm.n_ctx = 20  # smaller than the system prompt: no prompt fits
+    fake_llm.n_ctx = 100  # smaller than the system prompt and a message: no prompt fits
     h = await start_harness(tmp_path, fake_llm, extra=UNLIMITED + NO_SUMMARIES)
     try:
-        await h.say("hello")
+        await h.say("hello " * 80)
         assert h.transport.texts()[-1] == TOO_LONG.format(prefix="!")
         gate = h.app.gate
         assert not gate._down  # not an outage: the next person is not failed at once
+        # the size is now known (100): the next turn's budget cannot hold the system prompt
+        # and a message, and the person is told so again, not "something went wrong"
+        await h.say("and this?")
+        assert h.transport.texts()[-1] == TOO_LONG.format(prefix="!")
     finally:
         await h.app.close()
 
