@@ -73,6 +73,8 @@ class FittingAsk:
         *,
         on_text: OnText | None = None,
         ephemeral: list[tuple[str, str]] | None = None,
+        speaker: str | None = None,
+        system_prompt: str | None = None,
     ) -> tuple[AssembledContext, Completion]:
         """Build the prompt within the budget and ask; a prompt the server refuses as too long
         is rebuilt smaller and asked again (see the module docstring)."""
@@ -87,6 +89,8 @@ class FittingAsk:
                     budget=budget,
                     style_hint=limits.style_hint,
                     ephemeral=ephemeral or (),
+                    speaker=speaker,
+                    system_prompt=system_prompt,
                 )
             except ValueError as exc:  # the server's room is below the system prompt's size
                 log.warning("the LLM server's context leaves %d prompt tokens, too few for %s "

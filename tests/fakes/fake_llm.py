@@ -113,6 +113,7 @@ class FakeLLM:
         self.max_model_len: int | None = None
         self._runner: web.AppRunner | None = None
         self.port = 0
+        self.models = ["fake"]  # what GET /v1/models lists
 
     @property
     def base_url(self) -> str:
@@ -330,10 +331,13 @@ class FakeLLM:
         )
 
     async def _models(self, request: web.Request) -> web.Response:
-        model: dict[str, Any] = {"id": "fake", "object": "model", "created": 0}
-        if self.max_model_len is not None:
-            model["max_model_len"] = self.max_model_len
-        return web.json_response({"object": "list", "data": [model]})
+        data: list[dict[str, Any]] = [
+            {"id": m, "object": "model", "created": 0} for m in self.models
+        ]
+        if self.max_model_len is not None:  # vLLM names each model's context
+            for model in data:
+                model["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": data})
 
     def _limits_route(self, name: str) -> Callable[[web.Request], Any]:
         async def handler(request: web.Request) -> web.Response:
