@@ -45,6 +45,7 @@ from bot.errors import MeshsageError
 from bot.llm.gate import LLMGate
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM
+from bot.llm.server_limits import LearnedLimits
 from bot.llm.tokens import TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.embeddings import Embedder, OpenAICompatEmbedder
@@ -107,6 +108,7 @@ class App:
     stop_seconds: float = STOP_SECONDS  # the one shutdown deadline (tests shorten it)
     cut_at_stop: list[str] = field(default_factory=list)  # steps the deadline cut off
     web: WebServer | None = None  # web.enabled: the operator's web view and /metrics
+    server_limits: LearnedLimits | None = None  # what the LLM server holds (the real adapter)
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -128,6 +130,8 @@ class App:
             self.indexer.start()
         if self.sessions is not None:
             self.sessions.start()
+        if self.server_limits is not None:  # before the first turn: answers fit the server
+            await self.server_limits.refresh()
         await self.responder.recover_pending()
         self._start_monitor()
         if self.web is not None:
@@ -152,6 +156,7 @@ class App:
             latencies=self.latencies,
             last_error=self.last_error,
             relay=self._relay_counters if self.bridge is not None else None,
+            llm_limits=self.server_limits.describe if self.server_limits is not None else None,
         )
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
 
@@ -317,8 +322,12 @@ async def build(
     try:
         counter = make_counter()
         real_llm = None
+        server_limits = None
         if llm is None:
-            real_llm = OpenAICompatLLM(config=config.llm, env=env)
+            server_limits = LearnedLimits(base_url=config.llm.base_url, model=config.llm.model)
+            real_llm = OpenAICompatLLM(
+                config=config.llm, env=env, connection_lost=server_limits.mark_stale
+            )
             llm = real_llm
         latencies = Latencies()
         # Background LLM work waits while any turn is in progress (bound late: responder below).
@@ -417,6 +426,7 @@ async def build(
             counter=counter,
             config=config.bot,
             indexer=indexer,
+            server=server_limits,
             settings=chat_settings,
             max_age={
                 name: section.delivery.max_age
@@ -444,6 +454,7 @@ async def build(
             sessions=sessions,
             _close_llm=real_llm,
             _close_embedder=real_embedder,
+            server_limits=server_limits,
         )
         if transports is None:
             names = only if only is not None else config.enabled_transports()

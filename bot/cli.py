@@ -346,14 +346,23 @@ async def _serve(
     # Opening (and migrating) the database can take longer than WatchdogSec on an SD card:
     # keep systemd's watchdog fed while the event loop runs; TimeoutStartSec bounds a stuck start.
     keepalive = asyncio.create_task(_starting_pings(env))
-    probe = None
-    if console and "console" in (only or config.enabled_transports()):
-        from bot.ops.probe import warn_if_unreachable
+    from bot.ops.probe import warn_if_unreachable
 
+    # The LLM is probed at start (server down, base_url without /v1, model not pulled): a
+    # terminal chat prints the line, a service logs it. Neither waits for it.
+    def say(line: str) -> None:
+        log.warning("%s", line.removeprefix("meshsage: "))
+
+    if console and "console" in (only or config.enabled_transports()):
         say = functools.partial(print, file=sys.stderr, flush=True)
-        probe = asyncio.create_task(warn_if_unreachable(config.llm.base_url, say))
+    probe = asyncio.create_task(
+        warn_if_unreachable(config.llm.base_url, say, model=config.llm.model)
+    )
     try:
         app = await build(config, env=env, only=only)
+    except BaseException:
+        probe.cancel()
+        raise
     finally:
         keepalive.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -392,8 +401,7 @@ async def _serve(
         preflight.describe_store(config),
     )
     ended = await app.run(stop)
-    if probe is not None:
-        probe.cancel()
+    probe.cancel()
     if hurried.is_set():
         return 130
     names = [t.name for t in app.transports]

@@ -18,8 +18,12 @@ Invariants:
   and answer only a message still ``pending`` (answered once); a message another gateway
   stored already (``AlreadyStored``) is dropped quietly.
 - LLM calls go through the gate's foreground lane (bounded; summaries yield to replies).
-  A server that refuses the prompt as too long (``ContextTooLong``) gets it once more at two
-  thirds of the tokens; its message and the fix are logged. Before calling the LLM, a
+  The prompt budget is the transport's ``context_tokens`` or less: what the server holds, as
+  learned (``bot.llm.server_limits``), minus the answer. A server that refuses the prompt as
+  too long (``ContextTooLong``, in any form) is never an outage: its limits are looked up
+  again, and the prompt is rebuilt smaller (the learned room, or two thirds of the tokens,
+  whichever is less) and asked again, up to ``MAX_SHRINKS`` times; if even the smallest is
+  refused, the person hears why (``TOO_LONG``), not "LLM unavailable". Before calling the LLM, a
   congested transport (the mesh outbox) is asked for room: a full
   one gets the person a one-packet "busy, try again in N min" and no LLM call.
 - A person over the queue limit or the rate limit (``bot.limits``) gets one polite notice per
@@ -74,8 +78,10 @@ from bot.config import BotConfig
 from bot.delivery import OutboxSender
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind, TransportLimits
 from bot.errors import LLMUnavailable, StorageError
+from bot.fitting import TOO_LONG, FittingAsk
 from bot.limits import PersonLimits
 from bot.llm.port import LLM, MODEL_CHOICE, ContextTooLong
+from bot.llm.server_limits import LearnedLimits
 from bot.llm.tokens import TokenCounter
 from bot.memory.indexer import Indexer
 from bot.memory.keep import CLAIM_STALE_SECONDS
@@ -114,7 +120,6 @@ NOT_STORED = "I could not save your message (storage problem), so I did not answ
 ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
 BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
 RECOVER_WITHIN_SECONDS = 15 * 60
-MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
 
 
 def _speaker(inbound: Inbound, limits: TransportLimits) -> str | None:
@@ -164,6 +169,7 @@ class Responder:
         indexer: Indexer | None = None,
         max_age: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        server: LearnedLimits | None = None,
         settings: ChatSettings | None = None,
         counters: Counters | None = None,
     ) -> None:
@@ -172,6 +178,8 @@ class Responder:
         self._store = store
         self._llm = llm
         self._context = context
+        # Every LLM call: a prompt within what the server holds, rebuilt smaller on overflow.
+        self._fit = FittingAsk(llm=llm, context=context, server=server, config=config)
         self._summarizer = summarizer
         self._indexer = indexer
         self._commands = commands
@@ -457,48 +465,21 @@ class Responder:
         limits = transport.limits
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
         async with transport.working(inbound):
-            ctx = await self._context.build(
-                conv,
-                new_text=inbound.text[: self._config.max_message_chars],
-                new_message_id=message_id,
-                budget=limits.context_tokens,
-                style_hint=limits.style_hint,
-                speaker=_speaker(inbound, limits),
-                system_prompt=self._persona(inbound),
-            )
-            messages = ctx.messages
-            if inbound.images:  # for the model only, with the new message (never stored)
-                messages = [*messages[:-1], replace(messages[-1], images=inbound.images)]
             try:
                 on_text = stream.update if stream is not None else None
-                try:
-                    completion = await self._llm.complete(
-                        messages, max_tokens=limits.max_tokens, on_text=on_text
-                    )
-                except ContextTooLong as exc:  # the server counts more tokens than we do
-                    smaller = max(MIN_RETRY_BUDGET, ctx.tokens * 2 // 3)
-                    log.warning("%s Retrying this turn once with %d tokens.", exc, smaller)
-                    ctx = await self._context.build(
-                        conv,
-                        new_text=inbound.text[: self._config.max_message_chars],
-                        new_message_id=message_id,
-                        budget=smaller,
-                        style_hint=limits.style_hint,
-                        speaker=_speaker(inbound, limits),
-                        system_prompt=self._persona(inbound),
-                    )
-                    messages = ctx.messages
-                    if inbound.images:
-                        messages = [*messages[:-1], replace(messages[-1], images=inbound.images)]
-                    completion = await self._llm.complete(
-                        messages, max_tokens=limits.max_tokens, on_text=on_text
-                    )
+                ctx, completion = await self._fit.ask(
+                    conv, inbound, message_id, limits, on_text=on_text,
+                    speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
+                )  # fmt: skip
             except LLMUnavailable as exc:
                 log.warning("no answer for %s: %s", inbound.key, exc)
                 if stream is not None:
                     await stream.abort()
+                notice = UNAVAILABLE
+                if isinstance(exc, ContextTooLong):
+                    notice = TOO_LONG.format(prefix=self._commands.prefix)
                 entry = OutboxEntry(
-                    inbound.key, "notice", transport.fit(UNAVAILABLE), question_id=message_id
+                    inbound.key, "notice", transport.fit(notice), question_id=message_id
                 )
                 row = await self._store.queue_claimed(entry, question_status="failed")
                 self.counters.add("notices")
@@ -557,21 +538,17 @@ class Responder:
         stretch = await self._store.incognito_stretch(conv.id)  # ended elsewhere: a new one
         turns = self._stretches.turns(inbound.key, conv.id, stretch)
         async with transport.working(inbound):
-            ctx = await self._context.build(
-                conv,
-                new_text=inbound.text[: self._config.max_message_chars],
-                new_message_id=None,
-                budget=limits.context_tokens,
-                style_hint=limits.style_hint,
-                ephemeral=list(turns),
-                speaker=_speaker(inbound, limits),
-                system_prompt=self._persona(inbound),
-            )
             try:
-                completion = await self._llm.complete(ctx.messages, max_tokens=limits.max_tokens)
+                _ctx, completion = await self._fit.ask(
+                    conv, inbound, None, limits, ephemeral=list(turns),
+                    speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
+                )  # fmt: skip
             except LLMUnavailable as exc:
                 log.warning("no answer for %s: %s", inbound.key, exc)
-                await self._notice(inbound, UNAVAILABLE)
+                too_long = isinstance(exc, ContextTooLong)
+                prefix = self._commands.prefix
+                await self._notice(inbound, TOO_LONG.format(prefix=prefix) if too_long
+                                   else UNAVAILABLE)  # fmt: skip
                 return
         text = transport.fit(completion.text)
         turns.append(("person", inbound.text[: self._config.max_message_chars]))

@@ -267,7 +267,8 @@ if [ ! -e "$ETC/env" ]; then
     say "creating $ETC/env (0640) for secrets"
     install -m 0640 /dev/null "$ETC/env"
     printf '%s\n' '# Secrets for meshsage, read by systemd (EnvironmentFile). KEY=value, no quotes needed.' \
-        '#DISCORD_TOKEN=' '#OPENAI_API_KEY=' >"$ETC/env"
+        '#DISCORD_TOKEN=' '# only for a hosted LLM API; a local server (Ollama, llama.cpp) needs no key:' \
+        '#OPENAI_API_KEY=' >"$ETC/env"
     as_owner chown root:meshsage "$ETC/env"
 fi
 if [ "$DISCORD" = yes ] && ! grep -q '^DISCORD_TOKEN=.' "$ETC/env"; then
