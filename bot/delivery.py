@@ -30,8 +30,16 @@ Invariants:
 - ``delivering`` names the conversations whose worker is waiting on a transport right now, so a
   shutdown can cut them at once (the row stays pending and goes out after the restart).
 - A transport that raises from ``send`` (a bug: trouble is reported in ``Delivery``) yields a
-  ``FAILED`` delivery; it never breaks the person's queue. Notices are sent straight away,
-  fitted to the transport, never stored.
+  ``FAILED`` delivery; it never breaks the person's queue.
+- Notices are sent straight away, fitted to the transport. A notice the transport could not
+  send (``PENDING``: held by the airtime rules, no link) is stored as an outbox row and sent
+  like an answer by a later round (``keep=False``: a notice whose question's answer is in the
+  outbox already, which tells the person anyway). A notice the store cannot take either (disk
+  full) is kept in memory (bounded) and stored by a later round.
+- A row that expires (older than ``max_age``) tells its person once: one "could not send in
+  time, please ask again" notice per person while an earlier one is still waiting; expiry
+  notices themselves (a notice with no question and no message it replies to) never spawn
+  another.
 """
 
 from __future__ import annotations
@@ -39,17 +47,20 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Mapping
 
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import StorageError
 from bot.memory.port import MemoryStore
-from bot.memory.records import OutboxRow
+from bot.memory.records import OutboxEntry, OutboxRow
 from bot.transports.base import AnswerStream, Streams, Transport
 
 log = logging.getLogger("bot.responder")
 
 DEFAULT_MAX_AGE = 3600.0
+EXPIRED = "Sorry, I could not send my reply to your earlier message in time. Please ask again."
+UNSTORED_KEPT = 256  # notices the store could not take, kept in memory for a later round
 # What a store raises when it is briefly unusable (locked, disk full, server unreachable).
 STORE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error, StorageError)
 
@@ -70,6 +81,8 @@ class OutboxSender:
         self.in_flight: set[int] = set()  # outbox rows queued or being sent
         self.delivering: set[tuple[str, str, str]] = set()  # workers waiting on a transport
         self._unreleased: set[int] = set()  # own claims a store error kept us from giving back
+        self._unstored: deque[OutboxEntry] = deque(maxlen=UNSTORED_KEPT)  # notices to store
+        self._expiry_told: dict[tuple[str, str, str], int] = {}  # person -> expiry notice row
 
     async def open_stream(self, inbound: Inbound, question_id: int) -> AnswerStream | None:
         """A stream for the answer to ``question_id`` (None when the transport does not
@@ -137,6 +150,7 @@ class OutboxSender:
                 max_age,
             )
             await self._store.finish_delivery(row.id, "expired", detail=f"{age:.0f} s old")
+            await self._tell_expired(row)
             return Delivery(DeliveryStatus.FAILED, detail="expired")
 
         async def progress(part: int, platform_id: str) -> None:
@@ -168,7 +182,8 @@ class OutboxSender:
             self.delivering.discard(qkey)
         try:
             if delivery.status is DeliveryStatus.PENDING:
-                log.info("outbox row %d for %s waits for its link", row.id, row.entry.key)
+                log.info("outbox row %d for %s waits for a later round (%s)", row.id,
+                         row.entry.key, delivery.detail or "no link")  # fmt: skip
                 await self._store.release_delivery(row.id)  # the next round may claim it again
             else:
                 await self._store.finish_delivery(
@@ -203,9 +218,63 @@ class OutboxSender:
             log.exception("transport %s raised from send", transport.name)
             return Delivery(DeliveryStatus.FAILED, detail=str(exc))
 
-    async def notice(self, inbound: Inbound, text: str) -> None:
+    async def notice(self, inbound: Inbound, text: str, *, keep: bool = True) -> Delivery:
+        """Send a notice now; one the transport could not send is stored for a later round
+        (unless ``keep`` is False: the caller has another way to reach the person)."""
         transport = self._transports[inbound.transport]
-        await self.send(Reply(inbound=inbound, text=transport.fit(text), kind=ReplyKind.NOTICE))
+        fitted = transport.fit(text)
+        delivery = await self.send(Reply(inbound=inbound, text=fitted, kind=ReplyKind.NOTICE))
+        if delivery.status is DeliveryStatus.PENDING and keep:
+            entry = OutboxEntry(inbound.key, "notice", fitted, reply_to=inbound.message_id)
+            await self._store_notice(entry, why=delivery.detail or "not sent")
+        return delivery
+
+    async def _store_notice(self, entry: OutboxEntry, *, why: str) -> int | None:
+        """Store a notice as an outbox row (a later round sends it); kept in memory when the
+        store refuses (disk full) and stored by a later round."""
+        try:
+            row_id = await self._store.queue_delivery(entry)
+        except STORE_ERRORS as exc:
+            self._unstored.append(entry)
+            log.error("could not store a notice for %s (%s) after it could not go out (%s); "
+                      "kept in memory for a later round", entry.key, exc, why)  # fmt: skip
+            return None
+        log.info("notice for %s could not go out now (%s); outbox row %d sends it later",
+                 entry.key, why, row_id)  # fmt: skip
+        return row_id
+
+    async def _tell_expired(self, row: OutboxRow) -> None:
+        """Tell the person of an expired row, once (see the module docstring)."""
+        entry = row.entry
+        if entry.kind == "notice" and entry.question_id is None and entry.reply_to is None:
+            return  # an expiry notice (or one like it): telling about it would loop
+        who = (entry.key.transport, entry.key.person, entry.key.space)
+        told = self._expiry_told.get(who)
+        if told is not None:
+            try:
+                earlier = await self._store.outbox_row(told)
+            except STORE_ERRORS:
+                earlier = None
+            if earlier is not None and earlier.state == "pending":
+                return  # the earlier expiry notice has not gone out yet: it covers this one
+        transport = self._transports.get(entry.key.transport)
+        if transport is None:
+            return
+        notice = OutboxEntry(entry.key, "notice", transport.fit(EXPIRED))
+        row_id = await self._store_notice(notice, why=f"outbox row {row.id} expired")
+        if row_id is not None:
+            self._expiry_told[who] = row_id
+            while len(self._expiry_told) > UNSTORED_KEPT:
+                self._expiry_told.pop(next(iter(self._expiry_told)))
+
+    async def _store_unstored(self) -> None:
+        """Store the notices a full disk kept in memory (stops at the first error)."""
+        while self._unstored:
+            entry = self._unstored[0]
+            await self._store.queue_delivery(entry)
+            self._unstored.popleft()
+            log.info("stored a notice for %s kept in memory since the store refused it",
+                     entry.key)  # fmt: skip
 
     async def fail(self, row_id: int) -> None:
         """A delivery that crashed: end the row, never loop on it."""
@@ -226,8 +295,10 @@ class OutboxSender:
         person's worker sends it for (expired rows are marked so when their turn comes)."""
         try:
             await self._release_kept()
+            await self._store_unstored()
         except STORE_ERRORS as exc:
-            log.warning("store still unavailable; outbox claims kept for the next round: %s", exc)
+            log.warning("store still unavailable; outbox claims and notices kept for the next "
+                        "round: %s", exc)  # fmt: skip
         rows = await self._store.undelivered(transports=tuple(self._transports))
         out: list[tuple[Inbound, OutboxRow]] = []
         for row in rows:

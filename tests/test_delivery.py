@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.delivery import EXPIRED
 from bot.domain import ReplyKind
 from bot.memory.store import SqliteStore
 from bot.responder import ANSWER_NOT_STORED
@@ -47,7 +48,11 @@ async def test_an_old_undelivered_answer_expires_instead_of_going_out(harness: H
     await harness.app.responder.redeliver()
     await harness.app.responder.wait_idle()
     assert harness.transport.texts() == []
-    assert await _outbox(harness) == [("answer", "expired")]
+    assert await _outbox(harness) == [("answer", "expired"), ("notice", "pending")]
+    await harness.app.responder.redeliver()  # the person is told, once
+    await harness.app.responder.wait_idle()
+    assert harness.transport.texts() == [EXPIRED]
+    assert await harness.app.responder.redeliver() == 0
 
 
 async def test_undelivered_answers_survive_a_restart(tmp_path: Path, fake_llm: FakeLLM) -> None:

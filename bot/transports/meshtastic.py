@@ -166,6 +166,9 @@ class MeshtasticTransport(MeshOutbox):
         )
         self._metrics_said = False  # "no device metrics" is logged once
         self._held = ""  # why the outbox is holding replies now ("" when it is not)
+        self._hold_reason = ""
+        self._hold_started = 0.0
+        self._stale_said = False
         self._dm_channel: dict[int, int] = {}
         self.channel_listener: Callable[[MeshText], None] | None = None  # the bridge, if any
         self._subscribed = False
@@ -401,6 +404,7 @@ class MeshtasticTransport(MeshOutbox):
             parts=[_Part(i, t) for i, t in enumerate(texts)],
             enqueued_at=self._clock.monotonic(),
             future=asyncio.get_running_loop().create_future(),
+            relay=True,
         )
         self._jobs.append(job)
         self._jobs_changed.set()

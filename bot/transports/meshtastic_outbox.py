@@ -64,6 +64,7 @@ from typing import Any
 
 from bot.config import MeshtasticConfig
 from bot.domain import Delivery, DeliveryStatus, Reply, ReplyKind
+from bot.transports.base import Busy
 from bot.transports.mesh_airtime import Metrics, Pacer, lora_airtime
 from bot.transports.mesh_rules import Clock, Cooldown
 from bot.transports.meshtastic_link import MeshLink, RadioInterface
@@ -89,6 +90,7 @@ KNOWN_UP_SECONDS = 60.0
 # At stop, how long a part already being written may take to be written and recorded; past
 # it the stop goes on (the restart writes the part again with its stored packet id).
 STOP_WRITE_WAIT = 5.0
+NOTICE_BYTES = 80  # a typical one-packet notice, for "can a notice still go out?"
 CONFIRMED_KEPT = 4096  # ACKed (outbox row, part) pairs remembered for a row sent again
 NO_ACK = "no ACK"
 UNCONFIRMED_REPEAT = frozenset({NO_ACK, "MAX_RETRANSMIT"})
@@ -123,6 +125,14 @@ class _Job:
     cost: int = 0  # transmissions charged, firmware retransmissions included
     resend_at: float = 0.0
     ids: list[str] = field(default_factory=list)
+    relay: bool = False  # relayed bridge text (never urgent)
+    held_since: float | None = None  # when the pacer first held this job (busy_max_wait)
+
+    @property
+    def urgent(self) -> bool:
+        """A one-packet notice ("busy", "unavailable"): it goes before waiting answers and
+        may use the notice reserve of the airtime rules."""
+        return self.reply.kind is ReplyKind.NOTICE and len(self.parts) == 1 and not self.relay
 
     def waiting(self) -> bool:
         return any(p.state == "flying" for p in self.parts)
@@ -146,18 +156,40 @@ class MeshOutbox(MeshLink):
     _pacer: Pacer
     _metrics_said: bool
     _held: str
+    _hold_reason: str  # "duty"/"hold" while answers are held ("" otherwise), for the log
+    _hold_started: float
+    _stale_said: bool
 
     # --- capacity ------------------------------------------------------------------------------
+    def busy(self) -> Busy | None:
+        """None when a new reply can be queued; else why not and roughly for how long. A hold
+        (duty cycle, busy channel) comes first: it is the true cause even when replies queue
+        up behind it."""
+        now = self._clock.monotonic()
+        hold = self._pacer.hold_estimate(
+            now, lora_airtime(self._cfg.chunk_bytes, preset=self._preset)
+        )
+        if hold is not None:
+            notice = self._pacer.hold_estimate(
+                now, lora_airtime(NOTICE_BYTES, preset=self._preset), urgent=True
+            )
+            return Busy(
+                cause="duty" if hold.reason == "duty" else "channel",
+                seconds=hold.seconds,
+                notice_now=notice is None,
+            )
+        waiting = [j for j in self._jobs if not j.started and not j.urgent]
+        if len(waiting) < self._cfg.outbox_limit:
+            return None
+        packets = sum(len(j.parts) for j in waiting)
+        return Busy(
+            cause="queue", seconds=packets * self._cfg.spacing_seconds + self._cfg.ack_timeout
+        )
+
     def busy_for(self) -> float | None:
         """None when a new reply can be queued; else roughly when there will be room."""
-        held = self._pacer.hold_estimate(
-            self._clock.monotonic(), lora_airtime(self._cfg.chunk_bytes, preset=self._preset)
-        )
-        waiting = [j for j in self._jobs if not j.started]
-        if len(waiting) < self._cfg.outbox_limit:
-            return held if held > 0 else None
-        packets = sum(len(j.parts) for j in waiting)
-        return held + packets * self._cfg.spacing_seconds + self._cfg.ack_timeout
+        busy = self.busy()
+        return None if busy is None else busy.seconds
 
     # --- device metrics -----------------------------------------------------------------------
     @property
@@ -289,14 +321,20 @@ class MeshOutbox(MeshLink):
                 )
 
     async def _next_burst(self) -> tuple[_Job, list[_Part]]:
+        """The next burst: re-sends first, then one-packet notices, then new replies in order.
+        While the pacer holds answers (duty cycle, busy channel), held jobs stay queued and a
+        notice the rules still allow overtakes them; a job held ``busy_max_wait`` ends
+        ``PENDING`` (its outbox row waits for the next round)."""
         while True:
             self._jobs_changed.clear()
             now = self._clock.monotonic()
             wake = self._expire_acks(now)
             for job in list(self._jobs):
                 self._maybe_finish(job)
+            held, recheck = self._hold_state(now, urgent=False)
+            wake = min(wake, recheck)
             budget = self._cfg.airtime_budget
-            for job in self._jobs:  # re-sends first: they are older than any new reply
+            for job in list(self._jobs):  # re-sends first: they are older than any new reply
                 missing = job.missing()
                 if not missing or job.waiting():
                     continue
@@ -306,11 +344,22 @@ class MeshOutbox(MeshLink):
                         part.state, part.reason = "failed", f"{part.reason}; airtime budget spent"
                     self._maybe_finish(job)
                     continue
+                if held:
+                    wake = min(wake, self._keep_held(job, now, held))
+                    continue
                 if job.resend_at <= now:
                     return job, missing
                 wake = min(wake, job.resend_at)
-            for job in self._jobs:
-                if job.started:
+            fresh = [j for j in self._jobs if not j.started]
+            for job in [j for j in fresh if j.urgent] + [j for j in fresh if not j.urgent]:
+                if job.future.done():
+                    continue
+                reason = held
+                if job.urgent and held:
+                    reason, urgent_recheck = self._hold_state(now, urgent=True)
+                    wake = min(wake, urgent_recheck)
+                if reason:
+                    wake = min(wake, self._keep_held(job, now, reason))
                     continue
                 at = self._reply_cooldown.ready_at(job.person)
                 if at <= now:
@@ -319,7 +368,58 @@ class MeshOutbox(MeshLink):
             if wake == math.inf:
                 await self._jobs_changed.wait()
             else:
-                await self._wait(self._jobs_changed, wake - now)
+                await self._wait(self._jobs_changed, max(wake - now, 0.001))
+
+    def _hold_state(self, now: float, *, urgent: bool) -> tuple[str, float]:
+        """("duty"/"hold", when to look again) while the pacer holds such packets, else
+        ("", inf). Logs when a hold of answers starts and ends."""
+        size = NOTICE_BYTES if urgent else self._cfg.chunk_bytes
+        verdict = self._pacer.wait(
+            now, lora_airtime(size, preset=self._preset), last=self._last_tx, urgent=urgent
+        )
+        reason = verdict.reason if verdict.reason in ("hold", "duty") else ""
+        if not urgent and (self._jobs or self._hold_reason):
+            self._note_hold(now, reason)
+        self._note_stale(now)
+        if not reason:
+            return "", math.inf
+        return reason, now + min(verdict.wait, self._cfg.busy_poll)
+
+    def _note_hold(self, now: float, reason: str) -> None:
+        if reason and not self._hold_reason:
+            self._hold_reason, self._hold_started = reason, now
+            log.info("%s; holding replies, one-packet notices still go while the rules allow "
+                     "(%s)", _why(reason), self._figures(now))  # fmt: skip
+        elif not reason and self._hold_reason:
+            log.info("room on the channel again after %.0f s (%s); sending held replies",
+                     now - self._hold_started, _why(self._hold_reason))  # fmt: skip
+            self._hold_reason = ""
+        elif reason:
+            self._hold_reason = reason
+
+    def _note_stale(self, now: float) -> None:
+        stale = self._pacer.stale(now)
+        if stale and not self._stale_said:
+            log.warning("no device metrics from the radio for over %.0f s; the last report "
+                        "no longer counts: pacing by spacing and the bot's own airtime",
+                        self._pacer.metrics_max_age)  # fmt: skip
+        self._stale_said = stale
+
+    def _keep_held(self, job: _Job, now: float, reason: str) -> float:
+        """Keep a held job queued until ``busy_max_wait``; then it ends ``PENDING``. Returns
+        when to look at it again."""
+        if job.held_since is None:
+            job.held_since = now
+        deadline = job.held_since + self._cfg.busy_max_wait
+        if now < deadline:
+            return deadline
+        detail = f"held {now - job.held_since:.0f} s: {_why(reason)}"
+        log.info("%s for %.0f s; the reply to %s is returned to the outbox", _why(reason),
+                 now - job.held_since, job.person)  # fmt: skip
+        self._finish(
+            job, Delivery(DeliveryStatus.PENDING, message_ids=tuple(job.ids), detail=detail)
+        )
+        return math.inf
 
     async def _send_burst(self, job: _Job, parts: list[_Part]) -> bool:
         """Write ``parts`` back to back. False when the link stayed down too long."""
@@ -523,9 +623,9 @@ class MeshOutbox(MeshLink):
     async def _pace(self, job: _Job, part: _Part) -> bool:
         """Wait until the pacer lets this part go. False when it was held (channel busy or
         duty cycle spent) for ``busy_max_wait``: the reply then goes back to the outbox."""
-        urgent = job.reply.kind is ReplyKind.NOTICE and len(job.parts) == 1
+        urgent = job.urgent
         airtime = self._airtime(part)
-        held_since: float | None = None
+        held_since: float | None = job.held_since
         while True:
             now = self._clock.monotonic()
             verdict = self._pacer.wait(now, airtime, last=self._last_tx, urgent=urgent)
@@ -535,12 +635,13 @@ class MeshOutbox(MeshLink):
                 return True
             if verdict.reason in ("hold", "duty"):
                 if held_since is None:
-                    held_since = now
-                    log.info("%s; holding replies (%s)", _why(verdict.reason), self._figures(now))
+                    held_since = job.held_since = now
+                    log.info("%s; holding the reply to %s (%s)", _why(verdict.reason),
+                             job.person, self._figures(now))  # fmt: skip
                 if now - held_since >= self._cfg.busy_max_wait:
                     self._held = f"held {now - held_since:.0f} s: {_why(verdict.reason)}"
-                    log.warning("%s for %.0f s; the reply to %s waits in the outbox",
-                                _why(verdict.reason), now - held_since, job.person)  # fmt: skip
+                    log.info("%s for %.0f s; the reply to %s is returned to the outbox",
+                             _why(verdict.reason), now - held_since, job.person)  # fmt: skip
                     return False
                 step = min(verdict.wait, held_since + self._cfg.busy_max_wait - now)
                 await self._wait(self._jobs_changed, max(step, 0.001))
@@ -549,10 +650,11 @@ class MeshOutbox(MeshLink):
             await self._clock.sleep(verdict.wait)
 
     def _figures(self, now: float) -> str:
-        m = self._pacer.metrics
+        m = self._pacer.fresh(now)
         util = "n/a" if m.channel_utilization is None else f"{m.channel_utilization:.1f}%"
+        tx = "" if m.air_util_tx is None else f", node TX {m.air_util_tx:.1f}% of the hour"
         return (
-            f"channel {util}, bot {self._pacer.own_share(now, 3600):.1f}% of the hour, limits "
+            f"channel {util}{tx}, bot {self._pacer.own_share(now, 3600):.1f}% of the hour, limits "
             f"{self._cfg.busy_threshold:.0f}% / {self._cfg.duty_cycle:.0f}%"
         )
 

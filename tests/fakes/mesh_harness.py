@@ -5,7 +5,10 @@
 On exit it stops everything and checks the on-air invariants (``fake_radio.check_on_air``):
 each text packet is at most 200 UTF-8 bytes, and consecutive text packets are at least the
 configured ``spacing_seconds`` apart on the radio's clock, across reconnects. (The suite-wide
-guard in ``tests/conftest.py`` checks every other fake radio too.)
+guard in ``tests/conftest.py`` checks every other fake radio too.) While it runs, the radio sends
+its device metrics every ``radio.metrics_every`` seconds of the fake clock, as the firmware does
+(``metrics_every=None``: only at connect and after each text, for tests whose virtual time must
+not move while nothing else sleeps).
 """
 
 from __future__ import annotations
@@ -130,13 +133,16 @@ async def mesh_harness(
     start: bool = True,
     after_connect: Callable[[int], None] | None = None,
     metrics: bool = True,
+    metrics_every: float | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Harness]:
     """``start=False``: the transport is built but not started (a test hands it to the app,
     whose responder then receives the messages instead of ``Harness.inbox``).
     ``after_connect(n)`` runs on the worker thread once connect attempt ``n`` (from 0) has built
     its interface, before the transport gets it (a slow handshake). ``metrics=False``: a radio
-    without device metrics (old firmware; the transport paces by spacing alone)."""
+    without device metrics (old firmware; the transport paces by spacing alone).
+    ``metrics_every``: the radio reports its device metrics on the fake clock this often (60:
+    the firmware), besides after each text it sends."""
     clock = FakeClock()
     radio: FakeTcpRadio | FakePtyRadio = (
         FakePtyRadio(clock=clock) if serial else FakeTcpRadio(clock=clock)
@@ -211,6 +217,18 @@ async def mesh_harness(
         schedule_routing,
     ]
     harness = Harness(radio, clock, transport, config, interfaces, attempts)
+
+    async def report_metrics() -> None:  # the firmware's periodic device-metrics telemetry
+        assert metrics_every is not None
+        radio.metrics_every = metrics_every
+        while True:
+            await clock.sleep(radio.metrics_every)
+            radio.report_metrics()
+
+    if metrics_every is not None:
+        reporter = asyncio.get_running_loop().create_task(report_metrics())
+        timers.add(reporter)
+        reporter.add_done_callback(timers.discard)
 
     async def on_message(inbound: Inbound) -> None:
         harness.inbox.append(inbound)
