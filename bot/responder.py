@@ -112,10 +112,9 @@ TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
 ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
 BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
-HELD = {  # a hold: the answer is stored and goes out when there is room
-    "duty": "My airtime for this hour is used up. Your answer is saved and comes in about "
-    "{minutes} min.",
-    "channel": "The channel is busy. Your answer is saved and comes in about {minutes} min.",
+HELD = {  # a hold: the answer is stored and goes out when there is room (short: airtime)
+    "duty": "Airtime limit reached. Your answer is saved; it comes in about {minutes} min.",
+    "channel": "Channel busy. Your answer is saved; it comes in about {minutes} min.",
 }
 RECOVER_WITHIN_SECONDS = 15 * 60
 MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised

@@ -143,7 +143,7 @@ async def test_a_person_asking_during_a_spike_is_told_and_answered_when_room_ret
         await h.until(lambda: len(h.radio.sent_texts()) == 1, "the notice")
         [(_, packet)] = h.radio.sent_texts()
         text = packet.decoded.payload.decode()
-        assert text.startswith("The channel is busy") and "answer is saved" in text
+        assert text.startswith("Channel busy") and "answer is saved" in text
         await h.until(lambda: len(fake_llm.chat_requests()) == 1, "the answer is written now")
         await h.clock.sleep(300)
         assert len(h.radio.sent_texts()) == 1  # held while the channel stays full

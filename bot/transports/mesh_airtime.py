@@ -25,8 +25,9 @@ Invariants:
     the bot then spaces its packets so its own share stays within ``channel_limit`` - others
     (longer spacing: packets ``airtime / room`` apart, and no minute holding more); when
     the others alone reach ``channel_limit``, non-urgent parts are held (re-checked every
-    ``poll``); urgent ones go only while others + the bot's own last minute (this packet
-    included) stay within the firmware's own limit (``FIRMWARE_CHANNEL_LIMIT``);
+    ``poll``); urgent ones go whenever others + the bot's own last minute (every packet,
+    answers and notices, this one included) stay within the firmware's own limit
+    (``FIRMWARE_CHANNEL_LIMIT``): people asking while answers are held hear why promptly;
   * without fresh device metrics the channel rule is off: spacing and the bot's own duty cycle
     (from its ledger) still apply; the transport says so.
 - ``hold_estimate`` says how long a hold will likely last and why (``Hold``): for a reported
@@ -176,9 +177,7 @@ class Pacer:
         others = self.others(now)
         if others is None:
             return Verdict(base, "")
-        if urgent and others < self.channel_limit:
-            urgent = False  # room for answers: a notice follows the same rule
-        if urgent:  # a one-packet notice in a busy channel: only below the firmware's limit
+        if urgent:  # a one-packet notice: the bot's last minute within the firmware's limit
             room = FIRMWARE_CHANNEL_LIMIT - others
             if airtime > room * CHANNEL_WINDOW / 100.0:  # no room even for this one packet
                 return Verdict(max(base, self.poll), "hold")

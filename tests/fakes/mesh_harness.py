@@ -17,11 +17,12 @@ import array
 import asyncio
 import contextlib
 import fcntl
+import inspect
 import random
 import select
 import termios
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,3 +251,51 @@ async def mesh_harness(
             radio.unplug()
         check_on_air(radio, spacing=config.spacing_seconds)  # across reconnects too
         assert not wedged, wedged[0]
+
+
+@contextlib.asynccontextmanager
+async def every(
+    clock: FakeClock, seconds: float, step: Callable[[], Awaitable[object]]
+) -> AsyncIterator[None]:
+    """Run ``step`` every ``seconds`` of the fake clock while the block runs: the app's outbox
+    round (``responder.redeliver``, every 10 s of real time in the app) on virtual time."""
+
+    async def loop() -> None:
+        while True:
+            await clock.sleep(seconds)
+            await step()
+
+    task = asyncio.get_running_loop().create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def hold_clock_while_busy(h: Harness, app: Any) -> None:
+    """Virtual time must not move while the app does real work: a store call, an LLM call, a
+    received message not yet handed to the responder. On a loaded machine those take real
+    milliseconds, and the fake clock would otherwise jump to its next sleeper (an outbox round,
+    a metrics report) meanwhile, which inflates every latency measured on it."""
+    inflight = [0]
+
+    def wrap(obj: Any, name: str) -> None:
+        original = getattr(obj, name)
+
+        async def counted(*args: Any, **kw: Any) -> Any:
+            inflight[0] += 1
+            try:
+                return await original(*args, **kw)
+            finally:
+                inflight[0] -= 1
+
+        setattr(obj, name, counted)
+
+    store = app.store
+    for name in dir(type(store)):
+        if not name.startswith("_") and inspect.iscoroutinefunction(getattr(type(store), name)):
+            wrap(store, name)
+    wrap(app.responder._llm, "complete")
+    h.clock.settle_hooks.append(lambda: inflight[0] > 0 or h.transport._inbound.qsize() > 0)
