@@ -140,6 +140,7 @@ class MeshtasticTransport(MeshOutbox):
         self._my_num: int | None = None
         self._connecting = False
         self._early: deque[tuple[dict[str, Any], object]] = deque(maxlen=EARLY_LIMIT)
+        self._reports: deque[float] = deque(maxlen=4)
         self._up = asyncio.Event()
         self._lost = asyncio.Event()
         self._lost_reason = ""
@@ -270,7 +271,8 @@ class MeshtasticTransport(MeshOutbox):
             return
         if port == "TELEMETRY_APP" and packet.get("from") == self._my_num:
             telemetry = decoded.get("telemetry") if isinstance(decoded, Mapping) else None
-            if isinstance(telemetry, Mapping):
+            if isinstance(telemetry, Mapping) and isinstance(telemetry.get("deviceMetrics"), dict):
+                self._report_seen()
                 self._metrics_in(metrics_from(telemetry.get("deviceMetrics")))
             return
         if self._my_num is None:

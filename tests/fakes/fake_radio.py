@@ -390,7 +390,7 @@ class _Radio:
 
     def report_metrics(self) -> None:
         """A device-metrics TELEMETRY packet from the local node (if it reports metrics)."""
-        if not self.metrics:
+        if not self.metrics or self.frozen:  # a wedged node sends nothing, reports included
             return
         self.reports += 1
         util, tx = self.device_metrics()
