@@ -29,9 +29,11 @@ minutes (each person every ``every`` seconds, staggered), then until every quest
 (at most two virtual hours more). The radio reports device metrics every 60 s like the firmware;
 the app's outbox round runs every 10 virtual seconds; virtual time stands still while the app
 does real work (store, LLM: ``hold_clock_while_busy``). Scenarios: metrics every 60 s (50
-people, one question each every 5 min); metrics stopped after 2 minutes (same load); duty cycle
-spent for 10 minutes (the radio reports airUtilTx 12% from minute 2 to 12; 10 people, every 2
-min); 50 people every minute. Each question's fate, from what the people's radios displayed:
+people, one question each every 2 min: the duty cycle is reached); metrics stop (same load; at
+minute 2 the radio's last report says other nodes fill the channel, 35%, then it never reports
+again: before, that figure held the bot forever); duty cycle spent for 10 minutes (the radio
+reports airUtilTx 12% from minute 2 to 12; 10 people, every 2 min); 50 people every minute.
+Each question's fate, from what the people's radios displayed:
 answered within ``busy_max_wait``; answered later (held, or queued behind others); told (a
 notice displayed, no answer: busy, try again; expired); still in the outbox at the end; dropped
 (nothing displayed, nothing waiting: must be 0). Also answers displayed twice (must be 0), the
@@ -218,13 +220,13 @@ class Soak:
     name: str
     people: int
     every: float  # seconds between one person's questions
-    stop_metrics_at: float | None = None  # the radio stops reporting (seconds from the start)
+    stop_metrics_at: float | None = None  # the radio reports a busy channel, then stops
     tx_spike: tuple[float, float, float] | None = None  # (from, to, airUtilTx percent)
 
 
 SOAKS = (
-    Soak("metrics every 60 s", 50, 300.0),
-    Soak("metrics stopped after 2 min", 50, 300.0, stop_metrics_at=120.0),
+    Soak("metrics every 60 s", 50, 120.0),
+    Soak("metrics stop after a busy-channel report at 2 min", 50, 120.0, stop_metrics_at=120.0),
     Soak("duty cycle spent 10 min (airUtilTx 12%)", 10, 120.0, tx_spike=(120.0, 720.0, 12.0)),
     Soak("50 people, one question a minute", 50, 60.0),
 )
@@ -273,8 +275,9 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
             radio = h.radio
 
             async def weather() -> None:  # the radio's side of the scenario
-                if s.stop_metrics_at is not None:
+                if s.stop_metrics_at is not None:  # its last report: others fill the channel
                     await h.clock.sleep(s.stop_metrics_at)
+                    radio.inject_channel_utilization(35.0)
                     radio.stop_reporting()
                 if s.tx_spike is not None:
                     start, end, percent = s.tx_spike
@@ -313,6 +316,9 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
                 ):
                     break
                 await h.clock.sleep(10.0)
+                if int(h.clock.monotonic() - t0) % 600 < 10:
+                    print(f"  {s.name}: {(h.clock.monotonic() - t0) / 60:.0f} virtual min, "
+                          f"{open_rows[0][0]} waiting", file=sys.stderr)  # fmt: skip
             side.cancel()
             fates.minutes = (h.clock.monotonic() - t0) / 60.0
             fates.rss_end = rss_kb()

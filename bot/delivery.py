@@ -45,6 +45,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
 import time
 from collections import deque
@@ -54,13 +55,28 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import StorageError
 from bot.memory.port import MemoryStore
 from bot.memory.records import OutboxEntry, OutboxRow
-from bot.transports.base import AnswerStream, Streams, Transport
+from bot.transports.base import AnswerStream, Busy, Congested, ExplainsBusy, Streams, Transport
 
 log = logging.getLogger("bot.responder")
 
 DEFAULT_MAX_AGE = 3600.0
 EXPIRED = "Sorry, I could not send my reply to your earlier message in time. Please ask again."
 UNSTORED_KEPT = 256  # notices the store could not take, kept in memory for a later round
+HELD = {  # a hold: the answer is stored and goes out when there is room (short: airtime)
+    "duty": "Airtime limit reached. Your answer is saved; it comes in about {minutes} min.",
+    "channel": "Channel busy. Your answer is saved; it comes in about {minutes} min.",
+}
+
+
+def busy_now(transport: Transport) -> Busy | None:
+    """Why ``transport`` cannot take a reply now (None: it can)."""
+    if isinstance(transport, ExplainsBusy):
+        return transport.busy()
+    if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
+        return Busy("queue", wait)
+    return None
+
+
 # What a store raises when it is briefly unusable (locked, disk full, server unreachable).
 STORE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error, StorageError)
 
@@ -228,6 +244,41 @@ class OutboxSender:
             entry = OutboxEntry(inbound.key, "notice", fitted, reply_to=inbound.message_id)
             await self._store_notice(entry, why=delivery.detail or "not sent")
         return delivery
+
+    async def busy_notice(self, inbound: Inbound, text: str, *, question_id: int | None) -> None:
+        """A full queue: "busy, try again" as an outbox row (the question ``limited`` in the
+        same transaction), so a notice that must wait is sent later, never dropped."""
+        transport = self._transports[inbound.transport]
+        entry = OutboxEntry(
+            inbound.key,
+            "notice",
+            transport.fit(text),
+            reply_to=inbound.message_id,
+            question_id=question_id,
+        )
+        try:
+            row = await self._store.queue_claimed(
+                entry, question_status="limited" if question_id is not None else None
+            )
+        except STORE_ERRORS as exc:  # disk full: tell now (kept in memory if it must wait)
+            log.error("could not store the busy notice for %s: %s", inbound.key, exc)
+            await self.notice(inbound, text)
+            return
+        await self.deliver_now(inbound, row)
+
+    async def tell_held(self, inbound: Inbound, busy: Busy) -> None:
+        """A hold: tell the person why and that the answer is saved, if a notice can still go
+        out; the stored answer is what reaches them either way (so this one is not stored)."""
+        why = "the duty cycle is spent" if busy.cause == "duty" else "the channel is busy"
+        if not busy.notice_now:
+            log.info("%s (about %.0f s); nothing may go on air now, so %s hears nothing until "
+                     "the answer goes out", why, busy.seconds, inbound.key)  # fmt: skip
+            return
+        minutes = max(1, math.ceil(busy.seconds / 60))
+        text = HELD.get(busy.cause, HELD["channel"]).format(minutes=minutes)
+        delivery = await self.notice(inbound, text, keep=False)
+        log.info("%s (about %.0f s); told %s the answer waits in the outbox: %s", why,
+                 busy.seconds, inbound.key, delivery.status.value)  # fmt: skip
 
     async def _store_notice(self, entry: OutboxEntry, *, why: str) -> int | None:
         """Store a notice as an outbox row (a later round sends it); kept in memory when the

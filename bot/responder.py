@@ -72,7 +72,7 @@ from dataclasses import dataclass, replace
 
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
-from bot.delivery import OutboxSender
+from bot.delivery import OutboxSender, busy_now
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import LLMUnavailable, StorageError
 from bot.limits import PersonLimits
@@ -93,15 +93,7 @@ from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
-from bot.transports.base import (
-    AnswerStream,
-    Busy,
-    Congested,
-    ExplainsBusy,
-    KeepsFiles,
-    Paginates,
-    Transport,
-)
+from bot.transports.base import AnswerStream, KeepsFiles, Paginates, Transport
 
 log = logging.getLogger("bot.responder")
 
@@ -112,10 +104,6 @@ TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
 ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
 BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
-HELD = {  # a hold: the answer is stored and goes out when there is room (short: airtime)
-    "duty": "Airtime limit reached. Your answer is saved; it comes in about {minutes} min.",
-    "channel": "Channel busy. Your answer is saved; it comes in about {minutes} min.",
-}
 RECOVER_WITHIN_SECONDS = 15 * 60
 MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
 
@@ -313,12 +301,12 @@ class Responder:
                 inbound.transport, inbound.sender, space=None if everywhere else inbound.space
             )
         transport = self._transports[inbound.transport]
-        busy = _busy_now(transport)
+        busy = busy_now(transport)
         if busy is not None and busy.cause == "queue":  # not run: told to try again (stored)
-            await self._busy_notice(inbound, transport, busy, question_id=None)
+            await self._outbox.busy_notice(inbound, _busy(busy.seconds), question_id=None)
             return
         if busy is not None:  # a hold: run it, its reply waits in the outbox
-            await self._tell_held(inbound, busy)
+            await self._outbox.tell_held(inbound, busy)
         result = await self._commands.run(inbound, *parsed, room=_command_room(transport))
         if result.forgot and isinstance(transport, KeepsFiles):
             removed = transport.forget(inbound.sender)
@@ -381,13 +369,13 @@ class Responder:
         takes the lock, and a turn changes no conversation row, so waiting for another
         gateway's turn leaves it as read."""
         transport = self._transports[inbound.transport]
-        busy = _busy_now(transport)
+        busy = busy_now(transport)
         if busy is not None and busy.cause == "queue":
             log.warning("outbox of %s full; %s is told to try again", transport.name, inbound.key)
-            await self._busy_notice(inbound, transport, busy, question_id=message_id)
+            await self._outbox.busy_notice(inbound, _busy(busy.seconds), question_id=message_id)
             return
         if busy is not None:  # a hold: answered now, sent when there is room
-            await self._tell_held(inbound, busy)
+            await self._outbox.tell_held(inbound, busy)
         limits = transport.limits
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
         async with transport.working(inbound):
@@ -523,41 +511,6 @@ class Responder:
     async def _notice(self, inbound: Inbound, text: str) -> None:
         await self._outbox.notice(inbound, text)
 
-    async def _busy_notice(
-        self, inbound: Inbound, transport: Transport, busy: Busy, *, question_id: int | None
-    ) -> None:
-        """A full queue: "busy, try again" as an outbox row (the question ``limited`` in the
-        same transaction), so a notice that must wait is sent later, never dropped."""
-        entry = OutboxEntry(
-            inbound.key,
-            "notice",
-            transport.fit(_busy(busy.seconds)),
-            reply_to=inbound.message_id,
-            question_id=question_id,
-        )
-        try:
-            row = await self._store.queue_claimed(
-                entry, question_status="limited" if question_id is not None else None
-            )
-        except (sqlite3.Error, StorageError) as exc:  # disk full: tell now, kept in memory
-            log.error("could not store the busy notice for %s: %s", inbound.key, exc)
-            await self._notice(inbound, _busy(busy.seconds))
-            return
-        await self._outbox.deliver_now(inbound, row)
-
-    async def _tell_held(self, inbound: Inbound, busy: Busy) -> None:
-        """A hold: tell the person why and that the answer is saved, if a notice can still go
-        out; the stored answer is what reaches them either way (not stored twice)."""
-        why = "the duty cycle is spent" if busy.cause == "duty" else "the channel is busy"
-        if not busy.notice_now:
-            log.info("%s (about %.0f s); nothing may go on air now, so %s hears nothing until "
-                     "the answer goes out", why, busy.seconds, inbound.key)  # fmt: skip
-            return
-        text = HELD.get(busy.cause, HELD["channel"]).format(minutes=_minutes(busy.seconds))
-        delivery = await self._outbox.notice(inbound, text, keep=False)
-        log.info("%s (about %.0f s); told %s the answer waits in the outbox: %s", why,
-                 busy.seconds, inbound.key, delivery.status.value)  # fmt: skip
-
     # --- lifecycle --------------------------------------------------------------------------
     async def recover_pending(self, *, within_seconds: float = RECOVER_WITHIN_SECONDS) -> int:
         """At start: send what the outbox still holds, then queue stored-but-unanswered
@@ -626,17 +579,4 @@ class Responder:
 
 
 def _busy(seconds: float) -> str:
-    return BUSY.format(minutes=_minutes(seconds))
-
-
-def _minutes(seconds: float) -> int:
-    return max(1, math.ceil(seconds / 60))
-
-
-def _busy_now(transport: Transport) -> Busy | None:
-    """Why ``transport`` cannot take a reply now (None: it can)."""
-    if isinstance(transport, ExplainsBusy):
-        return transport.busy()
-    if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
-        return Busy("queue", wait)
-    return None
+    return BUSY.format(minutes=max(1, math.ceil(seconds / 60)))

@@ -1,8 +1,9 @@
 """Meshtastic transport: a courteous, reliable bot on a LoRa mesh, through one local radio.
 
-Three modules, one class: ``meshtastic_link`` (the library interface, its worker thread,
+Four modules, one class: ``meshtastic_link`` (the library interface, its worker thread,
 reconnects, the watchdog), ``meshtastic_outbox`` (fair paced sending and ACK bookkeeping; its
-docstring states the sending model) and this one (receiving, the Transport protocol, wiring).
+docstring states the sending model), ``meshtastic_holds`` (capacity, why replies wait, the
+airtime rules at each write) and this one (receiving, the Transport protocol, wiring).
 Text fitting lives in ``mesh_text``, receive rules and bookkeeping in ``mesh_rules`` (both
 pure). Only ``meshtastic*.py`` modules import ``meshtastic``/``pubsub``.
 
@@ -68,6 +69,7 @@ from bot.transports.mesh_text import (
     split_parts,
     utf8_len,
 )
+from bot.transports.meshtastic_holds import _Job, _Part
 from bot.transports.meshtastic_link import (
     EARLY_LIMIT,
     TOPIC_LOST,
@@ -79,7 +81,7 @@ from bot.transports.meshtastic_link import (
     default_interface_factory,
     metrics_from,
 )
-from bot.transports.meshtastic_outbox import MeshOutbox, _Job, _Part
+from bot.transports.meshtastic_outbox import MeshOutbox
 
 log = logging.getLogger("bot.transport.meshtastic")
 
