@@ -84,6 +84,9 @@ async def test_a_duty_cycle_the_radio_reports_spent_holds_answers_and_drops_none
         while h.clock.monotonic() < t0 + 600:
             await h.clock.sleep(30)
         assert h.radio.sent_texts() == []  # over the duty cycle: not even a notice (illegal)
+        health = h.transport.health()
+        assert health.link == "up" and health.detail.startswith("holding replies")
+        assert "duty cycle" in health.detail
         h.radio.air_util_tx = 2.0  # the next one-minute report frees the bot
         await _settled(h, app, 2)
         assert [text for _, text in _shown(h, ALICE)] == ["Answer q1."]

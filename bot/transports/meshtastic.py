@@ -69,7 +69,7 @@ from bot.transports.mesh_text import (
     split_parts,
     utf8_len,
 )
-from bot.transports.meshtastic_holds import _Job, _Part
+from bot.transports.meshtastic_holds import _Job, _Part, _why
 from bot.transports.meshtastic_link import (
     EARLY_LIMIT,
     TOPIC_LOST,
@@ -510,6 +510,9 @@ class MeshtasticTransport(MeshOutbox):
             return TransportHealth(link="closed", outbox=len(self._jobs))
         link = "up" if self._up.is_set() else "connecting" if self._connecting else "down"
         detail = f"loop {self._broken} died" if self._broken else self._lost_reason
+        if link == "up" and not self._broken and self._hold_reason:  # not a fault: say why
+            held = self._clock.monotonic() - self._hold_started
+            detail = f"holding replies {held:.0f} s: {_why(self._hold_reason)}"
         return TransportHealth(
             link=link, loop_ok=not self._broken, detail=detail, outbox=len(self._jobs)
         )
