@@ -242,8 +242,22 @@ class OutboxSender:
         delivery = await self.send(Reply(inbound=inbound, text=fitted, kind=ReplyKind.NOTICE))
         if delivery.status is DeliveryStatus.PENDING and keep:
             entry = OutboxEntry(inbound.key, "notice", fitted, reply_to=inbound.message_id)
-            await self._store_notice(entry, why=delivery.detail or "not sent")
+            await self._store_notice(entry, why=f"not sent now: {delivery.detail or 'pending'}")
         return delivery
+
+    async def notice_later(self, inbound: Inbound, text: str) -> OutboxRow | None:
+        """A notice stored as an outbox row (unclaimed), for the caller to queue behind the
+        person's jobs (it must not wait for the transport: a radio's receive loop). None when
+        the store refused it (kept in memory for a later round)."""
+        transport = self._transports[inbound.transport]
+        entry = OutboxEntry(inbound.key, "notice", transport.fit(text), reply_to=inbound.message_id)
+        row_id = await self._store_notice(entry, why="queued behind the person's jobs")
+        if row_id is None:
+            return None
+        try:
+            return await self._store.outbox_row(row_id)
+        except STORE_ERRORS:  # stored: the next round sends it
+            return None
 
     async def busy_notice(self, inbound: Inbound, text: str, *, question_id: int | None) -> None:
         """A full queue: "busy, try again" as an outbox row (the question ``limited`` in the
@@ -287,11 +301,10 @@ class OutboxSender:
             row_id = await self._store.queue_delivery(entry)
         except STORE_ERRORS as exc:
             self._unstored.append(entry)
-            log.error("could not store a notice for %s (%s) after it could not go out (%s); "
-                      "kept in memory for a later round", entry.key, exc, why)  # fmt: skip
+            log.error("could not store a notice for %s (%s; %s); kept in memory for a later "
+                      "round", entry.key, exc, why)  # fmt: skip
             return None
-        log.info("notice for %s could not go out now (%s); outbox row %d sends it later",
-                 entry.key, why, row_id)  # fmt: skip
+        log.info("notice for %s is outbox row %d (%s)", entry.key, row_id, why)  # fmt: skip
         return row_id
 
     async def _tell_expired(self, row: OutboxRow) -> None:

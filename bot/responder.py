@@ -93,7 +93,7 @@ from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
-from bot.transports.base import AnswerStream, KeepsFiles, Paginates, Transport
+from bot.transports.base import AnswerStream, Congested, KeepsFiles, Paginates, Transport
 
 log = logging.getLogger("bot.responder")
 
@@ -177,7 +177,7 @@ class Responder:
         text = clean_inbound(inbound.text)
         inbound = replace(inbound, text=text)
         if not text:
-            await self._notice(inbound, EMPTY.format(prefix=self._commands.prefix))
+            await self._intake_notice(inbound, EMPTY.format(prefix=self._commands.prefix))
             return
         limited = self._over_limit(inbound)
         if self._commands.parse(text) is not None:
@@ -241,6 +241,16 @@ class Responder:
     async def _notice_once(self, inbound: Inbound, text: str) -> None:
         who = (inbound.transport, inbound.sender)
         if self._limits.may_notice(who):  # one per window: a flood must not make us flood back
+            await self._intake_notice(inbound, text)
+
+    async def _intake_notice(self, inbound: Inbound, text: str) -> None:
+        """A notice from intake: a paced radio (``Congested``) gets it as an outbox row sent by
+        the person's worker, so its receive loop never waits for airtime; others at once."""
+        if isinstance(self._transports[inbound.transport], Congested):
+            row = await self._outbox.notice_later(inbound, text)
+            if row is not None and self._accepting:  # else the next round (or start) sends it
+                self._enqueue(_Job(inbound, outbox=row))
+        else:
             await self._notice(inbound, text)
 
     def _enqueue(self, job: _Job) -> None:
