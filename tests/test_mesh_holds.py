@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from bot.app import App
+from bot.app import App, build
 from bot.responder import ANSWER_NOT_STORED
+from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_radio import ALICE, BOB
 from tests.fakes.mesh_harness import Harness, every, hold_clock_while_busy, mesh_harness
-from tests.test_meshtastic_app import running_app
 
 PEOPLE = [0xC0000001 + i for i in range(30)]
 TAG = re.compile(r"q\d+")
@@ -36,14 +36,25 @@ def _tagged(body: dict[str, Any]) -> str:
 
 
 @contextlib.asynccontextmanager
+async def _app(tmp_path: Path, llm: FakeLLM, h: Harness, extra: str) -> AsyncIterator[App]:
+    app = await build(make_config(tmp_path, llm.base_url, extra), env={}, transports=[h.transport])
+    try:
+        await app.start()
+        await h.connected()
+        yield app
+    finally:
+        await app.close()
+
+
+@contextlib.asynccontextmanager
 async def _held_app(
-    tmp_path: Path, llm: FakeLLM, *, tx: float, **settings: Any
+    tmp_path: Path, llm: FakeLLM, *, tx: float, extra: str = "", **settings: Any
 ) -> AsyncIterator[tuple[Harness, App]]:
     """The app on a radio whose node reports ``tx`` percent of its hour on air."""
     llm.reply_fn = _tagged
     async with (
         mesh_harness(start=False, spacing_seconds=3.0, metrics_every=60, **settings) as h,
-        running_app(tmp_path, llm, h) as app,
+        _app(tmp_path, llm, h, extra) as app,
         every(h.clock, 10.0, app.responder.redeliver),
     ):
         hold_clock_while_busy(h, app)
@@ -187,3 +198,25 @@ async def test_a_disk_that_fills_during_a_hold_still_gets_the_person_told(
         h.radio.air_util_tx = 1.0
         await _settled(h, app, 0)
         assert [text for _, text in _shown(h, ALICE)] == [ANSWER_NOT_STORED]
+
+
+async def test_a_limit_notice_that_must_wait_never_holds_up_other_peoples_messages(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """Before, the intake awaited the notice on the radio's receive loop: held by the airtime
+    rules, it kept every later message (anyone's) from being stored for busy_max_wait."""
+    limit = "bot:\n  rate_limit: {messages: 1, per_seconds: 3600}\n"
+    async with _held_app(tmp_path, fake_llm, tx=12.0, extra=limit) as (h, app):
+        t0 = h.clock.monotonic()
+        h.radio.inject_text("q1 first", frm=ALICE)
+        h.radio.inject_text("q2 too soon", frm=ALICE)  # over the limit: a notice, held
+        h.radio.inject_text("q3 hello", frm=BOB)
+        await h.until(lambda: len(fake_llm.chat_requests()) == 2, "q1 and q3 answered now")
+        assert h.clock.monotonic() - t0 < h.config.busy_max_wait
+        rows = await app.store._all("SELECT kind, state FROM outbox ORDER BY id")
+        assert ("notice", "pending") in [tuple(r) for r in rows]  # the notice waits, stored
+        h.radio.air_util_tx = 1.0
+        await _settled(h, app, 2)
+        texts = [text for _, text in _shown(h, ALICE)]
+        assert texts[0] == "Answer q1." and len(texts) == 2 and "q2" not in texts[1]
+        assert [text for _, text in _shown(h, BOB)] == ["Answer q3."]
