@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.app import App, build
+from bot.delivery import HELD
 from bot.transports.mesh_airtime import lora_airtime
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
@@ -247,6 +248,8 @@ class Fates:
     first_median: float = 0.0
     first_max: float = 0.0
     first_late: int = 0  # first packet after busy_max_wait (or never)
+    in_hold: int = 0  # questions asked while the bot held answers (duty cycle, busy channel)
+    hold_told: int = 0  # of those, the person saw a first packet within busy_max_wait
     minutes: float = 0.0  # virtual minutes the scenario ran
     rss_start: int = 0
     rss_end: int = 0
@@ -262,7 +265,7 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
     nodes = [0xD0000001 + i for i in range(s.people)]
     llm.reply_fn = _tagged
     fates = Fates(s.name, s.people)
-    asked: list[tuple[int, int, float]] = []  # (node, question number, time asked)
+    asked: list[tuple[int, int, float, bool]] = []  # (node, number, time asked, in a hold)
     with tempfile.TemporaryDirectory() as tmp:
         async with (
             mesh_harness(start=False, spacing_seconds=SPACING, cooldown=0.0, metrics_every=60) as h,
@@ -296,8 +299,10 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
             for n, (at, node) in enumerate(schedule):
                 while (wait := t0 + at - h.clock.monotonic()) > 0:
                     await h.clock.sleep(wait)
+                busy = h.transport.busy()
                 radio.inject_text(f"q{n} will it rain at my place?", frm=node)
-                asked.append((node, n, h.clock.monotonic()))
+                held = busy is not None and busy.cause != "queue"
+                asked.append((node, n, h.clock.monotonic(), held))
             end = h.clock.monotonic() + 7200.0
             while h.clock.monotonic() < end:  # until every question has settled
                 open_rows = await app.store._all(
@@ -335,7 +340,7 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
 
 def _classify(
     fates: Fates,
-    asked: list[tuple[int, int, float]],
+    asked: list[tuple[int, int, float, bool]],
     shown: list[tuple[float, int, str]],
     waiting_people: set[str],
     limit: float,
@@ -348,17 +353,25 @@ def _classify(
             answers.setdefault(int(tag), []).append(t)
     fates.twice = sum(n - 1 for (_, text), n in seen.items() if TAG.search(text) and n > 1)
     fates.questions = len(asked)
+    notices: dict[int, list[float]] = {}
+    promises = tuple(text.split(".")[0] for text in HELD.values())  # "your answer is saved"
+    for t, to, text in shown:
+        if not TAG.search(text) and not text.startswith(promises):  # a final word, no answer
+            notices.setdefault(to, []).append(t)
     firsts: list[float] = []
-    for node, n, t in asked:
+    for node, n, t, held in asked:
         after = [u for u, to, _ in shown if to == node and u >= t]
         first = min(after) - t if after else math.inf
         firsts.append(first)
+        fates.in_hold += held
+        fates.hold_told += held and first <= limit
         if n in answers:
             if min(answers[n]) - t <= limit:
                 fates.answered += 1
             else:
                 fates.later += 1
-        elif any(to == node and u >= t and not TAG.search(x) for u, to, x in shown):
+        elif (notice := next((u for u in notices.get(node, []) if u >= t), None)) is not None:
+            notices[node].remove(notice)  # one notice tells one question
             fates.told += 1
         elif f"!{node:08x}" in waiting_people:
             fates.waiting += 1
@@ -374,13 +387,15 @@ def soak_table(results: list[Fates]) -> str:
     head = (
         "| scenario | people | questions | answered <= 120 s | answered later | told (notice) |"
         " still in outbox | dropped | shown twice | first packet median / max (s) |"
-        " first packet > 120 s | virtual min | RSS start / end (MiB) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        " first packet > 120 s | asked in a hold: first packet <= 120 s | virtual min |"
+        " RSS start / end (MiB) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = [
         f"| {r.name} | {r.people} | {r.questions} | {r.answered} | {r.later} | {r.told} | "
         f"{r.waiting} | {r.dropped} | {r.twice} | {r.first_median:.0f} / {r.first_max:.0f} | "
-        f"{r.first_late} | {r.minutes:.0f} | {r.rss_start / 1024:.0f} / {r.rss_end / 1024:.0f} |"
+        f"{r.first_late} | {r.hold_told} of {r.in_hold} | {r.minutes:.0f} | "
+        f"{r.rss_start / 1024:.0f} / {r.rss_end / 1024:.0f} |"
         for r in results
     ]
     return head + "\n".join(rows) + "\n"
