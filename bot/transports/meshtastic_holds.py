@@ -64,6 +64,7 @@ class _Job:
     resend_at: float = 0.0
     ids: list[str] = field(default_factory=list)
     relay: bool = False  # relayed bridge text (never urgent)
+    tapback: bool = False  # a relayed reaction: the emoji flag set, ``reply_id`` its target
     held_since: float | None = None  # when the pacer first held this job (busy_max_wait)
 
     @property

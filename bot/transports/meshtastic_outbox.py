@@ -421,6 +421,8 @@ class MeshOutbox(MeshHolds):
                 packet.id = packet_id
                 if reply_id is not None:
                     packet.decoded.reply_id = reply_id
+                if job.tapback:
+                    packet.decoded.emoji = 1
                 packet.priority = mesh_pb2.MeshPacket.Priority.RELIABLE
                 return iface._sendPacket(
                     packet,
