@@ -243,6 +243,7 @@ class Fates:
     later: int = 0  # answered, later than busy_max_wait
     told: int = 0  # a notice displayed, no answer
     waiting: int = 0  # still in the outbox at the end
+    covered: int = 0  # limited within a window whose one notice the person already had
     dropped: int = 0
     twice: int = 0  # answer packets displayed more than once
     first_median: float = 0.0
@@ -273,6 +274,7 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
             every(h.clock, 10.0, app.responder.redeliver),
         ):
             hold_clock_while_busy(h, app)
+            app.responder._limits._clock = h.clock.monotonic  # limit windows: virtual time too
             fates.rss_start = rss_kb()
             t0 = h.clock.monotonic()
             radio = h.radio
@@ -333,8 +335,15 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
             }
             shown = [(t, p.to, p.decoded.payload.decode("utf-8", "replace")) for t, p in
                      radio.shown]  # fmt: skip
+            limited = {
+                int(m.group(1))
+                for (text,) in await app.store._all(
+                    "SELECT text FROM messages WHERE role = 'user' AND status = 'limited'"
+                )
+                if (m := re.match(r"q(\d+) ", text))
+            }
             limit = h.config.busy_max_wait
-    _classify(fates, asked, shown, waiting_people, limit)
+    _classify(fates, asked, shown, waiting_people, limited, limit)
     return fates
 
 
@@ -343,6 +352,7 @@ def _classify(
     asked: list[tuple[int, int, float, bool]],
     shown: list[tuple[float, int, str]],
     waiting_people: set[str],
+    limited: set[int],
     limit: float,
 ) -> None:
     answers: dict[int, list[float]] = {}
@@ -375,6 +385,8 @@ def _classify(
             fates.told += 1
         elif f"!{node:08x}" in waiting_people:
             fates.waiting += 1
+        elif n in limited:  # over a per-person limit: one notice per window covers the rest
+            fates.covered += 1
         else:
             fates.dropped += 1
     finite = [f for f in firsts if f < math.inf]
@@ -386,14 +398,16 @@ def _classify(
 def soak_table(results: list[Fates]) -> str:
     head = (
         "| scenario | people | questions | answered <= 120 s | answered later | told (notice) |"
-        " still in outbox | dropped | shown twice | first packet median / max (s) |"
+        " still in outbox | limited, covered by the window's notice | dropped | shown twice |"
+        " first packet median / max (s) |"
         " first packet > 120 s | asked in a hold: first packet <= 120 s | virtual min |"
         " RSS start / end (MiB) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = [
         f"| {r.name} | {r.people} | {r.questions} | {r.answered} | {r.later} | {r.told} | "
-        f"{r.waiting} | {r.dropped} | {r.twice} | {r.first_median:.0f} / {r.first_max:.0f} | "
+        f"{r.waiting} | {r.covered} | {r.dropped} | {r.twice} | "
+        f"{r.first_median:.0f} / {r.first_max:.0f} | "
         f"{r.first_late} | {r.hold_told} of {r.in_hold} | {r.minutes:.0f} | "
         f"{r.rss_start / 1024:.0f} / {r.rss_end / 1024:.0f} |"
         for r in results
