@@ -36,8 +36,11 @@ Invariants:
   recorded, at most once under the store's claim, expiry, streams finishing their row).
   ``redeliver`` (at start and on every maintenance tick) queues the rows still waiting behind
   their person's jobs; ``recover_pending`` first releases the claims a dead process left.
-- Notices (rate limited, busy, not stored) are sent straight away, never behind a worker or
-  the LLM, and never stored as something the model said. "LLM unavailable" is an outbox row
+- Notices (rate limited, busy, not stored) are never stored as something the model said.
+  They are sent straight away, never behind the LLM; on a paced radio (``Congested``) intake
+  notices are outbox rows queued behind the person's jobs, so the radio's receive loop never
+  waits for airtime, and any notice that could not go out is stored and sent by a later round
+  (``bot.delivery``). "LLM unavailable" is an outbox row
   (it settles the question as ``failed`` in the same transaction). Command replies are outbox
   rows too (except exports, whose files cannot be stored there); commands and their replies
   are not part of the conversation log.
