@@ -61,7 +61,7 @@ def test_others_leave_less_room_and_fill_it_to_a_hold() -> None:
     # a one-packet notice still goes below the firmware's 25%, counting the bot's own minute:
     # 3% of room (1.8 s a minute) is taken by the 2 s part until it leaves the minute
     urgent = p.wait(110.0, 0.4, last=100.0, urgent=True)
-    assert (urgent.reason, urgent.wait) == ("slow", pytest.approx(50.0))
+    assert urgent.reason == "slow" and urgent.wait == pytest.approx(50.0)
     assert p.wait(160.5, 0.4, last=100.0, urgent=True).wait == 0.0
     p.note_metrics(
         Metrics(channel_utilization=FIRMWARE_CHANNEL_LIMIT + 5, air_util_tx=0.1), at=110.0

@@ -72,7 +72,7 @@ async def _settled(h: Harness, app: App, questions: int) -> None:
     async def done() -> bool:
         rows = await app.store._all("SELECT count(*) FROM outbox WHERE state = 'pending'")
         answered = await app.store._all("SELECT count(*) FROM outbox WHERE kind = 'answer'")
-        return rows[0][0] == 0 and answered[0][0] == questions
+        return bool(rows[0][0] == 0 and answered[0][0] == questions)
 
     for _ in range(3000):
         if await done():
