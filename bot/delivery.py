@@ -27,6 +27,10 @@ Invariants:
 - A store error while a claim is taken, given back or its row finished (the store briefly
   down) never ends the row: the row stays ``pending`` and its claim is given back by a later
   round (``waiting`` retries it first), so the row is sent again, still only under a claim.
+- On a paced transport (``Congested``: the mesh) a person's replies go out in order even across
+  holds: a row given back for a later round (``PENDING``) keeps that person's later rows
+  waiting behind it (they are given back too, and each round queues them oldest first); the
+  set is refreshed from the store every round, so a row finished elsewhere never blocks.
 - ``delivering`` names the conversations whose worker is waiting on a transport right now, so a
   shutdown can cut them at once (the row stays pending and goes out after the restart).
 - A transport that raises from ``send`` (a bug: trouble is reported in ``Delivery``) yields a
@@ -99,6 +103,9 @@ class OutboxSender:
         self._unreleased: set[int] = set()  # own claims a store error kept us from giving back
         self._unstored: deque[OutboxEntry] = deque(maxlen=UNSTORED_KEPT)  # notices to store
         self._expiry_told: dict[tuple[str, str, str], int] = {}  # person -> expiry notice row
+        # Rows of a person on a paced transport given back for a later round (refreshed from
+        # the store every round): a later reply of that person waits behind them.
+        self._behind: dict[tuple[str, str, str], set[int]] = {}
 
     async def open_stream(self, inbound: Inbound, question_id: int) -> AnswerStream | None:
         """A stream for the answer to ``question_id`` (None when the transport does not
@@ -179,6 +186,14 @@ class OutboxSender:
             row.entry.kind, ReplyKind.COMMAND
         )
         qkey = (row.entry.key.transport, row.entry.key.person, row.entry.key.space)
+        behind = self._behind.get(qkey, set())
+        behind.discard(row.id)
+        if stream is None and any(i < row.id for i in behind):
+            # an earlier reply of this person waits for a later round: in order, this one after
+            log.info("outbox row %d for %s goes after the person's earlier reply (row %d)",
+                     row.id, row.entry.key, min(behind))  # fmt: skip
+            await self._give_back(row, Delivery(DeliveryStatus.PENDING, detail="in order"))
+            return Delivery(DeliveryStatus.PENDING, detail="an earlier reply goes first")
         self.delivering.add(qkey)
         try:
             reply = Reply(
@@ -196,11 +211,22 @@ class OutboxSender:
             delivery = await (stream.finish(reply) if stream is not None else self.send(reply))
         finally:
             self.delivering.discard(qkey)
+        await self._give_back(row, delivery)
+        return delivery
+
+    async def _give_back(self, row: OutboxRow, delivery: Delivery) -> None:
+        """Record the outcome: a ``PENDING`` row is released for a later round (and, on a paced
+        transport, later replies of its person wait behind it); others are finished."""
+        key = row.entry.key
         try:
             if delivery.status is DeliveryStatus.PENDING:
-                log.info("outbox row %d for %s waits for a later round (%s)", row.id,
-                         row.entry.key, delivery.detail or "no link")  # fmt: skip
+                log.info("outbox row %d for %s waits for a later round (%s)", row.id, key,
+                         delivery.detail or "no link")  # fmt: skip
                 await self._store.release_delivery(row.id)  # the next round may claim it again
+                if isinstance(self._transports.get(key.transport), Congested):
+                    self._behind.setdefault((key.transport, key.person, key.space), set()).add(
+                        row.id
+                    )
             else:
                 await self._store.finish_delivery(
                     row.id, delivery.status.value, detail=delivery.detail
@@ -209,7 +235,6 @@ class OutboxSender:
             # The row stays pending under our claim (nobody else sends it); a later round gives
             # the claim back and sends what is still missing (recorded parts never again).
             self._keep_for_later(row.id, exc)
-        return delivery
 
     def _keep_for_later(self, row_id: int, exc: BaseException) -> None:
         log.warning(
@@ -364,6 +389,11 @@ class OutboxSender:
             log.warning("store still unavailable; outbox claims and notices kept for the next "
                         "round: %s", exc)  # fmt: skip
         rows = await self._store.undelivered(transports=tuple(self._transports))
+        self._behind = {}
+        for row in rows:  # what waits now, in this store (other gateways' claims excluded)
+            key = row.entry.key
+            if isinstance(self._transports.get(key.transport), Congested):
+                self._behind.setdefault((key.transport, key.person, key.space), set()).add(row.id)
         out: list[tuple[Inbound, OutboxRow]] = []
         for row in rows:
             if row.id in self.in_flight:

@@ -248,11 +248,15 @@ class Responder:
 
     async def _intake_notice(self, inbound: Inbound, text: str) -> None:
         """A notice from intake: a paced radio (``Congested``) gets it as an outbox row sent by
-        the person's worker, so its receive loop never waits for airtime; others at once."""
+        the person's worker next, so its receive loop never waits for airtime; others at once."""
         if isinstance(self._transports[inbound.transport], Congested):
             row = await self._outbox.notice_later(inbound, text)
             if row is not None and self._accepting:  # else the next round (or start) sends it
                 self._enqueue(_Job(inbound, outbox=row))
+                key = inbound.key
+                queue = self._queues[(key.transport, key.person, key.space)]
+                if len(queue) > 2:  # next after the running job, not after all they queued
+                    queue.insert(1, queue.pop())
         else:
             await self._notice(inbound, text)
 

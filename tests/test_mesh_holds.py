@@ -220,3 +220,23 @@ async def test_a_limit_notice_that_must_wait_never_holds_up_other_peoples_messag
         texts = [text for _, text in _shown(h, ALICE)]
         assert texts[0] == "Answer q1." and len(texts) == 2 and "q2" not in texts[1]
         assert [text for _, text in _shown(h, BOB)] == ["Answer q3."]
+
+
+async def test_a_limit_notice_goes_next_not_after_everything_the_person_queued(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    async with _held_app(tmp_path, fake_llm, tx=9.5) as (h, app):
+        t0 = h.clock.monotonic()
+        for i in range(1, 5):  # the 4th finds 3 waiting: over the queue limit
+            h.radio.inject_text(f"q{i} question", frm=ALICE)
+        await h.until(
+            lambda: any(text.startswith("You have") for _, text in _shown(h, ALICE)),
+            "the limit notice",
+        )
+        [told_at] = [t for t, text in _shown(h, ALICE) if text.startswith("You have")]
+        # after the running job (q1, held up to busy_max_wait), before q2's and q3's turns
+        assert told_at - t0 <= h.config.busy_max_wait + 30
+        h.radio.air_util_tx = 1.0
+        await _settled(h, app, 3)
+        answers = [text for _, text in _shown(h, ALICE) if text.startswith("Answer")]
+        assert answers == ["Answer q1.", "Answer q2.", "Answer q3."]
