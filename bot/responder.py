@@ -23,9 +23,13 @@ Invariants:
   too long (``ContextTooLong``, in any form) is never an outage: its limits are looked up
   again, and the prompt is rebuilt smaller (the learned room, or two thirds of the tokens,
   whichever is less) and asked again, up to ``MAX_SHRINKS`` times; if even the smallest is
-  refused, the person hears why (``TOO_LONG``), not "LLM unavailable". Before calling the LLM, a
-  congested transport (the mesh outbox) is asked for room: a full
-  one gets the person a one-packet "busy, try again in N min" and no LLM call.
+  refused, the person hears why (``TOO_LONG``), not "LLM unavailable". Before calling the LLM
+  (or running a command), a congested transport (the mesh outbox) is asked for room
+  (``Busy``): a full queue gets the person a stored one-packet "busy, try again in N min" (an
+  outbox row, the question ``limited``) and no LLM call; a hold (duty cycle spent, channel
+  busy) gets a notice naming the cause, when one can still go out, and the question is
+  answered into the outbox, sent when there is room (``delivery.max_age`` applies; an expired
+  row tells the person).
 - A person over the queue limit or the rate limit (``bot.limits``) gets one polite notice per
   limit window; their message is still stored (status ``limited``) and never answered by the
   LLM.
@@ -37,8 +41,11 @@ Invariants:
   recorded, at most once under the store's claim, expiry, streams finishing their row).
   ``redeliver`` (at start and on every maintenance tick) queues the rows still waiting behind
   their person's jobs; ``recover_pending`` first releases the claims a dead process left.
-- Notices (rate limited, busy, not stored) are sent straight away, never behind a worker or
-  the LLM, and never stored as something the model said. "LLM unavailable" is an outbox row
+- Notices (rate limited, busy, not stored) are never stored as something the model said.
+  They are sent straight away, never behind the LLM; on a paced radio (``Congested``) intake
+  notices are outbox rows queued behind the person's jobs, so the radio's receive loop never
+  waits for airtime, and any notice that could not go out is stored and sent by a later round
+  (``bot.delivery``). "LLM unavailable" is an outbox row
   (it settles the question as ``failed`` in the same transaction). Command replies are outbox
   rows too (except exports, whose files cannot be stored there); commands and their replies
   are not part of the conversation log.
@@ -75,7 +82,7 @@ from dataclasses import dataclass, replace
 from bot.chat_settings import ChatSettings
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
-from bot.delivery import OutboxSender
+from bot.delivery import OutboxSender, busy_now
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind, TransportLimits
 from bot.errors import LLMUnavailable, StorageError
 from bot.fitting import TOO_LONG, FittingAsk
@@ -208,7 +215,7 @@ class Responder:
         text = clean_inbound(inbound.text)
         inbound = replace(inbound, text=text)
         if not text:
-            await self._notice(inbound, EMPTY.format(prefix=self._commands.prefix))
+            await self._intake_notice(inbound, EMPTY.format(prefix=self._commands.prefix))
             return
         if inbound.edited:
             await self._edited(inbound)
@@ -322,6 +329,20 @@ class Responder:
         waiting = isinstance(transport, AwaitsAnswer) and transport.awaits_answer(inbound)
         # one per window: a flood must not make us flood back (a slash command waits for one)
         if self._limits.may_notice(who) or waiting:
+            await self._intake_notice(inbound, text)
+
+    async def _intake_notice(self, inbound: Inbound, text: str) -> None:
+        """A notice from intake: a paced radio (``Congested``) gets it as an outbox row sent by
+        the person's worker next, so its receive loop never waits for airtime; others at once."""
+        if isinstance(self._transports[inbound.transport], Congested):
+            row = await self._outbox.notice_later(inbound, text)
+            if row is not None and self._accepting:  # else the next round (or start) sends it
+                self._enqueue(_Job(inbound, outbox=row))
+                key = inbound.key
+                queue = self._queues[(key.transport, key.person, key.space)]
+                if len(queue) > 2:  # next after the running job, not after all they queued
+                    queue.insert(1, queue.pop())
+        else:
             await self._notice(inbound, text)
 
     def _enqueue(self, job: _Job) -> None:
@@ -391,9 +412,12 @@ class Responder:
                 inbound.transport, inbound.sender, space=None if everywhere else inbound.space
             )
         transport = self._transports[inbound.transport]
-        if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
-            await self._notice(inbound, _busy(wait))
+        busy = busy_now(transport)
+        if busy is not None and busy.cause == "queue":  # not run: told to try again (stored)
+            await self._outbox.busy_notice(inbound, _busy(busy.seconds), question_id=None)
             return
+        if busy is not None:  # a hold: run it, its reply waits in the outbox
+            await self._outbox.tell_held(inbound, busy)
         result = await self._commands.run(inbound, *parsed, room=_command_room(transport))
         if result.forgot and isinstance(transport, KeepsFiles):
             removed = transport.forget(inbound.sender)
@@ -457,11 +481,13 @@ class Responder:
         gateway's turn leaves it as read."""
         self.counters.add("turns")
         transport = self._transports[inbound.transport]
-        if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
-            log.warning("outbox of %s full; told %s to try later", transport.name, inbound.key)
-            await self._store.set_status(message_id, "limited")
-            await self._notice(inbound, _busy(wait))
+        busy = busy_now(transport)
+        if busy is not None and busy.cause == "queue":
+            log.warning("outbox of %s full; %s is told to try again", transport.name, inbound.key)
+            await self._outbox.busy_notice(inbound, _busy(busy.seconds), question_id=message_id)
             return
+        if busy is not None:  # a hold: answered now, sent when there is room
+            await self._outbox.tell_held(inbound, busy)
         limits = transport.limits
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
         async with transport.working(inbound):

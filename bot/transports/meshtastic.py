@@ -1,8 +1,9 @@
 """Meshtastic transport: a courteous, reliable bot on a LoRa mesh, through one local radio.
 
-Three modules, one class: ``meshtastic_link`` (the library interface, its worker thread,
+Four modules, one class: ``meshtastic_link`` (the library interface, its worker thread,
 reconnects, the watchdog), ``meshtastic_outbox`` (fair paced sending and ACK bookkeeping; its
-docstring states the sending model) and this one (receiving, the Transport protocol, wiring).
+docstring states the sending model), ``meshtastic_holds`` (capacity, why replies wait, the
+airtime rules at each write) and this one (receiving, the Transport protocol, wiring).
 Text fitting lives in ``mesh_text``, receive rules and bookkeeping in ``mesh_rules`` (both
 pure). Only ``meshtastic*.py`` modules import ``meshtastic``/``pubsub``.
 
@@ -70,6 +71,7 @@ from bot.transports.mesh_text import (
     utf8_len,
 )
 from bot.transports.mesh_view import MeshView, NodeBook, nodes_seen
+from bot.transports.meshtastic_holds import _Job, _Part, _why
 from bot.transports.meshtastic_link import (
     EARLY_LIMIT,
     TOPIC_LOST,
@@ -81,7 +83,7 @@ from bot.transports.meshtastic_link import (
     default_interface_factory,
     metrics_from,
 )
-from bot.transports.meshtastic_outbox import MeshOutbox, _Job, _Part
+from bot.transports.meshtastic_outbox import MeshOutbox
 
 log = logging.getLogger("bot.transport.meshtastic")
 
@@ -142,6 +144,7 @@ class MeshtasticTransport(MeshOutbox):
         self._my_num: int | None = None
         self._connecting = False
         self._early: deque[tuple[dict[str, Any], object]] = deque(maxlen=EARLY_LIMIT)
+        self._reports: deque[float] = deque(maxlen=4)
         self._up = asyncio.Event()
         self._lost = asyncio.Event()
         self._lost_reason = ""
@@ -168,6 +171,9 @@ class MeshtasticTransport(MeshOutbox):
         )
         self._metrics_said = False  # "no device metrics" is logged once
         self._held = ""  # why the outbox is holding replies now ("" when it is not)
+        self._hold_reason = ""
+        self._hold_started = 0.0
+        self._stale_said = False
         self._dm_channel: dict[int, int] = {}
         self.channel_listener: Callable[[MeshText], None] | None = None  # the bridge, if any
         self._subscribed = False
@@ -281,7 +287,8 @@ class MeshtasticTransport(MeshOutbox):
             return
         if port == "TELEMETRY_APP" and packet.get("from") == self._my_num:
             telemetry = decoded.get("telemetry") if isinstance(decoded, Mapping) else None
-            if isinstance(telemetry, Mapping):
+            if isinstance(telemetry, Mapping) and isinstance(telemetry.get("deviceMetrics"), dict):
+                self._report_seen()
                 self._metrics_in(metrics_from(telemetry.get("deviceMetrics")))
             return
         if self._my_num is None:
@@ -435,6 +442,7 @@ class MeshtasticTransport(MeshOutbox):
             parts=[_Part(i, t) for i, t in enumerate(texts)],
             enqueued_at=self._clock.monotonic(),
             future=asyncio.get_running_loop().create_future(),
+            relay=True,
             tapback=tapback and reply_id is not None,
         )
         self._jobs.append(job)
@@ -538,6 +546,9 @@ class MeshtasticTransport(MeshOutbox):
             return TransportHealth(link="closed", outbox=len(self._jobs))
         link = "up" if self._up.is_set() else "connecting" if self._connecting else "down"
         detail = f"loop {self._broken} died" if self._broken else self._lost_reason
+        if link == "up" and not self._broken and self._hold_reason:  # not a fault: say why
+            held = self._clock.monotonic() - self._hold_started
+            detail = f"holding replies {held:.0f} s: {_why(self._hold_reason)}"
         return TransportHealth(
             link=link, loop_ok=not self._broken, detail=detail, outbox=len(self._jobs)
         )
