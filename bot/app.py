@@ -366,6 +366,7 @@ async def build(
             counter=counter,
             config=config.memory.summary,
             extractor=extractor,
+            gate=gate,  # folds sized to what fits; a fold with no room runs as a debt
         )
         commands = Commands(
             store=store,

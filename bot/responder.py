@@ -73,7 +73,7 @@ from bot.delivery import OutboxSender
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import LLMUnavailable, StorageError
 from bot.limits import PersonLimits
-from bot.llm.port import LLM, ContextTooLong
+from bot.llm.port import LLM, ChatMessage, ContextTooLong
 from bot.llm.tokens import TokenCounter
 from bot.memory.indexer import Indexer
 from bot.memory.keep import CLAIM_STALE_SECONDS
@@ -88,7 +88,7 @@ from bot.memory.records import (
 )
 from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
-from bot.memory.summary import Summarizer
+from bot.memory.summary import FoldBase, Summarizer
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import AnswerStream, Congested, KeepsFiles, Paginates, Transport
 
@@ -294,6 +294,10 @@ class Responder:
         if parsed[0] in ENDS_INCOGNITO:  # here at once, and for every gateway in the store
             everywhere = parsed[0] == "forget"
             self._stretches.drop(inbound.key, every_space=everywhere)
+            if parsed[0] != "incognito":  # no fold in flight may write or send what was said
+                self._summarizer.forget(
+                    inbound.transport, inbound.sender, space=None if everywhere else inbound.space
+                )
             await self._store.end_incognito(
                 inbound.transport, inbound.sender, space=None if everywhere else inbound.space
             )
@@ -452,7 +456,12 @@ class Responder:
             len(whole),
             delivery.status.value,
         )
-        self._summarizer.maybe_schedule(conv, window_start_id=ctx.window_start_id)
+        base = (
+            FoldBase((*messages, ChatMessage("assistant", whole)), ctx.window[0].id)
+            if (ctx.window and not inbound.images)
+            else None
+        )  # a fold continues this prompt: the server has it cached
+        self._summarizer.maybe_schedule(conv, window_start_id=ctx.window_start_id, base=base)
         if self._indexer is not None:  # embeds this turn's messages in the background
             self._indexer.schedule(conv.id)
 

@@ -1,33 +1,60 @@
-"""Bounded LLM access with priority: replies first, background work (summaries) only when idle.
+"""Bounded LLM access with priority: replies first, background work only where it fits.
+
+A one-slot server (llama.cpp, Ollama on a Pi) serves one request at a time and cannot stop
+evaluating a prompt it has started: closing a request stops only its generation. So a
+background prompt abandoned for a reply still holds the slot until it is evaluated, and the
+reply waits behind it. The gate therefore decides *when* background work starts, not only
+when it stops.
+
+Lanes:
+- ``foreground``: a reply. Waits only for the calls already holding the slots.
+- ``debt``: work that must happen now (a fold that found no room in the background within
+  its turns, ``bot.memory.summary``): queued like a reply, never preempted, sized by its
+  caller to what fits (``fit_tokens``), and its wait is counted as background for replies.
+- ``background``: summaries, facts, sessions. Starts only when a slot is free, no reply is
+  waiting, ``busy()`` is false (a turn in progress) and the call is *expected to end before
+  the next reply needs the slot* (``fits``): its cost (uncached prompt tokens over the learned
+  prompt rate, ``max_tokens`` over the learned generation rate) within the free time learned
+  from the recent gaps between one reply's end and the next request.
 
 Invariants:
 - At most ``limit`` calls run at once (a Pi serves one generation at a time).
-- A background call starts only when a slot is free, no reply is waiting for the LLM and
-  ``busy()`` is false (the app passes "a turn is in progress", so a summary does not start
-  between a message's arrival and its reply's LLM call).
 - A running background call is cancelled as soon as a reply needs the LLM or ``busy()``
   turns true (checked every ``BUSY_POLL`` seconds). The adapter streams, so cancelling closes
-  the connection, which stops generation on llama.cpp, Ollama and vLLM; the owner retries
-  later (``BackgroundPreempted``). A summary therefore never delays a reply by more than the
-  time to close a request.
+  the connection, which stops generation; the owner gets ``BackgroundPreempted`` and does not
+  retry at once: the next attempt waits for a gap it fits in (the short gap that preempted it
+  is among those learned).
+- Rates and gaps are learned from this gate's own calls (streamed: the first text marks the end
+  of prompt evaluation). Until a rate is known, a background call is assumed to fit (the first
+  call measures it). Nothing here reads a wall clock except through ``clock``.
 - An outage is shared, not queued: when a reply's call fails as unavailable (every endpoint
   and fallback tried), the replies waiting behind it fail at that moment instead of each
   waiting out its own timeout, and until a call succeeds again one probe runs at a time while
-  other replies fail at once. So a person's "LLM unavailable" notice never waits behind another
-  person's hung call once the outage is known. ``ContextTooLong`` is about one prompt, not the
-  server, and does not count.
+  other replies fail at once. ``ContextTooLong`` is about one prompt, not the server, and does
+  not count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 from bot.errors import LLMUnavailable
 from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, OnText
 
 BUSY_POLL = 0.05
+CHARS_PER_TOKEN = 4.0  # estimate for cache accounting (the gate has no tokenizer)
+GAPS_KEPT = 8  # recent gaps between a reply's end and the next request
+RATE_WEIGHT = 0.3  # EWMA weight of the newest measurement
+MIN_MEASURED_SECONDS = 0.05  # shorter phases say nothing about a rate
+
+Lane = Literal["foreground", "debt", "background"]
 
 
 class BackgroundPreempted(LLMUnavailable):
@@ -37,19 +64,50 @@ class BackgroundPreempted(LLMUnavailable):
         super().__init__("background LLM call preempted by a reply; it will be retried")
 
 
+@dataclass
+class GateStats:
+    """What the gate saw (status, logs, benchmarks, tests)."""
+
+    background_calls: int = 0  # started (background and debt lanes)
+    background_completed: int = 0
+    debt_calls: int = 0
+    preempted: int = 0
+    # Per reply: seconds it waited at the gate while background or debt work held the slot.
+    reply_waits: list[float] = field(default_factory=list)
+
+
 class LLMGate:
-    def __init__(self, *, llm: LLM, limit: int, busy: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        *,
+        llm: LLM,
+        limit: int,
+        busy: Callable[[], bool] = lambda: False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._llm = llm
         self._limit = limit
         self._busy = busy
+        self._clock = clock
         self._running = 0
+        self._bg_running = 0  # background and debt calls holding a slot
         self._fg_waiting = 0
         self._background: set[asyncio.Task[Completion]] = set()
         self._changed = asyncio.Condition()
-        self.preempted = 0  # background calls cancelled for a reply (for logs and benchmarks)
+        self.stats = GateStats()
         self._outages = 0  # foreground failures as unavailable, ever (waiters compare it)
         self._fg_running = 0
         self._down = False  # the last foreground call failed as unavailable; none succeeded since
+        # What the server's cache holds after the last call: its prompt and answer (rendered).
+        self._cached = ""
+        self.prompt_rate: float | None = None  # tokens per second evaluated
+        self.gen_rate: float | None = None  # tokens per second generated
+        self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)
+        self._fg_ended: float | None = None  # when the last reply's call ended
+
+    @property
+    def preempted(self) -> int:
+        return self.stats.preempted
 
     @property
     def model_name(self) -> str:
@@ -57,59 +115,159 @@ class LLMGate:
 
     @property
     def foreground(self) -> LLM:
-        return _Bound(self, background=False)
+        return _Bound(self, lane="foreground")
+
+    @property
+    def debt(self) -> LLM:
+        return _Bound(self, lane="debt")
 
     @property
     def background(self) -> LLM:
-        return _Bound(self, background=True)
+        return _Bound(self, lane="background")
 
+    # --- what fits ----------------------------------------------------------------------------
+    def uncached_tokens(self, messages: Sequence[ChatMessage]) -> int:
+        """Estimated prompt tokens the server evaluates for ``messages`` (after the common
+        prefix with the last call's prompt and answer)."""
+        text = _render(messages)
+        return math.ceil((len(text) - _common_prefix(self._cached, text)) / CHARS_PER_TOKEN)
+
+    def expected_free(self) -> float:
+        """Seconds the slot is expected to stay free from now: the shortest recent gap between
+        a reply's end and the next request, less the time since the last reply ended;
+        ``inf`` when nothing is known or the quiet has outlasted every gap seen."""
+        if self._fg_ended is None or not self._gaps:
+            return math.inf
+        quiet = self._clock() - self._fg_ended
+        if quiet > max(self._gaps):
+            return math.inf
+        return max(0.0, min(self._gaps) - quiet)
+
+    def fit_tokens(self, messages: Sequence[ChatMessage], *, seconds: float) -> int | None:
+        """Completion tokens that fit in ``seconds`` after evaluating ``messages``' uncached
+        part; None while the rates are not known yet (or no limit: ``seconds`` is inf)."""
+        if self.prompt_rate is None or self.gen_rate is None or math.isinf(seconds):
+            return None
+        left = seconds - self.uncached_tokens(messages) / self.prompt_rate
+        return max(0, int(left * self.gen_rate))
+
+    def fits(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> bool:
+        free = self.expected_free()
+        if math.isinf(free) or self.prompt_rate is None or self.gen_rate is None:
+            return True
+        cost = self.uncached_tokens(messages) / self.prompt_rate + max_tokens / self.gen_rate
+        return cost <= free
+
+    # --- calls ----------------------------------------------------------------------------------
     async def _run(
         self,
         messages: Sequence[ChatMessage],
         *,
         max_tokens: int,
-        background: bool,
+        lane: Lane,
         on_text: OnText | None = None,
     ) -> Completion:
         async with self._changed:
-            if not background:
+            if lane != "background":
+                arrived = self._clock()
+                if lane == "foreground" and (self._fg_running or self._fg_waiting):
+                    self._gaps.append(0.0)  # replies queue: the slot is never free between
+                elif lane == "foreground" and self._fg_ended is not None:
+                    self._gaps.append(max(0.0, arrived - self._fg_ended))
                 seen = self._outages
-                if self._down and self._fg_running:
+                if lane == "foreground" and self._down and self._fg_running:
                     raise LLMUnavailable("the LLM server is down; a probe request is running")
                 self._fg_waiting += 1
+                behind_background = 0.0
                 try:
                     for task in list(self._background):
                         task.cancel()  # the person waiting comes first (and frees the server)
                     while self._running >= self._limit:
+                        mark = self._clock()
+                        held = self._bg_running > 0
                         await self._changed.wait()
-                        if self._outages != seen:
+                        if held:
+                            behind_background += self._clock() - mark
+                        if lane == "foreground" and self._outages != seen:
                             raise LLMUnavailable("the LLM server failed the request ahead")
                 finally:
                     self._fg_waiting -= 1
+                if lane == "foreground":
+                    self.stats.reply_waits.append(behind_background)
             else:
-                while self._running >= self._limit or self._fg_waiting or self._busy():
-                    # busy() has no event: poll it. asyncio.timeout, not wait_for: wait_for
-                    # waits in another task, and a cancel arriving while that task took the
-                    # lock back left it holding the lock for good (every later call hung).
+                while (
+                    self._running >= self._limit
+                    or self._fg_waiting
+                    or self._busy()
+                    or not self.fits(messages, max_tokens=max_tokens)
+                ):
+                    # busy() and the clock have no event: poll them. asyncio.timeout, not
+                    # wait_for: wait_for waits in another task, and a cancel arriving while
+                    # that task took the lock back left it holding the lock for good.
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(BUSY_POLL if self._busy() else None):
+                        async with asyncio.timeout(BUSY_POLL):
                             await self._changed.wait()
             self._running += 1
+            if lane != "foreground":
+                self._bg_running += 1
+                self.stats.background_calls += 1
+                self.stats.debt_calls += lane == "debt"
         try:
-            if not background:
+            if lane == "foreground":
                 return await self._foreground_call(messages, max_tokens=max_tokens, on_text=on_text)
-            return await self._background_call(messages, max_tokens=max_tokens)
+            if lane == "debt":
+                completion = await self._timed(messages, max_tokens=max_tokens, on_text=None)
+            else:
+                completion = await self._background_call(messages, max_tokens=max_tokens)
+            self.stats.background_completed += 1
+            return completion
         finally:
             async with self._changed:
                 self._running -= 1
+                if lane != "foreground":
+                    self._bg_running -= 1
                 self._changed.notify_all()
+
+    async def _timed(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None
+    ) -> Completion:
+        """One call to the adapter, streamed, learning the prompt and generation rates."""
+        new_tokens = self.uncached_tokens(messages)
+        start = self._clock()
+        first: list[float] = []
+
+        async def seen(text: str) -> None:
+            if text and not first:
+                first.append(self._clock())
+            if on_text is not None:
+                await on_text(text)
+
+        rendered = _render(messages)
+        try:
+            completion = await self._llm.complete(messages, max_tokens=max_tokens, on_text=seen)
+        except BaseException:
+            # Whatever the server holds now, it starts with this prompt (or part of it).
+            self._cached = rendered
+            raise
+        end = self._clock()
+        self._cached = rendered + completion.text
+        if first:
+            self._learn(new_tokens, first[0] - start, len(completion.text), end - first[0])
+        return completion
+
+    def _learn(self, prompt_tokens: int, prompt_s: float, answer_chars: int, gen_s: float) -> None:
+        if prompt_tokens > 0 and prompt_s >= MIN_MEASURED_SECONDS:
+            self.prompt_rate = _ewma(self.prompt_rate, prompt_tokens / prompt_s)
+        tokens = answer_chars / CHARS_PER_TOKEN
+        if tokens >= 1 and gen_s >= MIN_MEASURED_SECONDS:
+            self.gen_rate = _ewma(self.gen_rate, tokens / gen_s)
 
     async def _foreground_call(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
     ) -> Completion:
         self._fg_running += 1
         try:
-            completion = await self._llm.complete(messages, max_tokens=max_tokens, on_text=on_text)
+            completion = await self._timed(messages, max_tokens=max_tokens, on_text=on_text)
         except ContextTooLong:
             raise  # this prompt's problem, not the server's
         except LLMUnavailable:
@@ -120,13 +278,14 @@ class LLMGate:
             raise
         finally:
             self._fg_running -= 1
+            self._fg_ended = self._clock()
         self._down = False
         return completion
 
     async def _background_call(
         self, messages: Sequence[ChatMessage], *, max_tokens: int
     ) -> Completion:
-        task = asyncio.ensure_future(self._llm.complete(messages, max_tokens=max_tokens))
+        task = asyncio.ensure_future(self._timed(messages, max_tokens=max_tokens, on_text=None))
         self._background.add(task)
         try:
             while not task.done():
@@ -139,7 +298,7 @@ class LLMGate:
             except asyncio.CancelledError:
                 if _current_cancelling():
                     raise  # our owner is cancelling us (shutdown)
-                self.preempted += 1
+                self.stats.preempted += 1
                 raise BackgroundPreempted() from None
         except asyncio.CancelledError:
             task.cancel()
@@ -150,15 +309,38 @@ class LLMGate:
             self._background.discard(task)
 
 
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else (1 - RATE_WEIGHT) * old + RATE_WEIGHT * new
+
+
+def _render(messages: Sequence[ChatMessage]) -> str:
+    """A request as a flat string, close to how a chat template lays it out (for prefixes)."""
+    return "".join(f"<{m.role}>{m.content}</>" for m in messages) + "<assistant>"
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # binary search on slices: C-speed comparisons
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _current_cancelling() -> int:
     task = asyncio.current_task()
     return task.cancelling() if task is not None else 0
 
 
 class _Bound:
-    def __init__(self, gate: LLMGate, *, background: bool) -> None:
+    def __init__(self, gate: LLMGate, *, lane: Lane) -> None:
         self._gate = gate
-        self._background = background
+        self._lane: Lane = lane
 
     @property
     def model_name(self) -> str:
@@ -168,5 +350,5 @@ class _Bound:
         self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
     ) -> Completion:
         return await self._gate._run(
-            messages, max_tokens=max_tokens, background=self._background, on_text=on_text
+            messages, max_tokens=max_tokens, lane=self._lane, on_text=on_text
         )
