@@ -375,6 +375,7 @@ class Responder:
         limits = transport.limits
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
         async with transport.working(inbound):
+            await self._summarizer.settle(conv.id)  # a debt fold ending: its chapter comes in
             ctx = await self._context.build(
                 conv,
                 new_text=inbound.text[: self._config.max_message_chars],
@@ -383,6 +384,7 @@ class Responder:
                 style_hint=limits.style_hint,
             )
             messages = ctx.messages
+            self._summarizer.before_reply(conv.id, ctx.window_start_id)
             if inbound.images:  # for the model only, with the new message (never stored)
                 messages = [*messages[:-1], replace(messages[-1], images=inbound.images)]
             try:
@@ -445,6 +447,13 @@ class Responder:
             return
         folded = [m.id for m in ctx.window if m.role == "user" and m.status == "pending"]
         await self._store.mark_answered(conv.id, [i for i in folded if i != message_id])
+        # Before the delivery: a debt fold takes the slot this reply kept (bot.llm.gate).
+        base = (
+            FoldBase((*messages, ChatMessage("assistant", whole)), ctx.window[0].id)
+            if (ctx.window and not inbound.images)
+            else None
+        )  # a fold continues this prompt: the server has it cached
+        self._summarizer.maybe_schedule(conv, window_start_id=ctx.window_start_id, base=base)
         delivery = await self._outbox.deliver_now(
             inbound, row, note=TRIMMED_NOTE if trimmed else None, stream=stream
         )
@@ -456,12 +465,6 @@ class Responder:
             len(whole),
             delivery.status.value,
         )
-        base = (
-            FoldBase((*messages, ChatMessage("assistant", whole)), ctx.window[0].id)
-            if (ctx.window and not inbound.images)
-            else None
-        )  # a fold continues this prompt: the server has it cached
-        self._summarizer.maybe_schedule(conv, window_start_id=ctx.window_start_id, base=base)
         if self._indexer is not None:  # embeds this turn's messages in the background
             self._indexer.schedule(conv.id)
 

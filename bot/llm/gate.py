@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import math
 import time
 from collections import deque
@@ -51,10 +52,24 @@ from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, OnText
 BUSY_POLL = 0.05
 CHARS_PER_TOKEN = 4.0  # estimate for cache accounting (the gate has no tokenizer)
 GAPS_KEPT = 8  # recent gaps between a reply's end and the next request
+EVALS_KEPT = 16  # recent (prompt tokens, seconds to first text) pairs
 RATE_WEIGHT = 0.3  # EWMA weight of the newest measurement
-MIN_MEASURED_SECONDS = 0.05  # shorter phases say nothing about a rate
+MIN_MEASURED_SECONDS = 0.05
+# Quiet past IDLE_FACTOR times the longest gap and IDLE_AFTER seconds: nobody is writing.
+IDLE_FACTOR = 2.0
+IDLE_AFTER = 5.0
+
+HOLD_SECONDS = 2.0  # real seconds a slot kept for a debt waits for it before it is let go
 
 Lane = Literal["foreground", "debt", "background"]
+_HOLD_FOR_DEBT: contextvars.ContextVar[bool] = contextvars.ContextVar("hold", default=False)
+
+
+def hold_for_debt() -> None:
+    """The current task's next reply call keeps its slot, once it ends, for the debt call
+    that follows it (``bot.memory.summary``): on a one-slot server the debt then continues
+    the prompt still in the cache instead of queueing behind other people's replies."""
+    _HOLD_FOR_DEBT.set(True)
 
 
 class BackgroundPreempted(LLMUnavailable):
@@ -100,10 +115,16 @@ class LLMGate:
         self._down = False  # the last foreground call failed as unavailable; none succeeded since
         # What the server's cache holds after the last call: its prompt and answer (rendered).
         self._cached = ""
-        self.prompt_rate: float | None = None  # tokens per second evaluated
+        # (uncached prompt tokens, seconds to the first text) of recent calls: a line through
+        # them gives a fixed latency (HTTP, sampling the first token) and a per-token cost.
+        self._evals: deque[tuple[int, float]] = deque(maxlen=EVALS_KEPT)
+        self.prompt_rate: float | None = None  # tokens per second evaluated (the line's slope)
+        self.latency = 0.0  # seconds to the first text of an empty prompt (the line's start)
         self.gen_rate: float | None = None  # tokens per second generated
         self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)
         self._fg_ended: float | None = None  # when the last reply's call ended
+        self._held = False  # a slot kept for a debt call (``hold_for_debt``); still counted
+        self._hold_id = 0
 
     @property
     def preempted(self) -> int:
@@ -135,28 +156,35 @@ class LLMGate:
     def expected_free(self) -> float:
         """Seconds the slot is expected to stay free from now: the shortest recent gap between
         a reply's end and the next request, less the time since the last reply ended;
-        ``inf`` when nothing is known or the quiet has outlasted every gap seen."""
+        ``inf`` when nothing is known or the quiet has long outlasted every gap seen
+        (``IDLE_FACTOR``, ``IDLE_AFTER``)."""
         if self._fg_ended is None or not self._gaps:
             return math.inf
         quiet = self._clock() - self._fg_ended
-        if quiet > max(self._gaps):
+        if quiet > IDLE_FACTOR * max(self._gaps) + IDLE_AFTER:
             return math.inf
         return max(0.0, min(self._gaps) - quiet)
+
+    def first_text_seconds(self, messages: Sequence[ChatMessage]) -> float | None:
+        """Expected seconds from sending ``messages`` to the first text (None: not known)."""
+        if self.prompt_rate is None:
+            return None
+        return self.latency + self.uncached_tokens(messages) / self.prompt_rate
 
     def fit_tokens(self, messages: Sequence[ChatMessage], *, seconds: float) -> int | None:
         """Completion tokens that fit in ``seconds`` after evaluating ``messages``' uncached
         part; None while the rates are not known yet (or no limit: ``seconds`` is inf)."""
-        if self.prompt_rate is None or self.gen_rate is None or math.isinf(seconds):
+        first = self.first_text_seconds(messages)
+        if first is None or self.gen_rate is None or math.isinf(seconds):
             return None
-        left = seconds - self.uncached_tokens(messages) / self.prompt_rate
-        return max(0, int(left * self.gen_rate))
+        return max(0, int((seconds - first) * self.gen_rate))
 
     def fits(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> bool:
         free = self.expected_free()
-        if math.isinf(free) or self.prompt_rate is None or self.gen_rate is None:
+        first = self.first_text_seconds(messages)
+        if math.isinf(free) or first is None or self.gen_rate is None:
             return True
-        cost = self.uncached_tokens(messages) / self.prompt_rate + max_tokens / self.gen_rate
-        return cost <= free
+        return first + max_tokens / self.gen_rate <= free
 
     # --- calls ----------------------------------------------------------------------------------
     async def _run(
@@ -167,7 +195,17 @@ class LLMGate:
         lane: Lane,
         on_text: OnText | None = None,
     ) -> Completion:
+        hold = False
+        if lane == "foreground":
+            hold = _HOLD_FOR_DEBT.get()
+            _HOLD_FOR_DEBT.set(False)
         async with self._changed:
+            if lane == "debt" and self._held:
+                self._held = False  # the slot its reply kept: already counted in _running
+                self._bg_running += 1
+                self.stats.background_calls += 1
+                self.stats.debt_calls += 1
+                return await self._run_held(messages, max_tokens=max_tokens)
             if lane != "background":
                 arrived = self._clock()
                 if lane == "foreground" and (self._fg_running or self._fg_waiting):
@@ -184,8 +222,10 @@ class LLMGate:
                         task.cancel()  # the person waiting comes first (and frees the server)
                     while self._running >= self._limit:
                         mark = self._clock()
-                        held = self._bg_running > 0
-                        await self._changed.wait()
+                        held = self._bg_running > 0 or self._held
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(BUSY_POLL if self._held else None):
+                                await self._changed.wait()
                         if held:
                             behind_background += self._clock() - mark
                         if lane == "foreground" and self._outages != seen:
@@ -212,9 +252,14 @@ class LLMGate:
                 self._bg_running += 1
                 self.stats.background_calls += 1
                 self.stats.debt_calls += lane == "debt"
+        kept = False
         try:
             if lane == "foreground":
-                return await self._foreground_call(messages, max_tokens=max_tokens, on_text=on_text)
+                completion = await self._foreground_call(
+                    messages, max_tokens=max_tokens, on_text=on_text
+                )
+                kept = hold
+                return completion
             if lane == "debt":
                 completion = await self._timed(messages, max_tokens=max_tokens, on_text=None)
             else:
@@ -223,10 +268,48 @@ class LLMGate:
             return completion
         finally:
             async with self._changed:
-                self._running -= 1
+                if kept:
+                    self._keep_for_debt()
+                else:
+                    self._running -= 1
                 if lane != "foreground":
                     self._bg_running -= 1
                 self._changed.notify_all()
+
+    async def _run_held(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion:
+        """A debt call in the slot its reply kept (the condition's lock is held on entry)."""
+        self._changed.release()
+        try:
+            completion = await self._timed(messages, max_tokens=max_tokens, on_text=None)
+            self.stats.background_completed += 1
+            return completion
+        finally:
+            await self._changed.acquire()
+            self._running -= 1
+            self._bg_running -= 1
+            self._changed.notify_all()
+
+    async def release_hold(self) -> None:
+        """The debt a reply kept its slot for will not call (``bot.memory.summary``)."""
+        async with self._changed:
+            if self._held:
+                self._held = False
+                self._running -= 1
+                self._changed.notify_all()
+
+    def _keep_for_debt(self) -> None:
+        """Keep the slot (still counted) for the debt call; let it go after HOLD_SECONDS if
+        none came (waiters poll while a slot is kept: a timer cannot take the lock)."""
+        self._held = True
+        self._hold_id += 1
+        hold_id = self._hold_id
+
+        def let_go() -> None:
+            if self._held and self._hold_id == hold_id:
+                self._held = False
+                self._running -= 1
+
+        asyncio.get_running_loop().call_later(HOLD_SECONDS, let_go)
 
     async def _timed(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None
@@ -256,8 +339,11 @@ class LLMGate:
         return completion
 
     def _learn(self, prompt_tokens: int, prompt_s: float, answer_chars: int, gen_s: float) -> None:
-        if prompt_tokens > 0 and prompt_s >= MIN_MEASURED_SECONDS:
-            self.prompt_rate = _ewma(self.prompt_rate, prompt_tokens / prompt_s)
+        if prompt_s >= MIN_MEASURED_SECONDS:
+            self._evals.append((prompt_tokens, prompt_s))
+            self.latency, per_token = _line(self._evals)
+            if per_token > 0:
+                self.prompt_rate = 1 / per_token
         tokens = answer_chars / CHARS_PER_TOKEN
         if tokens >= 1 and gen_s >= MIN_MEASURED_SECONDS:
             self.gen_rate = _ewma(self.gen_rate, tokens / gen_s)
@@ -307,6 +393,23 @@ class LLMGate:
             raise
         finally:
             self._background.discard(task)
+
+
+def _line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """(start, slope) of the least-squares line through (tokens, seconds), both >= 0; with
+    tokens all alike, no latency and the mean cost per token."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_s = sum(s for _, s in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    slope = sum((t - mean_t) * (s - mean_s) for t, s in points) / var if var else 0.0
+    if slope <= 0:
+        total = sum(t for t, _ in points)
+        return 0.0, (sum(s for _, s in points) / total if total else 0.0)
+    start = mean_s - slope * mean_t
+    if start < 0:
+        return 0.0, sum(s for _, s in points) / max(1, sum(t for t, _ in points))
+    return start, slope
 
 
 def _ewma(old: float | None, new: float) -> float:

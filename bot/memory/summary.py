@@ -50,11 +50,11 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bot.config import SummaryConfig
 from bot.errors import LLMUnavailable
-from bot.llm.gate import BackgroundPreempted, LLMGate
+from bot.llm.gate import BackgroundPreempted, LLMGate, hold_for_debt
 from bot.llm.port import LLM, TRUNCATED_MARK, ChatMessage
 from bot.llm.tokens import TokenCounter
 from bot.memory.facts import EXTRACT_TOKENS, FactExtractor
@@ -82,11 +82,9 @@ MERGE_PROMPT = (
 # The task message a continuation fold ends with (after the reply's prompt and answer).
 CONTINUATION_MARK = "(Not a message to answer: a summary task.)"
 CONTINUATION_PROMPT = (
-    CONTINUATION_MARK + " Write a summary chapter of the conversation "
-    'above, from its first message up to the person\'s message that begins "{until}", not '
-    "including it. First keep every name, date, time, place, number and decision exactly as "
-    "written, with who said or did it; then preferences and open questions. Drop small talk. "
-    "Plain sentences, no preamble."
+    CONTINUATION_MARK + ' Summarize the chat above up to my message "{until}" (not '
+    "included) as a chapter: names, dates, places, numbers and decisions exactly as written, "
+    "who said them; then open questions. Plain sentences."
 )
 LIMIT_LINE = "(At most {words} words.)"  # always last: a retry "shorter" changes only this
 MAX_FOLD_MESSAGES = 60
@@ -94,7 +92,7 @@ FOLD_INPUT_TOKENS = 1500
 CHAPTER_WORDS_SHARE = 0.3  # words per chapter = this share of summary.max_tokens
 MERGE_FACTOR = 1.5  # chapters merge when together over this many times summary.max_tokens
 DEBT_TURNS = 1  # turns a due fold may wait for the background before it runs as a debt
-DEBT_WAIT = 1.5  # seconds a debt fold may hold the next reply (the gap aside)
+DEBT_WAIT = 1.0  # seconds a debt fold may hold the next reply (the gap aside)
 MIN_CHAPTER_TOKENS = 24  # a fold sized below this is not worth a call
 WORDS_PER_TOKEN = 0.7
 EXTRACT_SIZE = EXTRACT_TOKENS // 2  # a fold's fact extraction: what it usually writes
@@ -120,7 +118,9 @@ class FoldStats:
     completed: int = 0  # chapters saved
     continued: int = 0  # of those, written as a continuation
     debts: int = 0  # run in the debt lane
+    extractive: int = 0  # debts with no room for the model: the person's own lines
     late: int = 0  # saved more than two turns after coming due
+    settle_waits: list[float] = field(default_factory=list)  # turns waiting for a debt fold
 
 
 class Summarizer:
@@ -142,6 +142,7 @@ class Summarizer:
         self._due: dict[int, tuple[int, int]] = {}  # conversation -> (fold point, turns due)
         self._lanes: dict[int, str] = {}
         self._convs: dict[int, Conversation] = {}  # whose each conversation is (``forget``)
+        self._written: dict[int, int] = {}  # last message id of the newest chapter saved here
         self.stats = FoldStats()
         self._extractor = extractor  # facts from each folded chapter (issue 21), not only at close
         self._extracting: set[asyncio.Task[None]] = set()
@@ -171,6 +172,9 @@ class Summarizer:
         if not self._config.enabled or self._closed or window_start_id is None:
             self._due.pop(cid, None)
             return False
+        if window_start_id - 1 <= self._written.get(cid, 0):
+            self._due.pop(cid, None)  # built before its chapter was saved: nothing to write
+            return False
         point, turns = self._due.get(cid, (window_start_id, 0))
         if point != window_start_id:
             turns = 0  # a new fold point (the last one was written)
@@ -197,6 +201,31 @@ class Summarizer:
 
         task.add_done_callback(done)
         return True
+
+    def before_reply(self, conversation_id: int, window_start_id: int | None) -> None:
+        """Called with a reply's prompt, before its LLM call: when a debt fold will follow
+        this reply, its slot is kept for it (``bot.llm.gate.hold_for_debt``)."""
+        if self._gate is None or not self._config.enabled or window_start_id is None:
+            return
+        if window_start_id - 1 <= self._written.get(conversation_id, 0):
+            return
+        point, turns = self._due.get(conversation_id, (window_start_id, 0))
+        debt_runs = self._lanes.get(conversation_id) == "debt"
+        if point == window_start_id and turns + 1 > DEBT_TURNS and not debt_runs:
+            hold_for_debt()
+
+    async def settle(self, conversation_id: int) -> float:
+        """Before a turn builds its prompt: wait for the conversation's debt fold, if one
+        runs (sized to end within the gap the person leaves and ``DEBT_WAIT``), so the prompt
+        has its chapter and changes once; returns the seconds waited (``stats.settle_waits``)."""
+        task = self._tasks.get(conversation_id)
+        if task is None or self._lanes.get(conversation_id) != "debt":
+            return 0.0
+        start = self._clock()
+        await asyncio.wait({task})
+        waited = self._clock() - start
+        self.stats.settle_waits.append(waited)
+        return waited
 
     def forget(self, transport: str, person: str, *, space: str | None = None) -> int:
         """``!reset`` (one space) or ``!forget`` (``space`` None: every space): cancel the
@@ -257,13 +286,30 @@ class Summarizer:
 
     def _size(self, messages: Sequence[ChatMessage], lane: str) -> int:
         """Completion tokens for a fold: what the gate expects to fit (the free time it
-        expects; a debt also ``DEBT_WAIT``), within [MIN_CHAPTER_TOKENS, summary.max_tokens]."""
+        expects; a debt also ``DEBT_WAIT``), at most summary.max_tokens; a background fold
+        at least MIN_CHAPTER_TOKENS (it waits for a gap that size); a debt with less room
+        gets 0 (it is written without the model)."""
         limit = self._config.max_tokens
         if self._gate is None:
             return limit
         seconds = self._gate.expected_free() + (DEBT_WAIT if lane == "debt" else 0.0)
         fit = self._gate.fit_tokens(messages, seconds=seconds)
-        return limit if fit is None else max(MIN_CHAPTER_TOKENS, min(limit, fit))
+        if fit is None:
+            return limit
+        if fit < MIN_CHAPTER_TOKENS:
+            return 0 if lane == "debt" else MIN_CHAPTER_TOKENS
+        return min(limit, fit)
+
+    async def _no_call(self, conversation_id: int, pending: list[StoredMessage]) -> str:
+        """A debt with no room for the model: the chapter is the person's own lines (nothing
+        waits for it; the slot its reply kept is let go)."""
+        if self._gate is not None:
+            await self._gate.release_hold()
+        self.stats.extractive += 1
+        log.info("conversation %d: no room for the model at this fold; chapter kept from "
+                 "the person's own lines", conversation_id)  # fmt: skip
+        words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
+        return _own_lines(pending, words)
 
     async def _refresh(
         self, conversation: Conversation, *, window_start_id: int, lane: str = "background"
@@ -279,15 +325,19 @@ class Summarizer:
         pending = _bounded(pending, self._counter)
         base = self._bases.get(conversation.id)
         continued = False
+        extractive = self.stats.extractive
         if base is not None and len(pending) == whole and pending[0].id >= base.first_id:
             text = await self._continue(conversation, base, window_start_id, pending, lane)
             continued = text is not None
         if not continued:
             words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
             before = chapters[-1].text if chapters else ""
-            text = await self._write(
-                CHAPTER_PROMPT, _fold_input(before, pending), words, llm=self._lane(lane)
-            )
+            material = _fold_input(before, pending)
+            alone = [ChatMessage("system", CHAPTER_PROMPT), ChatMessage("user", material)]
+            if lane == "debt" and self._size(alone, lane) < MIN_CHAPTER_TOKENS:
+                text = await self._no_call(conversation.id, pending)
+            else:
+                text = await self._write(CHAPTER_PROMPT, material, words, llm=self._lane(lane))
         assert text is not None
         saved = await self._store.save_summary(
             conversation.id,
@@ -300,7 +350,8 @@ class Summarizer:
         if not saved:
             return False
         self.stats.completed += 1
-        self.stats.continued += continued
+        self._written[conversation.id] = pending[-1].id
+        self.stats.continued += continued and self.stats.extractive == extractive
         self.stats.debts += lane == "debt"
         point, turns = self._due.get(conversation.id, (0, 0))
         if point == window_start_id:
@@ -344,6 +395,8 @@ class Summarizer:
         until = " ".join(kept[0].text.split()[:UNTIL_WORDS])
         head = [*base.messages, ChatMessage("user", CONTINUATION_PROMPT.format(until=until))]
         tokens = self._size(head, lane)
+        if tokens == 0:
+            return await self._no_call(conversation.id, pending)
         words = max(10, int(tokens * WORDS_PER_TOKEN))
         task = CONTINUATION_PROMPT.format(until=until) + "\n" + LIMIT_LINE.format(words=words)
         messages = [*base.messages, ChatMessage("user", task)]
