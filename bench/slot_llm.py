@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +226,7 @@ def _overlap(a: float, b: float, c: float, d: float) -> float:
 
 async def play(
     server: Server, tail: LogTail, *, label: str, people: int, turns: int, gap: float,
-    max_tokens: int, seed: int,
+    max_tokens: int, seed: int, context_tokens: int | None = None, minutes: float = 0.0,
 ) -> Result:  # fmt: skip
     names = NAMES[:people]
     scripts = {
@@ -249,15 +249,18 @@ async def play(
             memory=MemoryConfig(),
         )
         transport = MeshLikeTransport(max_tokens=max_tokens)
+        if context_tokens is not None:  # a smaller budget: folds sooner (a short busy run)
+            transport.limits = replace(transport.limits, context_tokens=context_tokens)
         app = await build(config, env={}, transports=[transport])
         recorder = Recorder(app.gate._llm)
         app.gate._llm = recorder
         _record_prompts(app, prompts)
         t0 = time.monotonic()
+        stop_at = t0 + minutes * 60 if minutes else float("inf")
         try:
             await app.start()
             await asyncio.gather(
-                *(_person(app, transport, p, scripts[p], gap, arrivals[p]) for p in names)
+                *(_person(app, transport, p, scripts[p], gap, arrivals[p], stop_at) for p in names)
             )
             await app.responder.wait_idle()
             await asyncio.wait_for(app.summarizer.wait_quiet(), timeout=600)
@@ -332,9 +335,12 @@ def _arrival(call: Call, arrivals: dict[str, list[tuple[str, float]]]) -> float 
 
 async def _person(
     app: App, transport: MeshLikeTransport, who: str, lines: list[str], gap: float,
-    arrivals: list[tuple[str, float]],
+    arrivals: list[tuple[str, float]], stop_at: float,
 ) -> None:  # fmt: skip
     for n, text in enumerate(lines):
+        if time.monotonic() > stop_at:
+            print(f"{who}: time is up after {n} messages", flush=True)
+            return
         text = f"{text} ({who} {n})"  # unique: the request is found by its last line
         got = sum(1 for r in transport.sent if r.inbound.sender == who)
         arrivals.append((text, time.monotonic()))
@@ -356,6 +362,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--gap", type=float, default=3.0, help="seconds from an answer to the next")
     p.add_argument("--cache", action="store_true", help="the server's RAM prompt cache")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--minutes", type=float, default=0, help="people stop writing after this")
+    p.add_argument("--context-tokens", type=int, help="prompt budget (default: the mesh's 1,536)")
     p.add_argument("--max-tokens", type=int, default=64, help="completion tokens per reply")
     default_venv = os.environ.get("MESHSAGE_LLAMA_VENV", str(Path.home() / ".cache/llamavenv"))
     p.add_argument("--llama-venv", default=default_venv)
@@ -364,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     venv = Path(args.llama_venv)
     gguf = Path(args.gguf) if args.gguf else find_gguf(venv)
     label = f"{args.people} {'person' if args.people == 1 else 'people'}, {args.turns} turns"
+    if args.context_tokens:
+        label += f", {args.context_tokens}-token budget"
     label += f", {args.gap:g} s gap, {'RAM cache' if args.cache else 'no cache'}"
     with tempfile.TemporaryDirectory() as d:
         log = Path(d) / "server.log"
@@ -374,7 +384,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             server.wait_ready()
             result = asyncio.run(
                 play(server, tail, label=label, people=args.people, turns=args.turns,
-                     gap=args.gap, max_tokens=args.max_tokens, seed=args.seed)
+                     gap=args.gap, max_tokens=args.max_tokens, seed=args.seed,
+                     context_tokens=args.context_tokens, minutes=args.minutes)
             )  # fmt: skip
         finally:
             server.stop()
@@ -387,6 +398,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = (
         f"python -m bench.slot_llm --turns {args.turns} --people {args.people} "
         f"--gap {args.gap:g}{' --cache' if args.cache else ''} --max-tokens {args.max_tokens}"
+        + (f" --context-tokens {args.context_tokens}" if args.context_tokens else "")
+        + (f" --minutes {args.minutes:g}" if args.minutes else "")
     )
     print(
         f"command: {command}; {time.strftime('%Y-%m-%d %H:%M')} UTC; load "

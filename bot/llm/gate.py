@@ -289,13 +289,12 @@ class LLMGate:
             self._bg_running -= 1
             self._changed.notify_all()
 
-    async def release_hold(self) -> None:
-        """The debt a reply kept its slot for will not call (``bot.memory.summary``)."""
-        async with self._changed:
-            if self._held:
-                self._held = False
-                self._running -= 1
-                self._changed.notify_all()
+    def drop_hold(self) -> None:
+        """The debt a reply kept its slot for will not call (``bot.memory.summary``); the
+        waiters poll while a slot is kept, so they see it within ``BUSY_POLL``."""
+        if self._held:
+            self._held = False
+            self._running -= 1
 
     def _keep_for_debt(self) -> None:
         """Keep the slot (still counted) for the debt call; let it go after HOLD_SECONDS if

@@ -19,12 +19,14 @@ Invariants:
   message. It can when every message of the block is in that prompt's window (else the
   chapter is asked for on its own, ``CHAPTER_PROMPT``). Whatever varies between two requests
   (the word limit, the "shorter" retry) sits at their end.
-- Scheduling (``bot.llm.gate``): the turn a fold comes due, it is tried in the background lane,
-  sized to the free time the gate expects, and started only if it fits; a fold still not
-  written when the next turn is answered becomes a *debt* (``DEBT_TURNS``): it runs right
-  after that reply in the gate's debt lane (never preempted) as a continuation sized to the
-  gap the person leaves plus ``DEBT_WAIT``, so every due fold completes within two turns even
-  on a bot that is never idle. A preempted background call is not retried at once.
+- Scheduling (``bot.llm.gate``): a fold runs as a *debt* (``DEBT_TURNS`` after it came due:
+  at once) right after the reply that makes it due, in the slot that reply kept (the gate's
+  debt lane, never preempted), as a continuation sized to the gap the person leaves plus
+  ``DEBT_WAIT``; with no room for even ``MIN_CHAPTER_TOKENS`` it is written without the
+  model. The next turn waits for it before building its prompt (``settle``). So every due
+  fold completes before the next turn, even on a bot that is never idle. (With
+  ``DEBT_TURNS`` > 0 a fold is first tried in the background lane, sized to the free time
+  the gate expects, and started only if it fits.)
 - Runs in owned tasks (one per conversation at most). A failure keeps the chapters so far and
   is retried after ``retry_seconds``.
 - A continuation cut by ``max_tokens`` is kept as it is, up to its last full sentence with a
@@ -91,8 +93,12 @@ MAX_FOLD_MESSAGES = 60
 FOLD_INPUT_TOKENS = 1500
 CHAPTER_WORDS_SHARE = 0.3  # words per chapter = this share of summary.max_tokens
 MERGE_FACTOR = 1.5  # chapters merge when together over this many times summary.max_tokens
-DEBT_TURNS = 1  # turns a due fold may wait for the background before it runs as a debt
+# Turns a due fold may wait for the background before it runs as a debt. 0: at once, after
+# the reply that makes it due (measured best: one turn later, a small budget had already
+# dropped the block from the prompt, and that reply's prompt no longer held it to continue).
+DEBT_TURNS = 0
 DEBT_WAIT = 1.0  # seconds a debt fold may hold the next reply (the gap aside)
+DEBT_MAX_SECONDS = 20.0  # the most a debt fold is sized for (a long gap, or none known)
 MIN_CHAPTER_TOKENS = 24  # a fold sized below this is not worth a call
 WORDS_PER_TOKEN = 0.7
 EXTRACT_SIZE = EXTRACT_TOKENS // 2  # a fold's fact extraction: what it usually writes
@@ -174,6 +180,7 @@ class Summarizer:
             return False
         if window_start_id - 1 <= self._written.get(cid, 0):
             self._due.pop(cid, None)  # built before its chapter was saved: nothing to write
+            self._let_go()
             return False
         point, turns = self._due.get(cid, (window_start_id, 0))
         if point != window_start_id:
@@ -185,9 +192,11 @@ class Summarizer:
         running = self._tasks.get(cid)
         if running is not None:
             if not (debt and self._lanes.get(cid) == "background"):
+                self._let_go()
                 return False
             running.cancel()  # still waiting for room in the background: it is a debt now
         if self._retry_at.get(cid, 0.0) > self._clock():
+            self._let_go()
             return False
         lane = "debt" if debt else "background"
         task = asyncio.create_task(self._guarded(conversation, window_start_id, lane, running))
@@ -202,6 +211,11 @@ class Summarizer:
         task.add_done_callback(done)
         return True
 
+    def _let_go(self) -> None:
+        """No debt follows: a slot kept for one (``before_reply``) is let go at once."""
+        if self._gate is not None:
+            self._gate.drop_hold()
+
     def before_reply(self, conversation_id: int, window_start_id: int | None) -> None:
         """Called with a reply's prompt, before its LLM call: when a debt fold will follow
         this reply, its slot is kept for it (``bot.llm.gate.hold_for_debt``)."""
@@ -209,9 +223,12 @@ class Summarizer:
             return
         if window_start_id - 1 <= self._written.get(conversation_id, 0):
             return
+        if self._retry_at.get(conversation_id, 0.0) > self._clock():
+            return
         point, turns = self._due.get(conversation_id, (window_start_id, 0))
-        debt_runs = self._lanes.get(conversation_id) == "debt"
-        if point == window_start_id and turns + 1 > DEBT_TURNS and not debt_runs:
+        if point != window_start_id:
+            turns = 0
+        if turns + 1 > DEBT_TURNS and conversation_id not in self._tasks:
             hold_for_debt()
 
     async def settle(self, conversation_id: int) -> float:
@@ -292,7 +309,9 @@ class Summarizer:
         limit = self._config.max_tokens
         if self._gate is None:
             return limit
-        seconds = self._gate.expected_free() + (DEBT_WAIT if lane == "debt" else 0.0)
+        seconds = self._gate.expected_free()
+        if lane == "debt":  # never preempted: bounded even when no gap is known yet
+            seconds = min(seconds, DEBT_MAX_SECONDS) + DEBT_WAIT
         fit = self._gate.fit_tokens(messages, seconds=seconds)
         if fit is None:
             return limit
@@ -300,11 +319,10 @@ class Summarizer:
             return 0 if lane == "debt" else MIN_CHAPTER_TOKENS
         return min(limit, fit)
 
-    async def _no_call(self, conversation_id: int, pending: list[StoredMessage]) -> str:
+    def _no_call(self, conversation_id: int, pending: list[StoredMessage]) -> str:
         """A debt with no room for the model: the chapter is the person's own lines (nothing
         waits for it; the slot its reply kept is let go)."""
-        if self._gate is not None:
-            await self._gate.release_hold()
+        self._let_go()
         self.stats.extractive += 1
         log.info("conversation %d: no room for the model at this fold; chapter kept from "
                  "the person's own lines", conversation_id)  # fmt: skip
@@ -335,7 +353,7 @@ class Summarizer:
             material = _fold_input(before, pending)
             alone = [ChatMessage("system", CHAPTER_PROMPT), ChatMessage("user", material)]
             if lane == "debt" and self._size(alone, lane) < MIN_CHAPTER_TOKENS:
-                text = await self._no_call(conversation.id, pending)
+                text = self._no_call(conversation.id, pending)
             else:
                 text = await self._write(CHAPTER_PROMPT, material, words, llm=self._lane(lane))
         assert text is not None
@@ -355,7 +373,7 @@ class Summarizer:
         self.stats.debts += lane == "debt"
         point, turns = self._due.get(conversation.id, (0, 0))
         if point == window_start_id:
-            self.stats.late += turns > DEBT_TURNS + 1
+            self.stats.late += turns > 2  # counted at each reply since it came due
             self._due.pop(conversation.id, None)
         log.debug("conversation %d: chapter up to message %d", conversation.id, pending[-1].id)
         if self._extractor is not None and self._room_for(EXTRACT_SIZE):
@@ -396,7 +414,7 @@ class Summarizer:
         head = [*base.messages, ChatMessage("user", CONTINUATION_PROMPT.format(until=until))]
         tokens = self._size(head, lane)
         if tokens == 0:
-            return await self._no_call(conversation.id, pending)
+            return self._no_call(conversation.id, pending)
         words = max(10, int(tokens * WORDS_PER_TOKEN))
         task = CONTINUATION_PROMPT.format(until=until) + "\n" + LIMIT_LINE.format(words=words)
         messages = [*base.messages, ChatMessage("user", task)]
