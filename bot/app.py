@@ -394,6 +394,7 @@ async def build(
             counter=counter,
             config=config.memory.summary,
             extractor=extractor,
+            gate=gate,  # folds sized to what fits; a fold with no room runs as a debt
         )
         chat_settings = ChatSettings(store=store, personas=config.bot.personas)
         await chat_settings.load()

@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 from bot.config import BotConfig
@@ -75,9 +76,11 @@ class FittingAsk:
         ephemeral: list[tuple[str, str]] | None = None,
         speaker: str | None = None,
         system_prompt: str | None = None,
+        before_call: Callable[[AssembledContext], None] | None = None,
     ) -> tuple[AssembledContext, Completion]:
         """Build the prompt within the budget and ask; a prompt the server refuses as too long
-        is rebuilt smaller and asked again (see the module docstring)."""
+        is rebuilt smaller and asked again (see the module docstring). ``before_call`` sees
+        each prompt just before it is sent (the summarizer keeps the slot for a debt fold)."""
         budget, answer = await self.budget(limits)
         shrinks = 0
         while True:
@@ -100,6 +103,8 @@ class FittingAsk:
             messages: list[ChatMessage] = list(ctx.messages)
             if inbound.images:  # for the model only, with the new message (never stored)
                 messages = [*messages[:-1], replace(messages[-1], images=inbound.images)]
+            if before_call is not None:
+                before_call(ctx)
             try:
                 completion = await self._llm.complete(messages, max_tokens=answer, on_text=on_text)
                 return ctx, completion

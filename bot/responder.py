@@ -87,7 +87,7 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind, Tran
 from bot.errors import LLMUnavailable, StorageError
 from bot.fitting import TOO_LONG, FittingAsk
 from bot.limits import PersonLimits
-from bot.llm.port import LLM, MODEL_CHOICE, ContextTooLong
+from bot.llm.port import LLM, MODEL_CHOICE, ChatMessage, ContextTooLong
 from bot.llm.server_limits import LearnedLimits
 from bot.llm.tokens import TokenCounter
 from bot.memory.indexer import Indexer
@@ -103,7 +103,7 @@ from bot.memory.records import (
 )
 from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
-from bot.memory.summary import Summarizer
+from bot.memory.summary import FoldBase, Summarizer
 from bot.ops.metrics import Counters
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import (
@@ -408,6 +408,10 @@ class Responder:
         if parsed[0] in ENDS_INCOGNITO:  # here at once, and for every gateway in the store
             everywhere = parsed[0] == "forget"
             self._stretches.drop(inbound.key, every_space=everywhere)
+            if parsed[0] != "incognito":  # no fold in flight may write or send what was said
+                self._summarizer.forget(
+                    inbound.transport, inbound.sender, space=None if everywhere else inbound.space
+                )
             await self._store.end_incognito(
                 inbound.transport, inbound.sender, space=None if everywhere else inbound.space
             )
@@ -491,11 +495,13 @@ class Responder:
         limits = transport.limits
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
         async with transport.working(inbound):
+            await self._summarizer.settle(conv.id)  # a debt fold ending: its chapter comes in
             try:
                 on_text = stream.update if stream is not None else None
                 ctx, completion = await self._fit.ask(
                     conv, inbound, message_id, limits, on_text=on_text,
                     speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
+                    before_call=lambda c: self._summarizer.before_reply(conv.id, c.window_start_id),
                 )  # fmt: skip
             except LLMUnavailable as exc:
                 log.warning("no answer for %s: %s", inbound.key, exc)
@@ -539,6 +545,13 @@ class Responder:
             return
         folded = [m.id for m in ctx.window if m.role == "user" and m.status == "pending"]
         await self._store.mark_answered(conv.id, [i for i in folded if i != message_id])
+        # Before the delivery: a debt fold takes the slot this reply kept (bot.llm.gate).
+        base = (
+            FoldBase((*ctx.messages, ChatMessage("assistant", whole)), ctx.window[0].id)
+            if (ctx.window and not inbound.images)
+            else None
+        )  # a fold continues this prompt: the server has it cached
+        self._summarizer.maybe_schedule(conv, window_start_id=ctx.window_start_id, base=base)
         delivery = await self._outbox.deliver_now(
             inbound, row, note=TRIMMED_NOTE if trimmed else None, stream=stream
         )
@@ -552,7 +565,6 @@ class Responder:
             len(whole),
             delivery.status.value,
         )
-        self._summarizer.maybe_schedule(conv, window_start_id=ctx.window_start_id)
         if self._indexer is not None:  # embeds this turn's messages in the background
             self._indexer.schedule(conv.id)
 

@@ -18,7 +18,7 @@ from bot.llm.port import TRUNCATED_MARK, ChatMessage, ContextTooLong
 from bot.memory.context import merge_system
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.store import ASSISTANT
-from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
+from bot.memory.summary import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
 from bot.responder import UNAVAILABLE
 from tests.conftest import Harness, start_harness
 from tests.fakes.fake_llm import FakeLLM
@@ -32,7 +32,12 @@ UNLIMITED = "bot:\n  rate_limit: {messages: 10000, per_seconds: 1}\n  queue_limi
 
 
 def _is_summary(body: dict[str, Any]) -> bool:
-    return str(body["messages"][0]["content"]).startswith(SUMMARY_PREFIXES)
+    """Background work: a standalone summary or facts request, or a fold sent as the
+    continuation of a reply's prompt (its last message is the task)."""
+    messages = body["messages"]
+    if str(messages[-1]["content"]).startswith(CONTINUATION_MARK):
+        return True
+    return str(messages[0]["content"]).startswith(SUMMARY_PREFIXES)
 
 
 def _answer(body: dict[str, Any]) -> str:

@@ -38,6 +38,10 @@ like llama-cpp-python's server):
 ``EMBED_DIM`` dimensions and normalised, deterministic and carrying meaning (texts that share
 words are close), scripted by ``embed_script`` ("ok" | ("status", code, body) | ("sleep", s)).
 ``stop()`` then ``start(port=same)`` simulates an outage and the server coming back.
+
+``OneSlotLLM`` (below) is the same server made as unkind as a one-slot llama.cpp: one request
+at a time, prompt evaluation charged per uncached token and not interruptible, generation at a
+set rate that stops when the client hangs up, on a scaled clock.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import re
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -368,3 +373,155 @@ class FakeLLM:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+# --- a one-slot server (issue 27) -------------------------------------------------------------
+CHARS_PER_TOKEN = 4  # the one-slot fake's tokenizer: every 4 characters of its template
+
+
+@dataclass
+class SlotRecord:
+    """One request as the one-slot fake served it (times on its scaled clock)."""
+
+    index: int  # into ``requests``
+    kind: str  # "reply" or "background" (``OneSlotLLM.classify``)
+    arrived: float
+    started: float = math.nan  # the slot was taken
+    evaluated_at: float = math.nan  # prompt evaluation done
+    ended: float = math.nan
+    prompt_tokens: int = 0
+    evaluated: int = 0  # prompt tokens not in the cache
+    generated: int = 0
+    finished: bool = False  # the whole answer was streamed
+    hung_up: str = ""  # "" | "evaluating" | "generating"
+    behind: list[int] = field(default_factory=list)  # requests served between arrival and start
+
+
+class OneSlotLLM(FakeLLM):
+    """As unkind as a one-slot llama.cpp server: one request at a time (first come, first
+    served); prompt evaluation costs ``1 / prompt_rate`` seconds per token not in its cache (the
+    previous request's prompt and the answer it generated) and cannot be interrupted (a client
+    that hangs up meanwhile still holds the slot until it ends); the answer streams at
+    ``gen_rate`` tokens a second, one word a token, cut at ``max_tokens`` (finish "length"),
+    and stops when the client hangs up. Times run on a scaled clock: ``clock()`` is seconds of
+    the simulated server, ``scale`` real seconds each. Streamed requests only (as the bot
+    sends them). ``served`` records each request (``SlotRecord``); ``classify`` says which are
+    replies (default: not background by ``is_background``)."""
+
+    def __init__(
+        self,
+        *,
+        prompt_rate: float = 150.0,
+        gen_rate: float = 20.0,
+        scale: float = 0.05,
+        is_background: Callable[[dict[str, Any]], bool] = lambda body: False,
+    ) -> None:
+        super().__init__()
+        self.prompt_rate = prompt_rate
+        self.gen_rate = gen_rate
+        self.scale = scale
+        self.is_background = is_background
+        self.served: list[SlotRecord] = []
+        self.cache = ""  # what the slot holds: the last prompt and what it generated
+        self._slot = asyncio.Lock()  # FIFO: asyncio.Lock wakes waiters in order
+        self._t0 = time.monotonic()
+
+    def clock(self) -> float:
+        return (time.monotonic() - self._t0) / self.scale
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds * self.scale)
+
+    @staticmethod
+    def render(messages: list[dict[str, Any]]) -> str:
+        """A ChatML-like template: what the slot's cache is compared on."""
+        parts = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+        return "".join(parts) + "<|im_start|>assistant\n"
+
+    async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        index = len(self.requests) - 1
+        kind = "background" if self.is_background(body) else "reply"
+        record = SlotRecord(index=index, kind=kind, arrived=self.clock())
+        self.served.append(record)
+        prompt = self.render(body["messages"])
+        text = self.reply_fn(body) if self.reply_fn else self.reply
+        async with self._slot:
+            record.started = self.clock()
+            record.behind = [
+                r.index for r in self.served if record.arrived <= r.ended <= record.started
+            ]
+            shared = _shared_chars(self.cache, prompt)
+            record.prompt_tokens = -(-len(prompt) // CHARS_PER_TOKEN)
+            record.evaluated = -(-(len(prompt) - shared) // CHARS_PER_TOKEN)
+            evaluating = asyncio.ensure_future(self.sleep(record.evaluated / self.prompt_rate))
+            try:
+                await asyncio.shield(evaluating)
+            except asyncio.CancelledError:
+                record.hung_up = "evaluating"
+                await evaluating  # a server cannot stop evaluating: the slot stays taken
+                self.cache = prompt
+                record.evaluated_at = record.ended = self.clock()
+                raise
+            record.evaluated_at = self.clock()
+            self.cache = prompt
+            words = text.split(" ")[: int(body.get("max_tokens") or 1 << 30)]
+            finish = "length" if len(words) < len(text.split(" ")) else "stop"
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            try:
+                await resp.prepare(request)
+                for i, word in enumerate(words):
+                    await self.sleep(1 / self.gen_rate)
+                    piece = (" " if i else "") + word
+                    chunk = {
+                        "id": "c1",
+                        "object": "chat.completion.chunk",
+                        "created": int(time.time()),
+                        "model": body["model"],
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"content": piece},
+                                "finish_reason": finish if i == len(words) - 1 else None,
+                            }
+                        ],
+                    }
+                    await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.cache += piece
+                    record.generated += 1
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+                record.finished = True
+            except (asyncio.CancelledError, ConnectionResetError):
+                record.hung_up = "generating"
+                raise
+            finally:
+                record.ended = self.clock()
+            return resp
+
+    def replies(self) -> list[SlotRecord]:
+        return [r for r in self.served if r.kind == "reply"]
+
+    def background(self) -> list[SlotRecord]:
+        return [r for r in self.served if r.kind == "background"]
+
+    def waited_behind_background(self, record: SlotRecord) -> float:
+        """Seconds ``record`` waited for the slot while background requests held it."""
+        total = 0.0
+        if math.isnan(record.started):
+            return total
+        for other in self.served:
+            if other.kind != "background" or other is record or math.isnan(other.started):
+                continue
+            start = max(other.started, record.arrived)
+            end = min(record.started if math.isnan(other.ended) else other.ended, record.started)
+            if end > start:
+                total += end - start
+        return total
+
+
+def _shared_chars(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
