@@ -25,7 +25,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 
 from bot.errors import LLMUnavailable
-from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, OnText
+from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, JsonSchema, OnText
 
 BUSY_POLL = 0.05
 
@@ -70,6 +70,7 @@ class LLMGate:
         max_tokens: int,
         background: bool,
         on_text: OnText | None = None,
+        schema: JsonSchema | None = None,
     ) -> Completion:
         async with self._changed:
             if not background:
@@ -97,19 +98,28 @@ class LLMGate:
             self._running += 1
         try:
             if not background:
-                return await self._foreground_call(messages, max_tokens=max_tokens, on_text=on_text)
-            return await self._background_call(messages, max_tokens=max_tokens)
+                return await self._foreground_call(
+                    messages, max_tokens=max_tokens, on_text=on_text, schema=schema
+                )
+            return await self._background_call(messages, max_tokens=max_tokens, schema=schema)
         finally:
             async with self._changed:
                 self._running -= 1
                 self._changed.notify_all()
 
     async def _foreground_call(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        on_text: OnText | None = None,
+        schema: JsonSchema | None = None,
     ) -> Completion:
         self._fg_running += 1
         try:
-            completion = await self._llm.complete(messages, max_tokens=max_tokens, on_text=on_text)
+            completion = await self._llm.complete(
+                messages, max_tokens=max_tokens, on_text=on_text, schema=schema
+            )
         except ContextTooLong:
             raise  # this prompt's problem, not the server's
         except LLMUnavailable:
@@ -124,9 +134,11 @@ class LLMGate:
         return completion
 
     async def _background_call(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, schema: JsonSchema | None = None
     ) -> Completion:
-        task = asyncio.ensure_future(self._llm.complete(messages, max_tokens=max_tokens))
+        task = asyncio.ensure_future(
+            self._llm.complete(messages, max_tokens=max_tokens, schema=schema)
+        )
         self._background.add(task)
         try:
             while not task.done():
@@ -165,8 +177,17 @@ class _Bound:
         return self._gate.model_name
 
     async def complete(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        on_text: OnText | None = None,
+        schema: JsonSchema | None = None,
     ) -> Completion:
         return await self._gate._run(
-            messages, max_tokens=max_tokens, background=self._background, on_text=on_text
+            messages,
+            max_tokens=max_tokens,
+            background=self._background,
+            on_text=on_text,
+            schema=schema,
         )

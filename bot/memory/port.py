@@ -51,7 +51,9 @@ Invariants every implementation keeps:
   ``add_sessions`` skips the span); they are
   ordered by message id, never by clock.
 - Pinned facts (``!remember``) are never changed by ``update_fact`` or by
-  ``remove_fact(extracted_only=True)``.
+  ``remove_fact(extracted_only=True)``; ``revise_fact`` (a new value for the same subject)
+  may change any fact. Both keep the replaced text in the fact's ``history`` (at most
+  ``FACT_HISTORY`` entries), which goes with the fact when it is removed or forgotten.
 - ``prune_by_use`` never deletes important messages, the sources of pinned facts, or messages
   awaiting an answer; every deletion takes the message's index and vector rows with it.
 - ``link_dm`` moves one DM conversation's rows into another and marks them with their origin;
@@ -239,6 +241,18 @@ class MemoryStore(Protocol):
         source_ids: Sequence[int],
         updated_at: float | None = None,
     ) -> bool: ...
+
+    async def revise_fact(
+        self,
+        conversation_id: int,
+        fact_id: int,
+        *,
+        text: str,
+        tokens: int,
+        pinned: bool,
+        source_ids: Sequence[int],
+        updated_at: float | None = None,
+    ) -> Fact | None: ...
 
     async def remove_fact(
         self, conversation_id: int, fact_id: int, *, extracted_only: bool = False
