@@ -34,10 +34,12 @@ from dataclasses import dataclass, field, replace
 from bot.domain import DM_SPACE, Attachment, Inbound
 from bot.errors import MeshsageError
 from bot.llm.tokens import TokenCounter
+from bot.memory import chapter_check
 from bot.memory.export import export_person
 from bot.memory.facts import find_duplicate, provenance
 from bot.memory.links import LinkCodes
 from bot.memory.port import MemoryStore
+from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.text import MESH_COMMAND_BYTES, fit_bytes
 
 FORGET_CONFIRM_SECONDS = 60.0
@@ -50,6 +52,7 @@ HISTORY_MAX = 10
 FACT_MAX_CHARS = 300
 SESSIONS_SHOWN = 5
 NO_FILES = ("meshtastic",)  # transports that cannot carry an attachment
+PROMPTS = (CHAPTER_PROMPT, MERGE_PROMPT)  # what a chapter must never be an echo of
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,9 +229,11 @@ class Commands:
     async def _summary(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         chapters = [] if conv is None else await self._store.summaries(conv)
-        if not chapters:
+        # A chapter stored before bot.memory.chapter_check existed may be an echoed instruction.
+        shown = [c for c in chapters if not chapter_check.echoes(c.text, instructions=PROMPTS)]
+        if not shown:
             return self._say("No summary yet: our conversation is still short.")
-        return self._say("Summary: " + " ".join(c.text for c in chapters))
+        return self._say("Summary: " + " ".join(c.text for c in shown))
 
     async def _remember(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         fact = " ".join(arg.split())

@@ -39,6 +39,7 @@ from bot.errors import LLMUnavailable
 from bot.llm.gate import BackgroundPreempted
 from bot.llm.port import LLM, TRUNCATED_MARK, ChatMessage
 from bot.llm.tokens import TokenCounter
+from bot.memory import chapter_check
 from bot.memory.facts import FactExtractor
 from bot.memory.port import MemoryStore
 from bot.memory.records import FACTS_CLAIM, SUMMARY_CLAIM
@@ -135,6 +136,10 @@ class Summarizer:
         words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
         before = chapters[-1].text if chapters else ""
         text = await self._write(CHAPTER_PROMPT, _fold_input(before, pending), words)
+        text = chapter_check.vet(  # junk (an echoed instruction ...) becomes a digest
+            text, instruction=CHAPTER_PROMPT, sources=[(m.author, m.text) for m in pending],
+            counter=self._counter, limit=self._config.max_tokens, before=before,
+        )  # fmt: skip
         saved = await self._store.save_summary(
             conversation.id,
             text=text,
@@ -180,6 +185,10 @@ class Summarizer:
             return False
         words = max(20, int(self._config.max_tokens * 0.6))
         text = await self._write(MERGE_PROMPT, _merge_input(chapters), words)
+        text = chapter_check.vet(
+            text, instruction=MERGE_PROMPT, sources=[("", c.text) for c in chapters],
+            counter=self._counter, limit=self._config.max_tokens,
+        )  # fmt: skip
         saved = await self._store.save_summary(
             conversation.id,
             text=text,
