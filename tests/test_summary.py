@@ -108,7 +108,10 @@ async def test_cut_summary_is_asked_shorter_and_never_saved_as_complete(
     assert second_words < first_words
     chapter = (await store.summaries(conv))[0]
     assert chapter.text.endswith("[…]")  # visibly incomplete, not passed off as whole
-    fake_llm.script = [("length", "Alice likes tea. She plans a trip to"), ("reply", "Short: Alice.")]
+    fake_llm.script = [
+        ("length", "Alice likes tea. She plans a trip to"),
+        ("reply", "Short: Alice."),
+    ]
     assert await summ.refresh(conv, window_start_id=ids[16])
     assert (await store.summaries(conv))[-1].text == "Short: Alice."
     await llm.close()
@@ -176,7 +179,9 @@ async def test_summary_runs_after_turns_leave_the_window(tmp_path: Path, fake_ll
     )
     try:
         fake_llm.reply_fn = lambda body: (
-            "SUMMARY of question" if "summar" in body["messages"][0]["content"][:60] else "answer " * 20
+            "SUMMARY of question"
+            if "summar" in body["messages"][0]["content"][:60]
+            else "answer " * 20
         )
         for i in range(12):
             await h.say(f"question number {i} " + "padding " * 15)
