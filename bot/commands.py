@@ -36,9 +36,11 @@ from bot.errors import MeshsageError
 from bot.llm.tokens import TokenCounter
 from bot.memory import chapter_check
 from bot.memory.export import export_person
-from bot.memory.facts import find_duplicate, provenance
+from bot.memory.fact_values import change_line, same_value
+from bot.memory.facts import find_duplicate, find_same_subject, history_note, provenance
 from bot.memory.links import LinkCodes
 from bot.memory.port import MemoryStore
+from bot.memory.records import Conversation, Fact
 from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.text import MESH_COMMAND_BYTES, fit_bytes
 
@@ -164,12 +166,19 @@ class Commands:
     async def _reset(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.conversation(inbound.key)
         await self._store.reset(conv.id)
-        n = len(await self._store.facts(conv.id))
+        # Inferred facts came from what was said before now: they go with it. Pinned facts
+        # are the person's own notes (!remember): they stay, and the reply says so.
+        dropped = 0
+        for fact in await self._store.facts(conv.id):
+            if not fact.pinned:
+                dropped += await self._store.remove_fact(conv.id, fact.id, extracted_only=True)
+        n = sum(f.pinned for f in await self._store.facts(conv.id))
         p = self.prefix
-        facts = f"your {n} pinned fact(s) ({p}facts)" if n else "pinned facts (none yet)"
+        kept = f"{n} fact(s) you asked me to remember ({p}facts)" if n else "no facts (none pinned)"
+        gone = f" Dropped: {dropped} fact(s) I had inferred." if dropped else ""
         return self._say(
-            "Fresh start: nothing said before now is used again (recent turns, summary, older "
-            f"turns). Kept: {facts}; old messages stay stored ({p}forget deletes them)."
+            f"Fresh start: nothing said before now is used again. Kept: {kept}.{gone} Old "
+            f"messages stay stored ({p}forget deletes them)."
         )
 
     async def _forget(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
@@ -248,6 +257,9 @@ class Commands:
         conv = await self._store.conversation(inbound.key)
         facts = await self._store.facts(conv.id)
         dup = find_duplicate(fact, facts)
+        same = find_same_subject(fact, facts)
+        if same is not None and (dup is None or dup.id == same.id):
+            return await self._revise(conv, facts, same, fact)
         if dup is not None and dup.pinned:
             n = facts.index(dup) + 1
             return self._say(f"I already have that as fact {n}: {dup.text}")
@@ -270,6 +282,35 @@ class Commands:
         n = len(await self._store.facts(conv.id))
         return self._say(f"Noted as fact {n} (pinned). I'll keep it in mind in this chat.")
 
+    async def _revise(
+        self, conv: Conversation, facts: list[Fact], same: Fact, fact: str
+    ) -> CommandResult:
+        """``!remember`` of a new value for a known subject: the fact takes it (pinned), the
+        old value goes to its history, and the reply says what changed."""
+        n = facts.index(same) + 1
+        if same.pinned and same_value(fact, same.text):
+            return self._say(f"I already have that as fact {n}: {same.text}")
+        if not same.pinned and sum(f.pinned for f in facts) >= self._max_facts:
+            return self._say(
+                f"You have {self._max_facts} pinned facts, the most I keep. Remove one with "
+                f"{self.prefix}unremember <n>."
+            )
+        recent = await self._store.recent_messages(conv, limit=2)
+        old = await self._store.revise_fact(
+            conv.id,
+            same.id,
+            text=fact,
+            tokens=self._counter.count(fact),
+            pinned=True,
+            source_ids=sorted(m.id for m in recent),
+        )
+        if old is None:
+            return self._say("That fact changed meanwhile. Send it again.")
+        return self._say(
+            f"Updated fact {n}: {change_line(old.text, fact)} (the old value stays in its "
+            f"history, {self.prefix}facts)."
+        )
+
     async def _facts(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         facts = [] if conv is None else await self._store.facts(conv.id)
@@ -281,7 +322,9 @@ class Commands:
         now = time.time()
         items = []
         for i, f in enumerate(facts, 1):  # provenance: when, and from what (bot.memory.facts)
-            why = f" [{provenance(f, sources.get(firsts.get(f.id, -1)), today=now)}]"
+            note = history_note(f, today=now)  # the value it replaced, and whose it was
+            why = f" [{provenance(f, sources.get(firsts.get(f.id, -1)), today=now)}"
+            why += f"; {note}]" if note else "]"
             why = fit_bytes(why, each - 16) if each >= 28 else ""
             items.append(f"{i}) {fit_bytes(f.text, each - len(why.encode()))}{why}")
         return self._say(" ".join(items))

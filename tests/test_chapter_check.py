@@ -33,15 +33,10 @@ def test_an_echoed_instruction_is_rejected() -> None:
     assert chapter_check.problem(part, instruction=CHAPTER_PROMPT, sources=TURNS) is not None
 
 
-def test_scaffolding_repeats_and_unrelated_words_are_rejected() -> None:
+def test_scaffolding_and_unrelated_words_are_rejected() -> None:
     scaffold = "Earlier chapter (context only): (none yet) New messages: ana: Hi there."
     assert chapter_check.problem(scaffold, instruction=CHAPTER_PROMPT, sources=TURNS) == (
         "it repeats the prompt"
-    )
-    before = "Ana flies to Lisbon with Maria on 12 March and her door code is 4521."
-    assert (
-        chapter_check.problem(before, instruction=CHAPTER_PROMPT, sources=TURNS, before=before)
-        == "it repeats the earlier chapter"
     )
     unrelated = "The weather in Tokyo was sunny and the stock market rose sharply today."
     why = chapter_check.problem(unrelated, instruction=CHAPTER_PROMPT, sources=TURNS)

@@ -179,7 +179,7 @@ async def test_summary_runs_after_turns_leave_the_window(tmp_path: Path, fake_ll
     )
     try:
         fake_llm.reply_fn = lambda body: (
-            "SUMMARY of question"
+            "SUMMARY of question " + body["messages"][1]["content"].split("number ")[-1][:2]
             if "summar" in body["messages"][0]["content"][:60]
             else "answer " * 20
         )
@@ -190,7 +190,7 @@ async def test_summary_runs_after_turns_leave_the_window(tmp_path: Path, fake_ll
             await asyncio.sleep(0.01)
         conv = await h.store.conversation(h.transport_key("alice"))
         summary = await h.store.latest_summary(conv)
-        assert summary is not None and summary.text == "SUMMARY of question"
+        assert summary is not None and summary.text.startswith("SUMMARY of question")
         await h.say("and now?")
         reply = [r for r in fake_llm.chat_requests() if "and now?" in r["messages"][-1]["content"]]
         assert "SUMMARY" in reply[-1]["messages"][0]["content"]

@@ -12,9 +12,10 @@ Invariants:
   same verdict, and a digest only ever quotes the turns (sentences whole, in their order,
   each with its speaker), so it can be wrong only by omission.
 - A chapter is rejected when (1) it is empty of content words, (2) ``ECHO_SHARE`` of its
-  word trigrams come from the instruction, (3) it carries the prompt's scaffolding or
-  ``REPEAT_SHARE`` of its trigrams repeat the earlier chapter it was given as context, or
-  (4) under ``MIN_GROUNDED`` of its content words occur in the turns it covers.
+  word trigrams come from the instruction, (3) it carries the prompt's scaffolding, or (4)
+  under ``MIN_GROUNDED`` of its content words occur (up to a plural or verb ending) in the
+  turns it covers. A chapter that restates the earlier one is not rejected for that alone:
+  it may be about the same things (a constant answer fails (4) at the next fold anyway).
 - A digest fits ``limit`` tokens (``TokenCounter``); an empty one is never returned while
   the turns hold a word (the first sentence is cut to fit, marked with "…").
 """
@@ -31,8 +32,8 @@ from bot.llm.tokens import TokenCounter
 log = logging.getLogger("bot.memory.chapters")
 
 ECHO_SHARE = 0.3
-REPEAT_SHARE = 0.6
 MIN_GROUNDED = 0.2
+TOKENS_PER_WORD = 1.4  # an English chapter's tokens per word, rounded up
 DIGEST_MARK = "(quoted) "  # opens a digest: the reader sees it is the turns' own words
 SMALL_TALK = "(small talk, nothing to keep)"  # the turns held no content word to quote
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
@@ -64,12 +65,20 @@ def echoes(chapter: str, *, instructions: Sequence[str]) -> bool:
     return any(len(grams & _trigrams(i)) >= ECHO_SHARE * len(grams) for i in instructions)
 
 
+def _stem(word: str) -> str:
+    """"boats" and "boat", "talked" and "talk": enough to see a paraphrase uses the turns'
+    words (not a linguistic stemmer; both sides are cut alike)."""
+    for end in ("ing", "ed", "es", "s"):
+        if len(word) > len(end) + 2 and word.endswith(end):
+            return word[: -len(end)]
+    return word
+
+
 def problem(
-    chapter: str, *, instruction: str, sources: Sequence[tuple[str, str]], before: str = ""
+    chapter: str, *, instruction: str, sources: Sequence[tuple[str, str]]
 ) -> str | None:
     """Why ``chapter`` must not be stored (a short reason for the log), or None if it may.
-    ``sources`` are the (speaker, text) pairs it covers; ``before`` the earlier chapter the
-    prompt showed as context."""
+    ``sources`` are the (speaker, text) pairs it covers."""
     words = content_words(chapter)
     if not words:
         return "no content words"
@@ -79,11 +88,9 @@ def problem(
     low = chapter.lower()
     if any(s in low for s in SCAFFOLD):
         return "it repeats the prompt"
-    if before and grams and len(grams & _trigrams(before)) >= REPEAT_SHARE * len(grams):
-        return "it repeats the earlier chapter"
-    said = {w for _, text in sources for w in content_words(text)}
-    said |= {w for who, _ in sources for w in content_words(who)}
-    grounded = sum(w in said for w in words)
+    said = {_stem(w) for _, text in sources for w in content_words(text)}
+    said |= {_stem(w) for who, _ in sources for w in content_words(who)}
+    grounded = sum(_stem(w) in said for w in words)
     if grounded < MIN_GROUNDED * len(words):
         return f"only {grounded} of its {len(words)} content words are in the turns"
     return None
@@ -145,6 +152,12 @@ def _said(who: str, sentence: str) -> str:
     return f"{who}: {sentence}" if who else sentence
 
 
+def words_limit(words: int, max_tokens: int) -> int:
+    """A digest's token budget: what a chapter of ``words`` words costs, within
+    ``max_tokens`` (so a digest never takes more of the prompt than a written chapter)."""
+    return min(max_tokens, int(words * TOKENS_PER_WORD))
+
+
 def vet(
     chapter: str,
     *,
@@ -152,11 +165,10 @@ def vet(
     sources: Sequence[tuple[str, str]],
     counter: TokenCounter,
     limit: int,
-    before: str = "",
 ) -> str:
     """``chapter`` when it passes ``problem``, else a ``digest`` of ``sources`` (logged
     without any text, as every memory log line)."""
-    why = problem(chapter, instruction=instruction, sources=sources, before=before)
+    why = problem(chapter, instruction=instruction, sources=sources)
     if why is None:
         return chapter
     log.warning("a model-written chapter was rejected (%s); a digest of its %d turns is "

@@ -413,15 +413,29 @@ def fact_line(fact: Fact) -> str:
     return f"- {fact.text}" if fact.pinned else f"- {fact.text}{INFERRED}"
 
 
+def history_note(fact: Fact, *, today: float) -> str:
+    """``!facts``' word on the value a fact replaced, if any: 'was "4521" (you, until
+    today)'; an inferred old value says so."""
+    if not fact.history:
+        return ""
+    last = fact.history[-1]
+    parts, now = fact_values.split(last.text), fact_values.split(fact.text)
+    value = parts[1] if parts and now and parts[0] == now[0] else last.text
+    who = "you" if last.pinned else "inferred"
+    more = f", {len(fact.history) - 1} earlier" if len(fact.history) > 1 else ""
+    return f'was "{value}" ({who}, until {_day(last.until, today)}{more})'
+
+
+def _day(when: float, today: float) -> str:
+    if time.strftime("%Y%m%d", time.gmtime(when)) == time.strftime("%Y%m%d", time.gmtime(today)):
+        return "today"
+    return time.strftime("%d %b", time.gmtime(when)).lstrip("0")
+
+
 def provenance(fact: Fact, source: StoredMessage | None, *, today: float) -> str:
     """``!facts``' short "when and from what": the date (or "today"), and for an inferred fact
     the start of the message it came from."""
-    when = fact.updated_at or fact.created_at
-    day = (
-        "today"
-        if time.strftime("%Y%m%d", time.gmtime(when)) == time.strftime("%Y%m%d", time.gmtime(today))
-        else time.strftime("%d %b", time.gmtime(when)).lstrip("0")
-    )
+    day = _day(fact.updated_at or fact.created_at, today)
     if fact.pinned:
         return f"you, {day}"
     if source is None:

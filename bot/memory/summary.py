@@ -138,7 +138,7 @@ class Summarizer:
         text = await self._write(CHAPTER_PROMPT, _fold_input(before, pending), words)
         text = chapter_check.vet(  # junk (an echoed instruction ...) becomes a digest
             text, instruction=CHAPTER_PROMPT, sources=[(m.author, m.text) for m in pending],
-            counter=self._counter, limit=self._config.max_tokens, before=before,
+            counter=self._counter, limit=chapter_check.words_limit(words, self._config.max_tokens),
         )  # fmt: skip
         saved = await self._store.save_summary(
             conversation.id,
@@ -187,7 +187,7 @@ class Summarizer:
         text = await self._write(MERGE_PROMPT, _merge_input(chapters), words)
         text = chapter_check.vet(
             text, instruction=MERGE_PROMPT, sources=[("", c.text) for c in chapters],
-            counter=self._counter, limit=self._config.max_tokens,
+            counter=self._counter, limit=chapter_check.words_limit(words, self._config.max_tokens),
         )  # fmt: skip
         saved = await self._store.save_summary(
             conversation.id,
