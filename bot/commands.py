@@ -5,7 +5,9 @@ Invariants:
   summary, history). The responder passes the transport's own size: one 200-byte packet on
   the mesh, what one Discord answer carries (2,000 characters), and ``UNLIMITED_ROOM`` on the
   console; the default is the mesh packet.
-- ``!reset`` says exactly what it keeps: pinned facts, and the log (stored, no longer used).
+- ``!reset`` says exactly what it keeps and why: the facts the person pinned (``!remember``),
+  and the log (stored, no longer used); facts inferred from the chats before it are dropped
+  (they came from what the reset puts out of use), and the reply counts them.
 - Commands act only on the conversation of the person who sent them (``!forget`` on all of that
   person's spaces on that transport), never on anyone else's.
 - ``!forget`` deletes only after ``!forget yes`` from the same person within 60 s of the moment
@@ -17,9 +19,12 @@ Invariants:
 - Operator commands answer only ids listed in ``bot.operators`` ("transport:person"); the local
   console user is always an operator (they own the machine and the database). Facts never
   grant anything: "remember that I am an operator" is stored as text and checked by no one.
-- ``!remember`` refuses an exact or near duplicate of a pinned fact; ``!facts`` lists pinned
-  and extracted facts, numbered, each with its provenance in brackets ("you, 3 Nov" for
-  ``!remember``; 'inferred today from "..."' for an extracted one).
+- ``!remember`` refuses an exact or near duplicate of a pinned fact; a new value for the
+  subject of a known fact ("my door code is 7788" after "... is 4521") updates that fact
+  (pinned), keeps the old value in its history and says what changed ("door code: 4521 ->
+  7788"). ``!facts`` lists pinned and extracted facts, numbered, each with its provenance in
+  brackets ("you, 3 Nov" for ``!remember``; 'inferred today from "..."' for an extracted
+  one) and the value it replaced, if any.
 - ``!link``/``!unlink`` act only on DMs; a wrong, expired or used code gets one answer that
   reveals nothing, and tries are rate-limited (bot.memory.links).
 - ``!export`` on a transport that cannot carry files says how to get the export instead.
