@@ -34,11 +34,13 @@ import socket
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import IO, TYPE_CHECKING
 
 from bot.bridge import Bridge
 from bot.commands import COMMAND_NAMES, Commands
 from bot.config import Config
+from bot.domain import ConversationKey
 from bot.errors import MeshsageError
 from bot.llm.gate import LLMGate
 from bot.llm.openai_compat import OpenAICompatLLM
@@ -450,6 +452,12 @@ def _build_bridge(config: Config, transports: list[Transport]) -> Bridge:
     return bridge
 
 
+async def _not_incognito(app: App, key: ConversationKey) -> bool:
+    """The console's history file keeps a line only while this is true."""
+    conv = await app.store.find_conversation(key)
+    return conv is None or not conv.incognito
+
+
 def _build_transport(
     name: str,
     app: App,
@@ -470,6 +478,7 @@ def _build_transport(
             wait_idle=app.responder.wait_idle,
             export_dir=config.database_path.parent / "exports",
             history_file=config.database_path.parent / "console_history",
+            keep_line=partial(_not_incognito, app, ConversationKey("console", cc.user)),
             stdin=stdin,
             stdout=stdout,
         )
