@@ -50,6 +50,7 @@ from bot.memory.context import ContextBuilder
 from bot.memory.embeddings import Embedder, OpenAICompatEmbedder
 from bot.memory.facts import FactExtractor
 from bot.memory.indexer import Indexer
+from bot.memory.keep import outbox_cutoff
 from bot.memory.layers import LayeredContext
 from bot.memory.links import LinkCodes
 from bot.memory.open import open_url
@@ -167,6 +168,9 @@ class App:
                     if forgotten:
                         log.info("forgetting by use: deleted %d little-used old message(s)",
                                  forgotten)  # fmt: skip
+                # Finished rows hold answers' text: gone after their hour whatever the
+                # retention settings (bot.memory.keep).
+                await self.store.prune_outbox(outbox_cutoff(time.time()))
                 await self.responder.redeliver()  # replies whose link was down
                 if self.responder.idle:
                     await self.store.tidy()

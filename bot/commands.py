@@ -25,6 +25,8 @@ Invariants:
   7788"). ``!facts`` lists pinned and extracted facts, numbered, each with its provenance in
   brackets ("you, 3 Nov" for ``!remember``; 'inferred today from "..."' for an extracted
   one) and the value it replaced, if any.
+- ``!unremember`` removes the fact with its history, deletes the finished outbox rows that
+  quote it, and does not quote it in its reply.
 - ``!link``/``!unlink`` act only on DMs; a wrong, expired or used code gets one answer that
   reveals nothing, and tries are rate-limited (bot.memory.links).
 - ``!export`` on a transport that cannot carry files says how to get the export instead.
@@ -347,7 +349,13 @@ class Commands:
             )
         fact = facts[number - 1]
         await self._store.remove_fact(conv.id, fact.id)
-        return self._say(f"Removed fact {number}: {fact.text}")
+        # Its text leaves the outbox too (earlier !facts and !remember replies); this reply
+        # does not quote it, so no new row holds it.
+        await self._store.scrub_outbox(conv.id, fact.text)
+        left = len(facts) - 1
+        return self._say(
+            f"Removed fact {number} and its history; {left} left ({self.prefix}facts)."
+        )
 
     async def _more(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         rest = await self._store.take_more(inbound.key)

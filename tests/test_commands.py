@@ -86,7 +86,7 @@ async def test_remember_facts_unremember(harness: Harness) -> None:
     system = harness.llm.chat_requests()[-1]["messages"][0]["content"]
     assert "I am vegetarian" in system and "T-Beam" in system
     await harness.say("!unremember 1")
-    assert _last(harness) == "Removed fact 1: I am vegetarian"
+    assert _last(harness) == "Removed fact 1 and its history; 1 left (!facts)."
     await harness.say("!facts")
     assert _last(harness) == "1) My radio is a T-Beam [you, today]"
 

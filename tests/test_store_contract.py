@@ -349,6 +349,23 @@ async def test_parts_are_recorded_and_finish_sets_the_answer_status(memory: Memo
         await memory.finish_delivery(oid, "pending")
 
 
+async def test_scrub_and_prune_take_only_finished_rows(memory: MemoryStore) -> None:
+    conv = await memory.conversation(ALICE)
+    await memory.conversation(BOB)
+    done = await memory.queue_delivery(OutboxEntry(ALICE, "command", "1) locker 5150"))
+    await memory.finish_delivery(done, "delivered")
+    waiting = await memory.queue_delivery(OutboxEntry(ALICE, "command", "again: locker 5150"))
+    other = await memory.queue_delivery(OutboxEntry(BOB, "command", "bob: locker 5150"))
+    await memory.finish_delivery(other, "delivered")
+    assert await memory.scrub_outbox(conv.id, "locker 5150") == 1
+    assert await memory.outbox_row(done) is None
+    assert await memory.outbox_row(waiting) is not None  # pending: delivery needs it
+    assert await memory.outbox_row(other) is not None  # another person's row
+    assert await memory.prune_outbox(time.time() - 3600) == 0  # finished within the hour
+    assert await memory.prune_outbox(time.time() + 1) == 1  # only the finished one
+    assert await memory.outbox_row(waiting) is not None
+
+
 async def test_a_notice_can_settle_its_question(memory: MemoryStore) -> None:
     q = await _say(memory, ALICE, "question")
     conv = await memory.conversation(ALICE)

@@ -17,6 +17,9 @@ Invariants every implementation keeps:
 - ``recent_messages(before_id=Q)`` is the conversation as it stands for message Q: everything
   before Q plus the assistant answers to those messages, even when an answer was stored after
   Q (a second question sent before the first was answered).
+- Finished outbox rows are deleted by ``prune_outbox`` (the app runs it every maintenance
+  round, whatever the retention settings, bot.memory.keep) and, holding a fact's text, by
+  ``scrub_outbox`` (``!unremember``); pending rows never.
 - The outbox (``queue_delivery`` ... ``take_more``) is the durable list of what must still
   reach someone. ``queue_delivery(entry, answer=...)`` stores the assistant turn (the model's
   whole answer, status ``sending``), marks the question ``answered`` and adds the row in ONE
@@ -351,6 +354,10 @@ class MemoryStore(Protocol):
     async def stats(self) -> dict[str, int]: ...
 
     async def prune_older_than(self, cutoff: float, *, batch: int = 500) -> int: ...
+
+    async def prune_outbox(self, before: float, *, batch: int = 500) -> int: ...
+
+    async def scrub_outbox(self, conversation_id: int, text: str) -> int: ...
 
     # --- the durable outbox (see the module docstring) ----------------------------------------
     async def queue_delivery(
