@@ -2,6 +2,7 @@
 
     python -m bench.facts_structured ../shared/bench/locomo-dev.json --base-url URL --model NAME
         [--conversations 2] [--blocks 3] [--modes structured,plain] [--no-chapters]
+    [--block-tokens 1500]
 
 For fold-sized blocks of each conversation (``bench.summary_facts``' blocks: the summarizer's
 own input bound), the messages are stored in a fresh SQLite memory and read by the real
@@ -62,14 +63,14 @@ class WithoutSchema:
         return await self._inner.complete(messages, max_tokens=max_tokens, on_text=on_text)
 
 
-def blocks(turns: Sequence[Any], count: int) -> list[tuple[int, int]]:
-    """(start, end) of the first ``count`` fold-sized blocks."""
+def blocks(turns: Sequence[Any], count: int, size: int) -> list[tuple[int, int]]:
+    """(start, end) of the first ``count`` blocks of about ``size`` tokens."""
     counter = make_counter()
     out: list[tuple[int, int]] = []
     start = 0
     while len(out) < count and start < len(turns):
         used, end = 0, start
-        while end < len(turns) and used < FOLD_INPUT_TOKENS:
+        while end < len(turns) and used < size:
             used += counter.count(turns[end].text)
             end += 1
         out.append((start, end))
@@ -78,7 +79,14 @@ def blocks(turns: Sequence[Any], count: int) -> list[tuple[int, int]]:
 
 
 async def run_conversation(
-    dlg: Any, *, llm: OpenAICompatLLM, mode: str, n_blocks: int, chapters: bool, tmp: Path
+    dlg: Any,
+    *,
+    llm: OpenAICompatLLM,
+    mode: str,
+    n_blocks: int,
+    size: int,
+    chapters: bool,
+    tmp: Path,
 ) -> dict[str, Any]:
     counter = make_counter()
     store = await SqliteStore.open(tmp / f"{dlg.sample_id}-{mode}.db")
@@ -92,7 +100,7 @@ async def run_conversation(
     unparsed = 0
     chapter_rows: list[tuple[bool, float]] = []
     try:
-        for start, end in blocks(dlg.turns, n_blocks):
+        for start, end in blocks(dlg.turns, n_blocks, size):
             block = dlg.turns[start:end]
             ids = {t.dia_id for t in block}
             block_wanted: set[str] = set()
@@ -139,6 +147,7 @@ async def amain(args: argparse.Namespace) -> None:
             for dlg in load(args.data)[: args.conversations]:
                 for mode in modes:
                     r = await run_conversation(dlg, llm=llm, mode=mode, n_blocks=args.blocks,
+                                               size=args.block_tokens,
                                                chapters=not args.no_chapters and mode == modes[0],
                                                tmp=Path(tmp))  # fmt: skip
                     totals[mode].append(r)
@@ -175,6 +184,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--conversations", type=int, default=2)
     p.add_argument("--blocks", type=int, default=3)
     p.add_argument("--modes", default="structured,plain")
+    p.add_argument(
+        "--block-tokens",
+        type=int,
+        default=FOLD_INPUT_TOKENS,
+        help="block size (a fold reads up to FOLD_INPUT_TOKENS; smaller is faster)",
+    )
     p.add_argument("--no-chapters", action="store_true")
     asyncio.run(amain(p.parse_args(argv)))
 
