@@ -66,17 +66,15 @@ def echoes(chapter: str, *, instructions: Sequence[str]) -> bool:
 
 
 def _stem(word: str) -> str:
-    """"boats" and "boat", "talked" and "talk": enough to see a paraphrase uses the turns'
-    words (not a linguistic stemmer; both sides are cut alike)."""
+    """Plural and verb endings cut ("boats" and "boat", "talked" and "talk"): enough to see
+    that a paraphrase uses the turns' words (not a linguistic stemmer; both sides alike)."""
     for end in ("ing", "ed", "es", "s"):
         if len(word) > len(end) + 2 and word.endswith(end):
             return word[: -len(end)]
     return word
 
 
-def problem(
-    chapter: str, *, instruction: str, sources: Sequence[tuple[str, str]]
-) -> str | None:
+def problem(chapter: str, *, instruction: str, sources: Sequence[tuple[str, str]]) -> str | None:
     """Why ``chapter`` must not be stored (a short reason for the log), or None if it may.
     ``sources`` are the (speaker, text) pairs it covers."""
     words = content_words(chapter)
