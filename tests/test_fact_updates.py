@@ -153,5 +153,5 @@ async def test_an_update_through_a_linked_account_and_forget_takes_the_history(
     for who, t in (("!1234abcd", mesh), ("1001", discord)):
         await say(t, "!forget", who)
         await say(t, "!forget yes", who)
-    rows = await (await db.execute("SELECT count(*) FROM facts")).fetchall()
-    assert rows[0][0] == 0
+    [(left,)] = await (await db.execute("SELECT count(*) FROM facts")).fetchall()
+    assert left == 0
