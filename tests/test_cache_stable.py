@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import LLMConfig
+from bot.fitting import TOO_LONG
 from bot.llm.gate import BackgroundPreempted, LLMGate
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import TRUNCATED_MARK, ChatMessage, ContextTooLong
@@ -156,7 +157,7 @@ async def test_read_timeout_retry_does_not_queue_behind_the_first_attempt(
     await llm.close()
 
 
-async def test_context_too_long_shrinks_the_budget_and_retries_once(
+async def test_context_too_long_shrinks_the_budget_and_never_locks_out(
     tmp_path: Path, fake_llm: FakeLLM
 ) -> None:
     no_summaries = "memory:\n  summary: {enabled: false}\n"  # only replies use the script
@@ -180,8 +181,12 @@ async def test_context_too_long_shrinks_the_budget_and_retries_once(
         fake_llm.script = ["context_exceeded", "context_exceeded"]
         before = len(fake_llm.chat_requests())
         await h.say("another question")
-        assert h.transport.texts()[-1] == UNAVAILABLE
-        assert len(fake_llm.chat_requests()) - before == 2  # retried once, not more
+        # The fake names 5,000 tokens for any prompt: the rebuild goes straight to the
+        # smallest budget; refused there too, the person hears why, not "unavailable".
+        assert h.transport.texts()[-1] == TOO_LONG.format(prefix="!")
+        assert len(fake_llm.chat_requests()) - before == 2  # no retry at the same size
+        await h.say("and now?")  # not locked out
+        assert h.transport.texts()[-1] == "fits now"
     finally:
         await h.app.close()
 

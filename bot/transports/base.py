@@ -130,6 +130,27 @@ class Congested(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Busy:
+    """Why a congested transport cannot take a new reply now, and for about how long.
+
+    ``cause``: ``"queue"`` (too many replies wait to go out: a new question is told to try
+    again, not answered), ``"duty"`` (the hourly airtime is spent) or ``"channel"`` (other
+    nodes fill the channel): on those holds a new question is answered into the outbox and
+    sent when there is room. ``notice_now``: a one-packet notice can still go out soon."""
+
+    cause: str
+    seconds: float
+    notice_now: bool = True
+
+
+@runtime_checkable
+class ExplainsBusy(Protocol):
+    """A ``Congested`` transport that also says why (``Busy``)."""
+
+    def busy(self) -> Busy | None: ...
+
+
 @runtime_checkable
 class KeepsFiles(Protocol):
     """A transport that writes files for people (console exports)."""
@@ -137,3 +158,22 @@ class KeepsFiles(Protocol):
     def forget(self, person: str) -> int:
         """Delete the files written for ``person``; returns how many."""
         ...
+
+
+@runtime_checkable
+class Rereads(Protocol):
+    """A transport that can read a message again after a restart (what was not stored, such
+    as the images of a question for a vision model)."""
+
+    async def reread(self, inbound: Inbound) -> Inbound:
+        """``inbound`` with what only the platform kept (images); never raises."""
+        ...
+
+
+@runtime_checkable
+class AwaitsAnswer(Protocol):
+    """A transport where some inbounds must get a reply even when others would be silent (a
+    Discord slash command shows "thinking..." until answered): a rate-limit notice is sent to
+    each of them, not once per window."""
+
+    def awaits_answer(self, inbound: Inbound) -> bool: ...

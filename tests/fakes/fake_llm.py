@@ -15,7 +15,24 @@ Scripted behaviour per request (consumed in order, then "ok"):
   | "context_exceeded": HTTP 400 context_length_exceeded, as llama.cpp/OpenAI send it
   | "html": an HTML error page with status 200 | "not_json" | "no_choices" | "no_message"
   | ("raw", content_type, body_bytes)
+  | "empty_stream": HTTP 200, text/event-stream, and no body at all (llama-cpp-python's answer
+    to an over-long streamed prompt)
+  | ("stream_error", message): one SSE error event (``{"error": {...}}``) and the end
+  | ("cut", n): the first n words, then the connection closes with no [DONE] and no
+    finish_reason, close-delimited (HTTP/1.0-style: no chunked framing, so the client sees a
+    clean end of body, not a protocol error)
+  | ("truncated", text): a streamed answer whose last chunk says ``"truncated": true``
+    (llama.cpp: the prompt was cut to fit its context)
 ``reply_fn`` (if set) computes the answer from the request body, e.g. to echo the prompt.
+
+Server limits, as real servers tell them (each None/empty by default: the route answers 404,
+like llama-cpp-python's server):
+- ``n_ctx``: a context size enforced like llama-cpp-python 0.3.36: a prompt of at least
+  ``n_ctx`` tokens (counted with cl100k times ``token_ratio``; SmolLM2 counts 4-8% more) is
+  refused, streamed with an empty 200, not streamed with HTTP 400 in its words ("This model's
+  maximum context length is N tokens. However, you requested ..."); ``refused`` counts them.
+- ``props`` (llama-server ``GET /props``), ``ollama_show`` (``POST /api/show``),
+  ``ollama_ps`` (``GET /api/ps``), ``max_model_len`` (vLLM: in ``/v1/models``).
 
 ``/v1/embeddings`` answers with ``hashed_vector``: a bag of lower-cased words hashed into
 ``EMBED_DIM`` dimensions and normalised, deterministic and carrying meaning (texts that share
@@ -86,8 +103,17 @@ class FakeLLM:
         self.embed_requests: list[dict[str, Any]] = []
         self.embed_script: list[Behaviour] = []
         self.embeds_answered = 0
+        self.n_ctx: int | None = None
+        self.token_ratio = 1.0
+        self.refused = 0  # prompts refused as longer than n_ctx
+        self.prompt_tokens: list[int] = []  # per chat request, by the fake's count
+        self.props: dict[str, Any] | None = None
+        self.ollama_show: dict[str, Any] | None = None
+        self.ollama_ps: dict[str, Any] | None = None
+        self.max_model_len: int | None = None
         self._runner: web.AppRunner | None = None
         self.port = 0
+        self.models = ["fake"]  # what GET /v1/models lists
 
     @property
     def base_url(self) -> str:
@@ -126,7 +152,69 @@ class FakeLLM:
         self.disconnected.append(index)
         self.events.append(("disconnect", index))
 
+    def count_prompt(self, body: dict[str, Any]) -> int:
+        """The prompt's tokens as this fake server counts them (cl100k x ``token_ratio``)."""
+        from bot.llm.tokens import MESSAGE_OVERHEAD, make_counter
+
+        counter = make_counter()
+        raw = sum(
+            counter.count(m["content"] if isinstance(m["content"], str) else json.dumps(m))
+            + MESSAGE_OVERHEAD
+            for m in body.get("messages", [])
+        )
+        return math.ceil(raw * self.token_ratio)
+
+    async def _over_context(
+        self, request: web.Request, body: dict[str, Any]
+    ) -> web.StreamResponse | None:
+        """llama-cpp-python's refusal of a prompt longer than ``n_ctx`` (None: it fits)."""
+        tokens = self.count_prompt(body)
+        self.prompt_tokens.append(tokens)
+        if self.n_ctx is None or tokens < self.n_ctx:
+            return None
+        self.refused += 1
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write_eof()
+            return resp
+        asked = int(body.get("max_tokens") or 0)
+        message = (
+            f"This model's maximum context length is {self.n_ctx} tokens. However, you "
+            f"requested {tokens + asked} tokens ({tokens} in the messages, {asked} in the "
+            "completion). Please reduce the length of the messages or completion."
+        )
+        return web.json_response(
+            {"error": {"message": message, "type": "invalid_request_error",
+                       "param": "messages", "code": "context_length_exceeded"}},
+            status=400,
+        )  # fmt: skip
+
+    async def _cut_close_delimited(
+        self, request: web.Request, body: dict[str, Any], text: str, n: int
+    ) -> web.StreamResponse:
+        """n words as SSE, then the connection closes: no [DONE], no finish_reason, no chunked
+        framing (the body ends where the connection does, as with HTTP/1.0)."""
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+        events = []
+        for i, piece in enumerate(text.split(" ")[:n]):
+            chunk = {
+                "id": "c1", "object": "chat.completion.chunk", "model": body["model"],
+                "choices": [{"index": 0, "delta": {"content": (" " if i else "") + piece},
+                             "finish_reason": None}],
+            }  # fmt: skip
+            events.append(f"data: {json.dumps(chunk)}\n\n".encode())
+        transport = request.transport
+        assert transport is not None
+        transport.write(head + b"".join(events))
+        await asyncio.sleep(0.05)  # let the bytes leave before the close
+        transport.close()
+        return web.Response(status=200)  # never sent: the connection is gone
+
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        refusal = await self._over_context(request, body)
+        if refusal is not None:
+            return refusal
         beh: Any = self.script.pop(0) if self.script else "ok"
         text = self.reply_fn(body) if self.reply_fn else self.reply
         finish = "stop"
@@ -139,6 +227,23 @@ class FakeLLM:
             return web.json_response(CONTEXT_EXCEEDED, status=400)
         if kind == "raw":
             return web.Response(body=beh[2], content_type=beh[1])
+        if kind == "empty_stream":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write_eof()
+            return resp
+        if kind == "stream_error":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            error = {"error": {"message": beh[1], "type": "server_error"}}
+            await resp.write(f"data: {json.dumps(error)}\n\n".encode())
+            await resp.write_eof()
+            return resp
+        if kind == "cut":
+            return await self._cut_close_delimited(request, body, text, int(beh[1]))
+        truncated_prompt = kind == "truncated"
+        if truncated_prompt:
+            text = beh[1]
         if kind in MALFORMED:
             ctype, raw = MALFORMED[kind]
             return web.Response(body=raw, content_type=ctype)
@@ -175,6 +280,8 @@ class FakeLLM:
                         {"index": 0, "delta": delta, "finish_reason": finish if last else None}
                     ],
                 }
+                if last and truncated_prompt:
+                    chunk["truncated"] = True
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
@@ -224,15 +331,31 @@ class FakeLLM:
         )
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"object": "list", "data": [{"id": "fake", "object": "model", "created": 0}]}
-        )
+        data: list[dict[str, Any]] = [
+            {"id": m, "object": "model", "created": 0} for m in self.models
+        ]
+        if self.max_model_len is not None:  # vLLM names each model's context
+            for model in data:
+                model["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": data})
+
+    def _limits_route(self, name: str) -> Callable[[web.Request], Any]:
+        async def handler(request: web.Request) -> web.Response:
+            doc = getattr(self, name)
+            if doc is None:
+                return web.json_response({"detail": "Not Found"}, status=404)
+            return web.json_response(doc)
+
+        return handler
 
     async def start(self, port: int = 0) -> None:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/props", self._limits_route("props"))
+        app.router.add_post("/api/show", self._limits_route("ollama_show"))
+        app.router.add_get("/api/ps", self._limits_route("ollama_ps"))
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
