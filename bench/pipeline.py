@@ -60,7 +60,7 @@ from bot.config import (
 )
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.openai_compat import OpenAICompatLLM
-from bot.llm.port import LLM, ChatMessage, Completion, OnText
+from bot.llm.port import LLM, ChatMessage, Completion, JsonSchema, OnText
 from bot.memory.context import ContextBuilder
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.layers import LayeredContext
@@ -143,12 +143,19 @@ class TimingLLM:
         return self.inner.model_name
 
     async def complete(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        on_text: OnText | None = None,
+        schema: JsonSchema | None = None,
     ) -> Completion:
         started = time.perf_counter()
         background = bool(messages) and messages[0].content.startswith(_BACKGROUND_PREFIXES)
         try:
-            completion = await self.inner.complete(messages, max_tokens=max_tokens, on_text=on_text)
+            completion = await self.inner.complete(
+                messages, max_tokens=max_tokens, on_text=on_text, schema=schema
+            )
         finally:
             if not background:
                 self.foreground.append((started, time.perf_counter()))

@@ -49,7 +49,7 @@ from bench.real_llm import MODEL_ALIAS, N_CTX, Server, find_gguf
 from bot.app import App, build
 from bot.config import BotConfig, Config, LLMConfig, MemoryConfig, RateLimit
 from bot.domain import Inbound
-from bot.llm.port import ChatMessage, Completion, OnText
+from bot.llm.port import ChatMessage, Completion, JsonSchema, OnText
 from bot.memory.context import AssembledContext
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.sessions import LONGTERM_PROMPT, SESSION_PROMPT
@@ -147,14 +147,19 @@ class Recorder:
         return str(self._inner.model_name)
 
     async def complete(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        on_text: OnText | None = None,
+        schema: JsonSchema | None = None,
     ) -> Completion:
         call = Call(list(messages), is_background(messages), time.monotonic())
         call.chars = sum(len(m.content) for m in messages)
         self.calls.append(call)
         try:
             out: Completion = await self._inner.complete(
-                messages, max_tokens=max_tokens, on_text=on_text
+                messages, max_tokens=max_tokens, on_text=on_text, schema=schema
             )
             call.ok = True
             return out

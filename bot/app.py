@@ -34,6 +34,7 @@ import socket
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import IO, TYPE_CHECKING
 
 from bot.bridge import Bridge
@@ -41,6 +42,7 @@ from bot.chat_settings import ChatSettings
 from bot.commands import COMMAND_NAMES, Commands
 from bot.commands_settings import SettingsCommands
 from bot.config import Config
+from bot.domain import ConversationKey
 from bot.errors import MeshsageError
 from bot.llm.gate import LLMGate
 from bot.llm.openai_compat import OpenAICompatLLM
@@ -51,6 +53,7 @@ from bot.memory.context import ContextBuilder
 from bot.memory.embeddings import Embedder, OpenAICompatEmbedder
 from bot.memory.facts import FactExtractor
 from bot.memory.indexer import Indexer
+from bot.memory.keep import outbox_cutoff
 from bot.memory.layers import LayeredContext
 from bot.memory.links import LinkCodes
 from bot.memory.open import open_url
@@ -187,6 +190,9 @@ class App:
                     if forgotten:
                         log.info("forgetting by use: deleted %d little-used old message(s)",
                                  forgotten)  # fmt: skip
+                # Finished rows hold answers' text: gone after their hour whatever the
+                # retention settings (bot.memory.keep).
+                await self.store.prune_outbox(outbox_cutoff(time.time()))
                 await self.responder.redeliver()  # replies whose link was down
                 if self.responder.idle:
                     await self.store.tidy()
@@ -525,6 +531,12 @@ def _build_bridge(config: Config, transports: list[Transport]) -> Bridge:
     return bridge
 
 
+async def _not_incognito(app: App, key: ConversationKey) -> bool:
+    """The console's history file keeps a line only while this is true."""
+    conv = await app.store.find_conversation(key)
+    return conv is None or not conv.incognito
+
+
 def _build_transport(
     name: str,
     app: App,
@@ -545,6 +557,7 @@ def _build_transport(
             wait_idle=app.responder.wait_idle,
             export_dir=config.database_path.parent / "exports",
             history_file=config.database_path.parent / "console_history",
+            keep_line=partial(_not_incognito, app, ConversationKey("console", cc.user)),
             stdin=stdin,
             stdout=stdout,
         )

@@ -5,7 +5,9 @@ Invariants:
   summary, history). The responder passes the transport's own size: one 200-byte packet on
   the mesh, what one Discord answer carries (2,000 characters), and ``UNLIMITED_ROOM`` on the
   console; the default is the mesh packet.
-- ``!reset`` says exactly what it keeps: pinned facts, and the log (stored, no longer used).
+- ``!reset`` says exactly what it keeps and why: the facts the person pinned (``!remember``),
+  and the log (stored, no longer used); facts inferred from the chats before it are dropped
+  (they came from what the reset puts out of use), and the reply counts them.
 - Commands act only on the conversation of the person who sent them (``!forget`` on all of that
   person's spaces on that transport), never on anyone else's.
 - ``!forget`` deletes only after ``!forget yes`` from the same person within 60 s of the moment
@@ -17,9 +19,14 @@ Invariants:
 - Operator commands answer only ids listed in ``bot.operators`` ("transport:person"); the local
   console user is always an operator (they own the machine and the database). Facts never
   grant anything: "remember that I am an operator" is stored as text and checked by no one.
-- ``!remember`` refuses an exact or near duplicate of a pinned fact; ``!facts`` lists pinned
-  and extracted facts, numbered, each with its provenance in brackets ("you, 3 Nov" for
-  ``!remember``; 'inferred today from "..."' for an extracted one).
+- ``!remember`` refuses an exact or near duplicate of a pinned fact; a new value for the
+  subject of a known fact ("my door code is 7788" after "... is 4521") updates that fact
+  (pinned), keeps the old value in its history and says what changed ("door code: 4521 ->
+  7788"). ``!facts`` lists pinned and extracted facts, numbered, each with its provenance in
+  brackets ("you, 3 Nov" for ``!remember``; 'inferred today from "..."' for an extracted
+  one) and the value it replaced, if any.
+- ``!unremember`` removes the fact with its history, deletes the finished outbox rows that
+  quote it, and does not quote it in its reply.
 - ``!link``/``!unlink`` act only on DMs; a wrong, expired or used code gets one answer that
   reveals nothing, and tries are rate-limited (bot.memory.links).
 - ``!export`` on a transport that cannot carry files says how to get the export instead.
@@ -35,10 +42,14 @@ from bot.commands_settings import SettingsCommands
 from bot.domain import DM_SPACE, Attachment, Inbound
 from bot.errors import MeshsageError
 from bot.llm.tokens import TokenCounter
+from bot.memory import chapter_check
 from bot.memory.export import export_person
-from bot.memory.facts import find_duplicate, provenance
+from bot.memory.fact_values import change_line, same_value
+from bot.memory.facts import find_duplicate, find_same_subject, history_note, provenance
 from bot.memory.links import LinkCodes
 from bot.memory.port import MemoryStore
+from bot.memory.records import Conversation, Fact
+from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.text import MESH_COMMAND_BYTES, fit_bytes
 
 FORGET_CONFIRM_SECONDS = 60.0
@@ -51,6 +62,7 @@ HISTORY_MAX = 10
 FACT_MAX_CHARS = 300
 SESSIONS_SHOWN = 5
 NO_FILES = ("meshtastic",)  # transports that cannot carry an attachment
+PROMPTS = (CHAPTER_PROMPT, MERGE_PROMPT)  # what a chapter must never be an echo of
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,12 +180,19 @@ class Commands:
     async def _reset(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.conversation(inbound.key)
         await self._store.reset(conv.id)
-        n = len(await self._store.facts(conv.id))
+        # Inferred facts came from what was said before now: they go with it. Pinned facts
+        # are the person's own notes (!remember): they stay, and the reply says so.
+        dropped = 0
+        for fact in await self._store.facts(conv.id):
+            if not fact.pinned:
+                dropped += await self._store.remove_fact(conv.id, fact.id, extracted_only=True)
+        n = sum(f.pinned for f in await self._store.facts(conv.id))
         p = self.prefix
-        facts = f"your {n} pinned fact(s) ({p}facts)" if n else "pinned facts (none yet)"
+        kept = f"{n} fact(s) you asked me to remember ({p}facts)" if n else "no facts (none pinned)"
+        gone = f" Dropped: {dropped} fact(s) I had inferred." if dropped else ""
         return self._say(
-            "Fresh start: nothing said before now is used again (recent turns, summary, older "
-            f"turns). Kept: {facts}; old messages stay stored ({p}forget deletes them)."
+            f"Fresh start: nothing said before now is used again. Kept: {kept}.{gone} Old "
+            f"messages stay stored ({p}forget deletes them)."
         )
 
     async def _forget(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
@@ -233,9 +252,11 @@ class Commands:
     async def _summary(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         chapters = [] if conv is None else await self._store.summaries(conv)
-        if not chapters:
+        # A chapter stored before bot.memory.chapter_check existed may be an echoed instruction.
+        shown = [c for c in chapters if not chapter_check.echoes(c.text, instructions=PROMPTS)]
+        if not shown:
             return self._say("No summary yet: our conversation is still short.")
-        return self._say("Summary: " + " ".join(c.text for c in chapters))
+        return self._say("Summary: " + " ".join(c.text for c in shown))
 
     async def _remember(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         fact = " ".join(arg.split())
@@ -250,6 +271,9 @@ class Commands:
         conv = await self._store.conversation(inbound.key)
         facts = await self._store.facts(conv.id)
         dup = find_duplicate(fact, facts)
+        same = find_same_subject(fact, facts)
+        if same is not None and (dup is None or dup.id == same.id):
+            return await self._revise(conv, facts, same, fact)
         if dup is not None and dup.pinned:
             n = facts.index(dup) + 1
             return self._say(f"I already have that as fact {n}: {dup.text}")
@@ -272,6 +296,35 @@ class Commands:
         n = len(await self._store.facts(conv.id))
         return self._say(f"Noted as fact {n} (pinned). I'll keep it in mind in this chat.")
 
+    async def _revise(
+        self, conv: Conversation, facts: list[Fact], same: Fact, fact: str
+    ) -> CommandResult:
+        """``!remember`` of a new value for a known subject: the fact takes it (pinned), the
+        old value goes to its history, and the reply says what changed."""
+        n = facts.index(same) + 1
+        if same.pinned and same_value(fact, same.text):
+            return self._say(f"I already have that as fact {n}: {same.text}")
+        if not same.pinned and sum(f.pinned for f in facts) >= self._max_facts:
+            return self._say(
+                f"You have {self._max_facts} pinned facts, the most I keep. Remove one with "
+                f"{self.prefix}unremember <n>."
+            )
+        recent = await self._store.recent_messages(conv, limit=2)
+        old = await self._store.revise_fact(
+            conv.id,
+            same.id,
+            text=fact,
+            tokens=self._counter.count(fact),
+            pinned=True,
+            source_ids=sorted(m.id for m in recent),
+        )
+        if old is None:
+            return self._say("That fact changed meanwhile. Send it again.")
+        return self._say(
+            f"Updated fact {n}: {change_line(old.text, fact)} (the old value stays in its "
+            f"history, {self.prefix}facts)."
+        )
+
     async def _facts(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         facts = [] if conv is None else await self._store.facts(conv.id)
@@ -283,7 +336,9 @@ class Commands:
         now = time.time()
         items = []
         for i, f in enumerate(facts, 1):  # provenance: when, and from what (bot.memory.facts)
-            why = f" [{provenance(f, sources.get(firsts.get(f.id, -1)), today=now)}]"
+            note = history_note(f, today=now)  # the value it replaced, and whose it was
+            why = f" [{provenance(f, sources.get(firsts.get(f.id, -1)), today=now)}"
+            why += f"; {note}]" if note else "]"
             why = fit_bytes(why, each - 16) if each >= 28 else ""
             items.append(f"{i}) {fit_bytes(f.text, each - len(why.encode()))}{why}")
         return self._say(" ".join(items))
@@ -301,7 +356,13 @@ class Commands:
             )
         fact = facts[number - 1]
         await self._store.remove_fact(conv.id, fact.id)
-        return self._say(f"Removed fact {number}: {fact.text}")
+        # Its text leaves the outbox too (earlier !facts and !remember replies); this reply
+        # does not quote it, so no new row holds it.
+        await self._store.scrub_outbox(conv.id, fact.text)
+        left = len(facts) - 1
+        return self._say(
+            f"Removed fact {number} and its history; {left} left ({self.prefix}facts)."
+        )
 
     async def _more(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         rest = await self._store.take_more(inbound.key)

@@ -540,6 +540,12 @@ class Responder:
                 ),
             )
         except (sqlite3.Error, StorageError) as exc:  # disk full: the person hears why
+            if await self._forgotten(message_id):  # !forget on another gateway meanwhile
+                log.info("the conversation of %s was forgotten during its turn; the answer "
+                         "is dropped", inbound.key)  # fmt: skip
+                if stream is not None:
+                    await stream.abort()
+                return
             log.error("could not store the answer for %s: %s", inbound.key, exc)
             await self._notice(inbound, ANSWER_NOT_STORED)
             return
@@ -567,6 +573,14 @@ class Responder:
         )
         if self._indexer is not None:  # embeds this turn's messages in the background
             self._indexer.schedule(conv.id)
+
+    async def _forgotten(self, message_id: int) -> bool:
+        """True when the question is gone from the store (forgotten meanwhile): a turn then
+        ends quietly, since the person asked for exactly that."""
+        try:
+            return not await self._store.messages_by_ids([message_id])
+        except (sqlite3.Error, StorageError):
+            return False  # the store is failing: the storage notice is the right one
 
     async def _incognito_turn(self, inbound: Inbound) -> None:
         """Answer without storing: stored memory plus this session's in-memory turns."""

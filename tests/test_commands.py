@@ -88,7 +88,7 @@ async def test_remember_facts_unremember(harness: Harness) -> None:
     system = harness.llm.chat_requests()[-1]["messages"][0]["content"]
     assert "I am vegetarian" in system and "T-Beam" in system
     await harness.say("!unremember 1")
-    assert _last(harness) == "Removed fact 1: I am vegetarian"
+    assert _last(harness) == "Removed fact 1 and its history; 1 left (!facts)."
     await harness.say("!facts")
     assert _last(harness) == "1) My radio is a T-Beam [you, today]"
 
@@ -99,9 +99,8 @@ async def test_reset_forgets_context_but_keeps_facts(harness: Harness) -> None:
     await harness.say("my secret word is pineapple")
     await harness.say("!reset")
     assert _last(harness) == (
-        "Fresh start: nothing said before now is used again (recent turns, summary, older "
-        "turns). Kept: your 1 pinned fact(s) (!facts); old messages stay stored (!forget "
-        "deletes them)."
+        "Fresh start: nothing said before now is used again. Kept: 1 fact(s) you asked me to "
+        "remember (!facts). Old messages stay stored (!forget deletes them)."
     )
     await harness.say("what was my secret word pineapple?")
     prompt = harness.llm.chat_requests()[-1]["messages"]
@@ -115,7 +114,7 @@ async def test_reset_forgets_context_but_keeps_facts(harness: Harness) -> None:
 
 async def test_reset_without_facts_says_none_are_kept(harness: Harness) -> None:
     await harness.say("!reset")
-    assert "Kept: pinned facts (none yet); old messages stay stored" in _last(harness)
+    assert "Kept: no facts (none pinned). Old messages stay stored" in _last(harness)
 
 
 async def test_forget_needs_confirmation_within_60s(tmp_path: Path, fake_llm: FakeLLM) -> None:

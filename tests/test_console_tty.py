@@ -110,3 +110,40 @@ async def test_line_editing_thinking_quiet_logs_and_two_step_ctrl_c(
             proc.kill()
             proc.wait()
         os.close(master)
+
+
+async def test_incognito_lines_never_reach_the_history_file(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """Typed while incognito: not in the line-editing history file, during the run or after
+    exit (docs/memory.md: nothing said in incognito reaches a later prompt, log or file)."""
+    fake_llm.reply = "fine"
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHSAGE_")}
+    env.update(MESHSAGE_STATE_DIR=str(tmp_path / "s"), MESHSAGE_LLM_BASE_URL=fake_llm.base_url,
+               TIKTOKEN_CACHE_DIR="")  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "chat"],
+        stdin=slave, stdout=slave, stderr=subprocess.DEVNULL, env=env, close_fds=True,
+    )  # fmt: skip
+    os.close(slave)
+    history = tmp_path / "s" / "console_history"
+    try:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, _read_until, master, b"you> ")
+        for line in (b"before it", b"!incognito", b"my pin is 9931", b"!incognito off",
+                     b"after it"):  # fmt: skip
+            os.write(master, line + b"\n")
+            await loop.run_in_executor(None, _read_until, master, b"you> ")
+            if line == b"my pin is 9931":
+                assert "9931" not in history.read_text()
+        os.write(master, b"\x04")
+        assert await loop.run_in_executor(None, proc.wait, 20) == 0
+        kept = history.read_text()
+        assert "before it" in kept and "after it" in kept
+        assert "9931" not in kept and "!incognito" not in kept
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)

@@ -20,7 +20,7 @@ from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import TRUNCATED_MARK, ChatMessage
 from bot.llm.tokens import make_counter
 from bot.memory.store import SqliteStore
-from bot.memory.summary import CONTINUATION_MARK, FoldBase, Summarizer
+from bot.memory.summary import CHAPTER_PROMPT, CONTINUATION_MARK, FoldBase, Summarizer
 from tests.conftest import start_harness
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
@@ -88,13 +88,13 @@ async def test_a_block_outside_the_reply_window_is_asked_for_on_its_own(
     summ = Summarizer(store=store, llm=llm, counter=make_counter(),
                       config=SummaryConfig(min_evicted=6))  # fmt: skip
     conv = await store.conversation(KEY)
-    fake_llm.reply = "Chapter."
+    fake_llm.reply = "Alice and the bot talked about the boat."
     # The reply's window starts after the block's first message: no continuation possible.
     assert summ.maybe_schedule(conv, window_start_id=ids[8], base=_base(ids[2], 10))
     await summ.wait_quiet()
     sent = fake_llm.chat_requests()[0]["messages"]
     assert len(sent) == 2 and not sent[-1]["content"].startswith(CONTINUATION_MARK)
-    assert (await store.summaries(conv))[0].text == "Chapter."
+    assert (await store.summaries(conv))[0].text == "Alice and the bot talked about the boat."
     await llm.close()
 
 
@@ -144,11 +144,18 @@ async def test_background_work_waits_for_a_gap_it_fits_in(fake_llm: FakeLLM) -> 
     await llm.close()
 
 
+def _is_fold(body: dict[str, Any]) -> bool:
+    """A chapter request: a continuation of a reply's prompt, or a block asked on its own."""
+    return str(body["messages"][-1]["content"]).startswith(CONTINUATION_MARK) or str(
+        body["messages"][0]["content"]
+    ).startswith(CHAPTER_PROMPT[:40])
+
+
 class _HeldFolds(FakeLLM):
-    """Holds every continuation fold open (as a slow model would) until the client leaves."""
+    """Holds every fold open (as a slow model would) until the client leaves."""
 
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        if str(body["messages"][-1]["content"]).startswith(CONTINUATION_MARK):
+        if _is_fold(body):
             await asyncio.Event().wait()
         return await super()._answer(request, body)
 
@@ -163,13 +170,9 @@ async def test_reset_and_forget_cancel_a_fold_in_flight(tmp_path: Path) -> None:
     try:
         for i in range(30):  # until a fold is sent (and held open by the server)
             await h.say(f"secret number {i} is {1000 + i}")
-            if any(r["messages"][-1]["content"].startswith(CONTINUATION_MARK)
-                   for r in fake.chat_requests()):  # fmt: skip
+            if any(_is_fold(r) for r in fake.chat_requests()):
                 break
-        held = [
-            i for i, r in enumerate(fake.requests)
-            if r["messages"][-1]["content"].startswith(CONTINUATION_MARK)
-        ]  # fmt: skip
+        held = [i for i, r in enumerate(fake.requests) if _is_fold(r)]
         assert held, "a fold was due"
         await h.say("!reset")
         for _ in range(200):

@@ -15,7 +15,7 @@ import pytest
 from bot.app import App, build
 from bot.domain import DM_SPACE, ConversationKey
 from bot.memory.core.identity import LinkError
-from bot.memory.links import CODE_TTL, MAX_ATTEMPTS, MAX_FAILURES, LinkCodes
+from bot.memory.links import CODE_TTL, LONG_DIGITS, MAX_ATTEMPTS, MAX_FAILURES, LinkCodes
 from bot.memory.store import SqliteStore
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
@@ -130,22 +130,33 @@ async def test_codes_expire_and_attempts_are_rate_limited(store: SqliteStore) ->
     assert await codes.redeem(first, "discord", "z") is None or first == second
 
 
-async def test_failures_are_limited_for_the_whole_code_space(store: SqliteStore) -> None:
-    """Fresh accounts cannot share out the guessing: MAX_FAILURES in all, then everyone
-    waits (the issue's 20 fresh accounts x 5 tries)."""
+async def test_other_accounts_guesses_never_refuse_a_right_code(store: SqliteStore) -> None:
+    """Six accounts x 5 wrong tries used to exhaust a global cap and refuse every honest link,
+    the right code included. Now each guessing account stops at MAX_ATTEMPTS, the right code
+    still works, and codes issued during the storm are LONG_DIGITS long."""
     now = [time.time()]
     codes = LinkCodes(store, clock=lambda: now[0])
+    honest = await codes.issue("mesh", "!a")
     tried = 0
     for account in range(20):
-        for _ in range(MAX_ATTEMPTS):
+        for _ in range(MAX_ATTEMPTS + 1):
             if not await codes.allowed("discord", f"fresh{account}"):
                 break
-            await codes.redeem(f"{tried:06d}", "discord", f"fresh{account}")
+            await codes.redeem(f"{tried:06d}" if f"{tried:06d}" != honest else "x",
+                               "discord", f"fresh{account}")  # fmt: skip
             tried += 1
-    assert tried == MAX_FAILURES
-    assert not await codes.allowed("discord", "someone-new")
+    assert tried == 20 * MAX_ATTEMPTS > MAX_FAILURES  # each account stopped at its own cap
+    assert await codes.allowed("discord", "the-person")
+    assert await codes.redeem(honest, "discord", "the-person") == ConversationKey(
+        "mesh", "!a", DM_SPACE
+    )
+    storm = await codes.issue("mesh", "!b")
+    assert len(storm) == LONG_DIGITS and storm.isdigit()
+    assert await codes.redeem(storm, "discord", "the-person") == ConversationKey(
+        "mesh", "!b", DM_SPACE
+    )
     now[0] += CODE_TTL + 1
-    assert await codes.allowed("discord", "someone-new")
+    assert len(await codes.issue("mesh", "!c")) == 6  # the storm is over
 
 
 async def test_a_code_survives_a_restart(tmp_path: Path) -> None:

@@ -237,6 +237,40 @@ async def test_pinned_facts_are_immutable_to_extraction(memory: MemoryStore) -> 
     assert (facts[inferred].text, facts[inferred].source_ids) == ("i2", (3, 5))
 
 
+async def test_a_new_value_keeps_the_old_one_in_the_facts_history(memory: MemoryStore) -> None:
+    conv = await memory.conversation(ALICE)
+    pinned = await memory.add_fact(conv.id, text="door code is 4521", tokens=3, source_ids=[1])
+    inferred = await memory.add_fact(conv.id, text="wife is Anna", tokens=3, pinned=False,
+                                     source_ids=[2])  # fmt: skip
+    old = await memory.revise_fact(conv.id, pinned, text="door code is 7788", tokens=3,
+                                   pinned=True, source_ids=[9], updated_at=100.0)  # fmt: skip
+    assert old is not None and (old.text, old.pinned, old.source_ids) == ("door code is 4521",
+                                                                          True, (1,))  # fmt: skip
+    assert await memory.update_fact(conv.id, inferred, text="wife is Maria", tokens=3,
+                                    source_ids=[4], updated_at=200.0)  # fmt: skip
+    # The inferred one pinned by the person: any fact may take a new value this way.
+    assert await memory.revise_fact(conv.id, inferred, text="wife is Maria Silva", tokens=4,
+                                    pinned=True, source_ids=[7]) is not None  # fmt: skip
+    facts = {f.id: f for f in await memory.facts(conv.id)}
+    assert (facts[pinned].text, facts[pinned].source_ids) == ("door code is 7788", (9,))
+    assert [(h.text, h.until, h.pinned, h.source_ids) for h in facts[pinned].history] == [
+        ("door code is 4521", 100.0, True, (1,))
+    ]
+    assert [(h.text, h.pinned, h.source_ids) for h in facts[inferred].history] == [
+        ("wife is Anna", False, (2,)), ("wife is Maria", False, (2, 4)),
+    ]  # fmt: skip
+    assert facts[inferred].pinned
+    for n in range(8):  # bounded: the newest few values only
+        await memory.revise_fact(conv.id, pinned, text=f"door code is {n}", tokens=3,
+                                 pinned=True, source_ids=[])  # fmt: skip
+    history = {f.id: f for f in await memory.facts(conv.id)}[pinned].history
+    assert [h.text for h in history] == [f"door code is {n}" for n in range(2, 7)]
+    assert await memory.revise_fact(conv.id, 10**9, text="x", tokens=1, pinned=True,
+                                    source_ids=[]) is None  # fmt: skip
+    assert await memory.remove_fact(conv.id, pinned)  # its history goes with it
+    assert [f.id for f in await memory.facts(conv.id)] == [inferred]
+
+
 async def test_prune_by_use_and_links_and_incognito(memory: MemoryStore) -> None:
     ids = [await _say(memory, ALICE, f"m{i}") for i in range(6)]
     for i in ids[:5]:
@@ -313,6 +347,23 @@ async def test_parts_are_recorded_and_finish_sets_the_answer_status(memory: Memo
     assert row2 is not None and row2.state == "delivered"
     with pytest.raises(ValueError):
         await memory.finish_delivery(oid, "pending")
+
+
+async def test_scrub_and_prune_take_only_finished_rows(memory: MemoryStore) -> None:
+    conv = await memory.conversation(ALICE)
+    await memory.conversation(BOB)
+    done = await memory.queue_delivery(OutboxEntry(ALICE, "command", "1) locker 5150"))
+    await memory.finish_delivery(done, "delivered")
+    waiting = await memory.queue_delivery(OutboxEntry(ALICE, "command", "again: locker 5150"))
+    other = await memory.queue_delivery(OutboxEntry(BOB, "command", "bob: locker 5150"))
+    await memory.finish_delivery(other, "delivered")
+    assert await memory.scrub_outbox(conv.id, "locker 5150") == 1
+    assert await memory.outbox_row(done) is None
+    assert await memory.outbox_row(waiting) is not None  # pending: delivery needs it
+    assert await memory.outbox_row(other) is not None  # another person's row
+    assert await memory.prune_outbox(time.time() - 3600) == 0  # finished within the hour
+    assert await memory.prune_outbox(time.time() + 1) == 1  # only the finished one
+    assert await memory.outbox_row(waiting) is not None
 
 
 async def test_a_notice_can_settle_its_question(memory: MemoryStore) -> None:

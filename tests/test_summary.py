@@ -46,24 +46,24 @@ async def test_folds_append_chapters_with_their_ranges(
     summ = Summarizer(store=store, llm=llm, counter=make_counter(),
                       config=SummaryConfig(min_evicted=6))  # fmt: skip
     conv = await store.conversation(KEY)
-    fake_llm.reply = "S1"
+    fake_llm.reply = "S1 message"
     assert await summ.refresh(conv, window_start_id=ids[8])
     first = await store.latest_summary(conv)
     assert first is not None and (first.first_message_id, first.last_message_id) == (ids[0], ids[7])
-    fake_llm.reply = "S2"
+    fake_llm.reply = "S2 message"
     assert not await summ.refresh(conv, window_start_id=ids[10])  # only 2 new: not enough
     assert await summ.refresh(conv, window_start_id=ids[16])
     second = await store.latest_summary(conv)
-    assert second is not None and second.text == "S2"
+    assert second is not None and second.text == "S2 message"
     # A chapter of its own, after the first one (which stays: the prefix up to it survives).
     assert (second.first_message_id, second.last_message_id) == (ids[8], ids[15])
     chapters = await store.summaries(conv)
     assert [(c.text, c.first_message_id, c.last_message_id) for c in chapters] == [
-        ("S1", ids[0], ids[7]),
-        ("S2", ids[8], ids[15]),
+        ("S1 message", ids[0], ids[7]),
+        ("S2 message", ids[8], ids[15]),
     ]
     prompt = fake_llm.chat_requests()[-1]["messages"][1]["content"]
-    assert "Earlier chapter (context only): S1" in prompt
+    assert "Earlier chapter (context only): S1 message" in prompt
     assert "message 8" in prompt and "message 7" not in prompt
     await llm.close()
 
@@ -74,15 +74,15 @@ async def test_chapters_merge_into_one_when_too_long(store: SqliteStore, fake_ll
     cfg = SummaryConfig(min_evicted=6, max_tokens=40)  # merge above 60 tokens of chapters
     summ = Summarizer(store=store, llm=llm, counter=make_counter(), config=cfg)
     conv = await store.conversation(KEY)
-    fake_llm.reply = "word " * 25  # ~25 tokens a chapter
+    fake_llm.reply = "message " * 25  # ~25 tokens a chapter
     assert await summ.refresh(conv, window_start_id=ids[8])
     assert await summ.refresh(conv, window_start_id=ids[16])
     assert len(await store.summaries(conv)) == 2
-    fake_llm.script = [("reply", "word " * 25), ("reply", "merged summary")]
+    fake_llm.script = [("reply", "message " * 25), ("reply", "merged message summary")]
     assert await summ.refresh(conv, window_start_id=ids[24])  # third chapter: over 60 tokens
     chapters = await store.summaries(conv)
     assert [(c.text, c.first_message_id, c.last_message_id) for c in chapters] == [
-        ("merged summary", ids[0], ids[23])
+        ("merged message summary", ids[0], ids[23])
     ]
     assert (
         "Merge these consecutive summary chapters"
@@ -113,9 +113,12 @@ async def test_cut_summary_is_asked_shorter_and_never_saved_as_complete(
     assert second[-1]["content"].rsplit("\n", 1)[0] == head
     chapter = (await store.summaries(conv))[0]
     assert chapter.text.endswith("[…]")  # visibly incomplete, not passed off as whole
-    fake_llm.script = [("length", "Alice likes tea. She plans a trip to"), ("reply", "Short.")]
+    fake_llm.script = [
+        ("length", "Alice likes tea. She plans a trip to"),
+        ("reply", "Short: Alice."),
+    ]
     assert await summ.refresh(conv, window_start_id=ids[16])
-    assert (await store.summaries(conv))[-1].text == "Short."
+    assert (await store.summaries(conv))[-1].text == "Short: Alice."
     await llm.close()
 
 
@@ -129,20 +132,20 @@ async def test_failure_keeps_last_good_summary_and_retries_later(
                       config=SummaryConfig(min_evicted=6, retry_seconds=60),
                       clock=lambda: now[0])  # fmt: skip
     conv = await store.conversation(KEY)
-    fake_llm.reply = "good"
+    fake_llm.reply = "good message"
     await summ.refresh(conv, window_start_id=ids[8])
     fake_llm.script = [("status", 500, {"error": "x"})]
     assert summ.maybe_schedule(conv, window_start_id=ids[18])
     while summ.running:
         await asyncio.sleep(0.01)
-    assert (await store.latest_summary(conv)).text == "good"  # type: ignore[union-attr]
+    assert (await store.latest_summary(conv)).text == "good message"  # type: ignore[union-attr]
     assert not summ.maybe_schedule(conv, window_start_id=ids[18])  # backing off
     now[0] = 61
-    fake_llm.reply = "better"
+    fake_llm.reply = "better message"
     assert summ.maybe_schedule(conv, window_start_id=ids[18])
     while summ.running:
         await asyncio.sleep(0.01)
-    assert (await store.latest_summary(conv)).text == "better"  # type: ignore[union-attr]
+    assert (await store.latest_summary(conv)).text == "better message"  # type: ignore[union-attr]
     await summ.stop()
     await llm.close()
 
@@ -181,7 +184,9 @@ async def test_summary_runs_after_turns_leave_the_window(tmp_path: Path, fake_ll
     )
     try:
         fake_llm.reply_fn = lambda body: (
-            "SUMMARY" if "summar" in body["messages"][0]["content"][:60] else "answer " * 20
+            "SUMMARY of question " + body["messages"][1]["content"].split("number ")[-1][:2]
+            if "summar" in body["messages"][0]["content"][:60]
+            else "answer " * 20
         )
         for i in range(12):
             await h.say(f"question number {i} " + "padding " * 15)
@@ -190,7 +195,7 @@ async def test_summary_runs_after_turns_leave_the_window(tmp_path: Path, fake_ll
             await asyncio.sleep(0.01)
         conv = await h.store.conversation(h.transport_key("alice"))
         summary = await h.store.latest_summary(conv)
-        assert summary is not None and summary.text == "SUMMARY"
+        assert summary is not None and summary.text.startswith("SUMMARY of question")
         await h.say("and now?")
         reply = [r for r in fake_llm.chat_requests() if "and now?" in r["messages"][-1]["content"]]
         assert "SUMMARY" in reply[-1]["messages"][0]["content"]

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bot.errors import LLMUnavailable
-from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, OnText
+from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, JsonSchema, OnText
 
 BUSY_POLL = 0.05
 CHARS_PER_TOKEN = 4.0  # estimate for cache accounting (the gate has no tokenizer)
@@ -194,6 +194,7 @@ class LLMGate:
         max_tokens: int,
         lane: Lane,
         on_text: OnText | None = None,
+        schema: JsonSchema | None = None,
     ) -> Completion:
         hold = False
         if lane == "foreground":
@@ -256,14 +257,18 @@ class LLMGate:
         try:
             if lane == "foreground":
                 completion = await self._foreground_call(
-                    messages, max_tokens=max_tokens, on_text=on_text
+                    messages, max_tokens=max_tokens, on_text=on_text, schema=schema
                 )
                 kept = hold
                 return completion
             if lane == "debt":
-                completion = await self._timed(messages, max_tokens=max_tokens, on_text=None)
+                completion = await self._timed(
+                    messages, max_tokens=max_tokens, on_text=None, schema=schema
+                )
             else:
-                completion = await self._background_call(messages, max_tokens=max_tokens)
+                completion = await self._background_call(
+                    messages, max_tokens=max_tokens, schema=schema
+                )
             self.stats.background_completed += 1
             return completion
         finally:
@@ -311,7 +316,12 @@ class LLMGate:
         asyncio.get_running_loop().call_later(HOLD_SECONDS, let_go)
 
     async def _timed(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        on_text: OnText | None,
+        schema: JsonSchema | None = None,
     ) -> Completion:
         """One call to the adapter, streamed, learning the prompt and generation rates."""
         new_tokens = self.uncached_tokens(messages)
@@ -326,7 +336,9 @@ class LLMGate:
 
         rendered = _render(messages)
         try:
-            completion = await self._llm.complete(messages, max_tokens=max_tokens, on_text=seen)
+            completion = await self._llm.complete(
+                messages, max_tokens=max_tokens, on_text=seen, schema=schema
+            )
         except BaseException:
             # Whatever the server holds now, it starts with this prompt (or part of it).
             self._cached = rendered
@@ -348,11 +360,18 @@ class LLMGate:
             self.gen_rate = _ewma(self.gen_rate, tokens / gen_s)
 
     async def _foreground_call(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        on_text: OnText | None = None,
+        schema: JsonSchema | None = None,
     ) -> Completion:
         self._fg_running += 1
         try:
-            completion = await self._timed(messages, max_tokens=max_tokens, on_text=on_text)
+            completion = await self._timed(
+                messages, max_tokens=max_tokens, on_text=on_text, schema=schema
+            )
         except ContextTooLong:
             raise  # this prompt's problem, not the server's
         except LLMUnavailable:
@@ -368,9 +387,11 @@ class LLMGate:
         return completion
 
     async def _background_call(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, schema: JsonSchema | None = None
     ) -> Completion:
-        task = asyncio.ensure_future(self._timed(messages, max_tokens=max_tokens, on_text=None))
+        task = asyncio.ensure_future(
+            self._timed(messages, max_tokens=max_tokens, on_text=None, schema=schema)
+        )
         self._background.add(task)
         try:
             while not task.done():
@@ -449,8 +470,13 @@ class _Bound:
         return self._gate.model_name
 
     async def complete(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        on_text: OnText | None = None,
+        schema: JsonSchema | None = None,
     ) -> Completion:
         return await self._gate._run(
-            messages, max_tokens=max_tokens, lane=self._lane, on_text=on_text
+            messages, max_tokens=max_tokens, lane=self._lane, on_text=on_text, schema=schema
         )

@@ -37,6 +37,9 @@ Invariants:
   characters (NUL included; newlines and tabs kept) and bidi overrides/isolates are removed.
   Over-long answers are cut to ``MAX_ANSWER_CHARS``; an answer cut by ``max_tokens`` (or here)
   ends with ``TRUNCATED_MARK``.
+- ``complete(schema=...)`` asks for structured output in the endpoint's mode
+  (bot.llm.structured); a server that refuses a mode is asked in the next one at once (the
+  refusal is no failed attempt), down to a plain request.
 - ``system_role: false`` on an endpoint merges the system message into the first user message
   (templates without a system role).
 - Secrets come from the environment variable named by ``api_key_env``; servers that need no
@@ -59,6 +62,7 @@ import openai
 
 from bot.config import Endpoint, LLMConfig
 from bot.errors import LLMUnavailable
+from bot.llm import structured
 from bot.llm.port import (
     CUT_MARK,
     MODEL_CHOICE,
@@ -66,6 +70,7 @@ from bot.llm.port import (
     ChatMessage,
     Completion,
     ContextTooLong,
+    JsonSchema,
     OnText,
     merge_system,
 )
@@ -123,10 +128,11 @@ def clean_output(text: str) -> str:
     return "".join(out)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Target:
     endpoint: Endpoint
     client: openai.AsyncOpenAI
+    mode: int = 0  # index into structured.MODES: the first this server did not refuse
 
 
 class OpenAICompatLLM:
@@ -175,7 +181,12 @@ class OpenAICompatLLM:
             await target.client.close()
 
     async def complete(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        on_text: OnText | None = None,
+        schema: JsonSchema | None = None,
     ) -> Completion:
         problems: list[str] = []
         too_long: str | None = None
@@ -190,7 +201,7 @@ class OpenAICompatLLM:
                     delay = self._config.retry_backoff * 2 ** (attempt - 1)
                     await self._sleep(delay * random.uniform(0.5, 1.0))
                 try:
-                    return await self._attempt(target, payload, max_tokens, on_text)
+                    return await self._structured(target, payload, max_tokens, on_text, schema)
                 except _RETRYABLE as exc:
                     problems.append(f"{ep.base_url} ({ep.model}): {describe_error(exc)}")
                     log.warning("LLM attempt %d failed: %s", attempt + 1, problems[-1])
@@ -245,12 +256,41 @@ class OpenAICompatLLM:
             "no LLM endpoint answered: " + "; ".join(problems[-4:]) + f". Fix: {fix}"
         )
 
+    async def _structured(
+        self,
+        target: _Target,
+        payload: list[dict[str, Any]],
+        max_tokens: int,
+        on_text: OnText | None,
+        schema: JsonSchema | None,
+    ) -> Completion:
+        """One attempt; with a schema, in the endpoint's structured-output mode, moving on to
+        the next mode (bot.llm.structured) when the server refuses this one."""
+        while True:
+            mode = structured.MODES[target.mode] if schema is not None else "plain"
+            extra = structured.request_fields(mode, schema)
+            try:
+                return await self._attempt(target, payload, max_tokens, on_text, extra=extra)
+            except openai.APIStatusError as exc:
+                if not extra or not structured.rejected(exc.status_code, _server_message(exc)):
+                    raise
+                target.mode += 1
+                log.info(
+                    "LLM server %s does not take response_format %s (HTTP %d); using %s",
+                    target.endpoint.base_url,
+                    mode,
+                    exc.status_code,
+                    structured.MODES[target.mode],
+                )
+
     async def _attempt(
         self,
         target: _Target,
         payload: list[dict[str, Any]],
         max_tokens: int,
         on_text: OnText | None = None,
+        *,
+        extra: dict[str, Any] | None = None,
     ) -> Completion:
         shown = ""
 
@@ -276,6 +316,7 @@ class OpenAICompatLLM:
                 max_tokens=max_tokens,
                 temperature=self._config.temperature,
                 stream=True,
+                extra_body=extra or None,
             ) as resp:
                 kind = resp.http_response.headers.get("content-type", "")
                 try:

@@ -14,14 +14,18 @@ Invariants:
   (reasoning stripped) as it grows; a retry or a fallback starts again from "" (so the text
   may shrink); the returned ``Completion`` is what counts. Adapters that cannot stream
   ignore ``on_text``.
+- With ``schema`` (a JSON schema of the answer) the adapter asks the server for structured
+  output where it has one (OpenAI ``json_schema``, llama.cpp ``json_object`` with a schema,
+  bot.llm.structured) and sends a plain request where it has none, so the caller must still
+  parse and check the text: a schema is a request, never a guarantee.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from bot.errors import LLMUnavailable
 
@@ -30,6 +34,7 @@ CUT_MARK = " […] (the answer broke off)"
 
 Role = Literal["system", "user", "assistant"]
 OnText = Callable[[str], Awaitable[None]]
+JsonSchema = Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +57,12 @@ class LLM(Protocol):
     def model_name(self) -> str: ...
 
     async def complete(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        on_text: OnText | None = None,
+        schema: JsonSchema | None = None,
     ) -> Completion: ...
 
 

@@ -77,8 +77,15 @@ from bot.memory.retrieval import RetrievedBlock, Retriever, day_label, query_ter
 from bot.memory.store import ASSISTANT, USER, Conversation, Fact, StoredMessage, Summary
 from bot.text import fill_prompt
 
-FACTS_HEADER = "Notes about this person (plain: they asked you to remember it):"
-NEW_FACTS_HEADER = "(New notes about this person (plain: they asked you to remember it):"
+# Says exactly whose each note is (bot.memory.facts.fact_line marks the inferred ones).
+FACTS_HEADER = (
+    "Notes about this person (a plain line: they asked you to remember it; a line marked "
+    "inferred: you inferred it from your chats, they did not ask):"
+)
+NEW_FACTS_HEADER = (
+    "(New notes about this person (a plain line: they asked you to remember it; a line marked "
+    "inferred: they did not ask):"
+)
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 RETRIEVED_HEADER = "(Earlier messages that may be relevant, dated:"
 MORE_HEADER = "(More earlier messages that may be relevant to the new message, dated:"

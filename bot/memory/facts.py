@@ -11,7 +11,20 @@ Invariants:
   the messages shown, else all the person's messages shown.
 - Bad output (not JSON, wrong shapes, hundreds of items, instructions in the text) applies at
   most ``MAX_PROPOSALS`` well-formed items and never raises past ``apply``: extraction must not
-  break a session close. Fact text is data: it is shown to the model as notes, never obeyed,
+  break a session close. The model is asked for ``SCHEMA`` as structured output where the
+  server has it (bot.llm.structured); the answer is parsed and checked all the same.
+- Nothing junk is kept: a proposed fact that copies an assistant line, echoes this prompt, or
+  shares no content word with the person's messages shown is dropped (``grounded``). An
+  answer with no JSON at all leaves its messages unread (the mark stays before them) and is
+  retried at the next extraction, ``PARSE_RETRIES`` time(s); then the mark moves past them
+  with a warning saying why (``skipped`` counts them).
+- A new value for a fact's subject (bot.memory.fact_values: "door code: 4521 -> 7788")
+  updates that fact, keeping the old value in its history, instead of adding a second fact;
+  a pinned fact is never changed by extraction, whatever the subject.
+- Nothing forgotten is sent: each chunk's messages are read again just before its model call
+  (and the conversation's facts with them), so a ``!forget`` on another gateway between a
+  summary call and this one leaves nothing to send; a conversation gone meanwhile ends the
+  extraction quietly. Fact text is data: it is shown to the model as notes, never obeyed,
   and grants nothing (operators are configured by id, not remembered).
 """
 
@@ -28,6 +41,7 @@ from typing import Any
 
 from bot.llm.port import LLM, ChatMessage
 from bot.llm.tokens import TokenCounter
+from bot.memory import fact_values
 from bot.memory.port import MemoryStore
 from bot.memory.records import USER, Fact, StoredMessage
 
@@ -41,6 +55,36 @@ INFERRED = " (inferred from your chats, not asked to remember)"
 INFERRED_TOKENS = 10  # what INFERRED adds to a fact's prompt cost (an upper bound)
 NEAR_DUPLICATE = 0.85
 EXTRACT_TOKENS = 400
+PARSE_RETRIES = 1  # later extractions that read an unparseable chunk again before skipping it
+ECHO_SHARE = 0.6  # a fact with this share of its words from the prompt is an echo
+_NUMBER = re.compile(r"\d+")
+_LEAD = re.compile(r"^\s*(?:\[?\d+\]?[.):]?\s+)?(?:[\w!.-]{1,40}:\s+)?")
+_STOP_WORDS = """the a an and or but of to in on at for with from by is are was were be been am
+i you he she it we they my your his her its our their me him them this that these those there
+here what who when where how why which not no yes do does did have has had will would can could
+should so as if then than too very just also about into over person user assistant messages
+message fact facts"""
+_STOP = frozenset(_STOP_WORDS.split())
+SCHEMA: dict[str, object] = {
+    "type": "object",
+    "properties": {
+        "facts": {
+            "type": "array",
+            "maxItems": 8,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "op": {"type": "string", "enum": ["add", "update", "delete"]},
+                    "id": {"type": "integer"},
+                    "text": {"type": "string", "maxLength": FACT_MAX_CHARS},
+                    "source": {"type": "array", "maxItems": 8, "items": {"type": "integer"}},
+                },
+                "required": ["op", "text"],
+            },
+        }
+    },
+    "required": ["facts"],
+}
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -54,6 +98,7 @@ Answer with JSON only, no prose: {"facts": [ ... ]} where each item is one of
 Update a fact that the messages refine or contradict instead of adding a near-duplicate; \
 delete one that is no longer true. Pinned facts cannot change. Write each fact as a short \
 third-person sentence. Answer {"facts": []} when nothing durable was said."""
+_PROMPT_WORDS: frozenset[str] = frozenset()  # set below, once _content_words exists
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +122,45 @@ def normalize(text: str) -> str:
 
 
 def is_near_duplicate(a: str, b: str) -> bool:
+    """Same text up to case, punctuation and a few letters; never when the numbers differ
+    ("door code is 4521" is no duplicate of "door code is 7788")."""
     na, nb = normalize(a), normalize(b)
     if not na or not nb:
         return na == nb
+    if _NUMBER.findall(na) != _NUMBER.findall(nb):
+        return False
     return na == nb or difflib.SequenceMatcher(None, na, nb).ratio() >= NEAR_DUPLICATE
+
+
+def find_same_subject(text: str, facts: Sequence[Fact]) -> Fact | None:
+    """The newest fact about the same subject as ``text`` (bot.memory.fact_values)."""
+    return next((f for f in reversed(facts) if fact_values.same_subject(text, f.text)), None)
+
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1}
+
+
+_PROMPT_WORDS = frozenset(_content_words(PROMPT))
+
+
+def grounded(text: str, messages: Sequence[StoredMessage]) -> str | None:
+    """A proposed fact's text cleaned of a copied "[3] ana:" lead, or None when it is junk: a
+    copy of an assistant line, an echo of the instructions, or no content word in common with
+    the person's messages shown."""
+    text = _LEAD.sub("", text, count=1).strip() or text.strip()
+    words = _content_words(text)
+    if not words:
+        return None
+    said = set().union(*(_content_words(m.text) for m in messages if m.role == USER))
+    if not words & said:
+        return None
+    if len(words & _PROMPT_WORDS) >= ECHO_SHARE * len(words) and not words <= said:
+        return None
+    norm = normalize(text)
+    if any(normalize(m.text) == norm for m in messages if m.role != USER):
+        return None
+    return text
 
 
 def find_duplicate(text: str, facts: Sequence[Fact]) -> Fact | None:
@@ -133,7 +213,7 @@ def _find_json(raw: str) -> Any:
 def _proposal(item: Any) -> Proposal | None:
     if not isinstance(item, dict):
         return None
-    op = item.get("op")
+    op = item.get("op", "add" if item.get("id") is None else None)
     text = item.get("text")
     fact_id = item.get("id")
     source = item.get("source", [])
@@ -164,6 +244,9 @@ class FactExtractor:
         self._llm = llm  # the gate's background lane
         self._counter = counter
         self._max_facts = max_facts
+        # conversation -> (first message id of the chunk whose answer held no JSON, failures)
+        self._unparsed: dict[int, tuple[int, int]] = {}
+        self.skipped = 0  # chunks given up after PARSE_RETRIES unparseable answers
 
     async def extract(self, conversation_id: int, messages: Sequence[StoredMessage]) -> Applied:
         """Ask the model about the messages up to the last of ``messages`` not read for facts
@@ -172,15 +255,50 @@ class FactExtractor:
         ``CATCH_UP_MESSAGES``), in chunks of ``MAX_INPUT_MESSAGES`` oldest first (so what was
         said early in a long session counts), applying its decisions and moving the mark after
         each chunk. LLM errors propagate (the caller retries later; the mark stays before the
-        chunk); bad output is logged and applies nothing for that chunk."""
+        chunk); an answer with no JSON leaves the chunk unread ``PARSE_RETRIES`` time(s), then
+        it is skipped with a warning; a conversation forgotten meanwhile ends it quietly."""
         messages = await self._unread(conversation_id, messages)
         total = Applied()
         for start in range(0, len(messages), MAX_INPUT_MESSAGES):
-            chunk = messages[start : start + MAX_INPUT_MESSAGES]
+            chunk = await self._alive(conversation_id, messages[start : start + MAX_INPUT_MESSAGES])
+            if not chunk:
+                return total  # forgotten (or pruned) since it was read: nothing to send
             got = await self._extract_chunk(conversation_id, chunk)
+            if got is None and not self._give_up(conversation_id, chunk):
+                return total  # left unread: the next extraction reads it again
             await self._store.set_facts_through(conversation_id, chunk[-1].id)
+            got = got or Applied(ignored=1)
             total = Applied(*(a + b for a, b in zip(_counts(total), _counts(got), strict=True)))
         return total
+
+    async def _alive(
+        self, conversation_id: int, chunk: Sequence[StoredMessage]
+    ) -> list[StoredMessage]:
+        """The chunk's messages as the store has them now (a ``!forget`` or retention on any
+        gateway since they were read removes them from what is sent)."""
+        now = await self._store.messages_by_ids([m.id for m in chunk])
+        return sorted((m for m in now if m.conversation_id == conversation_id), key=lambda m: m.id)
+
+    def _give_up(self, conversation_id: int, chunk: Sequence[StoredMessage]) -> bool:
+        """After an answer with no JSON: False (leave the chunk unread) until it failed
+        ``PARSE_RETRIES`` + 1 times, then True, with a warning saying why."""
+        first, failures = self._unparsed.get(conversation_id, (chunk[0].id, 0))
+        failures = failures + 1 if first == chunk[0].id else 1
+        if failures <= PARSE_RETRIES:
+            self._unparsed[conversation_id] = (chunk[0].id, failures)
+            log.info("facts: messages %d-%d of conversation %d left unread, read again later "
+                     "(the answer held no JSON)", chunk[0].id, chunk[-1].id,
+                     conversation_id)  # fmt: skip
+            return False
+        self._unparsed.pop(conversation_id, None)
+        self.skipped += 1
+        log.warning(
+            "facts: messages %d-%d of conversation %d skipped: the model answered %d times "
+            "without usable JSON. Fix: a server with structured output (llama.cpp, Ollama, "
+            "vLLM take a JSON schema) or a larger model",
+            chunk[0].id, chunk[-1].id, conversation_id, failures,
+        )  # fmt: skip
+        return True
 
     async def _unread(
         self, conversation_id: int, messages: Sequence[StoredMessage]
@@ -200,7 +318,10 @@ class FactExtractor:
                      len(gap) - CATCH_UP_MESSAGES, conversation_id)  # fmt: skip
         return [*pending, *gap[-CATCH_UP_MESSAGES:], *todo]
 
-    async def _extract_chunk(self, conversation_id: int, messages: list[StoredMessage]) -> Applied:
+    async def _extract_chunk(
+        self, conversation_id: int, messages: list[StoredMessage]
+    ) -> Applied | None:
+        """The chunk's decisions applied; None when the answer held no JSON."""
         if not any(m.role == USER for m in messages):
             return Applied()
         facts = await self._store.facts(conversation_id)
@@ -210,14 +331,30 @@ class FactExtractor:
             ChatMessage("system", PROMPT),
             ChatMessage("user", f"Current facts:\n{listing or '(none)'}\n\nMessages:\n{chat}"),
         ]
-        completion = await self._llm.complete(prompt, max_tokens=EXTRACT_TOKENS)
+        completion = await self._llm.complete(prompt, max_tokens=EXTRACT_TOKENS, schema=SCHEMA)
         try:
             proposals = parse_proposals(completion.text)
         except ValueError as exc:
-            log.warning("fact extraction for conversation %d ignored: %s",
-                        conversation_id, exc)  # fmt: skip
-            return Applied(ignored=1)
-        return await self.apply(conversation_id, proposals, messages)
+            log.info("fact extraction for conversation %d: no usable answer (%s)",
+                     conversation_id, exc)  # fmt: skip
+            return None
+        kept: list[Proposal] = []
+        for p in proposals:
+            text = grounded(p.text, messages) if p.op != "delete" else ""
+            if text is None:
+                log.debug("fact extraction for conversation %d: an ungrounded fact dropped",
+                          conversation_id)  # fmt: skip
+                continue
+            kept.append(Proposal(p.op, text, p.fact_id, p.source) if text else p)
+        try:
+            applied = await self.apply(conversation_id, kept, messages)
+        except Exception:
+            if not await self._alive(conversation_id, messages):
+                log.debug("facts: conversation %d forgotten meanwhile", conversation_id)
+                return Applied()
+            raise
+        return Applied(applied.added, applied.updated, applied.deleted,
+                       applied.ignored + len(proposals) - len(kept))  # fmt: skip
 
     async def apply(
         self,
@@ -242,7 +379,7 @@ class FactExtractor:
                 continue
             target = by_id.get(p.fact_id or -1) if p.op == "update" else None
             if target is None:
-                dup = find_duplicate(p.text, facts)
+                dup = find_duplicate(p.text, facts) or find_same_subject(p.text, facts)
                 if dup is not None and dup.pinned:
                     ignored += 1  # already pinned by the person: never touched
                     continue
@@ -276,15 +413,29 @@ def fact_line(fact: Fact) -> str:
     return f"- {fact.text}" if fact.pinned else f"- {fact.text}{INFERRED}"
 
 
+def history_note(fact: Fact, *, today: float) -> str:
+    """``!facts``' word on the value a fact replaced, if any: 'was "4521" (you, until
+    today)'; an inferred old value says so."""
+    if not fact.history:
+        return ""
+    last = fact.history[-1]
+    parts, now = fact_values.split(last.text), fact_values.split(fact.text)
+    value = parts[1] if parts and now and parts[0] == now[0] else last.text
+    who = "you" if last.pinned else "inferred"
+    more = f", {len(fact.history) - 1} earlier" if len(fact.history) > 1 else ""
+    return f'was "{value}" ({who}, until {_day(last.until, today)}{more})'
+
+
+def _day(when: float, today: float) -> str:
+    if time.strftime("%Y%m%d", time.gmtime(when)) == time.strftime("%Y%m%d", time.gmtime(today)):
+        return "today"
+    return time.strftime("%d %b", time.gmtime(when)).lstrip("0")
+
+
 def provenance(fact: Fact, source: StoredMessage | None, *, today: float) -> str:
     """``!facts``' short "when and from what": the date (or "today"), and for an inferred fact
     the start of the message it came from."""
-    when = fact.updated_at or fact.created_at
-    day = (
-        "today"
-        if time.strftime("%Y%m%d", time.gmtime(when)) == time.strftime("%Y%m%d", time.gmtime(today))
-        else time.strftime("%d %b", time.gmtime(when)).lstrip("0")
-    )
+    day = _day(fact.updated_at or fact.created_at, today)
     if fact.pinned:
         return f"you, {day}"
     if source is None:

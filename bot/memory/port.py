@@ -17,6 +17,9 @@ Invariants every implementation keeps:
 - ``recent_messages(before_id=Q)`` is the conversation as it stands for message Q: everything
   before Q plus the assistant answers to those messages, even when an answer was stored after
   Q (a second question sent before the first was answered).
+- Finished outbox rows are deleted by ``prune_outbox`` (the app runs it every maintenance
+  round, whatever the retention settings, bot.memory.keep) and, holding a fact's text, by
+  ``scrub_outbox`` (``!unremember``); pending rows never.
 - The outbox (``queue_delivery`` ... ``take_more``) is the durable list of what must still
   reach someone. ``queue_delivery(entry, answer=...)`` stores the assistant turn (the model's
   whole answer, status ``sending``), marks the question ``answered`` and adds the row in ONE
@@ -51,7 +54,9 @@ Invariants every implementation keeps:
   ``add_sessions`` skips the span); they are
   ordered by message id, never by clock.
 - Pinned facts (``!remember``) are never changed by ``update_fact`` or by
-  ``remove_fact(extracted_only=True)``.
+  ``remove_fact(extracted_only=True)``; ``revise_fact`` (a new value for the same subject)
+  may change any fact. Both keep the replaced text in the fact's ``history`` (at most
+  ``FACT_HISTORY`` entries), which goes with the fact when it is removed or forgotten.
 - ``prune_by_use`` never deletes important messages, the sources of pinned facts, or messages
   awaiting an answer; every deletion takes the message's index and vector rows with it.
 - ``link_dm`` moves one DM conversation's rows into another and marks them with their origin;
@@ -257,6 +262,18 @@ class MemoryStore(Protocol):
         updated_at: float | None = None,
     ) -> bool: ...
 
+    async def revise_fact(
+        self,
+        conversation_id: int,
+        fact_id: int,
+        *,
+        text: str,
+        tokens: int,
+        pinned: bool,
+        source_ids: Sequence[int],
+        updated_at: float | None = None,
+    ) -> Fact | None: ...
+
     async def remove_fact(
         self, conversation_id: int, fact_id: int, *, extracted_only: bool = False
     ) -> bool: ...
@@ -354,6 +371,10 @@ class MemoryStore(Protocol):
     async def stats(self) -> dict[str, int]: ...
 
     async def prune_older_than(self, cutoff: float, *, batch: int = 500) -> int: ...
+
+    async def prune_outbox(self, before: float, *, batch: int = 500) -> int: ...
+
+    async def scrub_outbox(self, conversation_id: int, text: str) -> int: ...
 
     # --- the durable outbox (see the module docstring) ----------------------------------------
     async def queue_delivery(

@@ -73,9 +73,22 @@ class Summary:
 
 
 @dataclass(frozen=True, slots=True)
+class FactChange:
+    """An earlier value of a fact: its text, until when it held, whose it was (``pinned``: the
+    person's own ``!remember``) and the message ids it came from."""
+
+    text: str
+    until: float
+    pinned: bool
+    source_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Fact:
     """``pinned`` facts came from ``!remember`` and extraction never changes them; extracted
-    facts record the message ids they came from (``source_ids``) and when they last changed."""
+    facts record the message ids they came from (``source_ids``) and when they last changed.
+    ``history`` holds its earlier values, oldest first (a new value for the same subject
+    replaced each, bot.memory.facts)."""
 
     id: int
     text: str
@@ -84,6 +97,7 @@ class Fact:
     pinned: bool = True
     source_ids: tuple[int, ...] = ()
     updated_at: float | None = None
+    history: tuple[FactChange, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,7 @@ from bot.errors import LLMUnavailable
 from bot.llm.gate import BackgroundPreempted, LLMGate, hold_for_debt
 from bot.llm.port import LLM, TRUNCATED_MARK, ChatMessage
 from bot.llm.tokens import TokenCounter
+from bot.memory import chapter_check
 from bot.memory.facts import EXTRACT_TOKENS, FactExtractor
 from bot.memory.port import MemoryStore
 from bot.memory.records import FACTS_CLAIM, SUMMARY_CLAIM
@@ -344,11 +345,11 @@ class Summarizer:
         base = self._bases.get(conversation.id)
         continued = False
         extractive = self.stats.extractive
+        words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
         if base is not None and len(pending) == whole and pending[0].id >= base.first_id:
             text = await self._continue(conversation, base, window_start_id, pending, lane)
             continued = text is not None
         if not continued:
-            words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
             before = chapters[-1].text if chapters else ""
             material = _fold_input(before, pending)
             alone = [ChatMessage("system", CHAPTER_PROMPT), ChatMessage("user", material)]
@@ -357,6 +358,11 @@ class Summarizer:
             else:
                 text = await self._write(CHAPTER_PROMPT, material, words, llm=self._lane(lane))
         assert text is not None
+        text = chapter_check.vet(  # junk (an echoed instruction ...) becomes a digest
+            text, instruction=CHAPTER_PROMPT + "\n" + CONTINUATION_PROMPT,
+            sources=[(m.author, m.text) for m in pending], counter=self._counter,
+            limit=chapter_check.words_limit(words, self._config.max_tokens),
+        )  # fmt: skip
         saved = await self._store.save_summary(
             conversation.id,
             text=text,
@@ -452,6 +458,10 @@ class Summarizer:
             return False
         words = max(20, int(self._config.max_tokens * 0.6))
         text = await self._write(MERGE_PROMPT, _merge_input(chapters), words)  # background
+        text = chapter_check.vet(
+            text, instruction=MERGE_PROMPT, sources=[("", c.text) for c in chapters],
+            counter=self._counter, limit=chapter_check.words_limit(words, self._config.max_tokens),
+        )  # fmt: skip
         saved = await self._store.save_summary(
             conversation.id,
             text=text,

@@ -12,6 +12,10 @@ Invariants:
   ``history_file``, 0600) and the prompt is drawn only after the previous answer, so it never
   lands in the middle of one; "thinking..." shows while the model works and is erased before
   the answer. The terminal's settings are restored at stop.
+- A line reaches the history file only once it has been handled, and only when ``keep_line``
+  said yes both before and after (the person was not incognito): an incognito line, and the
+  ``!incognito`` lines around it, are dropped from the in-memory history too and never
+  written. ``!forget`` deletes the file and clears the in-memory history.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class ConsoleTransport:
         stdout: IO[str] | None = None,
         interactive: bool | None = None,
         history_file: Path | None = None,
+        keep_line: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.limits = TransportLimits(
             context_tokens=context_tokens,
@@ -83,6 +88,9 @@ class ConsoleTransport:
         self._lines: asyncio.Queue[bytes] = asyncio.Queue()
         self._pump: threading.Thread | None = None
         self._history = history_file
+        self._keep_line = keep_line  # False while the console user is incognito
+        self._pending = False  # pump: a line went into readline's memory, awaiting a verdict
+        self._verdict = False  # reader: the handled line may be written to the history file
         # readline only on the real terminal (tests hand in their own streams)
         self._readline = self._interactive and stdin is None and _isatty(sys.stdin)
         self._want_line = threading.Event()  # the reader asks the pump for the next line
@@ -154,6 +162,7 @@ class ConsoleTransport:
                 if not text.strip() and not self._interactive:
                     continue  # blank lines in a script separate nothing
                 self._counter += 1
+                keep = await self._may_keep()
                 await on_message(
                     Inbound(
                         transport=self.name,
@@ -165,6 +174,7 @@ class ConsoleTransport:
                     )
                 )
                 await self._wait_idle()
+                self._verdict = keep and bool(text.strip()) and await self._may_keep()
         except Exception:  # loop boundary: a broken terminal ends the console, not the bot
             log.exception("console input failed")
         finally:
@@ -186,6 +196,17 @@ class ConsoleTransport:
         except (OSError, ValueError) as exc:
             return Delivery(DeliveryStatus.FAILED, detail=str(exc))
         return Delivery(DeliveryStatus.DELIVERED, message_ids=(f"console-out-{id(reply)}",))
+
+    async def _may_keep(self) -> bool:
+        """May the line go to the history file? No while incognito, nor when that cannot be
+        read (kept out is the safe side)."""
+        if self._keep_line is None:
+            return True
+        try:
+            return await self._keep_line()
+        except Exception:  # a store error must not end the console; the line is just not kept
+            log.debug("console history: incognito state unreadable; line not kept")
+            return False
 
     def forget(self, person: str) -> int:
         """``!forget``: delete the export files written for the console user, and the line
@@ -227,6 +248,7 @@ class ConsoleTransport:
             while True:
                 self._want_line.wait()
                 self._want_line.clear()
+                self._settle_last(readline)
                 try:
                     line = input(PROMPT)
                 except EOFError:
@@ -235,13 +257,23 @@ class ConsoleTransport:
                 except (UnicodeDecodeError, OSError, ValueError) as exc:
                     log.warning("console input unreadable (%s); stopping the console", exc)
                     break
-                if readline is not None and self._history is not None and line.strip():
-                    _append_history(readline, self._history)
+                self._pending, self._verdict = bool(line), False  # settled once handled
                 loop.call_soon_threadsafe(
                     lines.put_nowait, (line + "\n").encode("utf-8", "replace")
                 )
         finally:
             loop.call_soon_threadsafe(lines.put_nowait, b"")
+
+    def _settle_last(self, readline: Any) -> None:
+        """Pump thread, before the next prompt: write the handled line to the history file,
+        or take it out of readline's memory (incognito; not written)."""
+        pending, self._pending = self._pending, False
+        if readline is None or not pending:
+            return
+        if self._verdict and self._history is not None:
+            _append_history(readline, self._history)
+        elif not self._verdict:
+            _drop_last(readline)
 
     def _print(self, text: str) -> None:
         self._stdout.write(text + "\n")
@@ -271,6 +303,13 @@ def _load_readline(history: Path | None) -> Any:
         with contextlib.suppress(OSError):
             readline.read_history_file(history)
     return readline
+
+
+def _drop_last(readline: Any) -> None:
+    with contextlib.suppress(ValueError, AttributeError):
+        n = readline.get_current_history_length()
+        if n:
+            readline.remove_history_item(n - 1)
 
 
 def _append_history(readline: Any, history: Path) -> None:

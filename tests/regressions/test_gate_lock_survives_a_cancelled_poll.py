@@ -20,7 +20,12 @@ class _Never:
     model_name = "never"
 
     async def complete(
-        self, messages: object, *, max_tokens: int, on_text: OnText | None = None
+        self,
+        messages: object,
+        *,
+        max_tokens: int,
+        on_text: OnText | None = None,
+        schema: object = None,
     ) -> Completion:
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")

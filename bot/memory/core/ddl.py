@@ -150,6 +150,19 @@ def link_facts(t: Types) -> list[Migration]:
     return _named(t, ("014_facts_pending", facts_pending))
 
 
+def fact_history(t: Types) -> str:
+    # A fact's earlier values, newest last (JSON list of {"text", "until", "pinned",
+    # "source_ids"}): a new value for the same subject replaces the text and keeps the old one
+    # here, so !facts can say what changed and from where (bot.memory.facts). Deleted with its
+    # fact (!unremember, !forget).
+    return "ALTER TABLE facts ADD COLUMN history TEXT NOT NULL DEFAULT '[]';"
+
+
+def fact_changes(t: Types) -> list[Migration]:
+    """Migration 018, the same on both backends."""
+    return _named(t, ("018_fact_history", fact_history))
+
+
 def chat_settings_table(t: Types) -> str:
     # The model and the persona (system prompt) chosen for a scope: a channel
     # ("discord:guild:1:ch:2"), a guild ("discord:guild:1"), a transport ("meshtastic") or the

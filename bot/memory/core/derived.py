@@ -7,7 +7,9 @@ Invariants:
 - Summaries are chapters: saving one deletes only the rows whose message range it covers, so
   folds append chapters and a merge (one row over their union) replaces them.
 - Pinned facts (``!remember``) are never changed by ``update_fact`` or an ``extracted_only``
-  removal; ``source_ids`` is a JSON list of the message ids a fact came from.
+  removal; ``source_ids`` is a JSON list of the message ids a fact came from. A replaced
+  value is kept in the row's ``history`` (JSON, the last ``FACT_HISTORY``), so it goes with
+  the row: ``!unremember`` and ``!forget`` take a fact's history with it.
 - ``facts_through`` only moves forward; moving it past a message flagged ``facts_pending`` (one
   a ``!link`` brought in below the mark unread) clears the flag in the same statement batch:
   a message is read for facts once, whichever way it came.
@@ -21,7 +23,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from bot.memory.core.db import CoreBase
-from bot.memory.records import MSG_COLS, Conversation, Fact, StoredMessage, Summary, msg_from_row
+from bot.memory.records import (
+    MSG_COLS,
+    Conversation,
+    Fact,
+    FactChange,
+    StoredMessage,
+    Summary,
+    msg_from_row,
+)
+
+FACT_HISTORY = 5  # earlier values kept per fact
 
 
 class DerivedMixin(CoreBase):
@@ -79,8 +91,8 @@ class DerivedMixin(CoreBase):
     # --- facts ------------------------------------------------------------------------------
     async def facts(self, conversation_id: int) -> list[Fact]:
         rows = await self._all(
-            "SELECT id, text, tokens, created_at, pinned, source_ids, updated_at FROM facts "
-            "WHERE conversation_id = ? ORDER BY id",
+            "SELECT id, text, tokens, created_at, pinned, source_ids, updated_at, history "
+            "FROM facts WHERE conversation_id = ? ORDER BY id",
             (conversation_id,),
         )
         return [_fact(r) for r in rows]
@@ -113,23 +125,56 @@ class DerivedMixin(CoreBase):
         source_ids: Sequence[int],
         updated_at: float | None = None,
     ) -> bool:
-        """Rewrite an extracted fact (never a pinned one); provenance accumulates."""
+        """Rewrite an extracted fact (never a pinned one); provenance accumulates, and a
+        changed text keeps the old one in the fact's history."""
         now = time.time() if updated_at is None else updated_at
         async with self._atomic(durable=False) as tx:  # extracted: read again if lost
-            old = await tx.val(
-                "SELECT source_ids FROM facts WHERE conversation_id = ? AND id = ? AND pinned = 0"
-                + self.dialect.for_update,
+            old = await tx.one(
+                "SELECT source_ids, text, history FROM facts WHERE conversation_id = ? "
+                "AND id = ? AND pinned = 0" + self.dialect.for_update,
                 (conversation_id, fact_id),
             )
             if old is None:
                 return False
-            merged = sorted({*json.loads(old), *source_ids})
+            merged = sorted({*json.loads(old[0]), *source_ids})
+            history = old[2] if old[1] == text else _pushed(old[2], old[1], now, False, old[0])
             await tx.exec(
-                "UPDATE facts SET text = ?, tokens = ?, source_ids = ?, updated_at = ? "
-                "WHERE id = ?",
-                (text, tokens, _ids(merged), now, fact_id),
+                "UPDATE facts SET text = ?, tokens = ?, source_ids = ?, updated_at = ?, "
+                "history = ? WHERE id = ?",
+                (text, tokens, _ids(merged), now, history, fact_id),
             )
             return True
+
+    async def revise_fact(
+        self,
+        conversation_id: int,
+        fact_id: int,
+        *,
+        text: str,
+        tokens: int,
+        pinned: bool,
+        source_ids: Sequence[int],
+        updated_at: float | None = None,
+    ) -> Fact | None:
+        """Give a fact a new value (pinned or not): the old text, whose it was and its sources
+        go to the history; the sources become ``source_ids``. Returns the fact as it was (None
+        when it is gone)."""
+        now = time.time() if updated_at is None else updated_at
+        async with self._atomic() as tx:  # the person's own words (!remember): durable
+            row = await tx.one(
+                "SELECT id, text, tokens, created_at, pinned, source_ids, updated_at, history "
+                "FROM facts WHERE conversation_id = ? AND id = ?" + self.dialect.for_update,
+                (conversation_id, fact_id),
+            )
+            if row is None:
+                return None
+            history = _pushed(row[7], row[1], now, bool(row[4]), row[5])
+            await tx.exec(
+                "UPDATE facts SET text = ?, tokens = ?, pinned = ?, source_ids = ?, "
+                "updated_at = ?, history = ? WHERE id = ?",
+                (text, tokens, int(pinned), _ids(source_ids), now, history, fact_id),
+            )
+            return _fact(row)
 
     async def remove_fact(
         self, conversation_id: int, fact_id: int, *, extracted_only: bool = False
@@ -186,4 +231,40 @@ def _fact(row: Sequence[Any]) -> Fact:
         pinned=bool(row[4]),
         source_ids=tuple(json.loads(row[5])),
         updated_at=row[6],
+        history=_history(row[7]),
     )
+
+
+def _history(raw: str | None) -> tuple[FactChange, ...]:
+    try:
+        items = json.loads(raw or "[]")
+    except ValueError:
+        return ()
+    out = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("text"), str):
+            sources = item.get("source_ids")
+            out.append(
+                FactChange(
+                    text=item["text"],
+                    until=float(item.get("until") or 0.0),
+                    pinned=bool(item.get("pinned")),
+                    source_ids=tuple(
+                        i
+                        for i in (sources if isinstance(sources, list) else [])
+                        if isinstance(i, int)
+                    ),
+                )
+            )
+    return tuple(out)
+
+
+def _pushed(raw: str | None, text: str, until: float, pinned: bool, sources: str) -> str:
+    """``raw`` history with one more entry, the oldest dropped past ``FACT_HISTORY``."""
+    try:
+        items = json.loads(raw or "[]")
+    except ValueError:
+        items = []
+    entry = {"text": text, "until": until, "pinned": pinned, "source_ids": json.loads(sources)}
+    kept = [*(items if isinstance(items, list) else []), entry][-FACT_HISTORY:]
+    return json.dumps(kept, separators=(",", ":"))

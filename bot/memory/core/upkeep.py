@@ -240,6 +240,24 @@ class UpkeepMixin(CoreBase):
                 return total
             await asyncio.sleep(0)
 
+    async def scrub_outbox(self, conversation_id: int, text: str) -> int:
+        """Delete the finished outbox rows of this conversation's keys (a linked DM's too)
+        whose text or rest holds ``text`` (``!unremember``: a fact's text leaves the outbox
+        with it). Pending rows stay: delivery needs them."""
+        if not text:
+            return 0
+        rows = await self._all(
+            "SELECT o.id, o.text, o.rest FROM outbox o JOIN conversations c ON "
+            "o.transport = c.transport AND o.person = c.person AND o.space = c.space "
+            "WHERE (c.id = ? OR c.merged_into = ?) AND o.state != 'pending'",
+            (conversation_id, conversation_id),
+        )
+        ids = [r[0] for r in rows if text in r[1] or (r[2] is not None and text in r[2])]
+        if not ids:
+            return 0
+        where, params = self.dialect.in_ids("id", ids)
+        return await self._exec(f"DELETE FROM outbox WHERE {where}", params)
+
     async def prune_older_than(self, cutoff: float, *, batch: int = 500) -> int:
         """Retention: delete messages created before ``cutoff`` in small batches (no long lock),
         and finished outbox rows (the answers' text) past their short keep."""
