@@ -166,6 +166,7 @@ class App:
                         log.info("forgetting by use: deleted %d little-used old message(s)",
                                  forgotten)  # fmt: skip
                 await self.responder.redeliver()  # replies whose link was down
+                await self.responder.take_over_stale()  # questions of a gateway that died
                 if self.responder.idle:
                     await self.store.tidy()
             except Exception:  # loop boundary: upkeep must never stop the bot; try next round

@@ -66,10 +66,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
-from bot.delivery import OutboxSender
+from bot.delivery import DEFAULT_MAX_AGE, OutboxSender
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import LLMUnavailable, StorageError
 from bot.limits import PersonLimits
@@ -101,7 +102,10 @@ TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
 ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
 BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
-RECOVER_WITHIN_SECONDS = 15 * 60
+NOT_ANSWERED = (
+    "Sorry, I was offline when you wrote {ago} ago and did not answer. Ask again if you still "
+    "need it."
+)
 MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
 
 
@@ -123,6 +127,7 @@ class _Job:
     command: bool = False
     outbox: OutboxRow | None = None  # a stored delivery to (re)send
     incognito: bool = False  # answered from memory, nothing stored
+    recovered: bool = False  # stored before a restart or by a gateway that died
     # The conversation as read at intake, kept only for a job that runs next with no command
     # started, ended or running since the read (commands are what change conversation rows):
     # its turn needs no second read.
@@ -164,6 +169,8 @@ class Responder:
         self._commands_running = 0
         self._accepting = True
         self._stretches = HeldStretches()
+        self._max_age = dict(max_age or {})
+        self._questions: set[int] = set()  # stored questions queued or answered here now
 
     def attach(self, transport: Transport) -> None:
         self._transports[transport.name] = transport
@@ -245,7 +252,16 @@ class Responder:
         qkey = (key.transport, key.person, key.space)
         if job.outbox is not None:
             self._outbox.in_flight.add(job.outbox.id)
-        self._queues.setdefault(qkey, deque()).append(job)
+        if job.message_id is not None:
+            self._questions.add(job.message_id)
+        queue = self._queues.setdefault(qkey, deque())
+        if job.recovered and (mine := job.message_id) is not None:
+            # before the person's later questions not started yet (heard live before recovery
+            # ran): each answer in the order the questions were asked
+            later = (i for i in range(1, len(queue)) if (queue[i].message_id or 0) > mine)
+            queue.insert(next(later, len(queue)), job)
+        else:
+            queue.append(job)
         if qkey not in self._workers:
             self._idle.clear()
             task = asyncio.create_task(self._work(qkey), name=f"turns {key}")
@@ -273,12 +289,16 @@ class Responder:
                         await self._incognito_turn(job.inbound)
                     else:
                         assert job.message_id is not None
-                        await self._turn(job.inbound, job.message_id, job.conv)
+                        await self._turn(
+                            job.inbound, job.message_id, job.conv, recovered=job.recovered
+                        )
                 except Exception:  # loop boundary: one bad turn must not stop this person's queue
                     log.exception("turn failed in %s", job.inbound.key)
                     await self._after_failure(job)
                 finally:
                     queue.popleft()
+                    if job.message_id is not None:
+                        self._questions.discard(job.message_id)
                     if job.outbox is not None:
                         self._outbox.in_flight.discard(job.outbox.id)
         finally:
@@ -344,7 +364,14 @@ class Responder:
             return transport.fit_more(text)
         return transport.fit(text), None
 
-    async def _turn(self, inbound: Inbound, message_id: int, conv: Conversation | None) -> None:
+    async def _turn(
+        self,
+        inbound: Inbound,
+        message_id: int,
+        conv: Conversation | None,
+        *,
+        recovered: bool = False,
+    ) -> None:
         if conv is None:  # something ran for this person since intake (see _Job.conv)
             conv = await self._store.conversation(inbound.key)
         # Gateways sharing one store take a person's turns one at a time, and a message that
@@ -356,7 +383,34 @@ class Responder:
                 log.debug("message %d in %s answered, gone or claimed by another gateway; "
                           "skipped", message_id, conv.id)  # fmt: skip
                 return
+            if recovered and self._too_old(inbound):
+                await self._tell_unanswered(inbound, message_id)
+                return
             await self._answer(inbound, message_id, conv)
+
+    def _too_old(self, inbound: Inbound) -> bool:
+        """An answer now would be older than the transport's ``delivery.max_age`` allows."""
+        age = time.time() - inbound.received_at.timestamp()
+        return age > self._max_age.get(inbound.transport, DEFAULT_MAX_AGE)
+
+    async def _tell_unanswered(self, inbound: Inbound, message_id: int) -> None:
+        """A recovered question too old to answer (the bot was down longer than the transport's
+        ``max_age``): the person is told, once. The notice is an outbox row that settles the
+        question as ``expired`` in the same transaction; on Discord it replaces (edits) the half
+        answer a crash left on screen for it, never posted below it."""
+        transport = self._transports[inbound.transport]
+        age = time.time() - inbound.received_at.timestamp()
+        log.warning("message %d in %s is %.0f s old; told the person instead of answering",
+                    message_id, inbound.key, age)  # fmt: skip
+        entry = OutboxEntry(
+            inbound.key,
+            "notice",
+            transport.fit(NOT_ANSWERED.format(ago=_ago(age))),
+            reply_to=inbound.message_id,
+            question_id=message_id,
+        )
+        row = await self._store.queue_claimed(entry, question_status="expired")
+        await self._outbox.deliver_now(inbound, row)
 
     async def _answer(self, inbound: Inbound, message_id: int, conv: Conversation) -> None:
         """Answer the claimed question. ``conv`` was read before the turn lock: only a turn
@@ -439,8 +493,6 @@ class Responder:
             log.error("could not store the answer for %s: %s", inbound.key, exc)
             await self._notice(inbound, ANSWER_NOT_STORED)
             return
-        folded = [m.id for m in ctx.window if m.role == "user" and m.status == "pending"]
-        await self._store.mark_answered(conv.id, [i for i in folded if i != message_id])
         delivery = await self._outbox.deliver_now(
             inbound, row, note=TRIMMED_NOTE if trimmed else None, stream=stream
         )
@@ -504,15 +556,30 @@ class Responder:
         await self._outbox.notice(inbound, text)
 
     # --- lifecycle --------------------------------------------------------------------------
-    async def recover_pending(self, *, within_seconds: float = RECOVER_WITHIN_SECONDS) -> int:
-        """At start: send what the outbox still holds, then queue stored-but-unanswered
-        messages from a crash or shutdown (recent ones only)."""
+    async def recover_pending(self) -> int:
+        """At start: send what the outbox still holds, then queue every stored-but-unanswered
+        message from a crash or shutdown, whatever its age, each for its own answer in its
+        person's order (too old to answer: the person is told, ``_tell_unanswered``)."""
         await self._outbox.release_stale_claims()
         sent = await self.redeliver()
+        return sent + await self._recover(stale_before=None)
+
+    async def take_over_stale(self) -> int:
+        """Queue the pending questions whose gateway died (claim older than
+        ``CLAIM_STALE_SECONDS``, or never claimed and stored that long ago) and that this
+        process does not hold already: a running gateway answers them (or tells)."""
+        if not self._accepting:
+            return 0
+        return await self._recover(stale_before=time.time() - CLAIM_STALE_SECONDS)
+
+    async def _recover(self, *, stale_before: float | None) -> int:
         jobs = await self._store.pending_messages(
-            since=time.time() - within_seconds, transports=tuple(self._transports)
+            since=0.0, transports=tuple(self._transports), stale_before=stale_before
         )
+        n = 0
         for key, msg in jobs:
+            if msg.id in self._questions:  # queued or being answered here
+                continue
             inbound = Inbound(
                 transport=key.transport,
                 sender=key.person,
@@ -520,11 +587,15 @@ class Responder:
                 text=msg.text,
                 message_id=msg.platform_id,
                 sender_name=msg.author,
+                received_at=datetime.fromtimestamp(msg.created_at, tz=UTC),
             )
-            self._enqueue(_Job(inbound, msg.id))
-        if jobs:
-            log.info("answering %d message(s) stored before the last shutdown", len(jobs))
-        return len(jobs) + sent
+            self._enqueue(_Job(inbound, msg.id, recovered=True))
+            n += 1
+        if n:
+            what = "stored before the last shutdown" if stale_before is None else (
+                "left by a gateway that stopped")  # fmt: skip
+            log.info("answering %d message(s) %s", n, what)
+        return n
 
     async def redeliver(self) -> int:
         """Queue every undelivered outbox row that is not already on its way (its person's
@@ -568,6 +639,14 @@ class Responder:
                 log.warning("%d conversation(s) cut off at shutdown", len(pending))
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _ago(seconds: float) -> str:
+    minutes = max(1, round(seconds / 60))
+    if minutes < 120:
+        return f"{minutes} min"
+    hours = round(minutes / 60)
+    return f"{hours} h" if hours < 48 else f"{round(hours / 24)} days"
 
 
 def _busy(seconds: float) -> str:

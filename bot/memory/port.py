@@ -32,10 +32,10 @@ Invariants every implementation keeps:
   processes at start; ``plan_part`` fixes a part's packet id before it is written (see
   ``bot.memory.outbox_claims``). ``record_shown`` keeps, by question, the messages a streamed
   answer put on screen (``OutboxRow.shown``; cleared by ``finish_delivery``).
-- ``pending_messages`` never lists a question that has a later user message in its
-  conversation (that turn folded it in); ``mark_answered`` marks the pending questions a turn
-  folded; ``claim_question`` is a compare-and-set that takes a pending question only when its
-  claim is free, ours, or stale (bot.memory.keep).
+- ``pending_messages`` lists every pending question, oldest first (each is answered on its
+  own; with ``stale_before`` only those whose gateway died); ``mark_answered`` marks pending
+  questions answered; ``claim_question`` is a compare-and-set that takes a pending question
+  only when its claim is free, ours, or stale (bot.memory.keep).
 - ``search_terms``, ``outline`` and ``vector_search`` are scoped to one conversation and never
   read other people's rows; ``vector_search`` scores with the cosine similarity, best first.
 - A user message whose platform id the conversation already stored within
@@ -126,7 +126,7 @@ class MemoryStore(Protocol):
     def claim(self, kind: int, conversation_id: int) -> AbstractAsyncContextManager[bool]: ...
 
     async def pending_messages(
-        self, *, since: float, transports: Sequence[str]
+        self, *, since: float, transports: Sequence[str], stale_before: float | None = None
     ) -> list[tuple[ConversationKey, StoredMessage]]: ...
 
     async def set_status(
