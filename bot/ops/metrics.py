@@ -2,7 +2,11 @@
 
 Invariants:
 - ``TimedLLM`` is the LLM port around another LLM: same answers, same errors; it only records
-  how long each successful call took (a bounded window, so memory stays flat for months).
+  how long each successful call took (a bounded window, so memory stays flat for months) and
+  each failed call (``LLMUnavailable``: every endpoint failed). Consecutive failures are an
+  *outage*: its start, the failures since and the last error stay in ``Latencies`` until a
+  call succeeds, so the status says "LLM unavailable since ..." while people are told so. A
+  prompt the server refused as too long (``ContextTooLong``) is not an outage.
 - ``LastError`` is a logging handler keeping the newest ERROR record's time, logger and first
   line. Error records never carry message text (privacy rule for every logger), so neither
   does the status file.
@@ -17,7 +21,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bot.llm.port import LLM, ChatMessage, Completion
+from bot.errors import LLMUnavailable
+from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong
 
 WINDOW = 200  # latest LLM calls the percentiles cover
 
@@ -25,9 +30,22 @@ WINDOW = 200  # latest LLM calls the percentiles cover
 class Latencies:
     def __init__(self, *, window: int = WINDOW) -> None:
         self._seconds: deque[float] = deque(maxlen=window)
+        self.failed = 0  # failed calls since the start
+        self.outage_since: float | None = None  # wall time of the first failure in a row
+        self.outage_failures = 0  # failed calls since then
+        self.last_failure = ""  # the newest failure's first line (never message text)
 
     def add(self, seconds: float) -> None:
         self._seconds.append(seconds)
+        self.outage_since = None
+        self.outage_failures = 0
+
+    def fail(self, error: str, *, at: float) -> None:
+        self.failed += 1
+        if self.outage_since is None:
+            self.outage_since = at
+        self.outage_failures += 1
+        self.last_failure = error.splitlines()[0][:300] if error else "unknown error"
 
     def __len__(self) -> int:
         return len(self._seconds)
@@ -57,7 +75,13 @@ class TimedLLM:
         self, messages: Sequence[ChatMessage], *, max_tokens: int, **kwargs: Any
     ) -> Completion:
         started = self._clock()
-        result = await self._llm.complete(messages, max_tokens=max_tokens, **kwargs)
+        try:
+            result = await self._llm.complete(messages, max_tokens=max_tokens, **kwargs)
+        except ContextTooLong:  # the server answered: not an outage (the turn retries smaller)
+            raise
+        except LLMUnavailable as exc:
+            self._latencies.fail(str(exc), at=time.time())
+            raise
         self._latencies.add(self._clock() - started)
         return result
 
