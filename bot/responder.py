@@ -98,6 +98,7 @@ log = logging.getLogger("bot.responder")
 UNAVAILABLE = "LLM unavailable, try again later."
 INTERNAL_ERROR = "Sorry, something went wrong on my side. Please try again."
 EMPTY = "Your message was empty. Send some text, or {prefix}help for commands."
+UNREADABLE = "I could not read your message (it was not valid text). Please send it again."
 TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
 ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
@@ -180,8 +181,9 @@ class Responder:
         """Called by transports. Returns once the message is stored and queued."""
         text = clean_inbound(inbound.text)
         inbound = replace(inbound, text=text)
-        if not text:
-            await self._notice(inbound, EMPTY.format(prefix=self._commands.prefix))
+        if not text.replace("\ufffd", "").strip():  # nothing, or only bytes that were not text
+            unreadable = UNREADABLE if "\ufffd" in text else EMPTY
+            await self._notice(inbound, unreadable.format(prefix=self._commands.prefix))
             return
         limited = self._over_limit(inbound)
         if self._commands.parse(text) is not None:

@@ -136,7 +136,9 @@ def classify(packet: Mapping[str, Any], *, my_num: int, rules: ReceiveRules) -> 
         text = bytes(payload).decode("utf-8", errors="replace")
         repaired = True
     if not text.replace("\ufffd", "").strip():
-        return Dropped("invalid UTF-8" if repaired else "empty text")
+        if not repaired or packet.get("to", 0) != my_num:  # garbage on a channel: no trigger
+            return Dropped("invalid UTF-8" if repaired else "empty text")
+        # a DM of nothing but invalid UTF-8: handed on, so the person hears it was unreadable
     if _NUMBERED.match(text):
         return Dropped("numbered bot output (loop guard)")
     to = packet.get("to", 0)
