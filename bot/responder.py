@@ -103,6 +103,10 @@ TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
 ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
 BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
+FORGOT_AT_RESTART = (
+    "Deleted everything I kept about you (your forget finished as I restarted). I no longer "
+    "remember you."
+)
 NOT_ANSWERED = (
     "Sorry, I was offline when you wrote {ago} ago and did not answer. Ask again if you still "
     "need it."
@@ -129,6 +133,7 @@ class _Job:
     outbox: OutboxRow | None = None  # a stored delivery to (re)send
     incognito: bool = False  # answered from memory, nothing stored
     recovered: bool = False  # stored before a restart or by a gateway that died
+    command_id: int | None = None  # the command as held in the store until answered
     # The conversation as read at intake, kept only for a job that runs next with no command
     # started, ended or running since the read (commands are what change conversation rows):
     # its turn needs no second read.
@@ -189,8 +194,10 @@ class Responder:
         if self._commands.parse(text) is not None:
             if limited:  # commands obey the same limits: a flood of them gets one notice
                 await self._notice_once(inbound, limited)
-            elif self._accepting:  # commands are not stored; during shutdown they are dropped
-                self._enqueue(_Job(inbound, command=True))
+                return
+            held = await self._hold_command(inbound)  # a kill now: run at the next start
+            if self._accepting:  # (during shutdown: held for the next start)
+                self._enqueue(_Job(inbound, command=True, command_id=held))
             return
         commands_before = self._command_events
         try:
@@ -283,10 +290,11 @@ class Responder:
                         self._command_events += 1
                         self._commands_running += 1
                         try:
-                            await self._command(job.inbound)
+                            await self._command(job.inbound, recovered=job.recovered)
                         finally:
                             self._commands_running -= 1
                             self._command_events += 1
+                        await self._release_command(job.command_id)
                     elif job.incognito:
                         await self._incognito_turn(job.inbound)
                     else:
@@ -310,9 +318,43 @@ class Responder:
                 self._idle.set()
 
     # --- turns ------------------------------------------------------------------------------
-    async def _command(self, inbound: Inbound) -> None:
+    async def _hold_command(self, inbound: Inbound) -> int | None:
+        """Store a command before it runs (``held_commands``): one lost to a kill is run at
+        the next start. A store that fails (disk full) does not stop the command."""
+        try:
+            return await self._store.hold_command(
+                inbound.key,
+                inbound.text,
+                platform_id=inbound.message_id,
+                author=inbound.sender_name,
+            )
+        except (sqlite3.Error, StorageError) as exc:
+            log.warning("could not hold a command from %s (%s); running it anyway",
+                        inbound.key, exc)  # fmt: skip
+            return None
+
+    async def _release_command(self, command_id: int | None) -> None:
+        if command_id is None:
+            return
+        try:
+            await self._store.release_command(command_id)
+        except (sqlite3.Error, StorageError) as exc:  # run again at the next start: told so
+            log.warning("could not release held command %d: %s", command_id, exc)
+
+    async def _command(self, inbound: Inbound, *, recovered: bool = False) -> None:
         parsed = self._commands.parse(inbound.text)
         assert parsed is not None
+        confirm = parsed[0] == "forget" and parsed[1].lower() == "yes"
+        if (  # killed during or after the delete: nothing of the person is left
+            recovered
+            and confirm
+            and not await self._store.conversations_of(inbound.transport, inbound.sender)
+        ):
+            transport = self._transports[inbound.transport]
+            entry = OutboxEntry(inbound.key, "command", transport.fit(FORGOT_AT_RESTART),
+                                reply_to=inbound.message_id)  # fmt: skip
+            await self._outbox.deliver_now(inbound, await self._store.queue_claimed(entry))
+            return
         if parsed[0] in ENDS_INCOGNITO:  # here at once, and for every gateway in the store
             everywhere = parsed[0] == "forget"
             self._stretches.drop(inbound.key, every_space=everywhere)
@@ -544,6 +586,9 @@ class Responder:
         if job.outbox is not None:  # a delivery that crashed: end the row, never loop on it
             await self._outbox.fail(job.outbox.id)
             return
+        if job.command_id is not None:  # told below: never run (and crash) again
+            with contextlib.suppress(Exception):  # loop boundary: the store may have failed
+                await self._store.release_command(job.command_id)
         try:
             await self._notice(job.inbound, INTERNAL_ERROR)
         except Exception:  # loop boundary: the transport may be what failed
@@ -564,7 +609,21 @@ class Responder:
         person's order (too old to answer: the person is told, ``_tell_unanswered``)."""
         await self._outbox.release_stale_claims()
         sent = await self.redeliver()
-        return sent + await self._recover(stale_before=None)
+        commands = await self._store.held_commands(transports=tuple(self._transports))
+        for held in commands:  # before the questions: they came first or alongside
+            inbound = Inbound(
+                transport=held.key.transport,
+                sender=held.key.person,
+                space=held.key.space,
+                text=held.text,
+                message_id=held.platform_id,
+                sender_name=held.author,
+                received_at=datetime.fromtimestamp(held.created_at, tz=UTC),
+            )
+            self._enqueue(_Job(inbound, command=True, command_id=held.id, recovered=True))
+        if commands:
+            log.info("running %d command(s) received before the last shutdown", len(commands))
+        return sent + len(commands) + await self._recover(stale_before=None)
 
     async def take_over_stale(self) -> int:
         """Queue the pending questions whose gateway died (claim older than

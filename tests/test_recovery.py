@@ -4,7 +4,9 @@ running gateway takes over questions whose gateway died (stale claim).
 
 Before: only each person's latest pending question was recovered, the earlier ones were folded
 into its prompt and marked answered (one answer for up to 13 questions), and questions older
-than 15 minutes were never answered nor told."""
+than 15 minutes were never answered nor told. Commands are held in the store until answered:
+one lost to a kill is run at the next start, and a ``!forget yes`` whose delete finished is
+confirmed (before: no reply to either)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 
 from bot.memory.keep import CLAIM_STALE_SECONDS
 from bot.memory.store import USER
+from bot.responder import FORGOT_AT_RESTART
 from tests.conftest import Harness, start_harness
 from tests.fakes.fake_llm import FakeLLM
 
@@ -111,5 +114,62 @@ async def test_a_running_gateway_takes_over_a_question_with_a_stale_claim(
         await h.app.responder.wait_idle()
         assert h.transport.texts() == ["answer to dead"]
         assert await h.app.responder.take_over_stale() == 0  # answered: never twice
+    finally:
+        await h.app.close()
+
+
+async def test_a_command_lost_to_a_kill_is_run_at_the_next_start(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """Commands are stored before they run; one a kill interrupted (still held) is run when
+    the bot starts again, and released once its reply is in the outbox."""
+    h = await start_harness(tmp_path, fake_llm)
+    await h.say("!remember my boat is the Heron")
+    assert await h.store.held_commands(transports=["fake"]) == []  # released once answered
+    await h.store.hold_command(h.transport_key("alice"), "!facts", platform_id="p9",
+                               author="alice")  # fmt: skip
+    await h.app.close()
+    h = await start_harness(tmp_path, fake_llm)
+    try:
+        await h.app.responder.wait_idle()
+        [reply] = h.transport.texts()
+        assert "my boat is the Heron" in reply
+        assert await h.store.held_commands(transports=["fake"]) == []
+    finally:
+        await h.app.close()
+
+
+async def test_a_forget_interrupted_after_the_delete_is_told_at_restart(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    h = await start_harness(tmp_path, fake_llm)
+    await h.say("hello")
+    await h.say("!forget")
+    # killed after "!forget yes" was held and the delete committed, before the reply
+    await h.store.hold_command(h.transport_key("alice"), "!forget yes", platform_id="p2",
+                               author="alice")  # fmt: skip
+    await h.store.forget_person("fake", "alice")
+    await h.app.close()
+    h = await start_harness(tmp_path, fake_llm)
+    try:
+        await h.app.responder.wait_idle()
+        assert h.transport.texts() == [FORGOT_AT_RESTART]
+    finally:
+        await h.app.close()
+
+
+async def test_a_forget_yes_killed_before_the_delete_is_not_called_done(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    h = await start_harness(tmp_path, fake_llm)
+    await h.say("hello")
+    await h.store.hold_command(h.transport_key("alice"), "!forget yes", platform_id="p3",
+                               author="alice")  # fmt: skip
+    await h.app.close()
+    h = await start_harness(tmp_path, fake_llm)
+    try:
+        await h.app.responder.wait_idle()
+        [reply] = h.transport.texts()
+        assert reply.startswith("Nothing to confirm")  # nothing was deleted: it says so
     finally:
         await h.app.close()

@@ -192,6 +192,19 @@ async def test_every_pending_question_is_listed_and_stale_claims_are_found(
     assert [m.id for _, m in later] == [first, second, third]  # its claim went stale
 
 
+async def test_commands_are_held_until_released(memory: MemoryStore) -> None:
+    first = await memory.hold_command(ALICE, "!facts", platform_id="7", author="alice")
+    second = await memory.hold_command(BOB, "!reset", platform_id=None, author=None)
+    held = await memory.held_commands(transports=["mesh"])
+    assert [(c.id, c.key, c.text, c.platform_id) for c in held] == [
+        (first, ALICE, "!facts", "7"),
+        (second, BOB, "!reset", None),
+    ]
+    assert await memory.held_commands(transports=["discord"]) == []
+    await memory.release_command(first)
+    assert [c.id for c in await memory.held_commands(transports=["mesh"])] == [second]
+
+
 async def test_facts_crud(memory: MemoryStore) -> None:
     conv = await memory.conversation(ALICE)
     a = await memory.add_fact(conv.id, text="one", tokens=1)

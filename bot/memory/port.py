@@ -79,6 +79,7 @@ from typing import Any, Protocol
 
 from bot.domain import ConversationKey
 from bot.memory.records import (
+    HeldCommand,
     LongTermSummary,
     OutboxEntry,
     OutboxRow,
@@ -136,6 +137,14 @@ class MemoryStore(Protocol):
     async def mark_answered(self, conversation_id: int, ids: Sequence[int]) -> int: ...
 
     async def claim_question(self, message_id: int, *, stale_before: float) -> bool: ...
+
+    async def hold_command(
+        self, key: ConversationKey, text: str, *, platform_id: str | None, author: str | None
+    ) -> int: ...
+
+    async def release_command(self, command_id: int) -> None: ...
+
+    async def held_commands(self, *, transports: Sequence[str]) -> list[HeldCommand]: ...
 
     async def known_platform_ids(
         self, transport: str, platform_ids: Sequence[str], *, since: float
