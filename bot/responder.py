@@ -2,7 +2,9 @@
 
 Invariants:
 - The inbound message is persisted before anything else (status ``pending``), so a crash or a
-  shutdown loses nothing; pending messages are picked up again at the next start.
+  shutdown loses nothing; pending messages are picked up again at the next start, each for
+  its own answer (``bot.recovery``, which the responder inherits). Commands are held in the
+  store until their reply is queued, so one lost to a kill runs at the next start.
 - A turn reads its conversation once: the row read at intake, if nothing ran for the person
   and no command of anyone's started, ended or was running since (``_Job.conv``: commands are
   what change conversation rows, a ``!link`` on one transport the row of another), else again
@@ -66,11 +68,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
-from bot.delivery import DEFAULT_MAX_AGE, OutboxSender
+from bot.delivery import OutboxSender
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import LLMUnavailable, StorageError
 from bot.limits import PersonLimits
@@ -90,6 +91,7 @@ from bot.memory.records import (
 from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
+from bot.recovery import FORGOT_AT_RESTART, Recovery
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import AnswerStream, Congested, KeepsFiles, Paginates, Transport
 
@@ -103,14 +105,6 @@ TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
 ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
 BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
-FORGOT_AT_RESTART = (
-    "Deleted everything I kept about you (your forget finished as I restarted). I no longer "
-    "remember you."
-)
-NOT_ANSWERED = (
-    "Sorry, I was offline when you wrote {ago} ago and did not answer. Ask again if you still "
-    "need it."
-)
 MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
 
 
@@ -140,7 +134,7 @@ class _Job:
     conv: Conversation | None = None
 
 
-class Responder:
+class Responder(Recovery):
     def __init__(
         self,
         *,
@@ -256,6 +250,14 @@ class Responder:
         if self._limits.may_notice(who):  # one per window: a flood must not make us flood back
             await self._notice(inbound, text)
 
+    def _enqueue_recovered(
+        self, inbound: Inbound, *, message_id: int | None = None, command_id: int | None = None
+    ) -> None:
+        if command_id is not None:
+            self._enqueue(_Job(inbound, command=True, command_id=command_id, recovered=True))
+        else:
+            self._enqueue(_Job(inbound, message_id, recovered=True))
+
     def _enqueue(self, job: _Job) -> None:
         key = job.inbound.key
         qkey = (key.transport, key.person, key.space)
@@ -318,29 +320,6 @@ class Responder:
                 self._idle.set()
 
     # --- turns ------------------------------------------------------------------------------
-    async def _hold_command(self, inbound: Inbound) -> int | None:
-        """Store a command before it runs (``held_commands``): one lost to a kill is run at
-        the next start. A store that fails (disk full) does not stop the command."""
-        try:
-            return await self._store.hold_command(
-                inbound.key,
-                inbound.text,
-                platform_id=inbound.message_id,
-                author=inbound.sender_name,
-            )
-        except (sqlite3.Error, StorageError) as exc:
-            log.warning("could not hold a command from %s (%s); running it anyway",
-                        inbound.key, exc)  # fmt: skip
-            return None
-
-    async def _release_command(self, command_id: int | None) -> None:
-        if command_id is None:
-            return
-        try:
-            await self._store.release_command(command_id)
-        except (sqlite3.Error, StorageError) as exc:  # run again at the next start: told so
-            log.warning("could not release held command %d: %s", command_id, exc)
-
     async def _command(self, inbound: Inbound, *, recovered: bool = False) -> None:
         parsed = self._commands.parse(inbound.text)
         assert parsed is not None
@@ -431,30 +410,6 @@ class Responder:
                 await self._tell_unanswered(inbound, message_id)
                 return
             await self._answer(inbound, message_id, conv)
-
-    def _too_old(self, inbound: Inbound) -> bool:
-        """An answer now would be older than the transport's ``delivery.max_age`` allows."""
-        age = time.time() - inbound.received_at.timestamp()
-        return age > self._max_age.get(inbound.transport, DEFAULT_MAX_AGE)
-
-    async def _tell_unanswered(self, inbound: Inbound, message_id: int) -> None:
-        """A recovered question too old to answer (the bot was down longer than the transport's
-        ``max_age``): the person is told, once. The notice is an outbox row that settles the
-        question as ``expired`` in the same transaction; on Discord it replaces (edits) the half
-        answer a crash left on screen for it, never posted below it."""
-        transport = self._transports[inbound.transport]
-        age = time.time() - inbound.received_at.timestamp()
-        log.warning("message %d in %s is %.0f s old; told the person instead of answering",
-                    message_id, inbound.key, age)  # fmt: skip
-        entry = OutboxEntry(
-            inbound.key,
-            "notice",
-            transport.fit(NOT_ANSWERED.format(ago=_ago(age))),
-            reply_to=inbound.message_id,
-            question_id=message_id,
-        )
-        row = await self._store.queue_claimed(entry, question_status="expired")
-        await self._outbox.deliver_now(inbound, row)
 
     async def _answer(self, inbound: Inbound, message_id: int, conv: Conversation) -> None:
         """Answer the claimed question. ``conv`` was read before the turn lock: only a turn
@@ -603,61 +558,6 @@ class Responder:
         await self._outbox.notice(inbound, text)
 
     # --- lifecycle --------------------------------------------------------------------------
-    async def recover_pending(self) -> int:
-        """At start: send what the outbox still holds, then queue every stored-but-unanswered
-        message from a crash or shutdown, whatever its age, each for its own answer in its
-        person's order (too old to answer: the person is told, ``_tell_unanswered``)."""
-        await self._outbox.release_stale_claims()
-        sent = await self.redeliver()
-        commands = await self._store.held_commands(transports=tuple(self._transports))
-        for held in commands:  # before the questions: they came first or alongside
-            inbound = Inbound(
-                transport=held.key.transport,
-                sender=held.key.person,
-                space=held.key.space,
-                text=held.text,
-                message_id=held.platform_id,
-                sender_name=held.author,
-                received_at=datetime.fromtimestamp(held.created_at, tz=UTC),
-            )
-            self._enqueue(_Job(inbound, command=True, command_id=held.id, recovered=True))
-        if commands:
-            log.info("running %d command(s) received before the last shutdown", len(commands))
-        return sent + len(commands) + await self._recover(stale_before=None)
-
-    async def take_over_stale(self) -> int:
-        """Queue the pending questions whose gateway died (claim older than
-        ``CLAIM_STALE_SECONDS``, or never claimed and stored that long ago) and that this
-        process does not hold already: a running gateway answers them (or tells)."""
-        if not self._accepting:
-            return 0
-        return await self._recover(stale_before=time.time() - CLAIM_STALE_SECONDS)
-
-    async def _recover(self, *, stale_before: float | None) -> int:
-        jobs = await self._store.pending_messages(
-            since=0.0, transports=tuple(self._transports), stale_before=stale_before
-        )
-        n = 0
-        for key, msg in jobs:
-            if msg.id in self._questions:  # queued or being answered here
-                continue
-            inbound = Inbound(
-                transport=key.transport,
-                sender=key.person,
-                space=key.space,
-                text=msg.text,
-                message_id=msg.platform_id,
-                sender_name=msg.author,
-                received_at=datetime.fromtimestamp(msg.created_at, tz=UTC),
-            )
-            self._enqueue(_Job(inbound, msg.id, recovered=True))
-            n += 1
-        if n:
-            what = "stored before the last shutdown" if stale_before is None else (
-                "left by a gateway that stopped")  # fmt: skip
-            log.info("answering %d message(s) %s", n, what)
-        return n
-
     async def redeliver(self) -> int:
         """Queue every undelivered outbox row that is not already on its way (its person's
         worker sends it in order; expired rows are marked so). Returns how many."""
@@ -700,14 +600,6 @@ class Responder:
                 log.warning("%d conversation(s) cut off at shutdown", len(pending))
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.gather(*pending, return_exceptions=True)
-
-
-def _ago(seconds: float) -> str:
-    minutes = max(1, round(seconds / 60))
-    if minutes < 120:
-        return f"{minutes} min"
-    hours = round(minutes / 60)
-    return f"{hours} h" if hours < 48 else f"{round(hours / 24)} days"
 
 
 def _busy(seconds: float) -> str:
