@@ -16,7 +16,7 @@ from typing import Any
 
 from bot.memory.keep import CLAIM_STALE_SECONDS
 from bot.memory.store import USER
-from bot.responder import FORGOT_AT_RESTART
+from bot.recovery import FORGOT_AT_RESTART
 from tests.conftest import Harness, start_harness
 from tests.fakes.fake_llm import FakeLLM
 
