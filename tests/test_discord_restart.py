@@ -209,3 +209,38 @@ async def test_a_gateway_drop_mid_stream_still_shows_one_answer(
         await app.responder.wait_idle()
     assert screen(fake_discord) == split_message(LONG)
     assert len(fake_discord.sent) == 2
+
+
+async def test_a_follow_up_sent_during_a_cut_stream_gets_its_own_answer_below(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, backend: Backend
+) -> None:
+    """Issue 28 point 3: a second question sent while the first answer streams, then a stop.
+    After the restart the half answer is finished (edited) and the second question gets its
+    own answer below it. Before: the first question was folded into the second's prompt, the
+    half answer stayed cut forever with the combined answer below it."""
+
+    def answer(body: dict[str, object]) -> str:
+        messages = body["messages"]
+        assert isinstance(messages, list)
+        return SHORT if "Meshtastic" in str(messages[-1]["content"]) else LONG
+
+    fake_llm.reply_fn = answer
+    fake_llm.script = [("stall", 40)]
+    async with started(tmp_path, fake_llm, fake_discord, backend) as app:
+        await fake_discord.say(fake_discord.guild_message("tell me about LoRa", mention_bot=True))
+        await until(lambda: bool(fake_discord.sent))
+        await fake_discord.say(
+            fake_discord.guild_message("and what about Meshtastic?", mention_bot=True)
+        )
+        for _ in range(1500):  # the follow-up is stored (pending behind the first)
+            rows = await app.store._all("SELECT count(*) FROM messages WHERE role = 'user'")
+            if int(rows[0][0]) == 2:
+                break
+            await asyncio.sleep(0.02)
+    [half] = fake_discord.visible(CHANNEL_ID)
+    async with started(tmp_path, fake_llm, fake_discord, backend) as app:
+        await until(lambda: screen(fake_discord) == [*split_message(LONG), SHORT])
+        await app.responder.wait_idle()
+    shown = fake_discord.visible(CHANNEL_ID)
+    assert [s.content for s in shown] == [*split_message(LONG), SHORT]
+    assert shown[0].id == half.id  # finished in place, not left cut above a second answer
