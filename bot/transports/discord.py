@@ -446,6 +446,11 @@ class DiscordTransport:
         async def on_message(message: discord.Message) -> None:
             await self._handle(client, message)
 
+        async def on_raw_reaction_add(event: discord.RawReactionActionEvent) -> None:
+            relay = self.relay
+            if relay is not None and client.user is not None:
+                relay.offer_reaction(event, me=client.user.id)
+
         async def on_resumed() -> None:
             self._link.up()
 
@@ -454,6 +459,7 @@ class DiscordTransport:
 
         client.event(on_ready)
         client.event(on_message)
+        client.event(on_raw_reaction_add)
         client.event(on_resumed)
         client.event(on_disconnect)
 
