@@ -21,7 +21,8 @@ from discord.gateway import DiscordWebSocket
 
 from bot.app import App, build
 from bot.config import DiscordConfig
-from bot.domain import DeliveryStatus, Inbound, Reply
+from bot.domain import ConversationKey, DeliveryStatus, Inbound, Reply
+from bot.memory.records import OutboxEntry
 from bot.ops import cli_ops
 from bot.ops.status import STATUS_FILE, read, render
 from bot.responder import UNAVAILABLE
@@ -62,6 +63,8 @@ async def test_a_transport_that_ended_makes_status_unhealthy_but_keeps_the_watch
         await listener.wait_for("STATUS=serving;")
         path = app.config.database_path.parent / STATUS_FILE
         assert read(path).transports["chat"].link == "unreported"  # never assumed "running"
+        chat.link_down = True  # a reply for it waits in the outbox
+        await app.store.queue_delivery(OutboxEntry(ConversationKey("chat", "bob"), "answer", "hi"))
         chat.end()
         bad = await listener.wait_for("STATUS=UNHEALTHY")
         assert "chat stopped" in listener.messages()[bad]
@@ -73,7 +76,8 @@ async def test_a_transport_that_ended_makes_status_unhealthy_but_keeps_the_watch
         assert not report.healthy and report.watchdog_ok
         assert report.transports["chat"].link == "stopped"
         [problem] = report.problems
-        assert problem.startswith("chat stopped: the transport ended") and "Fix" in problem
+        assert problem.startswith("chat stopped (1 repl(ies) wait in the outbox): the transport")
+        assert "Fix" in problem
         lines, ok = render(report)
         assert not ok and any("NOT SERVING" in line for line in lines)
         assert cli_ops.status(app.config, as_json=True) == 1  # the HEALTHCHECK fails

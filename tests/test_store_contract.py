@@ -192,6 +192,16 @@ async def test_every_pending_question_is_listed_and_stale_claims_are_found(
     assert [m.id for _, m in later] == [first, second, third]  # its claim went stale
 
 
+async def test_waiting_replies_are_counted_per_transport(memory: MemoryStore) -> None:
+    assert await memory.waiting_replies() == {}
+    row = await memory.queue_delivery(OutboxEntry(ALICE, "answer", "one"))
+    await memory.queue_delivery(OutboxEntry(BOB, "answer", "two"))
+    await memory.queue_delivery(OutboxEntry(ConversationKey("discord", "9"), "notice", "x"))
+    assert await memory.waiting_replies() == {"mesh": 2, "discord": 1}
+    await memory.finish_delivery(row, "delivered")
+    assert await memory.waiting_replies() == {"mesh": 1, "discord": 1}
+
+
 async def test_commands_are_held_until_released(memory: MemoryStore) -> None:
     first = await memory.hold_command(ALICE, "!facts", platform_id="7", author="alice")
     second = await memory.hold_command(BOB, "!reset", platform_id=None, author=None)

@@ -126,6 +126,7 @@ class Monitor:
         problems: list[str] = []
         now = self._clock()
         today: dict[str, int] = {}
+        waiting: dict[str, int] = {}  # replies kept in the store's outbox, per transport
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel that
             # arrives as the query completes, and the app's shutdown would wait forever.
@@ -133,6 +134,8 @@ class Monitor:
                 await self._store.ping()
             async with asyncio.timeout(self._store_timeout):
                 today = await self._store.messages_since(_local_midnight(now))
+            async with asyncio.timeout(self._store_timeout):
+                waiting = await self._store.waiting_replies()
         except TimeoutError:
             problems.append(f"the database did not answer within {self._store_timeout:g} s")
         except Exception as exc:  # health boundary: any store failure is a health problem
@@ -148,13 +151,14 @@ class Monitor:
         serving: list[str] = []  # problems a restart would not fix (not for the watchdog)
         for t in self._transports():
             h = health_of(t, ended=self._has_ended(t))
+            outbox = h.outbox or waiting.get(t.name, 0)
             transports[t.name] = status_file.TransportStatus(
-                link=h.link, ok=h.loop_ok, detail=h.detail, outbox=h.outbox, problem=h.problem
+                link=h.link, ok=h.loop_ok, detail=h.detail, outbox=outbox, problem=h.problem
             )
             if not h.loop_ok:
                 problems.append(f"{t.name}: {h.detail or 'a loop is not running'}")
             elif h.problem:
-                queued = f" ({h.outbox} repl(ies) wait in the outbox)" if h.outbox else ""
+                queued = f" ({outbox} repl(ies) wait in the outbox)" if outbox else ""
                 serving.append(f"{t.name} {h.link}{queued}: {h.problem}")
         lat = self._latencies
         if lat.outage_since is not None:

@@ -320,6 +320,18 @@ class OutboxMixin(CoreBase):
         )
         return [await self._outbox_row(r) for r in rows]
 
+    async def waiting_replies(self) -> dict[str, int]:
+        """Rows still ``pending`` per transport (this gateway's): what the status reports as
+        waiting in the outbox."""
+        where = "state = 'pending'"
+        params: tuple[str, ...] = ()
+        if self.dialect.outbox_gateway:
+            where, params = where + " AND gateway = ?", (self._claim_gateway(),)
+        rows = await self._all(
+            f"SELECT transport, count(*) FROM outbox WHERE {where} GROUP BY transport", params
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
+
     async def outbox_row(self, outbox_id: int) -> OutboxRow | None:
         row = await self._one(f"SELECT {_COLS} FROM outbox WHERE id = ?", (outbox_id,))
         return None if row is None else await self._outbox_row(row)
