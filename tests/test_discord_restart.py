@@ -63,6 +63,7 @@ async def started(
     *,
     edit_seconds: float = 1.1,
     stream: bool = True,
+    discord_extra: str = "",
 ) -> AsyncIterator[App]:
     """The whole app (Discord only) on the store under ``tmp_path``; leaving the block stops
     it the way a second Ctrl-C does: turns in flight are cut off, nothing is waited for."""
@@ -70,7 +71,7 @@ async def started(
         tmp_path,
         llm.base_url,
         f"discord:\n  channels: [{CHANNEL_ID}]\n  stream_edit_seconds: {edit_seconds}\n"
-        f"  stream: {str(stream).lower()}\n" + backend.extra,
+        f"  stream: {str(stream).lower()}\n{discord_extra}" + backend.extra,
     )
     assert config.discord is not None
     fake.ready.clear()
@@ -244,3 +245,24 @@ async def test_a_follow_up_sent_during_a_cut_stream_gets_its_own_answer_below(
     shown = fake_discord.visible(CHANNEL_ID)
     assert [s.content for s in shown] == [*split_message(LONG), SHORT]
     assert shown[0].id == half.id  # finished in place, not left cut above a second answer
+
+
+async def test_a_half_answer_left_longer_than_max_age_is_replaced_by_a_notice(
+    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, backend: Backend
+) -> None:
+    """Issue 28 point 5: a stop mid-stream, then the bot down for longer than Discord's
+    ``delivery.max_age`` (24 h; 1 s here). The question is not answered that late: the half
+    answer is edited into a notice saying so. Before: after 15 minutes down the half answer
+    stayed cut forever and the question was neither answered nor told."""
+    fake_llm.reply = LONG
+    half = await ask_and_stop_mid_stream(tmp_path, fake_llm, fake_discord, backend)
+    calls, cut = len(fake_llm.chat_requests()), half.content
+    await asyncio.sleep(1.1)  # down longer than max_age
+    async with started(tmp_path, fake_llm, fake_discord, backend,
+                       discord_extra="  delivery: {max_age: 1}\n") as app:  # fmt: skip
+        await until(lambda: screen(fake_discord) != [cut])
+        await app.responder.wait_idle()
+    shown = fake_discord.visible(CHANNEL_ID)
+    assert [s.id for s in shown] == [half.id], [(s.id, s.content[:60]) for s in shown]
+    assert shown[0].content.startswith("Sorry, I was offline when you wrote 1 min ago")
+    assert len(fake_llm.chat_requests()) == calls  # not asked again: too late to answer
