@@ -262,6 +262,26 @@ class FullMesh:
         return Delivery(DeliveryStatus.FAILED, detail="outbox full")
 
 
+class SentMesh(FullMesh):
+    """A mesh side that sends everything at once; ``sent`` is each text, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def broadcast(
+        self,
+        channel: int,
+        text: str,
+        *,
+        person: str,
+        max_parts: int,
+        reply_id: int | None = None,
+        tapback: bool = False,
+    ) -> Delivery:
+        self.sent.append(text)
+        return Delivery(DeliveryStatus.SENT, message_ids=(str(1000 + len(self.sent)),))
+
+
 class Said:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
@@ -311,26 +331,13 @@ async def test_direction_is_respected(
     from bot.bridge import MeshText
 
     said = Said()
-    sent: list[str] = []
-
-    class Mesh(FullMesh):
-        async def broadcast(
-            self,
-            channel: int,
-            text: str,
-            *,
-            person: str,
-            max_parts: int,
-            reply_id: int | None = None,
-            tapback: bool = False,
-        ) -> Delivery:
-            sent.append(text)
-            return Delivery(DeliveryStatus.SENT)
+    mesh = SentMesh()
+    sent = mesh.sent
 
     cfg = RelayConfig.model_validate(
         {"pairs": [{"mesh_channel": 2, "discord_channel": 5, "direction": direction}]}
     )
-    bridge = Bridge(cfg, mesh=Mesh(), discord=said, clock=lambda: 0.0)
+    bridge = Bridge(cfg, mesh=mesh, discord=said, clock=lambda: 0.0)
     bridge.mesh_heard(MeshText("!a11ce001", "ALC", 2, 7, "from mesh"))
     bridge.discord_heard(DiscordText(5, 1, "alice", 1, "from discord"))
     await bridge.idle()
@@ -447,21 +454,8 @@ async def test_attachments_go_to_the_mesh_as_markers(fake_discord: FakeDiscord) 
 
 async def test_a_refused_message_uses_no_rate_slot() -> None:
     said = Said()
-    sent: list[str] = []
-
-    class Mesh(FullMesh):
-        async def broadcast(
-            self,
-            channel: int,
-            text: str,
-            *,
-            person: str,
-            max_parts: int,
-            reply_id: int | None = None,
-            tapback: bool = False,
-        ) -> Delivery:
-            sent.append(text)
-            return Delivery(DeliveryStatus.SENT)
+    mesh = SentMesh()
+    sent = mesh.sent
 
     cfg = RelayConfig.model_validate(
         {
@@ -470,7 +464,7 @@ async def test_a_refused_message_uses_no_rate_slot() -> None:
             "channel_messages": 2,
         }
     )
-    bridge = Bridge(cfg, mesh=Mesh(), discord=said, clock=lambda: 0.0)
+    bridge = Bridge(cfg, mesh=mesh, discord=said, clock=lambda: 0.0)
     bridge.discord_heard(DiscordText(5, 1, "alice", 1, "one"))
     bridge.discord_heard(DiscordText(5, 2, "alice", 1, "two"))  # over alice's limit
     bridge.discord_heard(DiscordText(5, 3, "bob", 2, "three"))  # the channel still has room

@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from bot.bridge import Bridge, DiscordReaction, MeshText
+from bot.bridge import Bridge, DiscordReaction, DiscordText, MeshText
 from bot.config import RelayConfig
-from bot.domain import Delivery, DeliveryStatus
 from tests.fakes import fake_radio as radio
 from tests.fakes.fake_discord import BOT_ID, FakeDiscord, user
-from tests.test_bridge import RELAY_CHANNEL, FullMesh, Said, relay_message, rig
+from tests.test_bridge import RELAY_CHANNEL, FullMesh, Said, SentMesh, relay_message, rig
 
 
 def _on_air(r: Any) -> list[Any]:
@@ -116,18 +115,17 @@ async def test_a_discord_reaction_goes_on_air_as_a_tapback_and_a_flood_is_limite
 
 
 async def test_a_reaction_on_a_message_never_relayed_stays_on_discord() -> None:
-    sent: list[str] = []
-
-    class Mesh(FullMesh):
-        async def broadcast(self, channel: int, text: str, **kw: Any) -> Delivery:
-            sent.append(text)
-            return Delivery(DeliveryStatus.SENT, message_ids=("77",))
-
+    mesh = SentMesh()
     cfg = RelayConfig.model_validate({"pairs": [{"mesh_channel": 0, "discord_channel": 5}]})
-    bridge = Bridge(cfg, mesh=Mesh(), discord=Said(), clock=lambda: 0.0)
-    bridge.discord_reaction(DiscordReaction(5, 123, "👍", user_id=1))
+    bridge = Bridge(cfg, mesh=mesh, discord=Said(), clock=lambda: 0.0)
+    bridge.discord_heard(DiscordText(5, 100, "alice", 1, "relayed"))
+    await bridge.idle()  # on air: its packet id is known
+    bridge.discord_reaction(DiscordReaction(5, 123, "👍", user_id=1))  # never relayed
+    bridge.discord_reaction(DiscordReaction(5, 100, "👍", user_id=1))
     await bridge.idle()
-    assert sent == [] and bridge.counters["reactions_unmatched"] == 1
+    assert mesh.sent == ["alice: relayed", "👍"]
+    assert bridge.counters["reactions_unmatched"] == 1
+    assert bridge.counters["reactions_to_mesh"] == 1
 
 
 async def test_a_mesh_burst_is_limited_and_the_excess_posted_as_one_digest() -> None:
