@@ -112,6 +112,8 @@ class ContextBuilder:
         budget: int,
         style_hint: str = "",
         longterm_reserve: int = 0,
+        speaker: str | None = None,  # bench conversations are DMs: nobody to name
+        system_prompt: str | None = None,  # no persona in the bench
     ) -> AssembledContext:
         reserved = 0  # held back for the long-term tier around this builder, as it was
         if longterm_reserve and await self._store.has_longterm_summary(conversation.id):

@@ -33,6 +33,8 @@ class NaiveContextBuilder:
         budget: int,
         style_hint: str = "",
         longterm_reserve: int = 0,  # no summary of any kind: nothing is held back for one
+        speaker: str | None = None,  # bench conversations are DMs: nobody to name
+        system_prompt: str | None = None,  # no persona in the bench
     ) -> AssembledContext:
         system = f"{self._system_prompt} {style_hint}".strip()
         system_tokens = self._counter.count(system) + MESSAGE_OVERHEAD

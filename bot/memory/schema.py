@@ -244,6 +244,7 @@ MIGRATIONS: list[Migration] = [
     *ddl.stretches_and_shown(ddl.SQLITE),
     *ddl.link_facts(ddl.SQLITE),
     *ddl.commands_held(ddl.SQLITE),
+    *ddl.chat_settings(ddl.SQLITE),
 ]
 
 

@@ -377,6 +377,7 @@ MIGRATIONS: list[Migration] = [
     ("013_pg_outbox_parts_platform", _m013_pg_outbox_parts_platform),
     *ddl.link_facts(ddl.POSTGRES),
     *ddl.commands_held(ddl.POSTGRES),
+    *ddl.chat_settings(ddl.POSTGRES),
 ]
 
 # What a migration does in Python after its SQL, in the same transaction.
