@@ -8,8 +8,13 @@ Invariants:
   call succeeds, so the status says "LLM unavailable since ..." while people are told so. A
   prompt the server refused as too long (``ContextTooLong``) is not an outage.
 - ``LastError`` is a logging handler keeping the newest ERROR record's time, logger and first
-  line. Error records never carry message text (privacy rule for every logger), so neither
-  does the status file.
+  line (and the ``RECENT_ERRORS`` newest, for the web view). Error records never carry
+  message text (privacy rule for every logger), so neither does the status file.
+- ``Latencies`` also keeps a cumulative histogram over fixed ``BUCKETS`` (all calls since
+  start, for Prometheus) and ``TimedLLM`` counts failed calls; both are plain integers, so
+  memory stays flat however long the bot runs.
+- ``Counters`` are monotonic totals since start (turns, answers, notices, limited) and the
+  latest first-reply latencies; names only, never a person or a text.
 """
 
 from __future__ import annotations
@@ -25,18 +30,32 @@ from bot.errors import LLMUnavailable
 from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong
 
 WINDOW = 200  # latest LLM calls the percentiles cover
+# Histogram bounds in seconds (Prometheus ``le``): a Pi's CPU model takes 2-60 s per answer.
+BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+RECENT_ERRORS = 5
 
 
 class Latencies:
     def __init__(self, *, window: int = WINDOW) -> None:
         self._seconds: deque[float] = deque(maxlen=window)
-        self.failed = 0  # failed calls since the start
+        self.buckets = [0] * len(BUCKETS)  # cumulative: calls that took <= BUCKETS[i]
+        self.total = 0  # every successful call since start
+        self.total_seconds = 0.0
+        self.failures = 0  # calls that raised (unavailable, timeouts, errors)
+        self.last_ok: bool | None = None  # how the latest call ended (None: no call yet)
+        self.failed = 0  # calls every endpoint failed (LLMUnavailable) since the start
         self.outage_since: float | None = None  # wall time of the first failure in a row
         self.outage_failures = 0  # failed calls since then
         self.last_failure = ""  # the newest failure's first line (never message text)
 
     def add(self, seconds: float) -> None:
         self._seconds.append(seconds)
+        self.last_ok = True
+        self.total += 1
+        self.total_seconds += seconds
+        for i, bound in enumerate(BUCKETS):
+            if seconds <= bound:
+                self.buckets[i] += 1
         self.outage_since = None
         self.outage_failures = 0
 
@@ -78,12 +97,45 @@ class TimedLLM:
         try:
             result = await self._llm.complete(messages, max_tokens=max_tokens, **kwargs)
         except ContextTooLong:  # the server answered: not an outage (the turn retries smaller)
+            self._latencies.failures += 1
+            self._latencies.last_ok = False
             raise
         except LLMUnavailable as exc:
+            self._latencies.failures += 1
+            self._latencies.last_ok = False
             self._latencies.fail(str(exc), at=time.time())
+            raise
+        except Exception:
+            self._latencies.failures += 1
+            self._latencies.last_ok = False
             raise
         self._latencies.add(self._clock() - started)
         return result
+
+
+class Counters:
+    """Totals since start, fed by the responder (one dict increment per event)."""
+
+    def __init__(self, *, window: int = WINDOW) -> None:
+        self.totals: dict[str, int] = {"turns": 0, "answers": 0, "notices": 0, "limited": 0}
+        self.first_reply: deque[float] = deque(maxlen=window)  # seconds, message to reply sent
+        self.first_reply_total = 0.0
+        # seconds from a message to its answer's first part accepted by the platform
+        self.first_part: deque[float] = deque(maxlen=window)
+        self.first_part_total = 0.0
+        self.first_part_count = 0
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.totals[name] = self.totals.get(name, 0) + n
+
+    def replied(self, seconds: float) -> None:
+        self.first_reply.append(seconds)
+        self.first_reply_total += seconds
+
+    def first_part_sent(self, seconds: float) -> None:
+        self.first_part.append(seconds)
+        self.first_part_total += seconds
+        self.first_part_count += 1
 
 
 class LastError(logging.Handler):
@@ -91,6 +143,7 @@ class LastError(logging.Handler):
         super().__init__(level=logging.ERROR)
         self.at: float | None = None
         self.text = ""
+        self.recent: deque[tuple[float, str]] = deque(maxlen=RECENT_ERRORS)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -99,3 +152,4 @@ class LastError(logging.Handler):
             first = str(record.msg)
         self.at = record.created
         self.text = f"{record.name}: {first}"[:300]
+        self.recent.append((self.at, self.text))
