@@ -51,8 +51,10 @@ VOLUME /data
 WORKDIR /data
 USER meshsage
 STOPSIGNAL SIGTERM
-# Healthy = the bot rewrote its status file in the last minute and reports every loop healthy
-# (a hung bot stops rewriting it). start-period covers startup and a migration.
+# Healthy = the bot rewrote its status file in the last minute, reports every loop healthy (a
+# hung bot stops rewriting it) and serves people: a stopped or restarting transport (a refused
+# Discord token) or an LLM outage is unhealthy, the cause and fix in `meshsage status`.
+# start-period covers startup and a migration.
 HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 \
     CMD ["meshsage", "status"]
 ENTRYPOINT ["meshsage"]

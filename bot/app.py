@@ -194,6 +194,7 @@ class App:
                 # retention settings (bot.memory.keep).
                 await self.store.prune_outbox(outbox_cutoff(time.time()))
                 await self.responder.redeliver()  # replies whose link was down
+                await self.responder.take_over_stale()  # questions of a gateway that died
                 if self.responder.idle:
                     await self.store.tidy()
             except Exception:  # loop boundary: upkeep must never stop the bot; try next round

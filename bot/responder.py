@@ -2,7 +2,9 @@
 
 Invariants:
 - The inbound message is persisted before anything else (status ``pending``), so a crash or a
-  shutdown loses nothing; pending messages are picked up again at the next start.
+  shutdown loses nothing; pending messages are picked up again at the next start, each for
+  its own answer (``bot.recovery``, which the responder inherits). Commands are held in the
+  store until their reply is queued, so one lost to a kill runs at the next start.
 - A turn reads its conversation once: the row read at intake, if nothing ran for the person
   and no command of anyone's started, ended or was running since (``_Job.conv``: commands are
   what change conversation rows, a ``!link`` on one transport the row of another), else again
@@ -105,6 +107,7 @@ from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import FoldBase, Summarizer
 from bot.ops.metrics import Counters
+from bot.recovery import FORGOT_AT_RESTART, Recovery
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import (
     AnswerStream,
@@ -122,11 +125,12 @@ UNAVAILABLE = "LLM unavailable, try again later."
 INTERNAL_ERROR = "Sorry, something went wrong on my side. Please try again."
 WITHDRAWN = "(withdrawn: this answered the message before it was edited)"
 EMPTY = "Your message was empty. Send some text, or {prefix}help for commands."
+UNREADABLE = "I could not read your message (it was not valid text). Please send it again."
 TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
 ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
 BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
-RECOVER_WITHIN_SECONDS = 15 * 60
+MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
 
 
 def _speaker(inbound: Inbound, limits: TransportLimits) -> str | None:
@@ -155,14 +159,16 @@ class _Job:
     command: bool = False
     outbox: OutboxRow | None = None  # a stored delivery to (re)send
     incognito: bool = False  # answered from memory, nothing stored
-    recovered: bool = False  # stored before a restart: the transport may reread it (images)
+    # stored before a restart or by a gateway that died: the transport may reread it (images)
+    recovered: bool = False
+    command_id: int | None = None  # the command as held in the store until answered
     # The conversation as read at intake, kept only for a job that runs next with no command
     # started, ended or running since the read (commands are what change conversation rows):
     # its turn needs no second read.
     conv: Conversation | None = None
 
 
-class Responder:
+class Responder(Recovery):
     def __init__(
         self,
         *,
@@ -205,6 +211,8 @@ class Responder:
         self._commands_running = 0
         self._accepting = True
         self._stretches = HeldStretches()
+        self._max_age = dict(max_age or {})
+        self._questions: set[int] = set()  # stored questions queued or answered here now
 
     def attach(self, transport: Transport) -> None:
         self._transports[transport.name] = transport
@@ -214,8 +222,9 @@ class Responder:
         """Called by transports. Returns once the message is stored and queued."""
         text = clean_inbound(inbound.text)
         inbound = replace(inbound, text=text)
-        if not text:
-            await self._intake_notice(inbound, EMPTY.format(prefix=self._commands.prefix))
+        if not text.replace("\ufffd", "").strip():  # nothing, or only bytes that were not text
+            unreadable = UNREADABLE if "\ufffd" in text else EMPTY
+            await self._intake_notice(inbound, unreadable.format(prefix=self._commands.prefix))
             return
         if inbound.edited:
             await self._edited(inbound)
@@ -224,8 +233,10 @@ class Responder:
         if self._commands.parse(text) is not None:
             if limited:  # commands obey the same limits: a flood of them gets one notice
                 await self._notice_once(inbound, limited)
-            elif self._accepting:  # commands are not stored; during shutdown they are dropped
-                self._enqueue(_Job(inbound, command=True))
+                return
+            held = await self._hold_command(inbound)  # a kill now: run at the next start
+            if self._accepting:  # (during shutdown: held for the next start)
+                self._enqueue(_Job(inbound, command=True, command_id=held))
             return
         commands_before = self._command_events
         try:
@@ -345,12 +356,29 @@ class Responder:
         else:
             await self._notice(inbound, text)
 
+    def _enqueue_recovered(
+        self, inbound: Inbound, *, message_id: int | None = None, command_id: int | None = None
+    ) -> None:
+        if command_id is not None:
+            self._enqueue(_Job(inbound, command=True, command_id=command_id, recovered=True))
+        else:
+            self._enqueue(_Job(inbound, message_id, recovered=True))
+
     def _enqueue(self, job: _Job) -> None:
         key = job.inbound.key
         qkey = (key.transport, key.person, key.space)
         if job.outbox is not None:
             self._outbox.in_flight.add(job.outbox.id)
-        self._queues.setdefault(qkey, deque()).append(job)
+        if job.message_id is not None:
+            self._questions.add(job.message_id)
+        queue = self._queues.setdefault(qkey, deque())
+        if job.recovered and (mine := job.message_id) is not None:
+            # before the person's later questions not started yet (heard live before recovery
+            # ran): each answer in the order the questions were asked
+            later = (i for i in range(1, len(queue)) if (queue[i].message_id or 0) > mine)
+            queue.insert(next(later, len(queue)), job)
+        else:
+            queue.append(job)
         if qkey not in self._workers:
             self._idle.clear()
             task = asyncio.create_task(self._work(qkey), name=f"turns {key}")
@@ -374,10 +402,11 @@ class Responder:
                         self._command_events += 1
                         self._commands_running += 1
                         try:
-                            await self._command(job.inbound)
+                            await self._command(job.inbound, recovered=job.recovered)
                         finally:
                             self._commands_running -= 1
                             self._command_events += 1
+                        await self._release_command(job.command_id)
                     elif job.incognito:
                         await self._incognito_turn(job.inbound)
                     else:
@@ -386,13 +415,15 @@ class Responder:
                         transport = self._transports.get(inbound.transport)
                         if job.recovered and isinstance(transport, Rereads):
                             inbound = await transport.reread(inbound)  # images, not stored
-                        await self._turn(inbound, job.message_id, job.conv)
+                        await self._turn(inbound, job.message_id, job.conv, recovered=job.recovered)
                 except Exception:  # loop boundary: one bad turn must not stop this person's queue
                     log.exception("turn failed in %s", job.inbound.key)
                     await self._after_failure(job)
                 finally:
                     MODEL_CHOICE.reset(chosen)
                     queue.popleft()
+                    if job.message_id is not None:
+                        self._questions.discard(job.message_id)
                     if job.outbox is not None:
                         self._outbox.in_flight.discard(job.outbox.id)
         finally:
@@ -402,9 +433,20 @@ class Responder:
                 self._idle.set()
 
     # --- turns ------------------------------------------------------------------------------
-    async def _command(self, inbound: Inbound) -> None:
+    async def _command(self, inbound: Inbound, *, recovered: bool = False) -> None:
         parsed = self._commands.parse(inbound.text)
         assert parsed is not None
+        confirm = parsed[0] == "forget" and parsed[1].lower() == "yes"
+        if (  # killed during or after the delete: nothing of the person is left
+            recovered
+            and confirm
+            and not await self._store.conversations_of(inbound.transport, inbound.sender)
+        ):
+            transport = self._transports[inbound.transport]
+            entry = OutboxEntry(inbound.key, "command", transport.fit(FORGOT_AT_RESTART),
+                                reply_to=inbound.message_id)  # fmt: skip
+            await self._outbox.deliver_now(inbound, await self._store.queue_claimed(entry))
+            return
         if parsed[0] in ENDS_INCOGNITO:  # here at once, and for every gateway in the store
             everywhere = parsed[0] == "forget"
             self._stretches.drop(inbound.key, every_space=everywhere)
@@ -465,7 +507,14 @@ class Responder:
             return transport.fit_more(text)
         return transport.fit(text), None
 
-    async def _turn(self, inbound: Inbound, message_id: int, conv: Conversation | None) -> None:
+    async def _turn(
+        self,
+        inbound: Inbound,
+        message_id: int,
+        conv: Conversation | None,
+        *,
+        recovered: bool = False,
+    ) -> None:
         if conv is None:  # something ran for this person since intake (see _Job.conv)
             conv = await self._store.conversation(inbound.key)
         # Gateways sharing one store take a person's turns one at a time, and a message that
@@ -476,6 +525,9 @@ class Responder:
             if not await self._store.claim_question(message_id, stale_before=stale):
                 log.debug("message %d in %s answered, gone or claimed by another gateway; "
                           "skipped", message_id, conv.id)  # fmt: skip
+                return
+            if recovered and self._too_old(inbound):
+                await self._tell_unanswered(inbound, message_id)
                 return
             await self._answer(inbound, message_id, conv)
 
@@ -549,8 +601,6 @@ class Responder:
             log.error("could not store the answer for %s: %s", inbound.key, exc)
             await self._notice(inbound, ANSWER_NOT_STORED)
             return
-        folded = [m.id for m in ctx.window if m.role == "user" and m.status == "pending"]
-        await self._store.mark_answered(conv.id, [i for i in folded if i != message_id])
         # Before the delivery: a debt fold takes the slot this reply kept (bot.llm.gate).
         base = (
             FoldBase((*ctx.messages, ChatMessage("assistant", whole)), ctx.window[0].id)
@@ -614,6 +664,9 @@ class Responder:
         if job.outbox is not None:  # a delivery that crashed: end the row, never loop on it
             await self._outbox.fail(job.outbox.id)
             return
+        if job.command_id is not None:  # told below: never run (and crash) again
+            with contextlib.suppress(Exception):  # loop boundary: the store may have failed
+                await self._store.release_command(job.command_id)
         try:
             await self._notice(job.inbound, INTERNAL_ERROR)
         except Exception:  # loop boundary: the transport may be what failed
@@ -629,28 +682,6 @@ class Responder:
         await self._outbox.notice(inbound, text)
 
     # --- lifecycle --------------------------------------------------------------------------
-    async def recover_pending(self, *, within_seconds: float = RECOVER_WITHIN_SECONDS) -> int:
-        """At start: send what the outbox still holds, then queue stored-but-unanswered
-        messages from a crash or shutdown (recent ones only)."""
-        await self._outbox.release_stale_claims()
-        sent = await self.redeliver()
-        jobs = await self._store.pending_messages(
-            since=time.time() - within_seconds, transports=tuple(self._transports)
-        )
-        for key, msg in jobs:
-            inbound = Inbound(
-                transport=key.transport,
-                sender=key.person,
-                space=key.space,
-                text=msg.text,
-                message_id=msg.platform_id,
-                sender_name=msg.author,
-            )
-            self._enqueue(_Job(inbound, msg.id, recovered=True))
-        if jobs:
-            log.info("answering %d message(s) stored before the last shutdown", len(jobs))
-        return len(jobs) + sent
-
     async def redeliver(self) -> int:
         """Queue every undelivered outbox row that is not already on its way (its person's
         worker sends it in order; expired rows are marked so). Returns how many."""

@@ -62,7 +62,7 @@ def packet(text: Any = "hi", **top: Any) -> dict[str, Any]:
         (packet("👍", decoded={"emoji": 1}), "tapback reaction"),
         (packet(**{"from": 0xB0B00002}), "ignored node"),
         (packet("   "), "empty text"),
-        (packet(b"\xff\xfe"), "invalid UTF-8"),
+        (packet(b"\xff\xfe", to=BROADCAST_NUM), "invalid UTF-8"),
         (packet("(2/3) chunk of another bot"), "loop guard"),
         (packet(to=0x0DDBA11), "addressed to another node"),
         (packet("@meshsage hi", to=BROADCAST_NUM, channel=1), "channel 1 not enabled"),
@@ -86,6 +86,13 @@ def test_channel_trigger_accepted_and_stripped() -> None:
     verdict = classify(pkt, my_num=ME, rules=RULES)
     assert isinstance(verdict, Accepted)
     assert (verdict.text, verdict.space, verdict.reply_to) == ("hey how far?", "ch2", 5)
+
+
+def test_a_dm_of_only_invalid_utf8_is_handed_on_to_be_answered() -> None:
+    """Issue 28: it was dropped with no reply (a NUL-only DM got "Your message was empty")."""
+    verdict = classify(packet(b"\xff\xfe"), my_num=ME, rules=RULES)
+    assert isinstance(verdict, Accepted) and verdict.repaired_utf8
+    assert set(verdict.text) == {"\ufffd"}
 
 
 def test_repaired_utf8_is_accepted_and_flagged() -> None:

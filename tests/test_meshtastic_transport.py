@@ -101,7 +101,7 @@ async def test_packets_that_are_not_for_us_are_ignored_without_crashing(
         r.inject_text("for someone else", to=0x0DDBA11)
         r.inject_text(b"\x08\x01", port=3)  # POSITION_APP
         r.inject_text(b"\xde\xad\xbe\xef", encrypted=True)  # the node could not decrypt it
-        r.inject_text(b"\xff\xfe\xfd")  # nothing but invalid UTF-8
+        r.inject_text(b"\xff\xfe\xfd", to=BROADCAST)  # nothing but invalid UTF-8 (a DM: told)
         r.inject_text("   \n ")
         r.inject_text("")
         r.inject_text(b"caf\xc3 ok?", frm=STRANGER)  # mostly text: answered, bytes repaired
@@ -114,6 +114,8 @@ async def test_packets_that_are_not_for_us_are_ignored_without_crashing(
         await h.message(2)
         await asyncio.sleep(0.05)
         assert [m.text for m in h.inbox] == ["caf\ufffd ok?", "sentinel"]
+        r.inject_text(b"\xff\xfe\xfd")  # a DM of nothing but invalid UTF-8: handed on
+        assert (await h.message(3)).text == "\ufffd\ufffd\ufffd"
     ignored = [r for r in caplog.records if r.getMessage().startswith("ignored a packet")]
     reasons = [r.getMessage().split(": ", 1)[1] for r in ignored if r.levelno == logging.INFO]
     assert reasons == [  # one INFO line per ignored text packet, with the reason, in order

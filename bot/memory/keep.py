@@ -13,8 +13,9 @@ Invariants:
   other side's outbox rows (replies there may quote this side, e.g. a ``!history`` reply).
 - A pending question is taken over only by compare-and-set: its claim is empty, already
   ours, or older than ``CLAIM_STALE_SECONDS`` (its gateway is gone: a live gateway renews
-  the claim when its turn starts). A pending question with a later user message in the
-  same conversation is never answered on its own: the later turn folds it in.
+  the claim when its turn starts). Every pending question is answered on its own, in order
+  (never folded into a later one); a running gateway takes over the pending questions whose
+  claim went stale (``pending_messages(stale_before=...)``).
 """
 
 from __future__ import annotations

@@ -35,10 +35,10 @@ Invariants every implementation keeps:
   processes at start; ``plan_part`` fixes a part's packet id before it is written (see
   ``bot.memory.outbox_claims``). ``record_shown`` keeps, by question, the messages a streamed
   answer put on screen (``OutboxRow.shown``; cleared by ``finish_delivery``).
-- ``pending_messages`` never lists a question that has a later user message in its
-  conversation (that turn folded it in); ``mark_answered`` marks the pending questions a turn
-  folded; ``claim_question`` is a compare-and-set that takes a pending question only when its
-  claim is free, ours, or stale (bot.memory.keep).
+- ``pending_messages`` lists every pending question, oldest first (each is answered on its
+  own; with ``stale_before`` only those whose gateway died); ``mark_answered`` marks pending
+  questions answered; ``claim_question`` is a compare-and-set that takes a pending question
+  only when its claim is free, ours, or stale (bot.memory.keep).
 - ``search_terms``, ``outline`` and ``vector_search`` are scoped to one conversation and never
   read other people's rows; ``vector_search`` scores with the cosine similarity, best first.
 - A user message whose platform id the conversation already stored within
@@ -86,6 +86,7 @@ from bot.domain import ConversationKey
 from bot.memory.records import (
     ChatSetting,
     EditedMessage,
+    HeldCommand,
     LongTermSummary,
     OutboxEntry,
     OutboxRow,
@@ -148,7 +149,7 @@ class MemoryStore(Protocol):
     def claim(self, kind: int, conversation_id: int) -> AbstractAsyncContextManager[bool]: ...
 
     async def pending_messages(
-        self, *, since: float, transports: Sequence[str]
+        self, *, since: float, transports: Sequence[str], stale_before: float | None = None
     ) -> list[tuple[ConversationKey, StoredMessage]]: ...
 
     async def set_status(
@@ -158,6 +159,16 @@ class MemoryStore(Protocol):
     async def mark_answered(self, conversation_id: int, ids: Sequence[int]) -> int: ...
 
     async def claim_question(self, message_id: int, *, stale_before: float) -> bool: ...
+
+    async def hold_command(
+        self, key: ConversationKey, text: str, *, platform_id: str | None, author: str | None
+    ) -> int: ...
+
+    async def release_command(self, command_id: int) -> None: ...
+
+    async def held_commands(self, *, transports: Sequence[str]) -> list[HeldCommand]: ...
+
+    async def waiting_replies(self) -> dict[str, int]: ...
 
     async def known_platform_ids(
         self, transport: str, platform_ids: Sequence[str], *, since: float

@@ -234,3 +234,15 @@ class AlreadyStored(Exception):
 # One-off derived work a store ``claim`` hands to one process at a time, per conversation.
 SUMMARY_CLAIM = 2
 FACTS_CLAIM = 3
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCommand:
+    """A command stored before it ran and not answered yet (``held_commands``)."""
+
+    id: int
+    key: ConversationKey
+    text: str
+    platform_id: str | None
+    author: str | None
+    created_at: float

@@ -2,7 +2,11 @@
 
 Invariants:
 - ``TimedLLM`` is the LLM port around another LLM: same answers, same errors; it only records
-  how long each successful call took (a bounded window, so memory stays flat for months).
+  how long each successful call took (a bounded window, so memory stays flat for months) and
+  each failed call (``LLMUnavailable``: every endpoint failed). Consecutive failures are an
+  *outage*: its start, the failures since and the last error stay in ``Latencies`` until a
+  call succeeds, so the status says "LLM unavailable since ..." while people are told so. A
+  prompt the server refused as too long (``ContextTooLong``) is not an outage.
 - ``LastError`` is a logging handler keeping the newest ERROR record's time, logger and first
   line (and the ``RECENT_ERRORS`` newest, for the web view). Error records never carry
   message text (privacy rule for every logger), so neither does the status file.
@@ -22,7 +26,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bot.llm.port import LLM, ChatMessage, Completion
+from bot.errors import LLMUnavailable
+from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong
 
 WINDOW = 200  # latest LLM calls the percentiles cover
 # Histogram bounds in seconds (Prometheus ``le``): a Pi's CPU model takes 2-60 s per answer.
@@ -38,6 +43,10 @@ class Latencies:
         self.total_seconds = 0.0
         self.failures = 0  # calls that raised (unavailable, timeouts, errors)
         self.last_ok: bool | None = None  # how the latest call ended (None: no call yet)
+        self.failed = 0  # calls every endpoint failed (LLMUnavailable) since the start
+        self.outage_since: float | None = None  # wall time of the first failure in a row
+        self.outage_failures = 0  # failed calls since then
+        self.last_failure = ""  # the newest failure's first line (never message text)
 
     def add(self, seconds: float) -> None:
         self._seconds.append(seconds)
@@ -47,6 +56,15 @@ class Latencies:
         for i, bound in enumerate(BUCKETS):
             if seconds <= bound:
                 self.buckets[i] += 1
+        self.outage_since = None
+        self.outage_failures = 0
+
+    def fail(self, error: str, *, at: float) -> None:
+        self.failed += 1
+        if self.outage_since is None:
+            self.outage_since = at
+        self.outage_failures += 1
+        self.last_failure = error.splitlines()[0][:300] if error else "unknown error"
 
     def __len__(self) -> int:
         return len(self._seconds)
@@ -78,6 +96,15 @@ class TimedLLM:
         started = self._clock()
         try:
             result = await self._llm.complete(messages, max_tokens=max_tokens, **kwargs)
+        except ContextTooLong:  # the server answered: not an outage (the turn retries smaller)
+            self._latencies.failures += 1
+            self._latencies.last_ok = False
+            raise
+        except LLMUnavailable as exc:
+            self._latencies.failures += 1
+            self._latencies.last_ok = False
+            self._latencies.fail(str(exc), at=time.time())
+            raise
         except Exception:
             self._latencies.failures += 1
             self._latencies.last_ok = False

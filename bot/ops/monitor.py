@@ -6,6 +6,13 @@ Invariants:
   answered a trivial query within ``store_timeout``, and every transport reports its loops ok.
   A wedged event loop sends nothing at all (this task cannot run), so systemd's ``WatchdogSec``
   restarts the service; a wedged store or transport loop is reported and pings stop the same way.
+- Health is never assumed: a transport whose ``wait_closed`` returned while the bot runs is
+  ``stopped`` (the monitor owns one waiter task per transport, cancelled with it), whatever it
+  reports; a transport's ``problem`` (a refused token, restarting after a failure) and an LLM
+  outage (``Latencies``) make the report unhealthy, the STATUS= line say so and ``meshsage
+  status`` (the container HEALTHCHECK) exit non-zero, with the fix in ``problems``. They do not
+  stop the watchdog pings (``watchdog_ok``): a restart fixes neither, and would stop the
+  transports that still serve people.
 - The status file is rewritten every tick (atomically), healthy or not, so ``meshsage status``
   can say what is wrong; a failure to write it is logged once per cause and never stops the bot.
 """
@@ -72,22 +79,36 @@ class Monitor:
         self._write_failed = ""
         self._stopped = False
         self._store_name = store_name(store)
+        self._ended: dict[int, asyncio.Future[None]] = {}  # id(transport) -> its wait_closed
 
     def stop(self) -> None:
         """Ends ``run`` at its next step, even if a cancel was lost."""
         self._stopped = True
+        for waiter in self._ended.values():
+            waiter.cancel()
+
+    def _has_ended(self, transport: Transport) -> bool:
+        waiter = self._ended.get(id(transport))
+        if waiter is None:
+            waiter = asyncio.ensure_future(transport.wait_closed())
+            self._ended[id(transport)] = waiter
+        return waiter.done() and not waiter.cancelled()
 
     async def run(self) -> None:
-        while not self._stopped:
-            try:
-                await self.tick()
-            except Exception:  # loop boundary: monitoring must never stop the bot
-                log.exception("status update failed")
-            await asyncio.sleep(self.interval)
+        try:
+            while not self._stopped:
+                try:
+                    await self.tick()
+                except Exception:  # loop boundary: monitoring must never stop the bot
+                    log.exception("status update failed")
+                await asyncio.sleep(self.interval)
+        finally:
+            for waiter in self._ended.values():
+                waiter.cancel()
 
     async def tick(self) -> status_file.Status:
         snapshot = await self.collect()
-        if snapshot.healthy:
+        if snapshot.watchdog_ok:
             self._notifier.watchdog()
         line = self.status_line(snapshot)
         if line != self._status_line:
@@ -107,6 +128,7 @@ class Monitor:
         problems: list[str] = []
         now = self._clock()
         today: dict[str, int] = {}
+        waiting: dict[str, int] = {}  # replies kept in the store's outbox, per transport
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel that
             # arrives as the query completes, and the app's shutdown would wait forever.
@@ -114,6 +136,8 @@ class Monitor:
                 await self._store.ping()
             async with asyncio.timeout(self._store_timeout):
                 today = await self._store.messages_since(_local_midnight(now))
+            async with asyncio.timeout(self._store_timeout):
+                waiting = await self._store.waiting_replies()
         except TimeoutError:
             problems.append(f"the database did not answer within {self._store_timeout:g} s")
         except Exception as exc:  # health boundary: any store failure is a health problem
@@ -126,24 +150,42 @@ class Monitor:
                 async with asyncio.timeout(self._store_timeout):
                     size = await self._store.database_bytes()
         transports = {}
+        serving: list[str] = []  # problems a restart would not fix (not for the watchdog)
         for t in self._transports():
-            h = health_of(t)
+            h = health_of(t, ended=self._has_ended(t))
+            outbox = h.outbox or waiting.get(t.name, 0)
             transports[t.name] = status_file.TransportStatus(
-                link=h.link, ok=h.loop_ok, detail=h.detail, outbox=h.outbox
+                link=h.link, ok=h.loop_ok, detail=h.detail, outbox=outbox, problem=h.problem
             )
             if not h.loop_ok:
                 problems.append(f"{t.name}: {h.detail or 'a loop is not running'}")
+            elif h.problem:
+                queued = f" ({outbox} repl(ies) wait in the outbox)" if outbox else ""
+                serving.append(f"{t.name} {h.link}{queued}: {h.problem}")
+        lat = self._latencies
+        if lat.outage_since is not None:
+            since = datetime.datetime.fromtimestamp(lat.outage_since).strftime("%H:%M:%S")
+            serving.append(
+                f"LLM unavailable since {since}, {lat.outage_failures} failed call(s) (last: "
+                f'{lat.last_failure}). People are told "LLM unavailable". Fix: start the LLM '
+                "server or check llm.base_url and the model name; `meshsage doctor` tests it"
+            )
         return status_file.Status(
             written_at=now,
             started_at=self.started_at,
             pid=os.getpid(),
             version=__version__,
-            healthy=not problems,
-            problems=problems,
+            healthy=not problems and not serving,
+            watchdog_ok=not problems,
+            problems=problems + serving,
             transports=transports,
             messages_in_today=today.get("user", 0),
             messages_out_today=today.get("assistant", 0),
             llm_calls=len(self._latencies),
+            llm_failed_calls=lat.failed,
+            llm_outage_since=lat.outage_since,
+            llm_outage_failures=lat.outage_failures,
+            llm_last_failure=lat.last_failure,
             llm_p50_seconds=self._latencies.percentile(50),
             llm_p95_seconds=self._latencies.percentile(95),
             database_bytes=size,

@@ -7,6 +7,11 @@ Invariants:
 - A report is *fresh* when written less than ``STALE_AFTER`` seconds ago; ``status`` exits 0
   only for a fresh, healthy report, so a hung or dead bot fails the check.
 - The file holds counts, states and timings only; never message text.
+- ``healthy`` is false whenever people are not being served: a store or a loop that failed, a
+  transport stopped, restarting or losing messages (``TransportStatus.problem``), the LLM in
+  an outage (``llm_outage_since``); each is one line of ``problems`` saying what and the fix.
+  ``watchdog_ok`` is the narrower test the systemd watchdog uses (store and loops): a restart
+  cannot fix a refused token or a down LLM server, and would stop the transports that work.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class TransportStatus:
     ok: bool
     detail: str = ""
     outbox: int = 0
+    problem: str = ""  # non-empty: not serving people (what and the fix)
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,11 @@ class Status:
     messages_in_today: int = 0
     messages_out_today: int = 0
     llm_calls: int = 0
+    llm_failed_calls: int = 0  # since the start
+    llm_outage_since: float | None = None  # first failure of the current run of failures
+    llm_outage_failures: int = 0  # failed calls since then
+    llm_last_failure: str = ""
+    watchdog_ok: bool = True
     llm_p50_seconds: float | None = None
     llm_p95_seconds: float | None = None
     database_bytes: int = 0
@@ -105,6 +116,10 @@ def _age(seconds: float) -> str:
     return f"{minutes}m {secs}s"
 
 
+def _clock(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
 def render(status: Status, *, now: float | None = None) -> tuple[list[str], bool]:
     """Human lines and whether the bot is fresh and healthy."""
     now = time.time() if now is None else now
@@ -122,15 +137,22 @@ def render(status: Status, *, now: float | None = None) -> tuple[list[str], bool
         extra = f", outbox {t.outbox}" if t.outbox else ""
         why = f" ({t.detail})" if t.detail else ""
         flag = "" if t.ok else " LOOP NOT OK"
+        flag += " NOT SERVING" if t.problem else ""
         lines.append(f"  {name + ':':<11} {t.link}{extra}{why}{flag}")
     lines += [
         f"  today:      {status.messages_in_today} in, {status.messages_out_today} out",
         f"  LLM:        p50 {_seconds(status.llm_p50_seconds)}, p95 "
-        f"{_seconds(status.llm_p95_seconds)} over the last {status.llm_calls} call(s)",
+        f"{_seconds(status.llm_p95_seconds)} over the last {status.llm_calls} call(s)"
+        + (f", {status.llm_failed_calls} failed" if status.llm_failed_calls else ""),
         *([f"  LLM limits: {status.llm_limits}"] if status.llm_limits else []),
         f"  database:   {status.store + ', ' if status.store else ''}"
         f"{status.database_bytes / 1e6:.1f} MB",
     ]
+    if status.llm_outage_since is not None:
+        lines.append(
+            f"  LLM DOWN:   since {_clock(status.llm_outage_since)}, "
+            f"{status.llm_outage_failures} failed call(s) since (last: {status.llm_last_failure})"
+        )
     if status.relay:
         r = status.relay
         lines.append(

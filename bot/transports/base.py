@@ -21,9 +21,15 @@ Invariants:
 - ``start`` returns once the transport runs in the background; ``stop`` ends it within its own
   timeout; ``wait_closed`` returns when the transport has ended by itself (console EOF) and
   otherwise only after ``stop``.
-- ``health()`` is optional (``health_of`` supplies a default): a cheap, non-blocking snapshot of
-  the link and of whether the transport's own loops still run. ``loop_ok=False`` means a loop
-  died or is wedged; the systemd watchdog then stops pinging so the service is restarted.
+- ``health()`` is optional: a cheap, non-blocking snapshot of the link and of whether the
+  transport's own loops still run. ``loop_ok=False`` means a loop died or is wedged; the
+  systemd watchdog then stops pinging so the service is restarted. ``problem`` (non-empty)
+  means people on this transport are not being served or lose messages (stopped for a refused
+  token, restarting after a failure, an intent missing): the status is unhealthy and names it
+  with its fix, but the watchdog keeps pinging (a restart would not help, and would stop the
+  other transports). ``health_of`` never calls a transport healthy that it cannot see: one
+  that ended (``ended``: its ``wait_closed`` returned while the app runs) is ``stopped``
+  whatever it says, and one without ``health()`` is reported as ``unreported``.
 """
 
 from __future__ import annotations
@@ -94,10 +100,13 @@ class Transport(Protocol):
 
 @dataclass(frozen=True)
 class TransportHealth:
-    link: str  # "up", "connecting", "down", "closed" or "running" (no link to speak of)
+    # "up", "connecting", "down", "closed", "running" (no link to speak of), "restarting",
+    # "stopped" (ended, not serving) or "unreported" (the transport has no health())
+    link: str
     loop_ok: bool = True  # False: one of the transport's loops died or is wedged
     detail: str = ""  # why, in a few words (never message text)
     outbox: int = 0  # replies waiting to go out
+    problem: str = ""  # non-empty: people on it are not served; what is wrong and the fix
 
 
 @runtime_checkable
@@ -105,11 +114,27 @@ class ReportsHealth(Protocol):
     def health(self) -> TransportHealth: ...
 
 
-def health_of(transport: Transport) -> TransportHealth:
-    """The transport's own report, or "running" for transports that do not report."""
-    if isinstance(transport, ReportsHealth):
-        return transport.health()
-    return TransportHealth(link="running")
+ENDED = (
+    "the transport ended while the bot runs; its last ERROR line in the log says why. Fix "
+    "that, then restart the service"
+)
+
+
+def health_of(transport: Transport, *, ended: bool = False) -> TransportHealth:
+    """The transport's own report (``unreported`` when it has none); ``ended``: its
+    ``wait_closed`` returned while the app runs, so it is stopped whatever it reports."""
+    own = transport.health() if isinstance(transport, ReportsHealth) else None
+    if ended:
+        why = own.problem if own is not None and own.problem else ENDED
+        return TransportHealth(
+            link="stopped",
+            detail=own.detail if own is not None else "",
+            outbox=own.outbox if own is not None else 0,
+            problem=why,
+        )
+    if own is None:
+        return TransportHealth(link="unreported", detail="this transport reports no health")
+    return own
 
 
 @runtime_checkable

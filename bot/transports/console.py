@@ -42,7 +42,7 @@ from bot.domain import (
     TransportLimits,
 )
 from bot.files import private_dir
-from bot.transports.base import OnMessage
+from bot.transports.base import OnMessage, TransportHealth
 
 log = logging.getLogger("bot.transport.console")
 
@@ -287,6 +287,10 @@ class ConsoleTransport:
         self._erase_thinking()
         _restore_tty(self._tty_state)  # readline may hold the terminal in its own mode
         self._closed.set()
+
+    def health(self) -> TransportHealth:
+        """Running until its input ends (EOF) or it is stopped."""
+        return TransportHealth(link="closed" if self._closed.is_set() else "running")
 
     async def wait_closed(self) -> None:
         await self._closed.wait()

@@ -31,11 +31,15 @@ Invariants:
   edited into the answer, never followed by a second one (``discord_resume``).
 - ``send`` never raises; trouble is reported in the ``Delivery``. ``working`` shows the typing
   indicator and never fails the turn.
-- Startup: ``start`` never raises. A missing token, a rejected token (LoginFailure) or the
-  message-content intent not enabled (close 4014, PrivilegedIntentsRequired) end this transport
-  with one ERROR line saying what to do; ``wait_closed`` then returns and other transports keep
-  running. Network trouble at login is retried forever with exponential backoff and jitter
-  (discord.py does not retry login); after login discord.py reconnects by itself.
+- Startup: ``start`` never raises. A missing token, a rejected token (LoginFailure, or the
+  gateway closing 4004 when the token is revoked while the bot runs) or the message-content
+  intent not enabled (close 4014, PrivilegedIntentsRequired) end this transport with one ERROR
+  line saying what to do (``discord_connect.cannot_work``); ``wait_closed`` then returns,
+  ``health()`` says why, and other transports keep running (replies for Discord stay in the
+  outbox). Network trouble at login is retried forever with exponential backoff and jitter
+  (discord.py does not retry login); after login discord.py reconnects by itself; anything
+  else that ends the connection (an unexpected exception inside discord.py's loop) restarts
+  it with the same backoff, reported by ``health()`` until it is up again.
 - Reply chains (guild channels): a message replying to another person's message, or to the
   bot's answer to someone else, carries that message as a quote (``(replying to Bob:)`` and
   ``> `` lines, at most ``QUOTE_MAX_CHARS``): it is visible in the channel, and it is stored in
@@ -83,7 +87,7 @@ import discord
 
 from bot.config import DiscordConfig, RelayConfig
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
-from bot.transports.base import OnMessage, ShownRecord
+from bot.transports.base import OnMessage, ShownRecord, TransportHealth
 from bot.transports.discord_attach import merge_notes
 from bot.transports.discord_catchup import (
     MAX_DM_CHANNELS,
@@ -93,18 +97,19 @@ from bot.transports.discord_catchup import (
     read_back,
 )
 from bot.transports.discord_connect import (
-    BAD_TOKEN,
     MISSING_TOKEN,
-    NO_INTENT,
     STOP_TIMEOUT,
     ClientFactory,
+    Link,
     Sleep,
     cancel_ready_wait,
+    cannot_work,
     default_client,
     login,
     settle_event_tasks,
 )
 from bot.transports.discord_inbound import NAME, OwnMessages, to_inbound
+from bot.transports.discord_policy import retry_delay
 from bot.transports.discord_read import is_dm as dm_channel
 from bot.transports.discord_read import read_attachments, readable_text
 from bot.transports.discord_relay import DiscordRelay
@@ -217,6 +222,9 @@ class DiscordTransport:
             else None
         )
         self._tree: discord.app_commands.CommandTree[discord.Client] | None = None
+        self._link = Link()  # what health() reports
+        self._stopping = False
+        self._restarts = 0  # unexpected failures since the last ready
 
     # --- port -------------------------------------------------------------------------------
     def fit(self, text: str) -> str:
@@ -225,6 +233,7 @@ class DiscordTransport:
     async def start(self, on_message: OnMessage) -> None:
         if not self._token:
             log.error(MISSING_TOKEN.format(env=self._config.token_env))
+            self._link.stopped(MISSING_TOKEN.format(env=self._config.token_env))
             self._closed.set()
             return
         self._on_message = on_message
@@ -307,6 +316,12 @@ class DiscordTransport:
             # outbox keeps the row and the parts not yet posted go out on a later try;
             # Discord refusing (403, 404, 400) is final.
             retry = transient(exc)
+            why = cannot_work(exc, env=self._config.token_env)
+            if why is not None:  # token revoked meanwhile: the reply waits in the outbox
+                retry = True
+                if self._link.state != "stopped":
+                    log.error(why)
+                self._link.stopped(why)
             log.warning(
                 "delivery to %s %s after %d message(s): %s",
                 reply.inbound.key,
@@ -406,7 +421,15 @@ class DiscordTransport:
         if typing is not None and typing.task is not None:
             typing.task.cancel()  # the answer is visible: no "is typing..." under it
 
+    def health(self) -> TransportHealth:
+        link = self._link
+        problem = link.problem or link.content_problem()
+        detail = link.detail or (f"{link.contentless} message(s) without text" if
+                                 link.contentless else "")  # fmt: skip
+        return TransportHealth(link=link.state, detail=detail, problem=problem)
+
     async def stop(self) -> None:
+        self._stopping = True
         client, task = self._client, self._task
         if self._catchup_task is not None and not self._catchup_task.done():
             self._catchup_task.cancel()
@@ -431,22 +454,49 @@ class DiscordTransport:
     async def _run(self, token: str) -> None:
         env = self._config.token_env
         try:
-            client = await self._login(token)
-            await client.connect(reconnect=True)
-        except discord.LoginFailure:
-            log.error(BAD_TOKEN.format(env=env))
-        except discord.PrivilegedIntentsRequired:
-            log.error(NO_INTENT)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # task boundary: whatever ends Discord must not end the other transports
-            log.exception("discord transport stopped unexpectedly; other transports keep running")
+            while not self._stopping:
+                try:
+                    client = await self._login(token)
+                    await client.connect(reconnect=True)
+                    if self._stopping:
+                        return
+                    raise ConnectionError("the gateway connection ended")
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # task boundary: Discord must not end other transports
+                    why = cannot_work(exc, env=env)
+                    if why is not None:  # a retry cannot help: stay stopped, say why
+                        log.error(why)
+                        self._link.stopped(why)
+                        return
+                    if self._stopping:
+                        return
+                    await self._close_client()
+                    delay = retry_delay(
+                        self._restarts,
+                        initial=self._config.retry_initial,
+                        cap=self._config.retry_max,
+                        rand=self._rand(),
+                    )
+                    self._restarts += 1
+                    log.exception(
+                        "discord transport stopped unexpectedly (%s); restarting in %.0f s "
+                        "(attempt %d); other transports keep running",
+                        describe(exc),
+                        delay,
+                        self._restarts,
+                    )
+                    self._link.restarting(describe(exc), delay, self._restarts)
+                    await self._sleep(delay)
         finally:
-            if self._client is not None:
-                cancel_ready_wait(self._client)
-                with contextlib.suppress(Exception):
-                    await self._client.close()
+            await self._close_client()
             self._closed.set()
+
+    async def _close_client(self) -> None:
+        if self._client is not None:
+            cancel_ready_wait(self._client)
+            with contextlib.suppress(Exception):
+                await self._client.close()
 
     async def _login(self, token: str) -> discord.Client:
         def current(client: discord.Client) -> None:
@@ -473,6 +523,8 @@ class DiscordTransport:
                 len(self._config.channels),
             )
 
+            self._link.up()
+            self._restarts = 0
             # A new session (start, or a reconnect Discord could not resume): what was said
             # meanwhile is read from history. A resumed session replays events by itself.
             if self._catchup_task is not None and not self._catchup_task.done():
@@ -495,10 +547,18 @@ class DiscordTransport:
             if relay is not None and client.user is not None:
                 relay.offer_reaction(event, me=client.user.id)
 
+        async def on_resumed() -> None:
+            self._link.up()
+
+        async def on_disconnect() -> None:
+            self._link.down()
+
         client.event(on_ready)
         client.event(on_message)
         client.event(on_raw_message_edit)
         client.event(on_raw_reaction_add)
+        client.event(on_resumed)
+        client.event(on_disconnect)
         if self.slash is not None:
             self._tree = self.slash.install(client)
 
@@ -574,6 +634,8 @@ class DiscordTransport:
                     or any(u.id == client.user.id for u in message.mentions),
                     text=readable_text(message, message.content),
                 )
+            if inbound is None and live:
+                self._check_content(client, message)
             if inbound is None or self._on_message is None:
                 return
             self._remember(str(message.id), message)
@@ -587,6 +649,31 @@ class DiscordTransport:
             dm = dm_channel(channel)
             if dm or channel.id in self._config.channels or channel.id in self._marks.followed:
                 self._marks.see(channel.id, message.id, dm=dm)
+
+    def _check_content(self, client: discord.Client, message: discord.Message) -> None:
+        """A guild message for others with no text at all, in a channel the bot reads: the
+        Message Content intent is off (Discord sends such messages empty), so relayed chatter
+        and replies without a mention are lost. Said once in the log, kept in ``health()``."""
+        relay = self.relay
+        watched = message.channel.id in self._config.channels or (
+            relay is not None and message.channel.id in relay.channels
+        )
+        if (
+            not watched
+            or message.guild is None
+            or message.author.bot
+            or message.webhook_id is not None
+            or message.content
+            or message.attachments
+            or message.embeds
+            or message.stickers
+            or message.poll is not None
+            or (client.user is not None and any(u.id == client.user.id for u in message.mentions))
+        ):
+            return
+        warning = self._link.no_content()
+        if warning is not None:
+            log.warning(warning)
 
     async def _edited(
         self, client: discord.Client, message: discord.Message, cached: discord.Message | None

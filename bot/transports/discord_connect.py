@@ -15,6 +15,14 @@ Invariants:
   it ended after the close it dispatched on a client without a loop, and its handler's
   coroutine was never awaited.
 - Nothing the client sends can ping anyone (``NO_MENTIONS``); no voice, no voice warnings.
+- ``cannot_work`` sorts what ends a connection: a refused token (login 401, or the gateway
+  closing with 4004 when the token is revoked while the bot runs), the Message Content intent
+  not enabled (4014) and other configuration refusals (4010-4013) cannot be fixed by trying
+  again: the transport stays stopped and says why. Anything else is transient and the
+  transport restarts with backoff.
+- ``Link`` is what ``health()`` reports: the state, why, and a problem with its fix whenever
+  people on Discord are not served (stopped, restarting) or lose messages (channel messages
+  arriving without text: the Message Content intent is off).
 """
 
 from __future__ import annotations
@@ -53,6 +61,75 @@ NO_INTENT = (
     "'discord: message_content_intent: false' (then replies to the bot must @mention it). "
     "Other transports keep running."
 )
+
+BAD_CONFIG = (
+    "discord transport stopped: Discord refused the gateway connection ({why}). Fix: check "
+    "the discord settings and the application at " + PORTAL + ", then restart. Other "
+    "transports keep running."
+)
+NO_CONTENT = (
+    "{n} channel message(s) arrived without text: the Message Content intent is off, so "
+    "messages that do not @mention the bot (relayed chatter) are lost. Fix: at " + PORTAL + " "
+    "open your application -> Bot -> Privileged Gateway Intents, switch on MESSAGE CONTENT "
+    "INTENT, set 'discord: message_content_intent: true' and restart"
+)
+# Gateway close codes that no retry can fix (Discord's docs: "do not reconnect").
+CONFIG_CLOSE = {4010: "invalid shard", 4011: "sharding required", 4012: "invalid API version",
+                4013: "invalid intents"}  # fmt: skip
+
+
+def cannot_work(exc: BaseException, *, env: str) -> str | None:
+    """The ERROR text when ``exc`` means the transport cannot work until someone fixes
+    something (it stays stopped); None when trying again may help."""
+    if isinstance(exc, discord.LoginFailure):
+        return BAD_TOKEN.format(env=env)
+    if isinstance(exc, discord.PrivilegedIntentsRequired):
+        return NO_INTENT
+    if isinstance(exc, discord.ConnectionClosed):
+        if exc.code == 4004:  # the token was revoked or reset while the bot ran
+            return BAD_TOKEN.format(env=env)
+        if exc.code in CONFIG_CLOSE:
+            return BAD_CONFIG.format(why=f"close {exc.code}, {CONFIG_CLOSE[exc.code]}")
+    if isinstance(exc, discord.HTTPException) and exc.status == 401:
+        return BAD_TOKEN.format(env=env)
+    return None
+
+
+class Link:
+    """The connection state ``DiscordTransport.health`` reports (no I/O, no discord calls)."""
+
+    def __init__(self) -> None:
+        self.state = "connecting"  # connecting, up, down, restarting, stopped
+        self.detail = ""
+        self.problem = ""
+        self.contentless = 0  # guild messages for others that arrived without text
+
+    def up(self) -> None:
+        self.state, self.detail, self.problem = "up", "", ""
+
+    def down(self) -> None:
+        if self.state == "up":
+            self.state, self.detail = "down", "gateway lost; discord.py reconnects"
+
+    def restarting(self, why: str, delay: float, attempt: int) -> None:
+        self.state = "restarting"
+        self.detail = f"{why}; restart {attempt} in {delay:.0f} s"
+        self.problem = (
+            f"stopped after an unexpected error ({why}); restarting with backoff (attempt "
+            f"{attempt}). If it keeps failing, see the log and report it"
+        )
+
+    def stopped(self, why: str) -> None:
+        self.state, self.detail, self.problem = "stopped", why.split(":", 1)[-1].strip(), why
+
+    def no_content(self) -> str | None:
+        """Count a message that came without text; the warning text the first time."""
+        self.contentless += 1
+        return NO_CONTENT.format(n=1) if self.contentless == 1 else None
+
+    def content_problem(self) -> str:
+        return NO_CONTENT.format(n=self.contentless) if self.contentless else ""
+
 
 ClientFactory = Callable[[discord.Intents], discord.Client]
 Sleep = Callable[[float], Awaitable[None]]

@@ -135,7 +135,10 @@ def classify(packet: Mapping[str, Any], *, my_num: int, rules: ReceiveRules) -> 
             return Dropped("no payload")
         text = bytes(payload).decode("utf-8", errors="replace")
         repaired = True
-    if not text.replace("\ufffd", "").strip():
+    # A DM of nothing but invalid UTF-8 is handed on, so the person hears it was unreadable;
+    # the same on a channel carries no trigger.
+    unreadable_dm = repaired and packet.get("to", 0) == my_num
+    if not text.replace("\ufffd", "").strip() and not unreadable_dm:
         return Dropped("invalid UTF-8" if repaired else "empty text")
     if _NUMBERED.match(text):
         return Dropped("numbered bot output (loop guard)")

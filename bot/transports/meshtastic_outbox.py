@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 import secrets
@@ -325,9 +326,16 @@ class MeshOutbox(MeshHolds):
         return True
 
     async def _plan_packet_id(self, job: _Job, part: _Part) -> int:
-        """A fresh nonzero 32-bit packet id, stored with the part before it is written (the
-        id stored first wins). A store that fails is logged; the part still goes out."""
-        chosen = secrets.randbelow((1 << 32) - 1) + 1  # never a seeded rng: ids must not repeat
+        """The part's nonzero 32-bit packet id, stored with the part before it is written (the
+        id stored first wins). A part of an outbox row gets an id derived from the row, the
+        part and its text (``derived_packet_id``): when the store fails (disk full) the part
+        still goes out, and a later run plans the same id again, so the receiver drops the
+        repeat instead of showing the part twice. Other replies get a random id."""
+        row = job.reply.outbox_id
+        if row is not None:
+            chosen = derived_packet_id(row, part.index, job.person, part.text)
+        else:  # never a seeded rng: ids must not repeat
+            chosen = secrets.randbelow((1 << 32) - 1) + 1
         if job.reply.plan is None:
             return chosen
         try:
@@ -462,3 +470,10 @@ def _reply_id(reply: Reply) -> int | None:
         return int(mid) if mid else None
     except ValueError:
         return None
+
+
+def derived_packet_id(outbox_id: int, part: int, person: str, text: str) -> int:
+    """A nonzero 32-bit packet id that is the same whenever this part of this outbox row is
+    planned (the text and person keep a reused row id from repeating an old id)."""
+    digest = hashlib.blake2b(f"{outbox_id}:{part}:{person}:{text}".encode(), digest_size=4)
+    return int.from_bytes(digest.digest(), "big") or 1

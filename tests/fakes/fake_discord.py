@@ -111,6 +111,9 @@ class FakeDiscord:
         self.token = token
         self.port = port
         self.close_code: int | None = None  # close the gateway with this code after IDENTIFY
+        # True: as Discord, a guild message that does not mention the bot reaches a session
+        # that did not ask for the Message Content intent with its text, embeds and files empty
+        self.enforce_content_intent = False
         self.forbidden_channels: set[int] = set()  # POSTs there answer 403
         self.typing_status = 204  # e.g. 500: the typing indicator fails
         self.upload_limit = 10 * 1024 * 1024  # bytes of files per message; more answers 413
@@ -223,11 +226,21 @@ class FakeDiscord:
         """A message posted now: in the channel's history, and on the gateway if the bot has a
         session (else kept for a RESUME to replay)."""
         self.history.setdefault(int(data["channel_id"]), []).append(data)
+        data = self._as_the_intent_allows(data)
         if self._ws is None or self._ws.closed:
             self._missed.append(("MESSAGE_CREATE", data))
         else:
             await self.dispatch("MESSAGE_CREATE", data)
         return data
+
+    def _as_the_intent_allows(self, data: Json) -> Json:
+        intents = int((self.identify or {}).get("intents", 0))
+        mentioned = any(int(u["id"]) == BOT_ID for u in data.get("mentions", []))
+        if not self.enforce_content_intent or intents & (1 << 15) or "guild_id" not in data:
+            return data
+        if mentioned:
+            return data
+        return {**data, "content": "", "embeds": [], "attachments": []}
 
     async def edit_by_author(
         self, data: Json, content: str, *, mention_bot: bool | None = None

@@ -150,6 +150,31 @@ def link_facts(t: Types) -> list[Migration]:
     return _named(t, ("014_facts_pending", facts_pending))
 
 
+def held_commands(t: Types) -> str:
+    # A command is stored before it runs and removed once its reply is in the outbox (or
+    # sent), so one lost to a kill is run again, or its person told, at the gateway's next
+    # start (bot.responder). ``gateway``: the claim gateway that heard it.
+    return f"""
+        CREATE TABLE held_commands (
+            id {t.serial},
+            gateway TEXT NOT NULL,
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            space TEXT NOT NULL,
+            text TEXT NOT NULL,
+            platform_id TEXT,
+            author TEXT,
+            created_at {t.real} NOT NULL
+        );
+        CREATE INDEX held_commands_gateway ON held_commands (gateway, id);
+        """
+
+
+def commands_held(t: Types) -> list[Migration]:
+    """Migration 017, the same on both backends."""
+    return _named(t, ("017_held_commands", held_commands))
+
+
 def fact_history(t: Types) -> str:
     # A fact's earlier values, newest last (JSON list of {"text", "until", "pinned",
     # "source_ids"}): a new value for the same subject replaces the text and keeps the old one

@@ -204,22 +204,26 @@ class MessagesMixin(CoreBase):
             await tx.many(sql, args)
 
     async def pending_messages(
-        self, *, since: float, transports: Sequence[str]
+        self, *, since: float, transports: Sequence[str], stale_before: float | None = None
     ) -> list[tuple[ConversationKey, StoredMessage]]:
-        """User messages stored but never answered (crash, shutdown), oldest first."""
+        """User messages stored but never answered (crash, shutdown), oldest first: every one
+        of them (each gets its own answer). With ``stale_before``: only those stored before it
+        whose claim is empty or older than it (their gateway died: bot.memory.keep)."""
         if not transports:
             return []
         among, among_args = self.dialect.in_texts("c.transport", transports)
+        stale = ""
+        stale_args: tuple[float, ...] = ()
+        if stale_before is not None:
+            stale = "AND m.created_at < ? AND (m.claimed_by IS NULL OR m.claimed_at < ?) "
+            stale_args = (stale_before, stale_before)
         rows = await self._all(
             f"SELECT c.transport, c.person, c.space, {M_COLS} FROM messages m "
             # a message sent through a linked DM is answered on the transport it came from
             "JOIN conversations c ON c.id = coalesce(m.origin_conversation_id, m.conversation_id) "
             f"WHERE m.status = 'pending' AND m.role = 'user' AND m.created_at >= ? "
-            f"AND {among} AND m.id > c.reset_after "
-            # a later question's turn folds this one in: never answered on its own after it
-            "AND NOT EXISTS (SELECT 1 FROM messages l WHERE l.conversation_id = "
-            "m.conversation_id AND l.role = 'user' AND l.id > m.id) ORDER BY m.id",
-            (since, *among_args),
+            f"AND {among} AND m.id > c.reset_after {stale}ORDER BY m.id",
+            (since, *among_args, *stale_args),
         )
         return [(ConversationKey(r[0], r[1], r[2]), msg_from_row(tuple(r)[3:])) for r in rows]
 

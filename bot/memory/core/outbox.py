@@ -42,6 +42,7 @@ from bot.memory.outbox_claims import new_owner, owner_prefix
 from bot.memory.records import (
     OUTBOX_KINDS,
     OUTBOX_STATES,
+    HeldCommand,
     OutboxEntry,
     OutboxRow,
     StoredAnswer,
@@ -319,6 +320,18 @@ class OutboxMixin(CoreBase):
         )
         return [await self._outbox_row(r) for r in rows]
 
+    async def waiting_replies(self) -> dict[str, int]:
+        """Rows still ``pending`` per transport (this gateway's): what the status reports as
+        waiting in the outbox."""
+        where = "state = 'pending'"
+        params: tuple[str, ...] = ()
+        if self.dialect.outbox_gateway:
+            where, params = where + " AND gateway = ?", (self._claim_gateway(),)
+        rows = await self._all(
+            f"SELECT transport, count(*) FROM outbox WHERE {where} GROUP BY transport", params
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
+
     async def outbox_row(self, outbox_id: int) -> OutboxRow | None:
         row = await self._one(f"SELECT {_COLS} FROM outbox WHERE id = ?", (outbox_id,))
         return None if row is None else await self._outbox_row(row)
@@ -358,3 +371,43 @@ class OutboxMixin(CoreBase):
             packet_ids=tuple((p, int(v)) for p, v in found[1]),
             shown=tuple(found[2]),
         )
+
+    # --- commands held until answered (bot.responder) ---------------------------------------
+    async def hold_command(
+        self, key: ConversationKey, text: str, *, platform_id: str | None, author: str | None
+    ) -> int:
+        """Store a command before it runs (``release_command`` once its reply is queued)."""
+        return int(
+            await self._val(
+                "INSERT INTO held_commands (gateway, transport, person, space, text, "
+                "platform_id, author, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (
+                    self._claim_gateway(),
+                    key.transport,
+                    key.person,
+                    key.space,
+                    text,
+                    platform_id,
+                    author,
+                    time.time(),
+                ),
+            )
+        )
+
+    async def release_command(self, command_id: int) -> None:
+        await self._exec("DELETE FROM held_commands WHERE id = ?", (command_id,))
+
+    async def held_commands(self, *, transports: Sequence[str]) -> list[HeldCommand]:
+        """This gateway's commands stored and never answered (a kill), oldest first."""
+        if not transports:
+            return []
+        among, among_args = self.dialect.in_texts("transport", transports)
+        rows = await self._all(
+            "SELECT id, transport, person, space, text, platform_id, author, created_at FROM "
+            f"held_commands WHERE gateway = ? AND {among} ORDER BY id",
+            (self._claim_gateway(), *among_args),
+        )
+        return [
+            HeldCommand(int(r[0]), ConversationKey(r[1], r[2], r[3]), r[4], r[5], r[6], float(r[7]))
+            for r in rows
+        ]

@@ -8,6 +8,9 @@ Invariants:
   WAL/SHM, which copy its mode) 0600, whatever the umask.
 - An upgrade (migrations pending on a database that has some applied) first writes
   ``<db>.before-<migration>.bak`` with SQLite's backup API.
+- The WAL stays small next to the database: ``journal_size_limit`` cuts a restarted WAL back
+  to ``WAL_KEEP_BYTES``, ``tidy`` truncates it once it outgrows half the database (at least
+  256 KiB), and an autocheckpoint at ``WAL_SAFETY_PAGES`` bounds it on a bot never idle.
 - ``open`` refuses a damaged file (header or pages, via ``quick_check``), a read-only file or
   an unwritable state directory with a ``StorageError`` that says how to fix it, and a full
   disk with ``DiskFull`` (exit code 28), not a generic I/O error.
@@ -37,6 +40,9 @@ from bot.memory.schema import MIGRATIONS, applied_migrations, migrate
 from bot.memory.vectors import VectorCache
 
 log = logging.getLogger("bot.memory")
+
+WAL_KEEP_BYTES = 1024 * 1024  # a WAL file is cut back to this when it restarts
+WAL_SAFETY_PAGES = 16_384  # autocheckpoint only past this (64 MiB of 4 KiB pages)
 
 
 class SqliteBase(CoreBase):
@@ -95,8 +101,12 @@ class SqliteBase(CoreBase):
                 "PRAGMA secure_delete = ON",
                 "PRAGMA temp_store = MEMORY",
                 # Checkpoints happen in tidy(), between turns, instead of inside a reply's
-                # commit; tidy() forces one if the WAL still grows past WAL_FORCE_BYTES.
-                "PRAGMA wal_autocheckpoint = 0",
+                # commit; tidy() truncates the WAL once it outgrows the database (small
+                # disks: a WAL four times the database filled a 1 MiB state dir). A bot that
+                # is never idle still checkpoints at WAL_SAFETY_PAGES, and a WAL that restarts
+                # is cut back to WAL_KEEP_BYTES instead of keeping its largest size.
+                f"PRAGMA wal_autocheckpoint = {WAL_SAFETY_PAGES}",
+                f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}",
             ):
                 await db.execute(pragma)
             done = await applied_migrations(db)

@@ -19,6 +19,7 @@ from bot.memory.core.db import Tx
 from bot.memory.sqlite.base import SqliteBase
 
 WAL_FORCE_BYTES = 64 * 1024 * 1024
+WAL_FLOOR_BYTES = 256 * 1024
 FTS_MERGE_PAGES = 64  # a bounded slice of merge work per idle tick
 
 
@@ -63,7 +64,7 @@ class SqliteUpkeepMixin(SqliteBase):
             )
             wal = self.path.with_name(self.path.name + "-wal")
             with contextlib.suppress(OSError):
-                if wal.stat().st_size > WAL_FORCE_BYTES:
+                if wal.stat().st_size > wal_limit(self.path.stat().st_size):
                     await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     # --- moving (bot.memory.move) -----------------------------------------------------------
@@ -76,3 +77,9 @@ class SqliteUpkeepMixin(SqliteBase):
         async with self._lock:
             await self._db.execute("INSERT INTO messages_fts (messages_fts) VALUES ('optimize')")
             await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def wal_limit(database_bytes: int) -> int:
+    """WAL size past which an idle tick truncates it: half the database, at least
+    ``WAL_FLOOR_BYTES``, at most ``WAL_FORCE_BYTES`` (the WAL never dwarfs the database)."""
+    return min(WAL_FORCE_BYTES, max(WAL_FLOOR_BYTES, database_bytes // 2))
