@@ -46,21 +46,31 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench.prefix import (
     CONTEXT_TOKENS,
     STYLE_HINT,
+    TRANSPORT,
     MeshLikeTransport,
     bench_config,
     replace_block,
 )
-from bench.recall import Dialogue, Question, load
+from bench.recall import DAY, Dialogue, Question, Turn, load
+from bench.summary_facts import _TOKEN
+from bench.summary_facts import facts as concrete_words
 from bot.app import App, build
-from bot.domain import Inbound
+from bot.config import LLMConfig
+from bot.domain import ConversationKey, Inbound
+from bot.errors import LLMUnavailable
+from bot.llm.openai_compat import OpenAICompatLLM
+from bot.llm.port import LLM, ChatMessage, Completion
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, make_counter
+from bot.memory.context import CHAPTER_HEADER
+from bot.memory.layers import LONGTERM_HEADER
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY_DOC = ROOT / "docs" / "memory.md"
@@ -69,29 +79,46 @@ MARK_END = "<!-- bench:memory_e2e:end -->"
 PERSON = "person"
 VARIANTS = ("restart", "live")
 _RARE = re.compile(r"[A-Za-z][A-Za-z'-]{5,}")
+TEMPORAL = 2  # LoCoMo's category for "when" questions
+UPKEEP_ROUNDS = 50  # ticks per pause at most (each closes or summarizes a few sessions)
 
 
 @dataclass(frozen=True, slots=True)
 class Exchange:
     message: str  # what the person says (speaker A's lines)
     answer: str  # what the fake server answers (speaker B's lines that follow)
+    at: float = 0.0  # recorded time of the message (its first line; B's first if none)
+    answer_at: float = 0.0  # recorded time of the answer (B's first line; ``at`` if none)
 
 
 def exchanges(dlg: Dialogue) -> list[Exchange]:
-    """The conversation as person/bot exchanges: A's run, then B's run."""
+    """The conversation as person/bot exchanges: A's run, then B's run, at their recorded
+    times (the run's first line)."""
     out: list[Exchange] = []
-    a: list[str] = []
-    b: list[str] = []
+    a: list[Turn] = []
+    b: list[Turn] = []
+
+    def close() -> None:
+        first = (a or b)[0].created_at
+        out.append(
+            Exchange(
+                "\n".join(t.text for t in a) or "Hi.",
+                "\n".join(t.text for t in b) or "I see.",
+                at=first,
+                answer_at=b[0].created_at if b else first,
+            )
+        )
+
     for turn in dlg.turns:
         if turn.speaker == dlg.speaker_a:
             if b:
-                out.append(Exchange("\n".join(a) or "Hi.", "\n".join(b)))
+                close()
                 a, b = [], []
-            a.append(turn.text)
+            a.append(turn)
         else:
-            b.append(turn.text)
+            b.append(turn)
     if a or b:
-        out.append(Exchange("\n".join(a) or "Hi.", "\n".join(b) or "I see."))
+        close()
     return out
 
 
@@ -115,6 +142,10 @@ class Tally:
     tokens: list[int] = field(default_factory=list)
     seconds: float = 0.0
     unanswered: list[str] = field(default_factory=list)  # questions with no reply request
+    dated: list[float] = field(default_factory=list)  # temporal: every evidence day shown
+    words: list[float] = field(default_factory=list)  # evidence names/dates/numbers shown
+    chapter: int = 0  # prompts with an older session's summary (rule 7)
+    longterm: int = 0  # prompts with the long-term summary
 
     def add(self, category: int, score: float, tokens: int) -> None:
         self.recall[category].append(score)
@@ -124,11 +155,60 @@ class Tally:
         """A question the bot sent no reply request for: nothing reached the model (0)."""
         self.recall[category].append(0.0)
         self.unanswered.append(why)
+        if category == TEMPORAL:
+            self.dated.append(0.0)
+
+
+@dataclass
+class Kept:
+    """What the memory held at the end of a replay (summed over conversations)."""
+
+    sessions: int = 0
+    summarized: int = 0
+    chapters: int = 0
+    facts: int = 0
+    longterm: int = 0  # conversations with a long-term summary
+    conversations: int = 0
 
 
 def score(question: Question, body: dict[str, Any], text_of: dict[str, str]) -> float:
     sent = "\n".join(str(m["content"]) for m in body["messages"])
     return sum(text_of[e] in sent for e in question.evidence) / len(question.evidence)
+
+
+def day_forms(created_at: float) -> tuple[str, ...]:
+    """How a day may be written in a prompt: the bot's date lines ("8 May 2023"), ISO (the
+    long-term summary's input), and the forms a model writes from them."""
+    d = datetime.fromtimestamp(created_at, UTC)
+    return (
+        f"{d.day} {d:%b %Y}",
+        f"{d.day} {d:%B %Y}",
+        f"{d.day} {d:%B}, {d:%Y}",
+        f"{d:%B} {d.day}, {d:%Y}",
+        f"{d:%Y-%m-%d}",
+    )
+
+
+def dated(question: Question, body: dict[str, Any], time_of: dict[str, float]) -> float:
+    """1.0 when the day of every evidence turn is written somewhere in the prompt."""
+    sent = "\n".join(str(m["content"]) for m in body["messages"])
+    days = {int(time_of[e] // DAY): time_of[e] for e in question.evidence}
+    return float(all(any(f in sent for f in day_forms(t)) for t in days.values()))
+
+
+def words_shown(question: Question, body: dict[str, Any], text_of: dict[str, str]) -> float | None:
+    """Share of the evidence turns' concrete words (names, numbers, months: the words a
+    question's answer is made of) present in the prompt, whoever wrote them there (a verbatim
+    turn, a chapter, a fact). None when the evidence has no such word."""
+    wanted: set[str] = set()
+    for e in question.evidence:
+        wanted |= concrete_words(text_of[e])
+    if not wanted:
+        return None
+    sent = {
+        w.lower().rstrip(".,") for m in body["messages"] for w in _TOKEN.findall(str(m["content"]))
+    }
+    return len(wanted & sent) / len(wanted)
 
 
 def sent_tokens(body: dict[str, Any], counter: TokenCounter) -> int:
@@ -162,15 +242,57 @@ class Unanswered(Exception):
     """A message the bot sent no reply request for: what the person got, and the warnings."""
 
 
-async def ask(app: App, transport: MeshLikeTransport, fake: Any, text: str, n: int) -> Any:
-    """Send one message through the app; return the reply request the server received, or
-    raise ``Unanswered`` saying what the person got instead and the app's warnings."""
+class ReplayClock:
+    """The app's wall clock in a dated replay: the bench sets ``now`` to each line's recorded
+    time (backwards too, when the recorded dates go backwards, as a clock without RTC does)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Split:
+    """An LLM port for the real-model runs: replies (requests with the transport's hint) go to
+    the fake server, which answers them with the replayed lines; every background call
+    (chapters, session and long-term summaries, fact extraction) goes to the real model."""
+
+    def __init__(self, *, replies: LLM, memory: LLM) -> None:
+        self._replies = replies
+        self._memory = memory
+        self.calls = 0
+        self.failed = 0
+
+    @property
+    def model_name(self) -> str:
+        return self._memory.model_name
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, **kwargs: Any
+    ) -> Completion:
+        if messages and STYLE_HINT in messages[0].content:
+            return await self._replies.complete(messages, max_tokens=max_tokens, **kwargs)
+        self.calls += 1
+        try:
+            return await self._memory.complete(messages, max_tokens=max_tokens, **kwargs)
+        except LLMUnavailable:
+            self.failed += 1
+            raise
+
+
+async def ask(
+    app: App, transport: MeshLikeTransport, fake: Any, text: str, n: int, at: float | None = None
+) -> Any:
+    """Send one message through the app (received at ``at``, a recorded time, if given);
+    return the reply request the server received, or raise ``Unanswered`` saying what the
+    person got instead and the app's warnings."""
     before = len(fake.requests)
     sent = len(transport.sent)
     warnings = Warnings()
     logging.getLogger("bot").addHandler(warnings)
     try:
-        await _inject(app, transport, text, n)
+        await _inject(app, transport, text, n, at)
     finally:
         logging.getLogger("bot").removeHandler(warnings)
     replies = [b for b in fake.requests[before:] if STYLE_HINT in str(b["messages"][0]["content"])]
@@ -183,29 +305,53 @@ async def ask(app: App, transport: MeshLikeTransport, fake: Any, text: str, n: i
     return replies[0]
 
 
-async def _inject(app: App, transport: MeshLikeTransport, text: str, n: int) -> None:
-    await transport.inject(
-        Inbound(
-            transport=transport.name,
-            sender=PERSON,
-            text=text,
-            message_id=f"m{n}",
-            sender_name=PERSON.title(),
-        )
+async def _inject(
+    app: App, transport: MeshLikeTransport, text: str, n: int, at: float | None
+) -> None:
+    inbound = Inbound(
+        transport=transport.name,
+        sender=PERSON,
+        text=text,
+        message_id=f"m{n}",
+        sender_name=PERSON.title(),
     )
+    if at is not None:
+        inbound = replace(inbound, received_at=datetime.fromtimestamp(at, UTC))
+    await transport.inject(inbound)
     await app.responder.wait_idle()
     await app.summarizer.wait_quiet()
+
+
+async def upkeep(app: App, log: Any = print) -> int:
+    """What the app's session loop does while the person is away (the bench drives its
+    ``tick`` so a replay is deterministic): close idle sessions, summarize them (title and
+    summary, facts, the long-term summary), until a round does nothing. Returns the sessions
+    summarized."""
+    assert app.sessions is not None
+    done = 0
+    for _ in range(UPKEEP_ROUNDS):
+        try:
+            report = await app.sessions.tick()
+        except LLMUnavailable as exc:  # as the loop does: postponed, retried at the next tick
+            log(f"  session upkeep postponed: {exc}")
+            return done
+        await app.summarizer.wait_quiet()
+        done += report.summarized
+        if not (report.closed or report.summarized):
+            break
+    return done
 
 
 async def tally(
     into: Tally,
     q: Question,
     asked: Coroutine[Any, Any, Any],
-    text_of: dict[str, str],
+    dlg: Dialogue,
     counter: TokenCounter,
     log: Any,
 ) -> None:
     """Score the reply request ``asked`` returns, or count the question as unanswered."""
+    text_of = {t.dia_id: t.text for t in dlg.turns}
     try:
         body = await asked
     except Unanswered as exc:
@@ -213,14 +359,45 @@ async def tally(
         into.miss(q.category, str(exc))
         return
     into.add(q.category, score(q, body, text_of), sent_tokens(body, counter))
+    if q.category == TEMPORAL:
+        into.dated.append(dated(q, body, {t.dia_id: t.created_at for t in dlg.turns}))
+    shown = words_shown(q, body, text_of)
+    if shown is not None:
+        into.words.append(shown)
+    sent = "\n".join(str(m["content"]) for m in body["messages"])
+    into.chapter += CHAPTER_HEADER in sent
+    into.longterm += LONGTERM_HEADER in sent
 
 
-async def started(state: Path, base_url: str, share: float | None) -> tuple[App, MeshLikeTransport]:
+async def started(
+    state: Path,
+    base_url: str,
+    share: float | None,
+    *,
+    wall: ReplayClock | None = None,
+    llm: LLM | None = None,
+) -> tuple[App, MeshLikeTransport]:
+    """A started app over ``state``. With ``wall`` (a dated replay) its session loop is
+    stopped: the bench drives the same keeper's ticks (``upkeep``) when recorded time passes."""
     transport = MeshLikeTransport()
     config = bench_config(state, base_url, share=share)
-    app = await build(config, env={}, transports=[transport])
+    app = await build(config, env={}, transports=[transport], llm=llm, wall=wall or time.time)
     await app.start()
+    if wall is not None and app.sessions is not None:
+        await app.sessions.stop()
     return app, transport
+
+
+async def kept(app: App, into: Kept) -> None:
+    store = app.store
+    conv = await store.conversation(ConversationKey(TRANSPORT, PERSON))
+    sessions = await store.sessions(conv.id)
+    into.conversations += 1
+    into.sessions += len(sessions)
+    into.summarized += sum(1 for s in sessions if s.summary)
+    into.chapters += len(await store.summaries(conv))
+    into.facts += len(await store.facts(conv.id))
+    into.longterm += int(await store.has_longterm_summary(conv.id))
 
 
 async def run_dialogue(
@@ -231,28 +408,61 @@ async def run_dialogue(
     counter: TokenCounter,
     tallies: dict[str, Tally],
     share: float | None = None,
+    dated_replay: bool = True,
+    memory_llm: LLMConfig | None = None,
+    memory: Kept | None = None,
     log: Any = print,
 ) -> None:
+    """Replay ``dlg`` through the app, then ask ``questions`` (see the module docstring).
+    ``dated_replay``: at the recorded dates (else now); ``memory_llm``: a real model writes
+    the memory (chapters, summaries, facts), the fake still replays the answers."""
     from tests.fakes.fake_llm import FakeLLM
 
     fake = FakeLLM()
     script = Script()
     fake.reply_fn = script
     await fake.start()
-    text_of = {t.dia_id: t.text for t in dlg.turns}
+    exs = exchanges(dlg)
+    clock = ReplayClock(exs[0].at) if dated_replay and exs else None
+    split: Split | None = None
+    adapters: list[OpenAICompatLLM] = []
+
+    def router() -> LLM | None:
+        nonlocal split
+        if memory_llm is None:
+            return None
+        fore = OpenAICompatLLM(config=bench_config(Path("."), fake.base_url).llm, env={})
+        back = OpenAICompatLLM(config=memory_llm, env={})
+        adapters.extend([fore, back])
+        split = Split(replies=fore, memory=back)
+        return split
+
     try:
         with tempfile.TemporaryDirectory(prefix="meshsage-e2e-") as tmp:
             state = Path(tmp) / "state"
-            app, transport = await started(state, fake.base_url, share)
+            app, transport = await started(state, fake.base_url, share, wall=clock, llm=router())
+            gap = app.config.memory.session_gap
             t0 = time.perf_counter()
             try:
-                for n, ex in enumerate(exchanges(dlg)):
+                last: float | None = None
+                for n, ex in enumerate(exs):
+                    if clock is not None:
+                        if last is not None and ex.at - last > gap:  # the person was away:
+                            clock.now = last + gap + 1  # the loop's tick once the session idled
+                            await upkeep(app, log)
+                        clock.now = ex.answer_at
+                        last = ex.answer_at
                     script.answer = ex.answer
                     try:
-                        await ask(app, transport, fake, ex.message, n)
+                        await ask(app, transport, fake, ex.message, n, ex.at if clock else None)
                     except Unanswered as exc:  # the log then lacks this answer, as for a user
                         log(f"  {dlg.sample_id}: replay {exc}")
+                if clock is not None and last is not None:  # the last session ends too
+                    clock.now = last + gap + 1
+                    await upkeep(app, log)
                 log(f"  {dlg.sample_id}: replayed in {time.perf_counter() - t0:.0f} s")
+                if memory is not None:
+                    await kept(app, memory)
                 snapshot = Path(tmp) / "snapshot.db"
                 with (
                     sqlite3.connect(app.config.database_path) as src,
@@ -263,8 +473,15 @@ async def run_dialogue(
                     t0 = time.perf_counter()
                     script.answer = "I don't know."
                     for i, q in enumerate(questions):
-                        asked = ask(app, transport, fake, q.text, 100_000 + i)
-                        await tally(tallies["live"], q, asked, text_of, counter, log)
+                        asked = ask(
+                            app,
+                            transport,
+                            fake,
+                            q.text,
+                            100_000 + i,
+                            None if clock is None else clock.now,
+                        )
+                        await tally(tallies["live"], q, asked, dlg, counter, log)
                     tallies["live"].seconds += time.perf_counter() - t0
             finally:
                 await app.close()
@@ -275,24 +492,44 @@ async def run_dialogue(
                     copy = Path(tmp) / f"copy{i}"
                     copy.mkdir()
                     shutil.copy(snapshot, copy / app.config.database_path.name)
-                    app, transport = await started(copy, fake.base_url, share)
+                    app, transport = await started(
+                        copy, fake.base_url, share, wall=clock, llm=router()
+                    )
                     try:
-                        asked = ask(app, transport, fake, q.text, 200_000 + i)
-                        await tally(tallies["restart"], q, asked, text_of, counter, log)
+                        asked = ask(
+                            app,
+                            transport,
+                            fake,
+                            q.text,
+                            200_000 + i,
+                            None if clock is None else clock.now,
+                        )
+                        await tally(tallies["restart"], q, asked, dlg, counter, log)
                     finally:
                         await app.close()
                         shutil.rmtree(copy)
                 tallies["restart"].seconds += time.perf_counter() - t0
     finally:
+        for adapter in adapters:
+            await adapter.close()
         await fake.stop()
+        if split is not None:
+            log(
+                f"  {dlg.sample_id}: {split.calls} memory calls to the model, {split.failed} failed"
+            )
+
+
+def _mean(values: Sequence[float]) -> str:
+    return f"{statistics.mean(values):.3f}" if values else "-"
 
 
 def table(tallies: dict[str, Tally], categories: Sequence[int]) -> str:
     head = " | ".join(f"cat {c}" for c in categories)
     lines = [
-        f"| variant | questions | {head} | all asked | prompt tokens mean (of {CONTEXT_TOKENS}) "
+        f"| variant | questions | {head} | all asked | temporal dated | evidence words "
+        f"| older chapter | long-term | prompt tokens mean (of {CONTEXT_TOKENS}) "
         "| min | max | no reply request | seconds |",
-        "|---|---:|" + "---:|" * len(categories) + "---:|---:|---:|---:|---:|---:|",
+        "|---|---:|" + "---:|" * len(categories) + "---:|" * 11,
     ]
     for name, t in tallies.items():
         every = [s for c in categories for s in t.recall.get(c, [])]
@@ -302,13 +539,25 @@ def table(tallies: dict[str, Tally], categories: Sequence[int]) -> str:
             f"{statistics.mean(t.recall[c]):.3f} ({len(t.recall[c])})" if t.recall.get(c) else "-"
             for c in categories
         )
+        asked = len(t.tokens)
         lines.append(
             f"| {name} | {len(every)} | {cells} | **{statistics.mean(every):.3f}** "
+            f"| {_mean(t.dated)} ({len(t.dated)}) | {_mean(t.words)} "
+            f"| {t.chapter}/{asked} | {t.longterm}/{asked} "
             f"| {statistics.mean(t.tokens or [0]):.0f} | {min(t.tokens, default=0)} "
             f"| {max(t.tokens, default=0)} "
             f"| {len(t.unanswered)} | {t.seconds:.0f} |"
         )
     return "\n".join(lines)
+
+
+def kept_line(k: Kept) -> str:
+    n = max(k.conversations, 1)
+    return (
+        f"memory at the end (per conversation): {k.sessions / n:.1f} sessions, "
+        f"{k.summarized / n:.1f} summarized, {k.chapters / n:.1f} chapters, "
+        f"{k.facts / n:.1f} facts; long-term summary in {k.longterm} of {k.conversations}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -325,6 +574,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--categories", default="1,2,3,4")
     p.add_argument("--share", type=float, default=None, help="memory.retrieval.share")
     p.add_argument(
+        "--dated",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replay at the conversations' own dates (default); --no-dated: at today's",
+    )
+    p.add_argument("--memory-url", help="a real model's server (…/v1) writes the memory")
+    p.add_argument("--memory-model", default="smollm2-135m", help="its model name")
+    p.add_argument(
         "--write-docs", action="store_true", help="rewrite docs/memory.md's end-to-end table"
     )
     args = p.parse_args(argv)
@@ -336,6 +593,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     dialogues = load(args.data)[: args.conversations][args.skip :]
     counter = make_counter()
     tallies = {v: Tally() for v in variants}
+    memory_llm = None
+    if args.memory_url:
+        memory_llm = LLMConfig(
+            base_url=args.memory_url,
+            model=args.memory_model,
+            api_key_env=None,
+            retries=0,
+            connect_timeout=60.0,
+            read_timeout=900.0,
+            temperature=0.0,
+        )
+    held = Kept()
     for dlg in dialogues:
         questions = pick(dlg.questions, set(categories), args.questions)
         print(f"{dlg.sample_id}: {len(dlg.turns)} turns, {len(questions)} questions", flush=True)
@@ -347,16 +616,23 @@ def main(argv: Sequence[str] | None = None) -> None:
                 counter=counter,
                 tallies=tallies,
                 share=args.share,
+                dated_replay=args.dated,
+                memory_llm=memory_llm,
+                memory=held,
             )
         )
         print(table(tallies, categories), flush=True)
     command = "python -m bench.memory_e2e " + " ".join(argv if argv is not None else [])
     print(f"\n{command.strip()}\n{len(dialogues)} conversation(s)\n")
     print(table(tallies, categories))
+    print(kept_line(held))
     if args.write_docs:
         names = ", ".join(d.sample_id for d in dialogues)
         write_docs(
-            MEMORY_DOC, command.replace(" --write-docs", ""), names, table(tallies, categories)
+            MEMORY_DOC,
+            command.replace(" --write-docs", ""),
+            names,
+            table(tallies, categories) + "\n\n" + kept_line(held),
         )
         print(f"wrote {MEMORY_DOC}")
 
@@ -367,8 +643,12 @@ def write_docs(path: Path, command: str, names: str, rendered: str) -> None:
         [
             f"Command: `{command.strip()}`. Date: {time.strftime('%Y-%m-%d')}. Conversations: "
             f"{names}. Recall = share of a question's evidence turns whose text is in the prompt "
-            "sent (mean per category, question count in brackets); prompt tokens as the bot "
-            "counts them; seconds are wall time on the machine that ran it (not a verdict).",
+            "sent (mean per category, question count in brackets); temporal dated = share of "
+            "temporal questions whose every evidence day is written in the prompt; evidence "
+            "words = share of the evidence turns' names, numbers and months in the prompt, "
+            "whoever wrote them; older chapter / long-term = prompts holding an older "
+            "session's summary / the long-term summary; prompt tokens as the bot counts them; "
+            "seconds are wall time on the machine that ran it (not a verdict).",
             "",
             rendered,
         ]

@@ -143,8 +143,10 @@ class Responder:
         indexer: Indexer | None = None,
         max_age: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
+        self._wall = wall  # dates of answers and what counts as recent (bench: replayed dates)
         self._llm = llm
         self._context = context
         self._summarizer = summarizer
@@ -433,6 +435,7 @@ class Responder:
                     whole,
                     self._counter.count(whole),
                     origin_id=conv.origin_id,
+                    created_at=self._wall(),
                 ),
             )
         except (sqlite3.Error, StorageError) as exc:  # disk full: the person hears why
@@ -510,7 +513,7 @@ class Responder:
         await self._outbox.release_stale_claims()
         sent = await self.redeliver()
         jobs = await self._store.pending_messages(
-            since=time.time() - within_seconds, transports=tuple(self._transports)
+            since=self._wall() - within_seconds, transports=tuple(self._transports)
         )
         for key, msg in jobs:
             inbound = Inbound(

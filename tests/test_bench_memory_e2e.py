@@ -10,7 +10,7 @@ import pytest
 
 from bench.memory_e2e import Tally, Unanswered, ask, started, table, tally
 from bench.prefix import STYLE_HINT
-from bench.recall import Question
+from bench.recall import Dialogue, Question, Turn
 from bot.llm.tokens import make_counter
 from tests.fakes.fake_llm import FakeLLM
 
@@ -26,13 +26,13 @@ async def test_a_message_without_a_reply_request_is_counted_not_fatal(
         assert STYLE_HINT in body["messages"][0]["content"]
         into = Tally()
         question = Question("What is my boat called?", ("d1",), 4)
-        text_of = {"d1": "my boat is Osprey"}
+        dlg = Dialogue("s", "A", [Turn("d1", "A", "my boat is Osprey", 0.0)], [question])
         said: list[str] = []
         counter = make_counter()
-        await tally(into, question, ask(app, transport, fake_llm, "!status", 3), text_of,
+        await tally(into, question, ask(app, transport, fake_llm, "!status", 3), dlg,
                     counter, said.append)  # fmt: skip
         asked = ask(app, transport, fake_llm, "What is my boat called?", 4)
-        await tally(into, question, asked, text_of, counter, said.append)
+        await tally(into, question, asked, dlg, counter, said.append)
     finally:
         await app.close()
     assert into.recall[4] == [0.0, 1.0] and len(into.unanswered) == 1

@@ -62,7 +62,8 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -210,8 +211,10 @@ class ContextBuilder:
         retrieval_share: float,
         recall: RecallMode = "notes",
         min_fold_messages: int = 6,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
+        self._wall = wall  # the date ``{date}`` in the system prompt says
         self._retriever = retriever
         self._counter = counter
         self._system_prompt = system_prompt
@@ -236,7 +239,7 @@ class ContextBuilder:
         """``longterm_reserve``: tokens to hold back from ``budget`` when the conversation
         has a long-term summary (read with the rest, ``_reads``); ``reserved`` says if."""
         trimmed = False
-        prompt = fill_prompt(self._system_prompt, datetime.now(UTC))
+        prompt = fill_prompt(self._system_prompt, datetime.fromtimestamp(self._wall(), UTC))
         system = f"{prompt} {style_hint}".strip()
         system_tokens = self._counter.count(system) + MESSAGE_OVERHEAD
         reads = await self._reads(conversation, new_message_id, longterm=longterm_reserve > 0)
