@@ -216,6 +216,17 @@ def sent_tokens(body: dict[str, Any], counter: TokenCounter) -> int:
     return sum(counter.count(str(m["content"])) + MESSAGE_OVERHEAD for m in body["messages"])
 
 
+def first_sessions(dlg: Dialogue, sessions: int | None) -> Dialogue:
+    """Only the first ``sessions`` sessions of ``dlg`` and the questions whose evidence lies
+    in them (a real model writing the memory is slow: a run sized to the time there is)."""
+    if sessions is None:
+        return dlg
+    turns = [t for t in dlg.turns if int(t.dia_id[1:].split(":")[0]) <= sessions]
+    ids = {t.dia_id for t in turns}
+    questions = [q for q in dlg.questions if set(q.evidence) <= ids]
+    return replace(dlg, turns=turns, questions=questions)
+
+
 def pick(questions: Sequence[Question], categories: set[int], limit: int | None) -> list[Question]:
     chosen = [q for q in questions if q.category in categories]
     if limit is None or limit >= len(chosen):
@@ -282,17 +293,26 @@ class Split:
 
 
 async def ask(
-    app: App, transport: MeshLikeTransport, fake: Any, text: str, n: int, at: float | None = None
+    app: App,
+    transport: MeshLikeTransport,
+    fake: Any,
+    text: str,
+    n: int,
+    at: float | None = None,
+    *,
+    settle: bool = True,
 ) -> Any:
     """Send one message through the app (received at ``at``, a recorded time, if given);
     return the reply request the server received, or raise ``Unanswered`` saying what the
-    person got instead and the app's warnings."""
+    person got instead and the app's warnings. ``settle``: wait for the background work the
+    message started (a fold's chapter); an app closed right after (a restart question) need
+    not, and closing cancels it."""
     before = len(fake.requests)
     sent = len(transport.sent)
     warnings = Warnings()
     logging.getLogger("bot").addHandler(warnings)
     try:
-        await _inject(app, transport, text, n, at)
+        await _inject(app, transport, text, n, at, settle=settle)
     finally:
         logging.getLogger("bot").removeHandler(warnings)
     replies = [b for b in fake.requests[before:] if STYLE_HINT in str(b["messages"][0]["content"])]
@@ -306,7 +326,7 @@ async def ask(
 
 
 async def _inject(
-    app: App, transport: MeshLikeTransport, text: str, n: int, at: float | None
+    app: App, transport: MeshLikeTransport, text: str, n: int, at: float | None, *, settle: bool
 ) -> None:
     inbound = Inbound(
         transport=transport.name,
@@ -319,7 +339,8 @@ async def _inject(
         inbound = replace(inbound, received_at=datetime.fromtimestamp(at, UTC))
     await transport.inject(inbound)
     await app.responder.wait_idle()
-    await app.summarizer.wait_quiet()
+    if settle:
+        await app.summarizer.wait_quiet()
 
 
 async def upkeep(app: App, log: Any = print) -> int:
@@ -503,12 +524,18 @@ async def run_dialogue(
                             q.text,
                             200_000 + i,
                             None if clock is None else clock.now,
+                            settle=False,
                         )
                         await tally(tallies["restart"], q, asked, dlg, counter, log)
                     finally:
                         await app.close()
                         shutil.rmtree(copy)
                 tallies["restart"].seconds += time.perf_counter() - t0
+        background = [
+            b for b in fake.requests if STYLE_HINT not in str(b["messages"][0]["content"])
+        ]
+        if background:
+            log(f"  {dlg.sample_id}: {len(background)} memory calls to the fake")
     finally:
         for adapter in adapters:
             await adapter.close()
@@ -570,6 +597,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--skip", type=int, default=0, help="leave out the first N (split a long run in parts)"
     )
     p.add_argument("--questions", type=int, default=None, help="at most N per conversation")
+    p.add_argument("--sessions", type=int, default=None, help="only the first N sessions of each")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--categories", default="1,2,3,4")
     p.add_argument("--share", type=float, default=None, help="memory.retrieval.share")
@@ -605,7 +633,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             temperature=0.0,
         )
     held = Kept()
-    for dlg in dialogues:
+    for whole in dialogues:
+        dlg = first_sessions(whole, args.sessions)
         questions = pick(dlg.questions, set(categories), args.questions)
         print(f"{dlg.sample_id}: {len(dlg.turns)} turns, {len(questions)} questions", flush=True)
         asyncio.run(
