@@ -93,7 +93,8 @@ class Exchange:
 
 def exchanges(dlg: Dialogue) -> list[Exchange]:
     """The conversation as person/bot exchanges: A's run, then B's run, at their recorded
-    times (the run's first line)."""
+    times (the run's first line). An exchange never spans two sessions: a session that opens
+    with B's lines opens with a "Hi." from the person."""
     out: list[Exchange] = []
     a: list[Turn] = []
     b: list[Turn] = []
@@ -110,6 +111,9 @@ def exchanges(dlg: Dialogue) -> list[Exchange]:
         )
 
     for turn in dlg.turns:
+        if (a or b) and _session(turn) != _session((a or b)[0]):  # never across sessions
+            close()
+            a, b = [], []
         if turn.speaker == dlg.speaker_a:
             if b:
                 close()
@@ -216,12 +220,16 @@ def sent_tokens(body: dict[str, Any], counter: TokenCounter) -> int:
     return sum(counter.count(str(m["content"])) + MESSAGE_OVERHEAD for m in body["messages"])
 
 
+def _session(turn: Turn) -> int:
+    return int(turn.dia_id[1:].split(":")[0])  # "D3:12" -> 3
+
+
 def first_sessions(dlg: Dialogue, sessions: int | None) -> Dialogue:
     """Only the first ``sessions`` sessions of ``dlg`` and the questions whose evidence lies
     in them (a real model writing the memory is slow: a run sized to the time there is)."""
     if sessions is None:
         return dlg
-    turns = [t for t in dlg.turns if int(t.dia_id[1:].split(":")[0]) <= sessions]
+    turns = [t for t in dlg.turns if _session(t) <= sessions]
     ids = {t.dia_id for t in turns}
     questions = [q for q in dlg.questions if set(q.evidence) <= ids]
     return replace(dlg, turns=turns, questions=questions)
