@@ -63,7 +63,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -110,6 +110,8 @@ CHAPTER_OVERLAP = 0.5  # share of the message's content words an older chapter m
 LATE_ANSWERS = 16  # answers stored after the message being answered that may belong before it
 
 RecallMode = Literal["inline", "notes"]
+# (folded_up_to, newest chapter's written time) -> the long-term block as shown, or ""
+LongtermRead = Callable[[int, float | None], Awaitable[str]]
 __all__ = ["AssembledContext", "Block", "ContextBuilder", "group_turns", "merge_system"]
 
 
@@ -147,6 +149,7 @@ class AssembledContext:
     pending_fold: int | None = None  # first message the window keeps once its fold is written
     folded: bool = False  # turns since ``folded_up_to`` were left out of the window
     reserved: int = 0  # tokens held back for the long-term summary (``longterm_reserve``)
+    longterm_text: str = ""  # what ``longterm`` rendered for the reserve (counted in it)
 
     @property
     def window_start_id(self) -> int | None:
@@ -235,9 +238,14 @@ class ContextBuilder:
         budget: int,
         style_hint: str = "",
         longterm_reserve: int = 0,
+        longterm: LongtermRead | None = None,
     ) -> AssembledContext:
         """``longterm_reserve``: tokens to hold back from ``budget`` when the conversation
-        has a long-term summary (read with the rest, ``_reads``); ``reserved`` says if."""
+        has a long-term summary (read with the rest, ``_reads``); ``reserved`` says if.
+        ``longterm`` renders the version shown as of the window's base and the newest
+        chapter (``LayeredContext``): the part of the reserve it leaves unused goes to the
+        once-only tail (recall's room, the older chapter), never to the window or the note,
+        so the fold points and the cached prefix stay where the constant reserve puts them."""
         trimmed = False
         prompt = fill_prompt(self._system_prompt, datetime.fromtimestamp(self._wall(), UTC))
         system = f"{prompt} {style_hint}".strip()
@@ -257,6 +265,13 @@ class ContextBuilder:
         turns, notes, fold, anchored = await self._window(
             conversation, base, new_message_id, window_cap, late=reads.late
         )
+        longterm_text, unused = "", 0
+        if reserved and longterm is not None:
+            longterm_text = await longterm(base, chapters[-1].created_at if chapters else None)
+            cost = self._measure(longterm_text) if longterm_text else 0
+            if cost > reserved:
+                longterm_text, cost = "", 0  # does not fit its reserve: left out
+            unused = reserved - cost
 
         # Facts: the newest that fit their share; those older than the window are stable.
         kept: list[Fact] = []
@@ -311,7 +326,7 @@ class ContextBuilder:
         window_tokens = sum(self._counter.count(m.content) + MESSAGE_OVERHEAD for m in window_msgs)
         blocks.append(Block("window", window_tokens, f"{len(flat)} messages"))
         fixed = sum(b.tokens for b in blocks) + JOIN_OVERHEAD * len(blocks)
-        left = budget - fixed
+        left = budget - fixed + unused  # the tail may use what the long-term block leaves
 
         # The final message: new facts, recalled turns, then the new message (cut to fit).
         extras: list[str] = []
@@ -424,6 +439,7 @@ class ContextBuilder:
             pending_fold=pending_fold,
             folded=folded,
             reserved=reserved,
+            longterm_text=longterm_text,
         )
 
     async def _reads(
