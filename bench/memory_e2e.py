@@ -371,6 +371,40 @@ async def upkeep(app: App, log: Any = print) -> int:
     return done
 
 
+async def replay(
+    app: App,
+    transport: MeshLikeTransport,
+    fake: Any,
+    script: Script,
+    exs: Sequence[Exchange],
+    clock: ReplayClock | None,
+    *,
+    name: str = "",
+    log: Any = print,
+    end: bool = True,
+) -> None:
+    """Each exchange through the app, at its recorded time when ``clock`` is given (else now).
+    When more than the session gap passes between two exchanges, the keeper's upkeep runs at
+    the moment the session went idle (as its loop would); ``end``: the last session too."""
+    gap = app.config.memory.session_gap
+    last: float | None = None
+    for n, ex in enumerate(exs):
+        if clock is not None:
+            if last is not None and ex.at - last > gap:  # the person was away
+                clock.now = last + gap + 1
+                await upkeep(app, log)
+            clock.now = ex.answer_at
+            last = ex.answer_at
+        script.answer = ex.answer
+        try:
+            await ask(app, transport, fake, ex.message, n, ex.at if clock else None)
+        except Unanswered as exc:  # the log then lacks this answer, as for a user
+            log(f"  {name}: replay {exc}")
+    if end and clock is not None and last is not None:
+        clock.now = last + gap + 1
+        await upkeep(app, log)
+
+
 async def tally(
     into: Tally,
     q: Question,
@@ -470,25 +504,9 @@ async def run_dialogue(
         with tempfile.TemporaryDirectory(prefix="meshsage-e2e-") as tmp:
             state = Path(tmp) / "state"
             app, transport = await started(state, fake.base_url, share, wall=clock, llm=router())
-            gap = app.config.memory.session_gap
             t0 = time.perf_counter()
             try:
-                last: float | None = None
-                for n, ex in enumerate(exs):
-                    if clock is not None:
-                        if last is not None and ex.at - last > gap:  # the person was away:
-                            clock.now = last + gap + 1  # the loop's tick once the session idled
-                            await upkeep(app, log)
-                        clock.now = ex.answer_at
-                        last = ex.answer_at
-                    script.answer = ex.answer
-                    try:
-                        await ask(app, transport, fake, ex.message, n, ex.at if clock else None)
-                    except Unanswered as exc:  # the log then lacks this answer, as for a user
-                        log(f"  {dlg.sample_id}: replay {exc}")
-                if clock is not None and last is not None:  # the last session ends too
-                    clock.now = last + gap + 1
-                    await upkeep(app, log)
+                await replay(app, transport, fake, script, exs, clock, name=dlg.sample_id, log=log)
                 log(f"  {dlg.sample_id}: replayed in {time.perf_counter() - t0:.0f} s")
                 if memory is not None:
                     await kept(app, memory)
