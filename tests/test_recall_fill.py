@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.llm.port import ChatMessage
 from bot.llm.tokens import MESSAGE_OVERHEAD
 from bot.memory.context import CHAPTER_HEADER, MORE_HEADER, RETRIEVED_HEADER
 from bot.memory.layers import LayeredContext
@@ -158,7 +159,7 @@ async def test_the_long_term_reserve_a_short_summary_leaves_goes_to_the_tail_onl
         last_message_id=older[-1].id, tokens=6,
     )  # fmt: skip
     layered = LayeredContext(inner=_builder(store, share=0.2), store=store, counter=COUNTER)
-    prompts = []
+    prompts: list[list[ChatMessage]] = []
     for text in ("Alice sails.", " ".join(["Alice keeps a boat called Osprey."] * 26)):
         assert COUNTER.count(text) < layered.reserve(BUDGET)  # both fit the reserve
         await store.save_longterm_summary(
