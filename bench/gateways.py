@@ -41,7 +41,6 @@ from typing import Any
 
 from bench.corpus import TRANSPORT, TextGen
 from bench.pipeline import (
-    HEADLINE,
     RESULTS,
     ROOT,
     BenchTransport,
@@ -66,9 +65,6 @@ from bot.memory.sqlite import SqliteStore
 
 MARK_START = "<!-- bench:gateways:start -->"
 MARK_END = "<!-- bench:gateways:end -->"
-README = ROOT / "README.md"
-README_START = "<!-- bench:turn-cost:start -->"
-README_END = "<!-- bench:turn-cost:end -->"
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,14 +338,6 @@ def write_docs(
         MARK_END,
     ])  # fmt: skip
     _replace(path, MARK_START, MARK_END, block)
-    if path.resolve() == HEADLINE.resolve():  # the published run: README's summary too
-        intro = (
-            f"Measured {time.strftime('%Y-%m-%d')} with `{command_line(args)}` on a 2-core "
-            "machine that also runs the PostgreSQL server and the fake LLM (details: "
-            "[docs/benchmarks.md](docs/benchmarks.md#several-gateways-on-postgresql)):"
-        )
-        summary = "\n".join([README_START, intro, "", measured, README_END])
-        _replace(README, README_START, README_END, summary)
 
 
 def _replace(path: Path, start: str, end: str, block: str) -> None:

@@ -428,9 +428,7 @@ async def build(
         if config.relay.pairs and only is None and transports:
             app.bridge = _build_bridge(config, transports)
             bridge = app.bridge
-            commands.stat_sources.append(
-                lambda: {f"relay {k}": v for k, v in bridge.counters.items()}
-            )
+            commands.stat_sources.append(bridge.stats)
         return app
     except BaseException:
         await store.close()

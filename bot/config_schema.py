@@ -343,6 +343,14 @@ class RelayConfig(_Strict):
     channel_messages: int = Field(10, ge=1, le=10000)  # per paired channel per channel_seconds
     channel_seconds: float = Field(300.0, gt=0, le=86400)
     show_signal: bool = False  # add hops and SNR to mesh -> Discord posts
+    # Mesh -> Discord: posts per mesh node and per paired channel per window; the excess is
+    # posted together as one digest when the window has room (never dropped). The channel
+    # default stays under Discord's limits (5 posts per 5 s, 30 webhook posts a minute).
+    node_messages: int = Field(5, ge=1, le=1000)
+    node_seconds: float = Field(60.0, gt=0, le=86400)
+    mesh_channel_messages: int = Field(5, ge=1, le=10000)
+    mesh_channel_seconds: float = Field(10.0, gt=0, le=86400)
+    reactions: bool = True  # mesh tapbacks <-> Discord reactions on relayed messages
 
 
 class StorageConfig(_Strict):

@@ -197,11 +197,11 @@ async def test_dms_and_messages_for_the_ai_are_not_relayed(fake_discord: FakeDis
         assert text == "Alice: sentinel"
         await r.bridge.idle()
         assert [i.text for i in r.discord_inbox] == ["a private thought"]
-        assert r.bridge.counters == {
-            "mesh_to_discord": 0,
-            "discord_to_mesh": 1,
-            "cut": 0,
-            "refused": 0,
+        assert r.bridge.stats() == {
+            "relay mesh_to_discord": 0,
+            "relay discord_to_mesh": 1,
+            "relay cut": 0,
+            "relay refused": 0,
         }
 
 
@@ -249,17 +249,55 @@ class FullMesh:
     def fit_relay(self, text: str, *, max_parts: int) -> str:
         return text
 
-    async def broadcast(self, channel: int, text: str, *, person: str, max_parts: int) -> Delivery:
+    async def broadcast(
+        self,
+        channel: int,
+        text: str,
+        *,
+        person: str,
+        max_parts: int,
+        reply_id: int | None = None,
+        tapback: bool = False,
+    ) -> Delivery:
         return Delivery(DeliveryStatus.FAILED, detail="outbox full")
+
+
+class SentMesh(FullMesh):
+    """A mesh side that sends everything at once; ``sent`` is each text, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def broadcast(
+        self,
+        channel: int,
+        text: str,
+        *,
+        person: str,
+        max_parts: int,
+        reply_id: int | None = None,
+        tapback: bool = False,
+    ) -> Delivery:
+        self.sent.append(text)
+        return Delivery(DeliveryStatus.SENT, message_ids=(str(1000 + len(self.sent)),))
 
 
 class Said:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
 
-    async def relay_post(self, channel_id: int, *, name: str, node: str, text: str) -> bool:
+    async def relay_post(
+        self,
+        channel_id: int,
+        *,
+        name: str,
+        node: str,
+        text: str,
+        reply_to: int | None = None,
+        quote: str | None = None,
+    ) -> int | None:
         self.calls.append(("post", text))
-        return True
+        return 1000 + len(self.calls)
 
     async def relay_react(self, channel_id: int, message_id: int, emoji: str) -> None:
         self.calls.append(("react", emoji))
@@ -293,19 +331,13 @@ async def test_direction_is_respected(
     from bot.bridge import MeshText
 
     said = Said()
-    sent: list[str] = []
-
-    class Mesh(FullMesh):
-        async def broadcast(
-            self, channel: int, text: str, *, person: str, max_parts: int
-        ) -> Delivery:
-            sent.append(text)
-            return Delivery(DeliveryStatus.SENT)
+    mesh = SentMesh()
+    sent = mesh.sent
 
     cfg = RelayConfig.model_validate(
         {"pairs": [{"mesh_channel": 2, "discord_channel": 5, "direction": direction}]}
     )
-    bridge = Bridge(cfg, mesh=Mesh(), discord=said, clock=lambda: 0.0)
+    bridge = Bridge(cfg, mesh=mesh, discord=said, clock=lambda: 0.0)
     bridge.mesh_heard(MeshText("!a11ce001", "ALC", 2, 7, "from mesh"))
     bridge.discord_heard(DiscordText(5, 1, "alice", 1, "from discord"))
     await bridge.idle()
@@ -340,9 +372,7 @@ async def test_stats_show_relay_counters(fake_discord: FakeDiscord, tmp_path: An
             model_name=lambda: "m", links=LinkCodes(store),
         )  # fmt: skip
         async with rig(fake_discord) as r:
-            commands.stat_sources.append(
-                lambda: {f"relay {k}": v for k, v in r.bridge.counters.items()}
-            )
+            commands.stat_sources.append(r.bridge.stats)
             await fake_discord.say(relay_message(fake_discord, "hello mesh"))
             await r.on_air(1)
             await r.bridge.idle()
@@ -424,14 +454,8 @@ async def test_attachments_go_to_the_mesh_as_markers(fake_discord: FakeDiscord) 
 
 async def test_a_refused_message_uses_no_rate_slot() -> None:
     said = Said()
-    sent: list[str] = []
-
-    class Mesh(FullMesh):
-        async def broadcast(
-            self, channel: int, text: str, *, person: str, max_parts: int
-        ) -> Delivery:
-            sent.append(text)
-            return Delivery(DeliveryStatus.SENT)
+    mesh = SentMesh()
+    sent = mesh.sent
 
     cfg = RelayConfig.model_validate(
         {
@@ -440,7 +464,7 @@ async def test_a_refused_message_uses_no_rate_slot() -> None:
             "channel_messages": 2,
         }
     )
-    bridge = Bridge(cfg, mesh=Mesh(), discord=said, clock=lambda: 0.0)
+    bridge = Bridge(cfg, mesh=mesh, discord=said, clock=lambda: 0.0)
     bridge.discord_heard(DiscordText(5, 1, "alice", 1, "one"))
     bridge.discord_heard(DiscordText(5, 2, "alice", 1, "two"))  # over alice's limit
     bridge.discord_heard(DiscordText(5, 3, "bob", 2, "three"))  # the channel still has room
@@ -459,6 +483,9 @@ def test_status_file_carries_relay_counters() -> None:
     again = Status.from_json(status.to_json())
     assert again.relay == counters
     lines, _ok = render(again, now=101.0)
-    assert "  relay:      4 mesh->discord, 2 discord->mesh, 1 cut, 3 refused" in lines
+    assert (
+        "  relay:      4 mesh->discord, 2 discord->mesh, 1 cut, 3 refused, 0 digest(s), "
+        "reactions 0 mesh->discord, 0 discord->mesh" in lines
+    )
     plain, _ = render(Status(written_at=100.0, started_at=50.0, pid=1, version="x", healthy=True))
     assert not any("relay" in line for line in plain)  # no bridge, no line

@@ -134,7 +134,9 @@ def render(status: Status, *, now: float | None = None) -> tuple[list[str], bool
         lines.append(
             f"  relay:      {r.get('mesh_to_discord', 0)} mesh->discord, "
             f"{r.get('discord_to_mesh', 0)} discord->mesh, {r.get('cut', 0)} cut, "
-            f"{r.get('refused', 0)} refused"
+            f"{r.get('refused', 0)} refused, {r.get('digests', 0)} digest(s), "
+            f"reactions {r.get('reactions_to_discord', 0)} mesh->discord, "
+            f"{r.get('reactions_to_mesh', 0)} discord->mesh"
         )
     if status.last_error_at is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status.last_error_at))

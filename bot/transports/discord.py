@@ -394,8 +394,14 @@ class DiscordTransport:
         async def on_message(message: discord.Message) -> None:
             await self._handle(client, message)
 
+        async def on_raw_reaction_add(event: discord.RawReactionActionEvent) -> None:
+            relay = self.relay
+            if relay is not None and client.user is not None:
+                relay.offer_reaction(event, me=client.user.id)
+
         client.event(on_ready)
         client.event(on_message)
+        client.event(on_raw_reaction_add)
 
     # --- inbound ----------------------------------------------------------------------------
     async def _catch_up(self, client: discord.Client) -> None:

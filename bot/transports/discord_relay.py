@@ -9,6 +9,11 @@ Invariants:
   and id as the author) when ``relay.webhook`` is on and the bot may manage webhooks there;
   otherwise, or when that fails, as the bot's own message ``**<name>** (<node id>): text``.
   Nothing posted can ping anyone.
+- Replies and reactions: a message replying to another in the same channel is handed over
+  with ``reply_to``; unicode-emoji reactions in paired channels are handed over as
+  ``DiscordReaction`` (custom emoji cannot be shown on the mesh and are not). A mesh reply
+  posted as the bot is a Discord reply; through a webhook (which cannot reply) it opens with a
+  quote line of the message it answers.
 - Every call here returns normally on Discord trouble (logged); the bridge counts the result.
 """
 
@@ -19,7 +24,7 @@ from collections.abc import Callable
 
 import discord
 
-from bot.bridge import Bridge, DiscordText
+from bot.bridge import Bridge, DiscordReaction, DiscordText
 from bot.transports.discord_attach import Incoming, kind
 from bot.transports.discord_text import DISCORD_MAX_CHARS
 
@@ -46,11 +51,13 @@ class DiscordRelay:
         self._client = client
         self.channels = channels
         self._heard: Callable[[DiscordText], None] = lambda _msg: None
+        self._reacted: Callable[[DiscordReaction], None] = lambda _r: None
         self._use_webhook = webhook
         self._webhooks: dict[int, discord.Webhook | None] = {}  # None: not permitted there
 
     def bind(self, bridge: Bridge) -> None:
         self._heard = bridge.discord_heard
+        self._reacted = bridge.discord_reaction
         self.channels = bridge.discord_channels
 
     def offer(self, message: discord.Message, *, me: int, addressed: bool, text: str) -> None:
@@ -59,6 +66,7 @@ class DiscordRelay:
         if message.guild is None or message.channel.id not in self.channels:
             return
         author = message.author
+        ref = message.reference
         self._heard(
             DiscordText(
                 channel_id=message.channel.id,
@@ -69,33 +77,74 @@ class DiscordRelay:
                 attachments=tuple(_kind(a) for a in message.attachments),
                 from_bot=author.bot or author.id == me or message.webhook_id is not None,
                 addressed=addressed,
+                reply_to=(
+                    ref.message_id
+                    if ref is not None and ref.channel_id == message.channel.id
+                    else None
+                ),
             )
         )
 
-    async def relay_post(self, channel_id: int, *, name: str, node: str, text: str) -> bool:
+    def offer_reaction(self, event: discord.RawReactionActionEvent, *, me: int) -> None:
+        """A reaction added somewhere; handed to the bridge if its channel is paired."""
+        if event.guild_id is None or event.channel_id not in self.channels:
+            return
+        if not event.emoji.is_unicode_emoji():
+            return
+        member = event.member
+        self._reacted(
+            DiscordReaction(
+                channel_id=event.channel_id,
+                message_id=event.message_id,
+                emoji=event.emoji.name,
+                user_id=event.user_id,
+                from_bot=event.user_id == me or (member is not None and member.bot),
+            )
+        )
+
+    async def relay_post(
+        self,
+        channel_id: int,
+        *,
+        name: str,
+        node: str,
+        text: str,
+        reply_to: int | None = None,
+        quote: str | None = None,
+    ) -> int | None:
         client = self._client()
         if client is None or client.is_closed():
-            return False
+            return None
         channel = client.get_channel(channel_id)
         if not isinstance(channel, discord.TextChannel):
             log.warning("relay: Discord channel %s is not a text channel I can see", channel_id)
-            return False
+            return None
         hook = await self._webhook(channel) if self._use_webhook else None
         try:
             if hook is not None:
-                await hook.send(
+                if quote is not None:  # webhooks cannot reply: quote what this answers
+                    text = f"> {discord.utils.escape_markdown(quote)}\n{text}"
+                hooked = await hook.send(
                     _cap(text),
                     username=f"{name} ({node})"[:80],
                     allowed_mentions=NO_MENTIONS,
                     wait=True,
                 )
+                return hooked.id
+            line = _cap(f"**{discord.utils.escape_markdown(name)}** ({node}): {text}")
+            if reply_to is None:
+                posted = await channel.send(line, allowed_mentions=NO_MENTIONS)
             else:
-                line = f"**{discord.utils.escape_markdown(name)}** ({node}): {text}"
-                await channel.send(_cap(line), allowed_mentions=NO_MENTIONS)
+                ref = discord.MessageReference(
+                    message_id=reply_to, channel_id=channel_id, fail_if_not_exists=False
+                )
+                posted = await channel.send(
+                    line, allowed_mentions=NO_MENTIONS, reference=ref, mention_author=False
+                )
         except ERRORS as exc:
             log.warning("relay: posting in %s failed: %s", channel_id, exc)
-            return False
-        return True
+            return None
+        return posted.id
 
     async def _webhook(self, channel: discord.TextChannel) -> discord.Webhook | None:
         if channel.id in self._webhooks:

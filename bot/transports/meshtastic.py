@@ -332,7 +332,6 @@ class MeshtasticTransport(MeshOutbox):
             self.channel_listener is None
             or not isinstance(decoded, Mapping)
             or decoded.get("portnum") != "TEXT_MESSAGE_APP"
-            or decoded.get("emoji")
             or packet.get("to") != BROADCAST_NUM
             or not isinstance(frm, int)
         ):
@@ -342,6 +341,7 @@ class MeshtasticTransport(MeshOutbox):
             return
         hop_start = packet.get("hopStart")
         snr = packet.get("rxSnr")
+        reply = decoded.get("replyId")
         self.channel_listener(
             MeshText(
                 sender=node_id(frm),
@@ -358,6 +358,8 @@ class MeshtasticTransport(MeshOutbox):
                     else None
                 ),
                 snr=float(snr) if isinstance(snr, int | float) else None,
+                reply_id=reply if isinstance(reply, int) and reply > 0 else None,
+                tapback=bool(decoded.get("emoji")),
             )
         )
 
@@ -374,9 +376,20 @@ class MeshtasticTransport(MeshOutbox):
     def fit_relay(self, text: str, *, max_parts: int) -> str:
         return fit(text, chunk_bytes=self._cfg.chunk_bytes, max_parts=max_parts)
 
-    async def broadcast(self, channel: int, text: str, *, person: str, max_parts: int) -> Delivery:
+    async def broadcast(
+        self,
+        channel: int,
+        text: str,
+        *,
+        person: str,
+        max_parts: int,
+        reply_id: int | None = None,
+        tapback: bool = False,
+    ) -> Delivery:
         """Relayed text as numbered broadcast parts on ``channel``, through the fair, paced
-        outbox (behind and between the bot's answers, never around them)."""
+        outbox (behind and between the bot's answers, never around them). ``reply_id`` marks
+        the first part as a reply to that packet; ``tapback`` sends ``text`` (one emoji) as a
+        reaction on it."""
         if self._loop is None or self._stopping:
             return Delivery(DeliveryStatus.FAILED, detail="the meshtastic transport is not running")
         if self.busy_for() is not None:  # answers first: relay only when there is room
@@ -391,7 +404,13 @@ class MeshtasticTransport(MeshOutbox):
         )
         if not texts:
             return Delivery(DeliveryStatus.FAILED, detail="nothing to send")
-        inbound = Inbound(transport=self.name, sender=person, text="", space=f"ch{channel}")
+        inbound = Inbound(
+            transport=self.name,
+            sender=person,
+            text="",
+            space=f"ch{channel}",
+            message_id=str(reply_id) if reply_id else None,  # the outbox's reply_id
+        )
         job = _Job(
             reply=Reply(inbound=inbound, text=text, kind=ReplyKind.NOTICE),
             person=person,
@@ -401,6 +420,7 @@ class MeshtasticTransport(MeshOutbox):
             parts=[_Part(i, t) for i, t in enumerate(texts)],
             enqueued_at=self._clock.monotonic(),
             future=asyncio.get_running_loop().create_future(),
+            tapback=tapback and reply_id is not None,
         )
         self._jobs.append(job)
         self._jobs_changed.set()

@@ -123,6 +123,7 @@ class _Job:
     cost: int = 0  # transmissions charged, firmware retransmissions included
     resend_at: float = 0.0
     ids: list[str] = field(default_factory=list)
+    tapback: bool = False  # a relayed reaction: the emoji flag set, ``reply_id`` its target
 
     def waiting(self) -> bool:
         return any(p.state == "flying" for p in self.parts)
@@ -485,6 +486,8 @@ class MeshOutbox(MeshLink):
                 packet.id = packet_id
                 if reply_id is not None:
                     packet.decoded.reply_id = reply_id
+                if job.tapback:
+                    packet.decoded.emoji = 1
                 packet.priority = mesh_pb2.MeshPacket.Priority.RELIABLE
                 return iface._sendPacket(
                     packet,

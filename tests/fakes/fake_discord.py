@@ -214,6 +214,32 @@ class FakeDiscord:
             await self.dispatch("MESSAGE_CREATE", data)
         return data
 
+    async def react(
+        self, message_id: int, emoji: str, *, by: Json | None = None, channel_id: int = CHANNEL_ID
+    ) -> None:
+        """Someone adds a unicode-emoji reaction to a message (MESSAGE_REACTION_ADD)."""
+        who = by or user(ALICE, "alice")
+        await self.dispatch(
+            "MESSAGE_REACTION_ADD",
+            {
+                "user_id": who["id"],
+                "channel_id": str(channel_id),
+                "message_id": str(message_id),
+                "guild_id": str(GUILD_ID),
+                "emoji": {"id": None, "name": emoji},
+                "type": 0,
+                "burst": False,
+                "member": {
+                    "user": who,
+                    "roles": [],
+                    "joined_at": _now(),
+                    "deaf": False,
+                    "mute": False,
+                    "flags": 0,
+                },
+            },
+        )
+
     def post_offline(self, data: Json) -> Json:
         """A message posted while the bot is away (stopped): only in the channel's history."""
         self.history.setdefault(int(data["channel_id"]), []).append(data)
