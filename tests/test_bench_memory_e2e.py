@@ -9,20 +9,16 @@ from typing import Any
 
 import pytest
 
+from bench.e2e_score import Tally, dated, score, sent_tokens, table
 from bench.memory_e2e import (
     PERSON,
     ReplayClock,
     Script,
-    Tally,
     Unanswered,
     ask,
-    dated,
     exchanges,
     replay,
-    score,
-    sent_tokens,
     started,
-    table,
     tally,
 )
 from bench.prefix import CONTEXT_TOKENS, STYLE_HINT, TRANSPORT
