@@ -14,6 +14,7 @@ from bench.memory_e2e import (
     PERSON,
     ReplayClock,
     Script,
+    Split,
     Unanswered,
     ask,
     exchanges,
@@ -21,9 +22,11 @@ from bench.memory_e2e import (
     started,
     tally,
 )
-from bench.prefix import CONTEXT_TOKENS, STYLE_HINT, TRANSPORT
+from bench.prefix import CONTEXT_TOKENS, STYLE_HINT, TRANSPORT, bench_config
 from bench.recall import Dialogue, Question, Turn
+from bot.config import LLMConfig
 from bot.domain import ConversationKey
+from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.tokens import make_counter
 from tests.fakes.fake_llm import FakeLLM
 
@@ -152,3 +155,37 @@ async def test_a_person_who_never_pauses_closes_no_session_and_the_window_still_
     replies = [r for r in fake_llm.requests if STYLE_HINT in str(r["messages"][0]["content"])]
     assert len(replies) == 80
     assert max(sent_tokens(r, counter) for r in replies) <= CONTEXT_TOKENS
+
+
+async def test_with_a_memory_model_every_background_call_goes_to_it_and_replies_do_not(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """``--memory-url``: chapters, session and long-term summaries and fact extraction are
+    written by the memory model; the replayed answers still come from the script."""
+    memory_model = FakeLLM()
+    memory_model.reply = "Title\nThey talked about words."
+    await memory_model.start()
+    script = Script()
+    fake_llm.reply_fn = script
+    replies = OpenAICompatLLM(config=bench_config(tmp_path, fake_llm.base_url).llm, env={})
+    memory = OpenAICompatLLM(
+        config=LLMConfig(base_url=memory_model.base_url, model="small", api_key_env=None), env={}
+    )
+    split = Split(replies=replies, memory=memory)
+    dlg = _dialogue([MAY_8, MAY_8 + 12 * DAY], lines_per_session=10, words=40)
+    exs = exchanges(dlg)
+    clock = ReplayClock(exs[0].at)
+    app, transport = await started(tmp_path / "s", fake_llm.base_url, None, wall=clock, llm=split)
+    try:
+        await replay(app, transport, fake_llm, script, exs, clock, log=lambda _: None)
+        _, _, sessions = await _log(app)
+        assert [s.summary for s in sessions] == ["They talked about words."] * 2
+    finally:
+        await app.close()
+        await replies.close()
+        await memory.close()
+        await memory_model.stop()
+    assert all(STYLE_HINT in str(r["messages"][0]["content"]) for r in fake_llm.requests)
+    assert len(fake_llm.requests) == len(exs)
+    assert split.calls == len(memory_model.requests) >= 4  # sessions, long-term, facts, chapters
+    assert not any(STYLE_HINT in str(r["messages"][0]["content"]) for r in memory_model.requests)
