@@ -244,8 +244,8 @@ class ContextBuilder:
         has a long-term summary (read with the rest, ``_reads``); ``reserved`` says if.
         ``longterm`` renders the version shown as of the window's base and the newest
         chapter (``LayeredContext``): the part of the reserve it leaves unused goes to the
-        once-only tail (recall's room, the older chapter), never to the window or the note,
-        so the fold points and the cached prefix stay where the constant reserve puts them."""
+        once-only tail (recall's room, the older chapter), never to the window's cap or the
+        note's size, so the fold points stay where the constant reserve puts them."""
         trimmed = False
         prompt = fill_prompt(self._system_prompt, datetime.fromtimestamp(self._wall(), UTC))
         system = f"{prompt} {style_hint}".strip()
