@@ -85,6 +85,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MEMORY_DOC = ROOT / "docs" / "memory.md"
 MARK_START = "<!-- bench:memory_e2e:start -->"
 MARK_END = "<!-- bench:memory_e2e:end -->"
+REAL_START = "<!-- bench:memory_e2e_real:start -->"  # a run whose memory a real model wrote
+REAL_END = "<!-- bench:memory_e2e_real:end -->"
 PERSON = "person"
 VARIANTS = ("restart", "live")
 _RARE = re.compile(r"[A-Za-z][A-Za-z'-]{5,}")
@@ -552,12 +554,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             command.replace(" --write-docs", ""),
             names,
             table(tallies, categories) + "\n\n" + kept_line(held),
+            real=memory_llm is not None,
         )
         print(f"wrote {MEMORY_DOC}")
 
 
-def write_docs(path: Path, command: str, names: str, rendered: str) -> None:
-    """Replace the table between the markers in ``path`` with this run's."""
+def write_docs(path: Path, command: str, names: str, rendered: str, *, real: bool = False) -> None:
+    """Replace the table between the markers in ``path`` with this run's (``real``: the
+    table of a run whose memory a real model wrote, which has markers of its own)."""
     block = "\n".join(
         [
             f"Command: `{command.strip()}`. Date: {time.strftime('%Y-%m-%d')}. Conversations: "
@@ -572,7 +576,7 @@ def write_docs(path: Path, command: str, names: str, rendered: str) -> None:
             rendered,
         ]
     )
-    replace_block(path, MARK_START, MARK_END, block)
+    replace_block(path, *((REAL_START, REAL_END) if real else (MARK_START, MARK_END)), block)
 
 
 if __name__ == "__main__":
