@@ -394,18 +394,17 @@ async def run_dialogue(
     await fake.start()
     exs = exchanges(dlg)
     clock = ReplayClock(exs[0].at) if dated_replay and exs else None
-    split: Split | None = None
+    splits: list[Split] = []  # one per started app (the replay's, each restart question's)
     adapters: list[OpenAICompatLLM] = []
 
     def router() -> LLM | None:
-        nonlocal split
         if memory_llm is None:
             return None
         fore = OpenAICompatLLM(config=bench_config(Path("."), fake.base_url).llm, env={})
         back = OpenAICompatLLM(config=memory_llm, env={})
         adapters.extend([fore, back])
-        split = Split(replies=fore, memory=back)
-        return split
+        splits.append(Split(replies=fore, memory=back))
+        return splits[-1]
 
     try:
         with tempfile.TemporaryDirectory(prefix="meshsage-e2e-") as tmp:
@@ -473,10 +472,9 @@ async def run_dialogue(
         for adapter in adapters:
             await adapter.close()
         await fake.stop()
-        if split is not None:
-            log(
-                f"  {dlg.sample_id}: {split.calls} memory calls to the model, {split.failed} failed"
-            )
+        if splits:
+            calls, failed = sum(x.calls for x in splits), sum(x.failed for x in splits)
+            log(f"  {dlg.sample_id}: {calls} memory calls to the model, {failed} failed")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -543,6 +541,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         )
         print(table(tallies, categories), flush=True)
+        print(kept_line(held), flush=True)
     command = "python -m bench.memory_e2e " + " ".join(argv if argv is not None else [])
     print(f"\n{command.strip()}\n{len(dialogues)} conversation(s)\n")
     print(table(tallies, categories))
