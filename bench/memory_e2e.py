@@ -1,7 +1,8 @@
 """End-to-end memory: is what a question needs in the prompt the bot actually sends?
 
     python -m bench.memory_e2e ../shared/bench/locomo-dev.json [--conversations 2]
-        [--questions 40] [--variants restart,live] [--categories 1,2,3,4]
+        [--questions 40] [--variants restart,live] [--categories 1,2,3,4] [--no-dated]
+        [--sessions 5] [--memory-url http://127.0.0.1:8177/v1 --memory-model NAME]
 
 Protocol (issue 17). Each LoCoMo conversation is replayed through the real app
 (``bot.app.build``: responder, layered context builder, summarizer, LLM gate, the real
@@ -14,7 +15,17 @@ Meshtastic style hint; ``bench.prefix.MeshLikeTransport``):
   answered to a "Hi." message;
 - background calls (summary chapters, merges) are answered by the fake with a ~50-word text
   built from the rare words of its input, never a verbatim sentence, so a summary can never
-  count as holding an evidence turn; after each turn the benchmark waits for them.
+  count as holding an evidence turn; after each turn the benchmark waits for them;
+- at the conversation's own dates (issue 29; ``--no-dated``: now): each message is received
+  at its recorded time and the app's wall clock (``build(wall=...)``: answers' dates,
+  ``{date}``, session closing) reads the replay's clock. The session keeper's loop is
+  stopped; when more than ``memory.session_gap`` passes between two exchanges the bench runs
+  the keeper's own ``tick`` at the moment the session went idle, until nothing is left to
+  close or summarize (sessions, their facts, the long-term summary), and once more after the
+  last exchange; the questions are asked at that time. An exchange never spans two sessions.
+  Dates that go backwards or repeat are replayed as recorded (the app invents no session);
+- ``--memory-url``: every background call goes to that server (a real model writes the
+  chapters, summaries and facts; ``Split``), replies still to the fake.
 Then each question (categories 1-4 by default) is asked:
 - ``restart``: of a copy of the finished memory, by a freshly started app (what
   ``meshsage chat`` after a restart does; questions never become history);
@@ -27,9 +38,12 @@ no reply request for is not a crash of the benchmark: what the person got instea
 and the app's warnings are printed, a question scores 0 and is counted ("no reply request"),
 and a replayed line is simply missing from the log, as it would be for a user.
 
-Printed: per variant, recall per category and for 1-4, prompt tokens (mean, of the budget),
-questions, and seconds. ``--conversations``/``--questions`` keep a run short on a busy
-machine (questions are taken evenly through each conversation's list). Nothing is timed for
+Printed: per variant, recall per category and for 1-4, the share of temporal questions
+whose evidence days are written in the prompt, the evidence words shown, prompts with an
+older session's summary and with the long-term summary (``bench.e2e_score``), prompt tokens
+(mean, of the budget), questions, seconds; then what the memory held. ``--conversations``,
+``--questions`` and ``--sessions`` keep a run short on a busy machine (questions are taken
+evenly through each conversation's list). Nothing is timed for
 a verdict; nothing from the LoCoMo data (CC BY-NC 4.0) is written into the repository.
 """
 
