@@ -115,6 +115,8 @@ class ContextBuilder:
         style_hint: str = "",
         longterm_reserve: int = 0,
         longterm: LongtermRead | None = None,
+        speaker: str | None = None,  # bench conversations are DMs: nobody to name
+        system_prompt: str | None = None,  # no persona in the bench
     ) -> AssembledContext:
         reserved = 0  # held back for the long-term tier around this builder, as it was
         longterm_text = ""

@@ -34,6 +34,8 @@ class NaiveContextBuilder:
         style_hint: str = "",
         longterm_reserve: int = 0,  # no summary of any kind: nothing is held back for one
         longterm: LongtermRead | None = None,  # (so none is read)
+        speaker: str | None = None,  # bench conversations are DMs: nobody to name
+        system_prompt: str | None = None,  # no persona in the bench
     ) -> AssembledContext:
         system = f"{self._system_prompt} {style_hint}".strip()
         system_tokens = self._counter.count(system) + MESSAGE_OVERHEAD

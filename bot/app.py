@@ -37,7 +37,9 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
 from bot.bridge import Bridge
+from bot.chat_settings import ChatSettings
 from bot.commands import COMMAND_NAMES, Commands
+from bot.commands_settings import SettingsCommands
 from bot.config import Config
 from bot.errors import MeshsageError
 from bot.llm.gate import LLMGate
@@ -372,6 +374,9 @@ async def build(
             config=config.memory.summary,
             extractor=extractor,
         )
+        chat_settings = ChatSettings(store=store, personas=config.bot.personas)
+        await chat_settings.load()
+        listing = llm if isinstance(llm, OpenAICompatLLM) else None
         commands = Commands(
             store=store,
             counter=counter,
@@ -381,6 +386,14 @@ async def build(
             model_name=lambda: gate.model_name,
             links=LinkCodes(store),
         )
+        commands.settings = SettingsCommands(
+            settings=chat_settings,
+            list_models=listing.models if listing is not None else None,
+            prefix=config.bot.command_prefix,
+            configured_model=lambda: gate.model_name,
+            is_operator=commands.is_operator,
+        )
+        commands.enable_settings()
         responder = Responder(
             store=store,
             llm=gate.foreground,
@@ -390,6 +403,7 @@ async def build(
             counter=counter,
             config=config.bot,
             indexer=indexer,
+            settings=chat_settings,
             max_age={
                 name: section.delivery.max_age
                 for name, section in (
@@ -502,6 +516,8 @@ def _build_transport(
             env=env,
             max_message_chars=config.bot.max_message_chars,
             vision=config.llm.vision,
+            command_prefix=config.bot.command_prefix,
+            command_names=COMMAND_NAMES,
             seen_path=config.database_path.parent / "discord-seen.json",
             known=lambda ids, since: store.known_platform_ids("discord", ids, since=since),
         )

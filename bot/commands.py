@@ -31,6 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from bot.commands_settings import SettingsCommands
 from bot.domain import DM_SPACE, Attachment, Inbound
 from bot.errors import MeshsageError
 from bot.llm.tokens import TokenCounter
@@ -44,7 +45,7 @@ FORGET_CONFIRM_SECONDS = 60.0
 # Every command name (user, then operator): on shared channels only these trigger the bot.
 COMMAND_NAMES = ("help", "reset", "forget", "history", "summary", "remember", "facts",
                  "unremember", "status", "export", "more", "sessions", "pin", "link", "unlink",
-                 "incognito", "stats")  # fmt: skip
+                 "incognito", "persona", "stats", "model")  # fmt: skip
 HISTORY_DEFAULT = 3
 HISTORY_MAX = 10
 FACT_MAX_CHARS = 300
@@ -77,7 +78,9 @@ class Commands:
         model_name: Callable[[], str],
         links: LinkCodes,
         clock: Callable[[], float] = time.monotonic,
+        settings: SettingsCommands | None = None,
     ) -> None:
+        self.settings = settings  # !model, !persona (bot.commands_settings)
         self._links = links
         self._store = store
         self._counter = counter
@@ -107,6 +110,8 @@ class Commands:
             "incognito": self._incognito,
         }
         self._operator_handlers: dict[str, Handler] = {"stats": self._stats}
+        if settings is not None:
+            self.enable_settings()
         self.stat_sources: list[Callable[[], Mapping[str, int]]] = []  # e.g. relay counters
 
     @property
@@ -154,8 +159,10 @@ class Commands:
                  "facts", "unremember <n>", "status", "export", "more", "sessions", "pin",
                  "link [code]", "unlink", "incognito [off]"]  # fmt: skip
         text = "Commands: " + " ".join(p + n for n in names)
+        if self.settings is not None:
+            text += f" {p}persona"
         if self.is_operator(inbound):
-            text += f" | operator: {p}stats"
+            text += f" | operator: {p}stats" + (f" {p}model" if self.settings else "")
         return self._say(text)
 
     async def _reset(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
@@ -314,7 +321,10 @@ class Commands:
             where = " here"
         conv = await self._store.find_conversation(inbound.key)
         incognito = conv is not None and await self._store.is_incognito(conv.id)
-        text = f"Model {self._model_name()}, up {_duration(up)}, you sent {count} messages{where}."
+        model = self._model_name() if self.settings is None else self.settings.model_here(inbound)
+        persona = None if self.settings is None else self.settings.persona_here(inbound)
+        shown = f"Model {model}" + (f", persona {persona}" if persona else "")
+        text = f"{shown}, up {_duration(up)}, you sent {count} messages{where}."
         if incognito:
             text += f" Incognito is ON here: nothing new is stored ({self.prefix}incognito off)."
         return self._say(text)
@@ -417,6 +427,19 @@ class Commands:
             "Incognito off: what you said while incognito is forgotten; I store our new "
             "messages again."
         )
+
+    def enable_settings(self) -> None:
+        """``!persona`` and the operator's ``!model``, once ``settings`` is set."""
+        self._handlers["persona"] = self._persona
+        self._operator_handlers["model"] = self._model
+
+    async def _persona(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+        assert self.settings is not None
+        return self._say(await self.settings.persona(inbound, arg))
+
+    async def _model(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+        assert self.settings is not None
+        return self._say(await self.settings.model(inbound, arg))
 
     async def _stats(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         stats = dict(await self._store.stats())

@@ -90,6 +90,9 @@ class BotConfig(_Strict):
     rate_limit: RateLimit = RateLimit()
     queue_limit: int = Field(3, ge=1, le=100)  # turns waiting per person before we say "slow down"
     max_message_chars: int = Field(4000, ge=100, le=100_000)  # longer inbound text is cut
+    # Named personas (system prompts) people may choose with !persona NAME; operators may also
+    # set any text for a channel, a server or the whole bot (docs/discord.md).
+    personas: dict[str, str] = {}
 
     @field_validator("operators")
     @classmethod
@@ -320,6 +323,16 @@ class DiscordConfig(TransportBase):
     catch_up: CatchUpConfig = CatchUpConfig()
     stream: bool = True  # answers appear and grow by message edits
     stream_edit_seconds: float = Field(1.5, ge=0.2, le=60)  # least time between two edits
+    # Slash commands (/reset, /history ...) registered at start, next to the !commands; empty
+    # slash_guilds: for every server and DMs (global), else only in those servers (at once).
+    slash_commands: bool = True
+    slash_guilds: tuple[Snowflake, ...] = ()
+    # A thread where the bot was @mentioned (in an allowed channel) is followed: every message
+    # there is answered, no mention needed, until "!stop" there, the thread is archived, or
+    # thread_idle seconds pass without a message.
+    follow_threads: bool = True
+    thread_idle: float = Field(86_400.0, gt=0, le=30 * 86_400)
+    open_threads: bool = False  # answer a channel @mention in a new thread opened from it
 
 
 class RelayPair(_Strict):

@@ -50,6 +50,11 @@ class Inbound:
     # Images as data: URLs for a vision model (``llm.vision``); shown to the model with this
     # message only, never stored (the stored text names them: "[image: cat.png]").
     images: tuple[str, ...] = ()
+    # An edit of the earlier message ``message_id``: what is stored follows the new text, and
+    # it is answered (again) where the answer would change; ``edit_only``: the edited message
+    # no longer addresses the bot (a mention removed), so it is stored but never answered.
+    edited: bool = False
+    edit_only: bool = False
 
     @property
     def key(self) -> ConversationKey:
@@ -123,3 +128,6 @@ class TransportLimits:
     context_tokens: int  # budget for the whole prompt
     max_tokens: int  # completion budget asked from the LLM
     style_hint: str  # one sentence added to the system prompt ("answer in under 200 bytes")
+    # Shared spaces show who speaks (Discord channels: "Alice (id 930...): text", from the
+    # stored author, ``Inbound.sender_name``); DMs never do.
+    names_speakers: bool = False

@@ -51,6 +51,7 @@ Invariants:
   or ``!forget``, on any gateway sharing the store, through any linked account) or the process
   stops: nothing said in an ended stretch reaches a later prompt (``bot.memory.stretch``: each
   incognito turn checks the store's stretch id).
+- An edit (``Inbound.edited``) changes what is stored, never adds a message (``_edited``).
 - A message through a linked DM is stored with its origin (``Conversation.origin_id``), so
   ``!unlink`` can give it back, even when the unlink lands during the turn.
 """
@@ -67,13 +68,14 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from bot.chat_settings import ChatSettings
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
 from bot.delivery import OutboxSender
-from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
+from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind, TransportLimits
 from bot.errors import LLMUnavailable, StorageError
 from bot.limits import PersonLimits
-from bot.llm.port import LLM, ContextTooLong
+from bot.llm.port import LLM, MODEL_CHOICE, ContextTooLong
 from bot.llm.tokens import TokenCounter
 from bot.memory.indexer import Indexer
 from bot.memory.keep import CLAIM_STALE_SECONDS
@@ -90,12 +92,21 @@ from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
-from bot.transports.base import AnswerStream, Congested, KeepsFiles, Paginates, Transport
+from bot.transports.base import (
+    AnswerStream,
+    AwaitsAnswer,
+    Congested,
+    KeepsFiles,
+    Paginates,
+    Rereads,
+    Transport,
+)
 
 log = logging.getLogger("bot.responder")
 
 UNAVAILABLE = "LLM unavailable, try again later."
 INTERNAL_ERROR = "Sorry, something went wrong on my side. Please try again."
+WITHDRAWN = "(withdrawn: this answered the message before it was edited)"
 EMPTY = "Your message was empty. Send some text, or {prefix}help for commands."
 TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
@@ -103,6 +114,14 @@ ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try ag
 BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
 RECOVER_WITHIN_SECONDS = 15 * 60
 MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
+
+
+def _speaker(inbound: Inbound, limits: TransportLimits) -> str | None:
+    """The name the new message is shown under (shared spaces of transports that name their
+    speakers); the same as the author it is stored with, so the next prompt reads it alike."""
+    if not limits.names_speakers or inbound.is_dm:
+        return None
+    return inbound.sender_name or inbound.sender
 
 
 def _command_room(transport: Transport) -> int:
@@ -123,6 +142,7 @@ class _Job:
     command: bool = False
     outbox: OutboxRow | None = None  # a stored delivery to (re)send
     incognito: bool = False  # answered from memory, nothing stored
+    recovered: bool = False  # stored before a restart: the transport may reread it (images)
     # The conversation as read at intake, kept only for a job that runs next with no command
     # started, ended or running since the read (commands are what change conversation rows):
     # its turn needs no second read.
@@ -144,7 +164,9 @@ class Responder:
         max_age: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        settings: ChatSettings | None = None,
     ) -> None:
+        self._settings = settings  # model and persona per channel, server, bot or person
         self._store = store
         self._wall = wall  # dates of answers and what counts as recent (bench: replayed dates)
         self._llm = llm
@@ -177,6 +199,9 @@ class Responder:
         inbound = replace(inbound, text=text)
         if not text:
             await self._notice(inbound, EMPTY.format(prefix=self._commands.prefix))
+            return
+        if inbound.edited:
+            await self._edited(inbound)
             return
         limited = self._over_limit(inbound)
         if self._commands.parse(text) is not None:
@@ -226,6 +251,49 @@ class Responder:
         fresh = idle and quiet
         self._enqueue(_Job(inbound, message_id, conv=conv if fresh else None))
 
+    async def _edited(self, inbound: Inbound) -> None:
+        """The person edited an earlier message: the stored text follows (the old words leave
+        memory and search); a question still waiting is answered as edited; the newest
+        question, already answered, is answered again when its words changed (its old answer
+        withdrawn from memory). An edit of a message never stored is a new message."""
+        text = inbound.text
+        if self._commands.parse(text) is not None or inbound.message_id is None:
+            return  # commands are not stored, and an edit never runs one
+        try:
+            conv = await self._store.find_conversation(inbound.key)
+            edited = None
+            if conv is not None and not conv.incognito:
+                edited = await self._store.edit_message(
+                    conv.id,
+                    inbound.message_id,
+                    text=text,
+                    tokens=self._counter.count(text),
+                    reopen=not inbound.edit_only and self._accepting,
+                    withdrawn=WITHDRAWN,
+                )
+        except (sqlite3.Error, StorageError) as exc:
+            log.error("could not store an edit from %s: %s", inbound.key, exc)
+            await self._notice(inbound, NOT_STORED)
+            return
+        if edited is None:
+            if not inbound.edit_only:  # e.g. a mention added: answered as a new message
+                await self.handle(replace(inbound, edited=False))
+            return
+        log.info("message %d in %s edited", edited.message.id, inbound.key)
+        fresh = replace(inbound, edited=False)
+        key = inbound.key
+        queue = self._queues.get((key.transport, key.person, key.space))
+        if edited.old_status == "pending" and queue:
+            for i, job in enumerate(queue):  # not yet answered: it is answered as edited
+                if i and job.message_id == edited.message.id:
+                    queue[i] = replace(job, inbound=fresh, conv=None)
+        elif edited.reopened:
+            self._enqueue(_Job(fresh, edited.message.id))
+
+    def _persona(self, inbound: Inbound) -> str | None:
+        """The persona's prompt chosen for this conversation (None: ``bot.system_prompt``)."""
+        return None if self._settings is None else self._settings.persona(inbound)[1]
+
     def _over_limit(self, inbound: Inbound) -> str | None:
         if self._commands.is_operator(inbound):
             return None
@@ -239,7 +307,10 @@ class Responder:
 
     async def _notice_once(self, inbound: Inbound, text: str) -> None:
         who = (inbound.transport, inbound.sender)
-        if self._limits.may_notice(who):  # one per window: a flood must not make us flood back
+        transport = self._transports.get(inbound.transport)
+        waiting = isinstance(transport, AwaitsAnswer) and transport.awaits_answer(inbound)
+        # one per window: a flood must not make us flood back (a slash command waits for one)
+        if self._limits.may_notice(who) or waiting:
             await self._notice(inbound, text)
 
     def _enqueue(self, job: _Job) -> None:
@@ -260,6 +331,10 @@ class Responder:
                 job = queue[0]
                 if not self._accepting and job.outbox is not None:
                     break  # shutting down: the row stays in the outbox for the next start
+                # the model chosen for this conversation, for every LLM call of this job
+                chosen = MODEL_CHOICE.set(
+                    None if self._settings is None else self._settings.model(job.inbound)
+                )
                 try:
                     if job.outbox is not None:
                         await self._outbox.deliver(job.inbound, job.outbox)
@@ -275,11 +350,16 @@ class Responder:
                         await self._incognito_turn(job.inbound)
                     else:
                         assert job.message_id is not None
-                        await self._turn(job.inbound, job.message_id, job.conv)
+                        inbound = job.inbound
+                        transport = self._transports.get(inbound.transport)
+                        if job.recovered and isinstance(transport, Rereads):
+                            inbound = await transport.reread(inbound)  # images, not stored
+                        await self._turn(inbound, job.message_id, job.conv)
                 except Exception:  # loop boundary: one bad turn must not stop this person's queue
                     log.exception("turn failed in %s", job.inbound.key)
                     await self._after_failure(job)
                 finally:
+                    MODEL_CHOICE.reset(chosen)
                     queue.popleft()
                     if job.outbox is not None:
                         self._outbox.in_flight.discard(job.outbox.id)
@@ -379,6 +459,8 @@ class Responder:
                 new_message_id=message_id,
                 budget=limits.context_tokens,
                 style_hint=limits.style_hint,
+                speaker=_speaker(inbound, limits),
+                system_prompt=self._persona(inbound),
             )
             messages = ctx.messages
             if inbound.images:  # for the model only, with the new message (never stored)
@@ -398,6 +480,8 @@ class Responder:
                         new_message_id=message_id,
                         budget=smaller,
                         style_hint=limits.style_hint,
+                        speaker=_speaker(inbound, limits),
+                        system_prompt=self._persona(inbound),
                     )
                     messages = ctx.messages
                     if inbound.images:
@@ -474,6 +558,8 @@ class Responder:
                 budget=limits.context_tokens,
                 style_hint=limits.style_hint,
                 ephemeral=list(turns),
+                speaker=_speaker(inbound, limits),
+                system_prompt=self._persona(inbound),
             )
             try:
                 completion = await self._llm.complete(ctx.messages, max_tokens=limits.max_tokens)
@@ -524,7 +610,7 @@ class Responder:
                 message_id=msg.platform_id,
                 sender_name=msg.author,
             )
-            self._enqueue(_Job(inbound, msg.id))
+            self._enqueue(_Job(inbound, msg.id, recovered=True))
         if jobs:
             log.info("answering %d message(s) stored before the last shutdown", len(jobs))
         return len(jobs) + sent

@@ -27,6 +27,8 @@ COMMAND_CALLS = [
     "!unremember ③", "!history 1000000000000000000000",
     "!sessions", "!pin", "!link", "!link 000000", "!link x", "!unlink", "!incognito",
     "!status", "!incognito maybe", "!incognito off",
+    "!persona", "!persona nosuch", "!persona bot " + "長い人格 " * 60, "!persona clear bot",
+    "!model", "!model " + "m" * 300, "!model clear bot",
 ]  # fmt: skip
 
 

@@ -80,6 +80,7 @@ async def running(
     *others: FakeTransport,
     discord_keys: str = "",
     sections: str = "",
+    seen: Path | None = None,
 ) -> AsyncIterator[Rig]:
     """``discord_keys``: more lines under ``discord:``; ``sections``: more top-level YAML."""
     if "stream_edit_seconds" not in discord_keys:  # streaming on, but quick between edits
@@ -88,7 +89,9 @@ async def running(
         tmp_path, llm.base_url, f"discord:\n  channels: [{CHANNEL_ID}]\n{discord_keys}{sections}"
     )
     assert config.discord is not None
-    discord_transport = build_discord(config.discord, env={"DISCORD_TOKEN": TOKEN})
+    discord_transport = build_discord(
+        config.discord, env={"DISCORD_TOKEN": TOKEN}, seen_path=seen
+    )  # ``seen``: catch-up marks kept across runs
     app = await build(config, env={}, transports=[discord_transport, *others])
     await app.start()
     try:

@@ -54,7 +54,7 @@ def test_documented_invite_link_asks_for_exactly_the_needed_permissions() -> Non
     import discord
 
     doc = (Path(__file__).parent.parent / "docs" / "discord.md").read_text(encoding="utf-8")
-    [asked] = re.findall(r"scope=bot&permissions=(\d+)", doc)
+    [asked] = re.findall(r"scope=bot\+applications.commands&permissions=(\d+)", doc)
     needed = discord.Permissions(
         view_channel=True,
         send_messages=True,

@@ -575,7 +575,9 @@ async def test_reply_to_another_person_quotes_their_message(
     )
     await fake_discord.wait_sent(1)
     [inbound] = echo.inbox
-    assert inbound.text == ("(replying to Bob:)\n> the relay on the hill is down\n\nis that true?")
+    assert inbound.text == (
+        f"(replying to Bob (id {BOB}):)\n> the relay on the hill is down\n\nis that true?"
+    )
     assert inbound.reply_to == bobs["id"]
 
 

@@ -45,6 +45,7 @@ import openai
 from bot.config import Endpoint, LLMConfig
 from bot.errors import LLMUnavailable
 from bot.llm.port import (
+    MODEL_CHOICE,
     TRUNCATED_MARK,
     ChatMessage,
     Completion,
@@ -146,6 +147,11 @@ class OpenAICompatLLM:
     def model_name(self) -> str:
         return self._config.model
 
+    async def models(self) -> list[str]:
+        """The models the primary server offers (GET /models), sorted."""
+        page = await self._targets[0].client.models.list()
+        return sorted(m.id for m in page.data)
+
     async def close(self) -> None:
         for target in self._targets:
             await target.client.close()
@@ -218,8 +224,9 @@ class OpenAICompatLLM:
             await on_text("")  # a retry or a fallback starts from nothing
         deadline = self._config.connect_timeout + 2 * self._config.read_timeout
         async with asyncio.timeout(deadline):
+            chosen = MODEL_CHOICE.get() if target is self._targets[0] else None
             async with target.client.chat.completions.with_streaming_response.create(
-                model=target.endpoint.model,
+                model=chosen or target.endpoint.model,
                 messages=payload,  # type: ignore[arg-type]
                 max_tokens=max_tokens,
                 temperature=self._config.temperature,

@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
@@ -47,6 +48,12 @@ class LLM(Protocol):
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
     ) -> Completion: ...
+
+
+# The model chosen for the conversation being answered (bot.chat_settings), set by the
+# responder around its call: the primary endpoint asks for it instead of ``llm.model``
+# (fallbacks keep theirs). A context variable, so it follows the call through the gate.
+MODEL_CHOICE: ContextVar[str | None] = ContextVar("meshsage_model_choice", default=None)
 
 
 class ContextTooLong(LLMUnavailable):

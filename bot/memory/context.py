@@ -239,15 +239,23 @@ class ContextBuilder:
         style_hint: str = "",
         longterm_reserve: int = 0,
         longterm: LongtermRead | None = None,
+        speaker: str | None = None,
+        system_prompt: str | None = None,
     ) -> AssembledContext:
         """``longterm_reserve``: tokens to hold back from ``budget`` when the conversation
         has a long-term summary (read with the rest, ``_reads``); ``reserved`` says if.
         ``longterm`` renders the version shown as of the window's base and the newest
         chapter (``LayeredContext``): the part of the reserve it leaves unused goes to the
         once-only tail (recall's room, the older chapter), never to the window's cap or the
-        note's size, so the fold points stay where the constant reserve puts them."""
+        note's size, so the fold points stay where the constant reserve puts them.
+        ``speaker`` (a shared channel that names its speakers, Discord): the new message is
+        shown as ``speaker: text`` and every user message of the window as ``author: text``
+        (the author stored with it, so an earlier turn reads the same in every prompt)."""
+        named = speaker is not None
         trimmed = False
-        prompt = fill_prompt(self._system_prompt, datetime.fromtimestamp(self._wall(), UTC))
+        # ``system_prompt``: a persona chosen for this conversation (bot.chat_settings)
+        now = datetime.fromtimestamp(self._wall(), UTC)
+        prompt = fill_prompt(system_prompt or self._system_prompt, now)
         system = f"{prompt} {style_hint}".strip()
         system_tokens = self._counter.count(system) + MESSAGE_OVERHEAD
         reads = await self._reads(conversation, new_message_id, longterm=longterm_reserve > 0)
@@ -263,7 +271,7 @@ class ContextBuilder:
         base = chapters[-1].last_message_id if chapters else conversation.reset_after
         base = max(base, conversation.reset_after)
         turns, notes, fold, anchored = await self._window(
-            conversation, base, new_message_id, window_cap, late=reads.late
+            conversation, base, new_message_id, window_cap, late=reads.late, named=named
         )
         longterm_text, unused = "", 0
         if reserved and longterm is not None:
@@ -287,11 +295,12 @@ class ContextBuilder:
         # the whole window still leaves room for everything else; then it folds regardless.
         room = free - chapter_tokens - fact_tokens - FOLD_MARGIN
         room -= self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
+        room -= self._counter.count(speaker) + 2 if speaker is not None else 0
         # The fold point this turn completes (a block is complete once a turn follows it): its
         # chapter is written right after this answer, so the next prompt changes once (a new
         # chapter and a shorter window) instead of dropping turns before the chapter exists.
         ahead = fold_start(
-            [*(self._cost(t, notes) for t in turns), window_cap + 1],
+            [*(self._cost(t, notes, named=named) for t in turns), window_cap + 1],
             cap=window_cap,
             min_turns=self._min_fold_turns,
         )
@@ -300,9 +309,10 @@ class ContextBuilder:
             pending_fold = turns[ahead][0].id
         elif ahead and ahead == len(turns) and new_message_id is not None and not anchored:
             pending_fold = new_message_id
-        if fold and not anchored and sum(self._cost(t, notes) for t in turns) <= room:
+        costs = [self._cost(t, notes, named=named) for t in turns]
+        if fold and not anchored and sum(costs) <= room:
             fold = 0
-        while fold < len(turns) and sum(self._cost(t, notes) for t in turns[fold:]) > room:
+        while fold < len(turns) and sum(costs[fold:]) > room:
             fold += 1  # no complete fold block yet and no room: drop the oldest turns (rare)
         window = turns[fold:]
         folded = anchored or fold > 0
@@ -322,7 +332,7 @@ class ContextBuilder:
             blocks.append(Block("summary", chapter_tokens, chapter_text))
         system_text = "\n\n".join(b.text for b in blocks)
         messages = [ChatMessage("system", system_text)]
-        window_msgs = _alternate(flat, notes=notes)
+        window_msgs = _alternate(flat, notes=notes, named=named)
         window_tokens = sum(self._counter.count(m.content) + MESSAGE_OVERHEAD for m in window_msgs)
         blocks.append(Block("window", window_tokens, f"{len(flat)} messages"))
         fixed = sum(b.tokens for b in blocks) + JOIN_OVERHEAD * len(blocks)
@@ -338,12 +348,13 @@ class ContextBuilder:
                 fresh_text = NEW_FACTS_HEADER + "\n" + "\n".join(lines) + NOTE_END
                 extras.append(fresh_text)
         extra_tokens = self._measure(fresh_text) if fresh_text else 0
-        new_tokens = self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
+        said = f"{speaker}: " if speaker is not None else ""
+        new_tokens = self._counter.count(said + new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
         room = left - extra_tokens
         if new_tokens > room:
             new_text = self._cut(new_text, max(room - MESSAGE_OVERHEAD - JOIN_OVERHEAD - 4, 0))
             new_text += " […]"
-            new_tokens = self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
+            new_tokens = self._counter.count(said + new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
             trimmed = True
         left -= extra_tokens + new_tokens
 
@@ -420,7 +431,7 @@ class ContextBuilder:
                 tail.append(Block("chapter, once", self._measure(chapter), chapter))
                 extras.append(chapter)
                 note = "\n\n".join(extras)
-        final = f"{note}\n\n{new_text}" if note else new_text
+        final = f"{note}\n\n{said}{new_text}" if note else said + new_text
         messages.extend(_join_final(window_msgs, final))
         tail.append(Block("new", new_tokens, new_text))
         blocks.extend(tail)
@@ -506,6 +517,7 @@ class ContextBuilder:
         cap: int,
         *,
         late: Sequence[StoredMessage],
+        named: bool = False,
     ) -> tuple[list[list[StoredMessage]], dict[int, str], int, bool]:
         """Turns since the base, their stored recall notes, the index of the fold point the
         window starts at, and whether the turns were re-anchored (older ones since the base
@@ -531,12 +543,17 @@ class ContextBuilder:
         if anchored:
             kept = {m.id for m in msgs}
             notes = {i: note for i, note in notes.items() if i in kept}
-        costs = [self._cost(t, notes) for t in turns]
+        costs = [self._cost(t, notes, named=named) for t in turns]
         return turns, notes, fold_start(costs, cap=cap, min_turns=self._min_fold_turns), anchored
 
-    def _cost(self, turn: Sequence[StoredMessage], notes: dict[int, str]) -> int:
-        """A turn's tokens in the window, its recall note included."""
+    def _cost(
+        self, turn: Sequence[StoredMessage], notes: dict[int, str], *, named: bool = False
+    ) -> int:
+        """A turn's tokens in the window, its recall note (and, ``named``, its speakers)
+        included."""
         own = sum(m.tokens + MESSAGE_OVERHEAD for m in turn)
+        if named:
+            own += sum(self._counter.count(m.author) + 2 for m in turn if m.role == USER)
         return own + sum(self._measure(notes[m.id]) for m in turn if m.id in notes)
 
     def _chapters(self, chapters: list[Summary], free: int) -> tuple[list[Summary], str, int]:
@@ -573,14 +590,16 @@ def _anchor(msg: StoredMessage) -> int:
     return msg.parent_id if msg.role == ASSISTANT and msg.parent_id else msg.id
 
 
-def _alternate(window: Sequence[StoredMessage], *, notes: dict[int, str]) -> list[ChatMessage]:
+def _alternate(
+    window: Sequence[StoredMessage], *, notes: dict[int, str], named: bool = False
+) -> list[ChatMessage]:
     """The window as strictly alternating user/assistant messages, user first (some chat
     templates reject anything else): runs of one role are joined; a user message that carried
     a recall note is shown with it again."""
     out: list[tuple[Role, str]] = []
     for msg in window:
         role: Role = "user" if msg.role == USER else "assistant"
-        text = msg.text
+        text = f"{msg.author}: {msg.text}" if named and role == "user" else msg.text
         if role == "user" and msg.id in notes:
             text = f"{notes[msg.id]}\n\n{text}"
         if out and out[-1][0] == role:

@@ -56,6 +56,8 @@ class LayeredContext:
         budget: int,
         style_hint: str = "",
         ephemeral: Sequence[tuple[str, str]] = (),
+        speaker: str | None = None,
+        system_prompt: str | None = None,
     ) -> AssembledContext:
         note = self._incognito_note(ephemeral, budget) if ephemeral else ""
         note_tokens = self._counter.count(note) + JOIN_OVERHEAD if note else 0
@@ -78,6 +80,8 @@ class LayeredContext:
             style_hint=style_hint,
             longterm_reserve=self.reserve(budget),
             longterm=longterm,
+            speaker=speaker,
+            system_prompt=system_prompt,
         )
         reserved = ctx.reserved
         if ctx.retrieved:

@@ -37,9 +37,10 @@ ORDER: tuple[tuple[str, str], ...] = (
     ("outbox_parts", "outbox_id"),
     ("outbox_packets", "outbox_id"),
     ("shown_parts", "question_id"),
+    ("chat_settings", "updated_at"),  # read whole (WHOLE): a text primary key
 )
 # key not unique: one batch (small tables only)
-WHOLE = {"outbox_parts", "outbox_packets", "shown_parts"}
+WHOLE = {"outbox_parts", "outbox_packets", "shown_parts", "chat_settings"}
 # Columns one store keeps for itself: PostgreSQL's search words (rebuilt from the row) and the
 # outbox row's gateway (rows copied into PostgreSQL belong to the gateway that migrates them)
 # and its claim (a copy is claimed by nobody: the process that held it is not the one reading).
@@ -119,11 +120,11 @@ async def copy_store(source: Movable, dest: Movable, *, progress: Progress) -> d
             if not rows:
                 break
             await dest.import_rows(table, columns, rows)
-            after = int(rows[-1][0])
             done += len(rows)
             progress(table, done, total)
             if table in WHOLE:
                 break
+            after = int(rows[-1][0])
         for dtable, column in DEFERRED:
             if dtable == table and column in await source.table_columns(table):
                 await _copy_column(source, dest, table, key, column)

@@ -79,6 +79,8 @@ from typing import Any, Protocol
 
 from bot.domain import ConversationKey
 from bot.memory.records import (
+    ChatSetting,
+    EditedMessage,
     LongTermSummary,
     OutboxEntry,
     OutboxRow,
@@ -120,6 +122,21 @@ class MemoryStore(Protocol):
         answers: int | None = None,
         origin_id: int | None = None,
     ) -> int: ...
+
+    async def edit_message(
+        self,
+        conversation_id: int,
+        platform_id: str,
+        *,
+        text: str,
+        tokens: int,
+        reopen: bool = False,
+        withdrawn: str = "",
+    ) -> EditedMessage | None: ...
+
+    async def chat_settings(self, scopes: Sequence[str] | None = None) -> list[ChatSetting]: ...
+
+    async def set_chat_setting(self, scope: str, field: str, value: str | None) -> None: ...
 
     def turn_lock(self, conversation_id: int) -> AbstractAsyncContextManager[None]: ...
 

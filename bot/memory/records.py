@@ -45,6 +45,24 @@ class StoredMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class ChatSetting:
+    """The model and persona chosen for one scope (None: not set there)."""
+
+    scope: str
+    model: str | None
+    persona: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EditedMessage:
+    """A user message after the person edited it (``MemoryStore.edit_message``)."""
+
+    message: StoredMessage
+    old_status: str  # "pending", "answered", ... before the edit
+    reopened: bool  # pending again, its answers withdrawn: to be answered anew
+
+
+@dataclass(frozen=True, slots=True)
 class Summary:
     id: int
     text: str

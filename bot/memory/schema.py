@@ -243,6 +243,7 @@ MIGRATIONS: list[Migration] = [
     *ddl.notes_and_claims(ddl.SQLITE),  # written once for both backends
     *ddl.stretches_and_shown(ddl.SQLITE),
     *ddl.link_facts(ddl.SQLITE),
+    *ddl.chat_settings(ddl.SQLITE),
 ]
 
 

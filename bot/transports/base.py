@@ -137,3 +137,22 @@ class KeepsFiles(Protocol):
     def forget(self, person: str) -> int:
         """Delete the files written for ``person``; returns how many."""
         ...
+
+
+@runtime_checkable
+class Rereads(Protocol):
+    """A transport that can read a message again after a restart (what was not stored, such
+    as the images of a question for a vision model)."""
+
+    async def reread(self, inbound: Inbound) -> Inbound:
+        """``inbound`` with what only the platform kept (images); never raises."""
+        ...
+
+
+@runtime_checkable
+class AwaitsAnswer(Protocol):
+    """A transport where some inbounds must get a reply even when others would be silent (a
+    Discord slash command shows "thinking..." until answered): a rate-limit notice is sent to
+    each of them, not once per window."""
+
+    def awaits_answer(self, inbound: Inbound) -> bool: ...

@@ -14,7 +14,10 @@ Invariants:
   to one of its messages). The mention is stripped. sender = the author's id; space =
   ``DM_SPACE`` for DMs, else ``guild:<guild id>:ch:<channel id>`` (one conversation per person
   per channel, so nothing said in a DM reaches a channel reply). Each message id is handed on
-  at most once.
+  at most once. In a shared channel (threads too) the sender's name is ``Alice (id 930...)``,
+  display name and stable id (``discord_text.speaker``), stored as the message's author and
+  shown before each of the person's messages in the prompt (``names_speakers``); the prompt's
+  earlier turns never change with a new display name. DMs are unchanged.
 - Outbound: ``fit(text)`` is ``discord_text.fit_text`` (at most ``max_parts`` messages of at
   most 2,000 characters); ``send`` delivers exactly ``split_message(fit(text))``: the first
   part as a reply to the triggering message (no author ping), the rest as follow-ups, with
@@ -46,9 +49,21 @@ Invariants:
 - Catch-up (``discord_catchup``): every new gateway session (start, or a reconnect that could
   not resume) reads DMs and allowed channels back to the last message handled there (bounded
   by ``catch_up``) and hands on, through the same admission path, what is not stored yet.
+- Edits (``on_raw_message_edit``): an edit whose text changed is handed on as
+  ``Inbound.edited`` with the message's id, admitted like a new message, except that one that
+  no longer addresses the bot (mention removed) still goes on as ``edit_only`` (stored text
+  follows, never answered). An answer that follows an edit carries the note "answer to your
+  edited message".
+- Threads (``follow_threads``): a thread where the bot was @mentioned (in an allowed channel)
+  is followed (``SeenMarks.followed``): its messages are answered without a mention until
+  ``!stop`` there, the thread is archived or deleted, or ``thread_idle`` seconds of silence.
+  Catch-up reads followed threads too; a DM channel seen for the first time is read back
+  before its message (what was said there while the bot was away).
 - Message text is never logged above DEBUG.
-- Commands arrive as ordinary messages (``!reset``, after the @mention in a channel); no slash
-  commands are registered, so the invite needs only the ``bot`` scope.
+- Commands arrive as ordinary messages (``!reset``, after the @mention in a channel) and, with
+  ``slash_commands`` (on by default), as slash commands (``discord_slash``): the same command
+  as its ``!`` form, answered through the interaction (ephemeral in a shared channel where
+  the answer is private), never into the channel.
 """
 
 from __future__ import annotations
@@ -69,7 +84,14 @@ import discord
 from bot.config import DiscordConfig, RelayConfig
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.transports.base import OnMessage, ShownRecord
-from bot.transports.discord_catchup import MAX_DM_CHANNELS, Known, SeenMarks, catch_up
+from bot.transports.discord_attach import merge_notes
+from bot.transports.discord_catchup import (
+    MAX_DM_CHANNELS,
+    Known,
+    SeenMarks,
+    catch_up,
+    read_back,
+)
 from bot.transports.discord_connect import (
     BAD_TOKEN,
     MISSING_TOKEN,
@@ -88,18 +110,27 @@ from bot.transports.discord_read import read_attachments, readable_text
 from bot.transports.discord_relay import DiscordRelay
 from bot.transports.discord_resume import Earlier
 from bot.transports.discord_send import (
-    NETWORK_ERRORS,
     NO_MENTIONS,
     Target,
+    channel_space,
     describe,
     marked_nonces,
     part_nonce,
     post,
     reply_target,
     send_attachments,
+    transient,
 )
+from bot.transports.discord_slash import SLASH_NAMES, SlashCommands
 from bot.transports.discord_stream import DiscordStream
-from bot.transports.discord_text import DISCORD_MAX_CHARS, fit_text, note_line, split_message, units
+from bot.transports.discord_text import (
+    DISCORD_MAX_CHARS,
+    fit_text,
+    note_line,
+    split_message,
+    units,
+)
+from bot.transports.discord_threads import Threads
 
 __all__ = ["NAME", "NO_MENTIONS", "STYLE_HINT", "DiscordTransport", "build_discord"]
 
@@ -109,6 +140,9 @@ STYLE_HINT = (
     "You are answering on Discord: be concise, use Discord Markdown, and put code in fenced "
     "code blocks."
 )
+EDITED_NOTE = "answer to your edited message"
+REREAD_WAIT = 60.0  # seconds a question stored before a restart waits for the gateway
+IMAGES_LOST = "your image could not be looked at again after a restart; send it again"
 SEND_ERRORS: tuple[type[BaseException], ...] = (
     discord.HTTPException,
     discord.ClientException,
@@ -136,11 +170,14 @@ class DiscordTransport:
         known: Known | None = None,
         clock: Callable[[], float] = time.monotonic,
         vision: bool = False,
+        command_prefix: str = "!",
+        command_names: tuple[str, ...] = SLASH_NAMES,
     ) -> None:
         self.limits = TransportLimits(
             context_tokens=config.context_tokens,
             max_tokens=config.max_tokens,
             style_hint=STYLE_HINT,
+            names_speakers=True,
         )
         self._config = config
         self._max_message_chars = max_message_chars
@@ -165,6 +202,21 @@ class DiscordTransport:
         # inbound message id -> a note for its answer (attachments not read, text cut)
         self._notes: OrderedDict[str, str] = OrderedDict()
         self._mine = OwnMessages(limit=config.remembered_messages)  # the bot's own messages
+        self._prefix = command_prefix
+        self._opened: dict[str, discord.Thread] = {}  # question id -> the thread opened for it
+        self._threads = Threads(config=config, marks=self._marks, prefix=command_prefix)
+        self.slash = (
+            SlashCommands(
+                config=config,
+                prefix=command_prefix,
+                names=command_names,
+                handle=lambda: self._on_message,
+                transport=NAME,
+            )
+            if config.slash_commands
+            else None
+        )
+        self._tree: discord.app_commands.CommandTree[discord.Client] | None = None
 
     # --- port -------------------------------------------------------------------------------
     def fit(self, text: str) -> str:
@@ -214,6 +266,8 @@ class DiscordTransport:
                 parts.append(note)
         if not parts and not reply.attachments:
             return Delivery(DeliveryStatus.FAILED, detail="nothing to send (empty reply)")
+        if self.slash is not None and self.slash.owns(reply.inbound):
+            return await self.slash.send(client, reply, parts, limit=self._config.upload_limit)
         sent: list[str] = []
         # Messages an interrupted stream of this answer left on screen: edited into the parts
         # (a restart finishes the half answer instead of posting a second one under it).
@@ -249,17 +303,18 @@ class DiscordTransport:
                     sent.append(str(msg.id))
                     self._mine.remember(msg.id)
         except DELIVERY_ERRORS as exc:
-            # Discord unreachable (network, 5xx): the outbox keeps the row and the parts not
-            # yet posted go out on a later try; Discord refusing (403, 404, 400) is final.
-            transient = isinstance(exc, NETWORK_ERRORS)
+            # Discord unreachable (network, 5xx) or rate limiting (429 without Via): the
+            # outbox keeps the row and the parts not yet posted go out on a later try;
+            # Discord refusing (403, 404, 400) is final.
+            retry = transient(exc)
             log.warning(
                 "delivery to %s %s after %d message(s): %s",
                 reply.inbound.key,
-                "postponed" if transient else "failed",
+                "postponed" if retry else "failed",
                 len(sent),
                 describe(exc),
             )
-            status = DeliveryStatus.PENDING if transient else DeliveryStatus.FAILED
+            status = DeliveryStatus.PENDING if retry else DeliveryStatus.FAILED
             return Delivery(status, tuple(sent), detail=describe(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(sent))
 
@@ -275,6 +330,8 @@ class DiscordTransport:
         client = self._client
         if not self._config.stream or client is None or client.is_closed():
             return None
+        if self.slash is not None and self.slash.owns(inbound):
+            return None  # a slash command's answer goes through its interaction
 
         def on_post(message: discord.Message, head: int) -> None:
             self._mine.remember(message.id, head=head)
@@ -296,6 +353,35 @@ class DiscordTransport:
         stream.first_post = lambda: self._stop_typing(inbound)
         return stream
 
+    def awaits_answer(self, inbound: Inbound) -> bool:
+        """A slash command shows "thinking..." until answered: it gets every notice."""
+        return self.slash is not None and self.slash.owns(inbound)
+
+    async def reread(self, inbound: Inbound) -> Inbound:
+        """A question stored before a restart, with its images read again (they are never
+        stored); when they cannot be, its answer says so. Never raises."""
+        if not self._vision or "[image: " not in inbound.text or not inbound.message_id:
+            return inbound
+        try:
+            # at start the pending questions are queued before the gateway is up
+            await asyncio.wait_for(self.caught_up.wait(), REREAD_WAIT)
+            client = self._client
+            if client is None or client.is_closed():
+                raise discord.ClientException("Discord is not connected")
+            channel, _ = await reply_target(client, replace(inbound, message_id=None), None)
+            message = await channel.fetch_message(int(inbound.message_id))
+            _, note, images = await read_attachments(
+                message, "", budget=self._max_message_chars, vision=True
+            )
+        except DELIVERY_ERRORS as exc:
+            log.warning("could not read the images of %s again after the restart: %s",
+                        inbound.key, describe(exc))  # fmt: skip
+            self._notes[inbound.message_id] = IMAGES_LOST
+            return inbound
+        if note is not None:
+            self._notes[inbound.message_id] = note
+        return replace(inbound, images=images)
+
     def attach_relay(self, config: RelayConfig) -> DiscordRelay:
         """The bridge's Discord side, fed by this transport's messages."""
         self.relay = DiscordRelay(
@@ -306,11 +392,14 @@ class DiscordTransport:
         return self.relay
 
     async def _target(self, client: discord.Client, inbound: Inbound) -> Target:
+        thread = self._opened.get(inbound.message_id or "")
+        if thread is not None:  # open_threads: the answer opens the conversation there
+            return thread, None
         return await reply_target(client, inbound, self._recent.get(inbound.message_id or ""))
 
     def _note_for(self, reply: Reply) -> str | None:
         pending = self._notes.pop(reply.inbound.message_id or "", None)
-        return note_line("; ".join(n for n in (reply.note, pending) if n))
+        return note_line(merge_notes(reply.note, pending))
 
     def _stop_typing(self, inbound: Inbound) -> None:
         typing = self._typing.pop(inbound.message_id or "", None)
@@ -390,9 +479,16 @@ class DiscordTransport:
                 self._catchup_task.cancel()
             self.caught_up.clear()
             self._catchup_task = asyncio.create_task(self._catch_up(client), name="catch-up")
+            if self.slash is not None and self._tree is not None:
+                await self.slash.sync(self._tree)
 
         async def on_message(message: discord.Message) -> None:
             await self._handle(client, message)
+
+        self._threads.register(client)
+
+        async def on_raw_message_edit(payload: discord.RawMessageUpdateEvent) -> None:
+            await self._edited(client, payload.message, payload.cached_message)
 
         async def on_raw_reaction_add(event: discord.RawReactionActionEvent) -> None:
             relay = self.relay
@@ -401,7 +497,10 @@ class DiscordTransport:
 
         client.event(on_ready)
         client.event(on_message)
+        client.event(on_raw_message_edit)
         client.event(on_raw_reaction_add)
+        if self.slash is not None:
+            self._tree = self.slash.install(client)
 
     # --- inbound ----------------------------------------------------------------------------
     async def _catch_up(self, client: discord.Client) -> None:
@@ -409,6 +508,7 @@ class DiscordTransport:
         dms = sorted(self._marks.dms, key=lambda c: self._marks.last.get(c, 0), reverse=True)
         channels = [*self._config.channels, *dms[:MAX_DM_CHANNELS]]
         channels += [c.id for c in client.private_channels if c.id not in channels]
+        channels += self._threads.ids()
         try:
             await catch_up(
                 client,
@@ -428,13 +528,35 @@ class DiscordTransport:
         self, client: discord.Client, message: discord.Message, *, live: bool = True
     ) -> None:
         try:
+            channel = message.channel
+            if live and dm_channel(channel) and channel.id not in self._marks.dms:
+                # A DM channel never seen: what its person said while we were away (their
+                # first-ever DM, too) is read back and answered before this message.
+                await read_back(
+                    channel,
+                    message,
+                    config=self._config.catch_up,
+                    known=self._known,
+                    handle=lambda m: self._handle(client, m, live=False),
+                )
             inbound = to_inbound(
                 message,
                 me=client.user,
                 config=self._config,
                 mine=self._mine,
                 handled=self._recent,
+                followed=self._threads.followed(channel),
             )
+            if inbound is not None and not await self._threads.admitted(message, inbound):
+                return  # "!stop" in a followed thread
+            if inbound is not None and message.guild is not None:
+                opened = await self._threads.open_for(message, inbound)
+                if opened is not None:  # the question and its answer belong to the new thread
+                    self._opened[str(message.id)] = opened
+                    while len(self._opened) > self._config.remembered_messages:
+                        self._opened.pop(next(iter(self._opened)))
+                    space = channel_space(message.guild.id, opened.id)
+                    inbound = replace(inbound, space=space)
             relay = self.relay
             if (
                 live
@@ -463,8 +585,38 @@ class DiscordTransport:
         finally:
             channel = message.channel
             dm = dm_channel(channel)
-            if dm or channel.id in self._config.channels:
+            if dm or channel.id in self._config.channels or channel.id in self._marks.followed:
                 self._marks.see(channel.id, message.id, dm=dm)
+
+    async def _edited(
+        self, client: discord.Client, message: discord.Message, cached: discord.Message | None
+    ) -> None:
+        """A person edited a message: handed on as an edit (``Inbound.edited``) when its text
+        changed; a link preview appearing (no ``edited_at``) is no edit."""
+        try:
+            before = cached or self._recent.get(str(message.id))
+            if message.edited_at is None or (
+                before is not None and before.content == message.content
+            ):
+                return
+            inbound = to_inbound(
+                message,
+                me=client.user,
+                config=self._config,
+                mine=self._mine,
+                handled=(),
+                edit=True,
+            )
+            if inbound is None or self._on_message is None:
+                return
+            if not inbound.edit_only:
+                self._remember(str(message.id), message)
+                self._notes[str(message.id)] = EDITED_NOTE
+            if message.attachments:
+                inbound = await self._with_attachments(message, inbound)
+            await self._on_message(inbound)
+        except Exception:  # event boundary: one bad edit must not stop the next event
+            log.exception("handling the edit of Discord message %s failed", message.id)
 
     async def _with_attachments(self, message: discord.Message, inbound: Inbound) -> Inbound:
         text, note, images = await read_attachments(
@@ -494,6 +646,8 @@ def build_discord(
     known: Known | None = None,
     clock: Callable[[], float] | None = None,
     vision: bool = False,
+    command_prefix: str = "!",
+    command_names: tuple[str, ...] | None = None,
 ) -> DiscordTransport:
     """The Discord transport with its token read from ``env[config.token_env]``."""
     token = (env.get(config.token_env) or "").strip() or None
@@ -508,4 +662,6 @@ def build_discord(
         known=known,
         clock=clock or time.monotonic,
         vision=vision,
+        command_prefix=command_prefix,
+        command_names=command_names or SLASH_NAMES,
     )

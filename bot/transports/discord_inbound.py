@@ -23,12 +23,12 @@ import discord
 
 from bot.config import DiscordConfig
 from bot.domain import DM_SPACE, Inbound
-from bot.transports.discord_policy import Seen, admit
+from bot.transports.discord_policy import NOT_ADDRESSED, Seen, admit
 from bot.transports.discord_read import is_dm as dm_channel
 from bot.transports.discord_read import quote as quote_of
 from bot.transports.discord_read import readable_text
 from bot.transports.discord_send import channel_space
-from bot.transports.discord_text import strip_mentions
+from bot.transports.discord_text import speaker, strip_mentions
 
 log = logging.getLogger("bot.transport.discord")
 
@@ -80,8 +80,12 @@ def to_inbound(
     config: DiscordConfig,
     mine: OwnMessages,
     handled: Container[str],
+    edit: bool = False,
+    followed: bool = False,
 ) -> Inbound | None:
-    """The ``Inbound`` for a message the bot answers, or None (logged at DEBUG, with why)."""
+    """The ``Inbound`` for a message the bot answers, or None (logged at DEBUG, with why).
+    ``edit``: the message was edited; one that no longer addresses the bot (its mention
+    removed) still becomes an ``edit_only`` inbound, so what is stored follows the edit."""
     if me is None:
         return None
     author = message.author
@@ -119,8 +123,12 @@ def to_inbound(
         role_ids=frozenset(r.id for r in getattr(author, "roles", ())),
         mentions_bot=any(u.id == me.id for u in message.mentions) or bool(bot_roles),
         replies_to_bot=replies_to_bot,
+        followed=followed and isinstance(channel, discord.Thread),
     )
     reason = admit(seen, config=config)
+    edit_only = edit and reason == NOT_ADDRESSED
+    if edit_only:
+        reason = None
     if reason is not None:
         log.debug("ignoring Discord message %s: %s", message.id, reason)
         return None
@@ -136,7 +144,7 @@ def to_inbound(
         not text
         and not message.attachments
         and not is_dm
-        and (not seen.mentions_bot or message.stickers or message.embeds)
+        and (not seen.mentions_bot or message.stickers or message.embeds or edit)
     ):
         log.debug("ignoring Discord message %s: no content", message.id)
         return None
@@ -151,6 +159,8 @@ def to_inbound(
         space=DM_SPACE if is_dm or guild is None else channel_space(guild.id, channel.id),
         message_id=str(message.id),
         reply_to=mine.thread_parent(ref),
-        sender_name=author.display_name,
+        sender_name=author.display_name if is_dm else speaker(author.display_name, author.id),
         received_at=message.created_at,
+        edited=edit,
+        edit_only=edit_only,
     )

@@ -8,8 +8,8 @@ Invariants:
   carries no roles).
 - DMs are answered when ``dms`` is on. In a guild a message is answered only in a listed
   channel (a thread counts as its parent channel) and only when it @mentions the bot (or the
-  bot's managed role), or, with ``reply_trigger``, replies to one of the bot's messages. An
-  @everyone/@here does not address the bot.
+  bot's managed role), or, with ``reply_trigger``, replies to one of the bot's messages, or is
+  in a thread the bot follows. An @everyone/@here does not address the bot.
 - ``retry_delay`` grows exponentially from ``initial`` to ``cap`` with jitter in [base/2, base],
   so many bots restarted together do not hammer the gateway in step.
 """
@@ -33,6 +33,7 @@ class Seen:
     role_ids: frozenset[int] = frozenset()
     mentions_bot: bool = False
     replies_to_bot: bool = False
+    followed: bool = False  # a thread the bot follows (``follow_threads``): no mention needed
 
 
 def admit(seen: Seen, *, config: DiscordConfig) -> str | None:
@@ -51,9 +52,12 @@ def admit(seen: Seen, *, config: DiscordConfig) -> str | None:
         return "role blocked"
     if config.allowed_roles and not seen.role_ids & set(config.allowed_roles):
         return "no role in allowed_roles"
-    if seen.mentions_bot or (config.reply_trigger and seen.replies_to_bot):
+    if seen.mentions_bot or seen.followed or (config.reply_trigger and seen.replies_to_bot):
         return None
-    return "not addressed to the bot"
+    return NOT_ADDRESSED
+
+
+NOT_ADDRESSED = "not addressed to the bot"
 
 
 def retry_delay(attempt: int, *, initial: float, cap: float, rand: float) -> float:

@@ -7,7 +7,8 @@ Invariants:
   private), never by a missing guild.
 - ``quote`` quotes only what is visible in the channel (the replied-to message itself), at
   most ``QUOTE_MAX_CHARS``; it returns None for the asker's own message and for the bot's
-  answer to the asker (``answered_to`` says whom an answer of ours was for).
+  answer to the asker (``answered_to`` says whom an answer of ours was for). The quoted author
+  is named as in ``discord_text.speaker`` (display name and id).
 - ``read_attachments`` downloads only what ``discord_attach.wants_bytes`` allows; a failed
   download leaves the file named, not read.
 """
@@ -20,8 +21,8 @@ from collections.abc import Callable
 import aiohttp
 import discord
 
-from bot.transports.discord_attach import Incoming, merge, wants_bytes
-from bot.transports.discord_text import readable
+from bot.transports.discord_attach import Incoming, kind, merge, wants_bytes
+from bot.transports.discord_text import readable, speaker
 
 log = logging.getLogger("bot.transport.discord")
 
@@ -71,7 +72,9 @@ def quote(
     if len(body) > QUOTE_MAX_CHARS:
         body = body[: QUOTE_MAX_CHARS - 1] + "…"
     lines = "\n".join("> " + line for line in body.splitlines())
-    return f"(replying to {quoted.author.display_name}:)\n{lines}"
+    who = quoted.author.display_name  # a person is named as in their own messages; we are us
+    who = who if quoted.author.id == me else speaker(who, quoted.author.id)
+    return f"(replying to {who}:)\n{lines}"
 
 
 async def read_attachments(
@@ -80,13 +83,15 @@ async def read_attachments(
     """Text files read into ``text`` under their name; images and other files named; a note
     for the person saying what was not read (or None); images for a vision model."""
     found: list[tuple[Incoming, bytes | None]] = []
+    taken = 0  # images to be downloaded so far: past the count, none is
     for att in message.attachments:
         seen = Incoming(att.filename, att.content_type, att.size)
         data: bytes | None = None
-        if wants_bytes(seen, vision=vision):
+        if wants_bytes(seen, vision=vision, images_taken=taken):
+            taken += kind(seen) == "image"
             try:
                 data = await att.read()
             except READ_ERRORS as exc:
                 log.warning("could not read an attachment of %s: %s", message.id, exc)
         found.append((seen, data))
-    return merge(text, found, budget=budget)
+    return merge(text, found, budget=budget, vision=vision)

@@ -40,6 +40,16 @@ NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     asyncio.TimeoutError,
     discord.DiscordServerError,
 )
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth another try later: Discord unreachable or failing (5xx), or rate limited by a 429
+    that discord.py did not wait out (no ``Via`` header: its edge limiting by IP)."""
+    if isinstance(exc, discord.HTTPException) and exc.status == 429:
+        return True
+    return isinstance(exc, NETWORK_ERRORS)
+
+
 DM_CLOSED = (
     "I could not send you a DM. Allow direct messages from server members (Privacy Settings) "
     "and try again."

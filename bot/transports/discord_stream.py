@@ -15,6 +15,8 @@ Invariants:
   every part's id, and never raises for Discord trouble.
 - ``abort`` deletes what was shown (the LLM failed; the person gets the notice instead).
 - A failed edit during streaming stops further streaming edits; ``finish`` still reconciles.
+  A part someone deleted (404: a moderator) is left deleted and the rest goes on: the answer
+  is not failed for it.
 - Each post carries this stream's nonce for its part (random per stream, or the one an earlier
   stream recorded for that part), recorded as ``NONCE_MARK`` before the post: a post repeated
   after a 5xx that came after Discord created the message gets that message back, not a copy.
@@ -28,6 +30,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -37,7 +40,7 @@ import discord
 from bot.domain import Delivery, DeliveryStatus, Reply
 from bot.transports.base import ShownRecord
 from bot.transports.discord_resume import Earlier
-from bot.transports.discord_send import NETWORK_ERRORS, NONCE_MARK, part_nonce, posted
+from bot.transports.discord_send import NONCE_MARK, part_nonce, posted, transient
 from bot.transports.discord_text import DISCORD_MAX_CHARS, split_message, units
 
 log = logging.getLogger("bot.transport.discord")
@@ -121,11 +124,11 @@ class DiscordStream:
                 for i, message in enumerate(self._messages):
                     await reply.progress(i, str(message.id))
         except STREAM_ERRORS as exc:
-            transient = isinstance(exc, NETWORK_ERRORS)
+            retry = transient(exc)  # network, 5xx, or a 429 discord.py did not wait out
             log.warning("streamed answer could not be completed%s: %s",
-                        " (tried again later)" if transient else "", exc)  # fmt: skip
+                        " (tried again later)" if retry else "", exc)  # fmt: skip
             ids = tuple(str(m.id) for m in self._messages)
-            status = DeliveryStatus.PENDING if transient else DeliveryStatus.FAILED
+            status = DeliveryStatus.PENDING if retry else DeliveryStatus.FAILED
             return Delivery(status, ids, detail=str(exc))
         return Delivery(DeliveryStatus.DELIVERED, tuple(str(m.id) for m in self._messages))
 
@@ -156,9 +159,15 @@ class DiscordStream:
         for i, part in enumerate(parts):
             if i < len(self._messages):
                 if self._shown[i] != part:
-                    self._messages[i] = await self._messages[i].edit(
-                        content=part, allowed_mentions=NO_MENTIONS
-                    )
+                    try:
+                        self._messages[i] = await self._messages[i].edit(
+                            content=part, allowed_mentions=NO_MENTIONS
+                        )
+                    except discord.NotFound:
+                        # A moderator deleted this part while the answer grew: theirs to
+                        # decide; the rest of the answer goes on (it used to fail whole).
+                        log.info("part %d of a streamed answer was deleted in Discord; the "
+                                 "rest goes on", i)  # fmt: skip
                     self._shown[i] = part
                     changed = True
                 continue
@@ -176,7 +185,8 @@ class DiscordStream:
             changed = True
         if final:
             while len(self._messages) > len(parts):
-                await self._messages.pop().delete()
+                with contextlib.suppress(discord.NotFound):  # deleted by a moderator already
+                    await self._messages.pop().delete()
                 self._shown.pop()
                 await self._note_shown(len(self._messages), None)
                 changed = True

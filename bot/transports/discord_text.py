@@ -228,3 +228,13 @@ def note_line(note: str | None) -> str | None:
     if len(text) > NOTE_MAX_CHARS:
         text = text[: NOTE_MAX_CHARS - 1] + "…"
     return f"-# {text}"
+
+
+SPEAKER_NAME_MAX = 48  # a display name is at most 32 characters; leave room, cut the rest
+
+
+def speaker(name: str, user_id: int) -> str:
+    """Who speaks in a shared channel, as the model sees it: the display name people see and
+    the stable Discord id (two "Alex"es stay two people; a renamed person stays one)."""
+    clean = " ".join("".join(c if c.isprintable() else " " for c in name).split())
+    return f"{clean[:SPEAKER_NAME_MAX] or 'someone'} (id {user_id})"

@@ -16,6 +16,11 @@ the write (a gateway timeout behind which the message was really created or edit
 A post with ``enforce_nonce`` and a nonce seen in the last ``nonce_window`` seconds creates
 nothing and returns the message first created with it (as Discord does; counted in
 ``deduped``). ``visible(channel)`` is what a person sees there.
+Also: ``posts_429`` makes posts answer 429 without ``Via`` (discord.py raises it at once);
+``edit_by_author`` sends MESSAGE_UPDATE for a person's edit (adding or removing the mention);
+``react`` a reaction; threads opened from a message (``threads_opened``, THREAD_CREATE, 403
+with ``threads_allowed = False``); GET of one message; and slash commands
+(``interactions``: tests/fakes/fake_discord_interactions.py).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ import discord.http
 import pytest
 import yarl
 from aiohttp import WSMsgType, web
+
+from tests.fakes.fake_discord_interactions import FakeInteractions
 
 TOKEN = "fake-bot-token"
 BOT_ID = 900_000_000_000_000_001
@@ -113,6 +120,7 @@ class FakeDiscord:
         self.fail_requests = 0
         self.fail_status = 503
         self.fail_after_write = 0  # the next N posts/edits are done, then answered fail_status
+        self.posts_429 = 0  # the next N posts answer 429 without ``Via`` (nothing is created)
         self.nonce_window = 300.0  # Discord: "the past few minutes"
         self.nonces: dict[str, tuple[float, int]] = {}  # nonce -> (when, message id)
         self.deduped = 0
@@ -147,6 +155,10 @@ class FakeDiscord:
         self.webhooks: dict[int, Json] = {}
         self.cdn: dict[int, bytes] = {}  # attachment id -> bytes served on the fake CDN
         self.cdn_reads: list[int] = []
+        # slash commands: registration, INTERACTION_CREATE, callback, follow-ups
+        self.interactions = FakeInteractions(self)
+        self.threads_allowed = True  # False: Create Public Threads missing (403)
+        self.threads_opened: list[tuple[int, int, str]] = []  # (channel, message, thread) ids
 
     # --- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -167,6 +179,9 @@ class FakeDiscord:
         app.router.add_get("/api/v10/channels/{cid}/webhooks", self._list_webhooks)
         app.router.add_post("/api/v10/channels/{cid}/webhooks", self._create_webhook)
         app.router.add_post("/api/v10/webhooks/{wid}/{token}", self._execute_webhook)
+        self.interactions.routes(app)
+        app.router.add_post("/api/v10/channels/{cid}/messages/{mid}/threads", self._open_thread)
+        app.router.add_get("/api/v10/channels/{cid}/messages/{mid}", self._fetch_message)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -213,6 +228,26 @@ class FakeDiscord:
         else:
             await self.dispatch("MESSAGE_CREATE", data)
         return data
+
+    async def edit_by_author(
+        self, data: Json, content: str, *, mention_bot: bool | None = None
+    ) -> Json:
+        """The author edits their message ``data`` to ``content`` (``mention_bot``: the new
+        text @mentions the bot, or no longer does; None: as before): MESSAGE_UPDATE with the
+        whole message, as Discord sends it, and the channel's history shows the new text."""
+        mentioned = any(m["id"] == str(BOT_ID) for m in data.get("mentions", []))
+        mention = mentioned if mention_bot is None else mention_bot
+        others = [m for m in data.get("mentions", []) if m["id"] != str(BOT_ID)]
+        edited = {
+            **data,
+            "content": f"<@{BOT_ID}> {content}" if mention else content,
+            "mentions": [BOT_USER, *others] if mention else others,
+            "edited_timestamp": _now(),
+        }
+        history = self.history.setdefault(int(data["channel_id"]), [])
+        history[:] = [edited if m["id"] == data["id"] else m for m in history]
+        await self.dispatch("MESSAGE_UPDATE", edited)
+        return edited
 
     async def react(
         self, message_id: int, emoji: str, *, by: Json | None = None, channel_id: int = CHANNEL_ID
@@ -266,6 +301,16 @@ class FakeDiscord:
             return None
         self.fail_requests -= 1
         return self._error(self.fail_status, 0, "Service Unavailable")
+
+    def _limited_without_via(self) -> web.Response | None:
+        """A 429 without the ``Via`` header (``posts_429``): what Discord's edge answers when
+        it limits by IP; discord.py raises it at once instead of waiting."""
+        if self.posts_429 <= 0:
+            return None
+        self.posts_429 -= 1
+        self.rate_limited += 1
+        body = {"message": "You are being rate limited.", "retry_after": 1.0, "global": False}
+        return _json(body, status=429)
 
     def _failing_after_write(self) -> web.Response | None:
         if self.fail_after_write <= 0:
@@ -431,6 +476,42 @@ class FakeDiscord:
         )
         return web.Response(status=204)
 
+    async def _fetch_message(self, request: web.Request) -> web.Response:
+        """GET one message of a channel's history (404, code 10008, when it is not there)."""
+        cid, mid = int(request.match_info["cid"]), request.match_info["mid"]
+        found = [m for m in self.history.get(cid, []) if m["id"] == mid]
+        if not found:
+            return self._error(404, 10008, "Unknown Message")
+        return _json(found[-1])
+
+    async def _open_thread(self, request: web.Request) -> web.Response:
+        """A thread started from a message (the bot's ``open_threads``)."""
+        cid, mid = int(request.match_info["cid"]), int(request.match_info["mid"])
+        if not self.threads_allowed:
+            return self._error(403, 50013, "Missing Permissions")
+        body = await request.json()
+        tid = self.snowflake()
+        self.threads_opened.append((cid, mid, str(body.get("name"))))
+        thread: Json = {
+            "id": str(tid),
+            "type": 11,
+            "guild_id": str(GUILD_ID),
+            "parent_id": str(cid),
+            "owner_id": str(BOT_ID),
+            "name": str(body.get("name")),
+            "message_count": 0,
+            "member_count": 1,
+            "thread_metadata": {
+                "archived": False,
+                "auto_archive_duration": 1440,
+                "archive_timestamp": _now(),
+                "locked": False,
+            },
+        }
+        if self._ws is not None and not self._ws.closed:  # as Discord: the creator hears of it
+            await self.dispatch("THREAD_CREATE", {**thread, "newly_created": True})
+        return _json(thread)
+
     def _webhook(self, cid: int, wid: int) -> Json:
         return {
             "id": str(wid),
@@ -463,6 +544,8 @@ class FakeDiscord:
 
     async def _execute_webhook(self, request: web.Request) -> web.Response:
         wid = int(request.match_info["wid"])
+        if wid == APP_ID:  # an interaction's follow-up (the application's own webhook)
+            return await self.interactions.followup(request)
         hook = self.webhooks.get(wid)
         if hook is None or request.match_info["token"] != hook["token"]:
             return self._error(404, 10015, "Unknown Webhook")
@@ -686,7 +769,7 @@ class FakeDiscord:
             assert request.transport is not None
             request.transport.close()
             raise web.HTTPServiceUnavailable()  # never reaches the client
-        refused = self._failing()
+        refused = self._failing() or self._limited_without_via()
         if refused is not None:
             return refused
         if cid in self.forbidden_channels:

@@ -88,6 +88,7 @@ class FakeLLM:
         self.embeds_answered = 0
         self._runner: web.AppRunner | None = None
         self.port = 0
+        self.models = ["fake"]  # what GET /v1/models lists
 
     @property
     def base_url(self) -> str:
@@ -225,7 +226,10 @@ class FakeLLM:
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"object": "list", "data": [{"id": "fake", "object": "model", "created": 0}]}
+            {
+                "object": "list",
+                "data": [{"id": m, "object": "model", "created": 0} for m in self.models],
+            }
         )
 
     async def start(self, port: int = 0) -> None:

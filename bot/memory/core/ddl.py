@@ -148,3 +148,22 @@ def facts_pending(t: Types) -> str:
 def link_facts(t: Types) -> list[Migration]:
     """Migration 014, the same on both backends."""
     return _named(t, ("014_facts_pending", facts_pending))
+
+
+def chat_settings_table(t: Types) -> str:
+    # The model and the persona (system prompt) chosen for a scope: a channel
+    # ("discord:guild:1:ch:2"), a guild ("discord:guild:1"), a transport ("meshtastic") or the
+    # whole bot ("*"); NULL: not set there (the wider scope, then the config, decides).
+    return f"""
+        CREATE TABLE chat_settings (
+            scope TEXT PRIMARY KEY,
+            model TEXT,
+            persona TEXT,
+            updated_at {t.real} NOT NULL
+        );
+        """
+
+
+def chat_settings(t: Types) -> list[Migration]:
+    """Migration 019, the same on both backends."""
+    return _named(t, ("019_chat_settings", chat_settings_table))

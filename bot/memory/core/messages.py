@@ -3,7 +3,8 @@
 Invariants:
 - ``reset_after`` on a conversation hides everything up to that message id from context
   (window, summaries, retrieval); messages are never edited except their delivery status,
-  platform id and claim.
+  platform id and claim, and a person's edit of their own message (``edit_message``: text and
+  search words together, vectors dropped; a reopened question's answers withdrawn).
 - ``add_message(answers=...)`` marks the question answered in the same transaction;
   ``origin_id`` records the linked DM a message arrived in, or the message goes to that DM's
   own conversation when the link was undone meanwhile (``!unlink`` during a turn).
@@ -32,6 +33,7 @@ from bot.memory.records import (
     MSG_COLS,
     AlreadyStored,
     Conversation,
+    EditedMessage,
     StoredMessage,
     msg_from_row,
 )
@@ -320,6 +322,67 @@ class MessagesMixin(CoreBase):
             (conversation_id, platform_id),
         )
         return None if value is None else int(value)
+
+    async def edit_message(
+        self,
+        conversation_id: int,
+        platform_id: str,
+        *,
+        text: str,
+        tokens: int,
+        reopen: bool = False,
+        withdrawn: str = "",
+    ) -> EditedMessage | None:
+        """The person edited the user message stored under ``platform_id`` (None: no such
+        message). Its text and search words become the new ones in one transaction and its
+        vectors are dropped (re-embedded by the indexer): the old words are no longer found.
+        ``reopen`` (the newest user message, already answered): it is ``pending`` again and
+        each of its answers' text becomes ``withdrawn`` (their search words too), so the
+        old answer, which may repeat what was edited out, leaves the prompt as well."""
+        async with self._atomic() as tx:
+            row = await tx.one(
+                f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = ? AND platform_id = ?"
+                " AND role = 'user' ORDER BY id DESC LIMIT 1",
+                (conversation_id, platform_id),
+            )
+            if row is None:
+                return None
+            old = msg_from_row(row)
+            newest = await tx.val(
+                "SELECT max(id) FROM messages WHERE conversation_id = ? AND role = 'user'",
+                (conversation_id,),
+            )
+            await self._rewrite(tx, old, text, tokens)
+            reopened = False
+            changed = old.text.strip() != text.strip()
+            if reopen and changed and old.status == "answered" and newest == old.id:
+                answers = await tx.all(
+                    f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = ? AND "
+                    "parent_id = ? AND role = 'assistant'",
+                    (conversation_id, old.id),
+                )
+                for answer in answers:
+                    await self._rewrite(tx, msg_from_row(answer), withdrawn, 8)
+                await tx.exec(
+                    "UPDATE messages SET status = 'pending', claimed_by = NULL WHERE id = ?",
+                    (old.id,),
+                )
+                reopened = True
+        edited = StoredMessage(
+            old.id, old.conversation_id, old.role, old.author, text, old.created_at, tokens,
+            old.platform_id, old.parent_id, "pending" if reopened else old.status,
+        )  # fmt: skip
+        return EditedMessage(message=edited, old_status=old.status, reopened=reopened)
+
+    async def _rewrite(self, tx: Any, msg: StoredMessage, text: str, tokens: int) -> None:
+        col, value, args = self._search_column(msg.conversation_id, msg.author, text,
+                                               msg.created_at)  # fmt: skip
+        search = f", {col} = {value}" if col else ""
+        await tx.exec(
+            f"UPDATE messages SET text = ?, tokens = ?{search} WHERE id = ?",
+            (text, tokens, *args, msg.id),
+        )
+        await tx.exec("DELETE FROM message_vectors WHERE message_id = ?", (msg.id,))
 
     async def messages_by_ids(self, ids: Sequence[int]) -> list[StoredMessage]:
         if not ids:

@@ -376,6 +376,7 @@ MIGRATIONS: list[Migration] = [
     ("012_fts5_porter_stems", _m012_fts5_porter_stems),
     ("013_pg_outbox_parts_platform", _m013_pg_outbox_parts_platform),
     *ddl.link_facts(ddl.POSTGRES),
+    *ddl.chat_settings(ddl.POSTGRES),
 ]
 
 # What a migration does in Python after its SQL, in the same transaction.

@@ -14,6 +14,7 @@ from bot.memory.core.messages import MessagesMixin
 from bot.memory.core.outbox import OutboxMixin
 from bot.memory.core.portable import PortableMixin
 from bot.memory.core.sessions import SessionsMixin
+from bot.memory.core.settings import SettingsMixin
 from bot.memory.core.upkeep import UpkeepMixin
 from bot.memory.sqlite.base import SqliteBase
 from bot.memory.sqlite.search import SearchMixin
@@ -26,6 +27,7 @@ class SqliteStore(
     SearchMixin,
     DerivedMixin,
     SessionsMixin,
+    SettingsMixin,
     IdentityMixin,
     PortableMixin,
     UpkeepMixin,
