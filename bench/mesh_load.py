@@ -1,7 +1,7 @@
 """Mesh load benchmark: many people DM the bot at once (issue 10). Not a test.
 
 Run: ``python -m bench.mesh_load [--people 15 30] [--write-docs]`` or the soak:
-``python -m bench.mesh_load --minutes 30`` (50 people, RSS over time).
+``python -m bench.mesh_load --soak [--minutes 10] [--write-docs]`` (every question's fate).
 
 What runs: the real app (responder, SQLite store, context, the real openai client over HTTP to
 the fake LLM on 127.0.0.1) with the real Meshtastic transport and the unmodified library
@@ -23,7 +23,22 @@ Reported per scenario (virtual seconds):
 - first-part latency: from the questions to the first packet to each person; first, median and
   last person; ``ideal`` is the time the paced radio needs for every reply (packets x spacing);
 - packets per answer, busy notices (outbox full), undelivered answers (live nodes only).
-Soak: 50 people keep writing for ``--minutes`` wall minutes; RSS is sampled every 1,000 messages.
+
+Soak (``--soak``): four scenarios on the virtual clock, people asking for ``--minutes`` virtual
+minutes (each person every ``every`` seconds, staggered), then until every question has settled
+(at most two virtual hours more). The radio reports device metrics every 60 s like the firmware;
+the app's outbox round runs every 10 virtual seconds; virtual time stands still while the app
+does real work (store, LLM: ``hold_clock_while_busy``). Scenarios: metrics every 60 s (50
+people, one question each every 2 min: the duty cycle is reached); metrics stop (same load; at
+minute 2 the radio's last report says other nodes fill the channel, 35%, then it never reports
+again: before, that figure held the bot forever); duty cycle spent for 10 minutes (the radio
+reports airUtilTx 12% from minute 2 to 12; 10 people, every 2 min); 50 people every minute.
+Each question's fate, from what the people's radios displayed:
+answered within ``busy_max_wait``; answered later (held, or queued behind others); told (a
+notice displayed, no answer: busy, try again; expired); still in the outbox at the end; dropped
+(nothing displayed, nothing waiting: must be 0). Also answers displayed twice (must be 0), the
+time from a question to the first packet its person saw (median, max, how many over
+``busy_max_wait``) and RSS at start and end.
 """
 
 from __future__ import annotations
@@ -32,27 +47,27 @@ import argparse
 import asyncio
 import contextlib
 import math
+import re
 import resource
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bot.app import App, build
+from bot.delivery import HELD
 from bot.transports.mesh_airtime import lora_airtime
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_radio import Later
-from tests.fakes.mesh_harness import Harness, mesh_harness
+from tests.fakes.mesh_harness import Harness, every, hold_clock_while_busy, mesh_harness
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACING = 3.0
 FIRMWARE_RETRIES = 3
-SAMPLE_EVERY = 1000  # soak: messages between RSS samples
 ANSWER = "Rain later today, about 5 mm; take a jacket if you go out this afternoon."
 
 
@@ -201,43 +216,212 @@ def rss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-async def soak(minutes: float, llm: FakeLLM) -> list[tuple[int, float, int]]:
-    """(messages, wall seconds, RSS KiB) every 1,000 messages for ``minutes``."""
-    nodes = [0xD0000001 + i for i in range(50)]
-    samples: list[tuple[int, float, int]] = []
+@dataclass(frozen=True)
+class Soak:
+    name: str
+    people: int
+    every: float  # seconds between one person's questions
+    stop_metrics_at: float | None = None  # the radio reports a busy channel, then stops
+    tx_spike: tuple[float, float, float] | None = None  # (from, to, airUtilTx percent)
+
+
+SOAKS = (
+    Soak("metrics every 60 s", 50, 120.0),
+    Soak("metrics stop after a busy-channel report at 2 min", 50, 120.0, stop_metrics_at=120.0),
+    Soak("duty cycle spent 10 min (airUtilTx 12%)", 10, 120.0, tx_spike=(120.0, 720.0, 12.0)),
+    Soak("50 people, one question a minute", 50, 60.0),
+)
+TAG = re.compile(r"\[q(\d+)\]")
+
+
+@dataclass
+class Fates:
+    name: str
+    people: int
+    questions: int = 0
+    answered: int = 0  # within busy_max_wait
+    later: int = 0  # answered, later than busy_max_wait
+    told: int = 0  # a notice displayed, no answer
+    waiting: int = 0  # still in the outbox at the end
+    covered: int = 0  # limited within a window whose one notice the person already had
+    dropped: int = 0
+    twice: int = 0  # answer packets displayed more than once
+    first_median: float = 0.0
+    first_max: float = 0.0
+    first_late: int = 0  # first packet after busy_max_wait (or never)
+    in_hold: int = 0  # questions asked while the bot held answers (duty cycle, busy channel)
+    hold_told: int = 0  # of those, the person saw a first packet within busy_max_wait
+    minutes: float = 0.0  # virtual minutes the scenario ran
+    rss_start: int = 0
+    rss_end: int = 0
+
+
+def _tagged(body: dict[str, Any]) -> str:
+    found = re.findall(r"q(\d+)\b", str(body["messages"][-1]["content"]))
+    return f"[q{found[-1] if found else '?'}] {ANSWER}"
+
+
+async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
+    """Run one soak scenario (module docstring) and classify every question's fate."""
+    nodes = [0xD0000001 + i for i in range(s.people)]
+    llm.reply_fn = _tagged
+    fates = Fates(s.name, s.people)
+    asked: list[tuple[int, int, float, bool]] = []  # (node, number, time asked, in a hold)
     with tempfile.TemporaryDirectory() as tmp:
         async with (
-            mesh_harness(start=False, spacing_seconds=SPACING, cooldown=0.0) as h,
+            mesh_harness(start=False, spacing_seconds=SPACING, cooldown=0.0, metrics_every=60) as h,
             _app(Path(tmp), llm, h) as app,
+            every(h.clock, 10.0, app.responder.redeliver),
         ):
-            start = time.monotonic()
-            sent = 0
-            while time.monotonic() - start < minutes * 60:
-                for num in nodes:
-                    h.radio.inject_text(f"message {sent} about the weather", frm=num)
-                    sent += 1
-                for _ in range(3000):  # hang guard: until the bot has stored the round
-                    row = await app.store._all("SELECT count(*) FROM messages WHERE role='user'")
-                    if row[0][0] >= sent:
-                        break
-                    await asyncio.sleep(0.01)
-                await app.responder.wait_idle()
-                await h.until(lambda: not h.transport._jobs, "outbox empty")
-                llm.requests.clear()  # the fake's own logs, not the bot's memory
-                llm.events.clear()
-                h.radio.log.clear()
-                h.radio.on_air.clear()
-                if sent % SAMPLE_EVERY < len(nodes):
-                    samples.append((sent, time.monotonic() - start, rss_kb()))
-                    print(f"{sent} messages, {samples[-1][1]:.0f} s, RSS {samples[-1][2]} KiB",
-                          file=sys.stderr)  # fmt: skip
-    return samples
+            hold_clock_while_busy(h, app)
+            app.responder._limits._clock = h.clock.monotonic  # limit windows: virtual time too
+            fates.rss_start = rss_kb()
+            t0 = h.clock.monotonic()
+            radio = h.radio
+
+            async def weather() -> None:  # the radio's side of the scenario
+                if s.stop_metrics_at is not None:  # its last report: others fill the channel
+                    await h.clock.sleep(s.stop_metrics_at)
+                    radio.inject_channel_utilization(35.0)
+                    radio.stop_reporting()
+                if s.tx_spike is not None:
+                    start, end, percent = s.tx_spike
+                    await h.clock.sleep(start)
+                    radio.air_util_tx = percent
+                    radio.report_metrics()
+                    await h.clock.sleep(end - start)
+                    radio.air_util_tx = None  # back to what the node really sent
+
+            side = asyncio.ensure_future(weather())
+            schedule = sorted(
+                (i * s.every / s.people + k * s.every, node)
+                for i, node in enumerate(nodes)
+                for k in range(max(1, int(minutes * 60 / s.every)))
+            )
+            for n, (at, node) in enumerate(schedule):
+                while (wait := t0 + at - h.clock.monotonic()) > 0:
+                    await h.clock.sleep(wait)
+                busy = h.transport.busy()
+                radio.inject_text(f"q{n} will it rain at my place?", frm=node)
+                held = busy is not None and busy.cause != "queue"
+                asked.append((node, n, h.clock.monotonic(), held))
+            end = h.clock.monotonic() + 7200.0
+            while h.clock.monotonic() < end:  # until every question has settled
+                open_rows = await app.store._all(
+                    "SELECT count(*) FROM outbox WHERE state = 'pending'"
+                )
+                unanswered = await app.store._all(
+                    "SELECT count(*) FROM messages WHERE role = 'user' AND status = 'pending'"
+                )
+                stored = await app.store._all("SELECT count(*) FROM messages WHERE role='user'")
+                if (
+                    stored[0][0] >= len(asked)
+                    and open_rows[0][0] == 0
+                    and unanswered[0][0] == 0
+                    and app.responder.idle
+                    and not h.transport._jobs
+                ):
+                    break
+                await h.clock.sleep(10.0)
+                if int(h.clock.monotonic() - t0) % 600 < 10:
+                    print(f"  {s.name}: {(h.clock.monotonic() - t0) / 60:.0f} virtual min, "
+                          f"{open_rows[0][0]} waiting", file=sys.stderr)  # fmt: skip
+            side.cancel()
+            fates.minutes = (h.clock.monotonic() - t0) / 60.0
+            fates.rss_end = rss_kb()
+            waiting_people = {
+                r[0]
+                for r in await app.store._all("SELECT person FROM outbox WHERE state = 'pending'")
+            }
+            shown = [(t, p.to, p.decoded.payload.decode("utf-8", "replace")) for t, p in
+                     radio.shown]  # fmt: skip
+            limited = {
+                int(m.group(1))
+                for (text,) in await app.store._all(
+                    "SELECT text FROM messages WHERE role = 'user' AND status = 'limited'"
+                )
+                if (m := re.match(r"q(\d+) ", text))
+            }
+            limit = h.config.busy_max_wait
+    _classify(fates, asked, shown, waiting_people, limited, limit)
+    return fates
+
+
+def _classify(
+    fates: Fates,
+    asked: list[tuple[int, int, float, bool]],
+    shown: list[tuple[float, int, str]],
+    waiting_people: set[str],
+    limited: set[int],
+    limit: float,
+) -> None:
+    answers: dict[int, list[float]] = {}
+    seen: dict[tuple[int, str], int] = {}
+    for t, to, text in shown:
+        seen[(to, text)] = seen.get((to, text), 0) + 1
+        for tag in TAG.findall(text):
+            answers.setdefault(int(tag), []).append(t)
+    fates.twice = sum(n - 1 for (_, text), n in seen.items() if TAG.search(text) and n > 1)
+    fates.questions = len(asked)
+    notices: dict[int, list[float]] = {}
+    promises = tuple(text.split(".")[0] for text in HELD.values())  # "your answer is saved"
+    for t, to, text in shown:
+        if not TAG.search(text) and not text.startswith(promises):  # a final word, no answer
+            notices.setdefault(to, []).append(t)
+    firsts: list[float] = []
+    for node, n, t, held in asked:
+        after = [u for u, to, _ in shown if to == node and u >= t]
+        first = min(after) - t if after else math.inf
+        firsts.append(first)
+        fates.in_hold += held
+        fates.hold_told += held and first <= limit
+        if n in answers:
+            if min(answers[n]) - t <= limit:
+                fates.answered += 1
+            else:
+                fates.later += 1
+        elif (notice := next((u for u in notices.get(node, []) if u >= t), None)) is not None:
+            notices[node].remove(notice)  # one notice tells one question
+            fates.told += 1
+        elif f"!{node:08x}" in waiting_people:
+            fates.waiting += 1
+        elif n in limited:  # over a per-person limit: one notice per window covers the rest
+            fates.covered += 1
+        else:
+            fates.dropped += 1
+    finite = [f for f in firsts if f < math.inf]
+    fates.first_median = statistics.median(finite) if finite else math.nan
+    fates.first_max = max(firsts) if firsts else math.nan
+    fates.first_late = sum(1 for f in firsts if f > limit)
+
+
+def soak_table(results: list[Fates]) -> str:
+    head = (
+        "| scenario | people | questions | answered <= 120 s | answered later | told (notice) |"
+        " still in outbox | limited, covered by the window's notice | dropped | shown twice |"
+        " first packet median / max (s) |"
+        " first packet > 120 s | asked in a hold: first packet <= 120 s | virtual min |"
+        " RSS start / end (MiB) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    rows = [
+        f"| {r.name} | {r.people} | {r.questions} | {r.answered} | {r.later} | {r.told} | "
+        f"{r.waiting} | {r.covered} | {r.dropped} | {r.twice} | "
+        f"{r.first_median:.0f} / {r.first_max:.0f} | "
+        f"{r.first_late} | {r.hold_told} of {r.in_hold} | {r.minutes:.0f} | "
+        f"{r.rss_start / 1024:.0f} / {r.rss_end / 1024:.0f} |"
+        for r in results
+    ]
+    return head + "\n".join(rows) + "\n"
 
 
 async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--people", type=int, nargs="+", default=[15, 30])
-    parser.add_argument("--minutes", type=float, default=0.0, help="soak mode: wall minutes")
+    parser.add_argument(
+        "--minutes", type=float, default=10.0, help="soak: virtual minutes of questions"
+    )
+    parser.add_argument("--soak", action="store_true", help="every question's fate, 4 scenarios")
     parser.add_argument(
         "--write-docs", action="store_true", help="update docs/benchmarks.md's table"
     )
@@ -246,10 +430,15 @@ async def main(argv: list[str] | None = None) -> None:
     llm.reply = ANSWER
     await llm.start()
     try:
-        if args.minutes:
-            samples = await soak(args.minutes, llm)
-            for n, t, rss in samples:
-                print(f"| {n} | {t:.0f} | {rss / 1024:.1f} |")
+        if args.soak:
+            fates = []
+            for scenario_ in SOAKS:
+                fates.append(await soak(scenario_, args.minutes, llm))
+                print(soak_table(fates[-1:]).splitlines()[-1], file=sys.stderr)
+            text = soak_table(fates)
+            print(text)
+            if args.write_docs:
+                _write_docs(text, marker="mesh_soak")
             return
         results = []
         for people in args.people:
@@ -267,10 +456,10 @@ async def main(argv: list[str] | None = None) -> None:
         await llm.stop()
 
 
-def _write_docs(text: str, doc: Path | None = None) -> None:
-    """Replace the table between the mesh_load markers of ``doc`` (docs/benchmarks.md)."""
+def _write_docs(text: str, doc: Path | None = None, *, marker: str = "mesh_load") -> None:
+    """Replace the table between the ``marker`` markers of ``doc`` (docs/benchmarks.md)."""
     doc = doc or ROOT / "docs" / "benchmarks.md"
-    begin, end = "<!-- mesh_load:begin -->", "<!-- mesh_load:end -->"
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     body = doc.read_text(encoding="utf-8")
     if begin not in body:
         raise SystemExit(f"{doc} has no {begin} marker")

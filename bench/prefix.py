@@ -67,7 +67,7 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.layers import LayeredContext
-from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT, Summarizer
+from bot.memory.summary import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT, Summarizer
 from bot.transports.base import OnMessage
 from bot.transports.mesh_text import fit
 
@@ -150,6 +150,9 @@ def script(turns: int, *, seed: int) -> list[str]:
 def answer(body: dict[str, Any]) -> str:
     """The fake's deterministic answer: ~300 bytes for a reply, ~50 words for a summary."""
     messages = body["messages"]
+    if str(messages[-1]["content"]).startswith(CONTINUATION_MARK):  # a fold: last reply's
+        words = str(messages[-3]["content"]).split() if len(messages) > 2 else []
+        return "The person talked about " + " ".join(words[-40:])[:300] + "."
     if str(messages[0]["content"]).startswith(SUMMARY_PREFIXES):
         words = str(messages[-1]["content"]).split()
         return "The person talked about " + " ".join(words[-40:])[:300] + "."
@@ -250,13 +253,18 @@ class Result:
     share_median: float
     share_min: float
     reeval_per_turn: float
+    reply_reeval_per_turn: float  # of which in reply requests
     prompt_per_turn: float
 
 
 def is_reply(body: dict[str, Any]) -> bool:
     """A reply request carries the transport's style hint; background calls (summary chapters,
-    merges, fact extraction, session summaries) do not."""
-    return STYLE_HINT in str(body["messages"][0]["content"])
+    merges, fact extraction, session summaries) do not, except a fold sent as the
+    continuation of a reply's prompt, which ends with its task."""
+    messages = body["messages"]
+    if str(messages[-1]["content"]).startswith(CONTINUATION_MARK):
+        return False
+    return STYLE_HINT in str(messages[0]["content"])
 
 
 def prompt_tokens(messages: Sequence[dict[str, Any]], counter: TokenCounter) -> int:
@@ -293,20 +301,24 @@ def shared_tokens(
 
 def measure(
     requests: Sequence[dict[str, Any]], owners: Sequence[str | None], counter: TokenCounter
-) -> tuple[list[float], float, float, int]:
-    """(same-person prefix shares, re-evaluated tokens, prompt tokens of replies, background
-    calls) for requests in arrival order; ``owners`` names the person of each reply (None: a
-    background call). Tokens are counted as the bot counts them (``prompt_tokens``)."""
+) -> tuple[list[float], tuple[float, float], float, int]:
+    """(same-person prefix shares, re-evaluated tokens (all, in replies), prompt tokens of
+    replies, background calls) for requests in arrival order; ``owners`` names the person of
+    each reply (None: a background call). Tokens are counted as the bot counts them
+    (``prompt_tokens``)."""
     shares: list[float] = []
     last_of: dict[str, list[dict[str, Any]]] = {}
     previous: list[dict[str, Any]] = []
     reeval = 0.0
+    reply_reeval = 0.0
     prompt = 0.0
     summaries = 0
     for body, owner in zip(requests, owners, strict=True):
         messages = body["messages"]
         tokens = prompt_tokens(messages, counter)
-        reeval += tokens - shared_tokens(previous, messages, counter)
+        cost = tokens - shared_tokens(previous, messages, counter)
+        reeval += cost
+        reply_reeval += cost if owner is not None else 0
         previous = messages
         if owner is None:
             summaries += 1
@@ -315,7 +327,7 @@ def measure(
         if owner in last_of:
             shares.append(shared_tokens(last_of[owner], messages, counter) / tokens)
         last_of[owner] = messages
-    return shares, reeval, prompt, summaries
+    return shares, (reeval, reply_reeval), prompt, summaries
 
 
 async def run(
@@ -373,7 +385,7 @@ async def run(
         raise RuntimeError("a reply request arrived after its turn was counted")
     owners += [None] * len(late)
     replies = sum(1 for o in owners if o is not None)
-    shares, reeval, prompt, summaries = measure(fake.requests, owners, counter)
+    shares, (reeval, reply_reeval), prompt, summaries = measure(fake.requests, owners, counter)
     return Result(
         scenario=scenario,
         layout=layout,
@@ -384,6 +396,7 @@ async def run(
         share_median=statistics.median(shares),
         share_min=min(shares),
         reeval_per_turn=reeval / replies,
+        reply_reeval_per_turn=reply_reeval / replies,
         prompt_per_turn=prompt / replies,
     )
 
@@ -398,6 +411,7 @@ def table(results: Sequence[Result]) -> str:
         lines.append(
             f"| {r.scenario} | {r.layout} | {r.turns} | {r.summaries} | {r.share_mean:.1%} "
             f"| {r.share_median:.1%} | {r.share_min:.1%} | {r.reeval_per_turn:.0f} "
+            f"({r.reply_reeval_per_turn:.0f} in replies) "
             f"| {r.prompt_per_turn:.0f} |"
         )
     return "\n".join(lines)

@@ -45,6 +45,7 @@ from bot.errors import MeshsageError
 from bot.llm.gate import LLMGate
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM
+from bot.llm.server_limits import LearnedLimits
 from bot.llm.tokens import TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.embeddings import Embedder, OpenAICompatEmbedder
@@ -57,15 +58,16 @@ from bot.memory.retrieval import Retriever
 from bot.memory.sessions import SessionKeeper
 from bot.memory.store import SqliteStore
 from bot.memory.summary import Summarizer
-from bot.ops.metrics import LastError, Latencies, TimedLLM
+from bot.ops.metrics import Counters, LastError, Latencies, TimedLLM
 from bot.ops.monitor import Monitor
 from bot.ops.sdnotify import Notifier
-from bot.ops.status import STATUS_FILE
+from bot.ops.status import STATUS_FILE, Status
 from bot.responder import Responder
 from bot.transports.base import Transport
 
 if TYPE_CHECKING:
     from bot.memory.postgres import PostgresStore
+    from bot.web.server import WebServer
 
 log = logging.getLogger("bot.app")
 
@@ -105,6 +107,8 @@ class App:
     bridge: Bridge | None = None  # relay: pairs configured
     stop_seconds: float = STOP_SECONDS  # the one shutdown deadline (tests shorten it)
     cut_at_stop: list[str] = field(default_factory=list)  # steps the deadline cut off
+    web: WebServer | None = None  # web.enabled: the operator's web view and /metrics
+    server_limits: LearnedLimits | None = None  # what the LLM server holds (the real adapter)
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -126,8 +130,16 @@ class App:
             self.indexer.start()
         if self.sessions is not None:
             self.sessions.start()
+        if self.server_limits is not None:  # before the first turn: answers fit the server
+            await self.server_limits.refresh()
         await self.responder.recover_pending()
         self._start_monitor()
+        if self.web is not None:
+            try:
+                await self.web.start()
+            except MeshsageError as exc:  # the bot still serves people; the operator is told
+                log.error("%s", exc)
+                self.web = None
         self.notifier.ready("serving on " + ", ".join(t.name for t in running))
         return running
 
@@ -144,8 +156,16 @@ class App:
             latencies=self.latencies,
             last_error=self.last_error,
             relay=self._relay_counters if self.bridge is not None else None,
+            llm_limits=self.server_limits.describe if self.server_limits is not None else None,
         )
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
+
+    async def status_now(self) -> Status:
+        """A report as ``meshsage status`` reads it, collected now by the monitor (its file
+        may be one interval old; the web view shows links as they are)."""
+        if self.monitor is None:
+            raise MeshsageError("the monitor is not running yet")
+        return await self.monitor.collect()
 
     async def _maintenance_loop(self) -> None:
         """Database upkeep off the reply path: WAL checkpoints and small FTS merges while no
@@ -238,6 +258,8 @@ class App:
             await self._step(name, awaitable, start + self.stop_seconds * share, grace_end)
 
         self.notifier.stopping()
+        if self.web is not None:
+            await step("the web view", self.web.stop())
         if self._monitor_task is not None:
             if self.monitor is not None:
                 self.monitor.stop()
@@ -303,8 +325,12 @@ async def build(
     try:
         counter = make_counter()
         real_llm = None
+        server_limits = None
         if llm is None:
-            real_llm = OpenAICompatLLM(config=config.llm, env=env)
+            server_limits = LearnedLimits(base_url=config.llm.base_url, model=config.llm.model)
+            real_llm = OpenAICompatLLM(
+                config=config.llm, env=env, connection_lost=server_limits.mark_stale
+            )
             llm = real_llm
         latencies = Latencies()
         # Background LLM work waits while any turn is in progress (bound late: responder below).
@@ -373,6 +399,7 @@ async def build(
             counter=counter,
             config=config.memory.summary,
             extractor=extractor,
+            gate=gate,  # folds sized to what fits; a fold with no room runs as a debt
         )
         chat_settings = ChatSettings(store=store, personas=config.bot.personas)
         await chat_settings.load()
@@ -394,7 +421,9 @@ async def build(
             is_operator=commands.is_operator,
         )
         commands.enable_settings()
+        counters = Counters()
         responder = Responder(
+            counters=counters,
             store=store,
             llm=gate.foreground,
             context=context,
@@ -403,6 +432,7 @@ async def build(
             counter=counter,
             config=config.bot,
             indexer=indexer,
+            server=server_limits,
             settings=chat_settings,
             max_age={
                 name: section.delivery.max_age
@@ -431,6 +461,7 @@ async def build(
             sessions=sessions,
             _close_llm=real_llm,
             _close_embedder=real_embedder,
+            server_limits=server_limits,
         )
         if transports is None:
             names = only if only is not None else config.enabled_transports()
@@ -438,6 +469,8 @@ async def build(
                 _build_transport(name, app, env=env, stdin=stdin, stdout=stdout) for name in names
             ]
         app.transports = transports
+        if config.web.enabled and only is None:  # `run` only: chat and the tools serve no view
+            app.web = _build_web(app, env=env, latencies=latencies, counters=counters)
         # chat, memory tools and reindex build one transport or none: no bridge to make
         if config.relay.pairs and only is None and transports:
             app.bridge = _build_bridge(config, transports)
@@ -447,6 +480,36 @@ async def build(
     except BaseException:
         await store.close()
         raise
+
+
+def _build_web(
+    app: App, *, env: Mapping[str, str], latencies: Latencies, counters: Counters
+) -> WebServer:
+    """The web view (``web:``); refuses without the token a non-loopback bind needs."""
+    from bot.web.checks import web_problems, web_token
+    from bot.web.model import Collector
+    from bot.web.server import WebServer
+
+    problems = web_problems(app.config, env=env)
+    if problems:
+        raise MeshsageError(" ".join(problems))
+    collector = Collector(
+        status=app.status_now,
+        transports=lambda: app.transports,
+        store=app.store,
+        latencies=latencies,
+        counters=counters,
+        last_error=app.last_error,
+        waiting=app.responder.waiting,
+        model_name=lambda: app.gate.model_name,
+        backups=app.config.database_path.parent / "backups",
+    )
+    return WebServer(
+        config=app.config.web,
+        token=web_token(app.config, env),
+        collector=collector,
+        name=app.config.bot.name,
+    )
 
 
 def _build_bridge(config: Config, transports: list[Transport]) -> Bridge:

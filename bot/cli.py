@@ -89,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     status = sub.add_parser("status", parents=[cfg], help="what the running bot reports")
     status.add_argument("--json", action="store_true", help="print the raw status file")
+    status.add_argument(
+        "--watch", nargs="?", const=2.0, type=_positive_seconds, metavar="SECONDS",
+        help="refresh the view every SECONDS (default 2) until Ctrl-C",
+    )  # fmt: skip
     backup = sub.add_parser("backup", parents=[cfg], help="copy the database (safe while running)")
     backup.add_argument(
         "file", help="a directory (ending in /: created if missing) for dated files, or a file"
@@ -98,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
         help=f"into a directory: keep the newest N backups (default {KEEP_DEFAULT})",
     )  # fmt: skip
     backup.add_argument("--force", action="store_true", help="replace an existing backup file")
+    backup.add_argument(
+        "--missing-ok", action="store_true",
+        help="no database yet (before the bot's first start) is not an error (the daily timer)",
+    )  # fmt: skip
     restore = sub.add_parser("restore", parents=[cfg], help="replace the database from a backup")
     restore.add_argument("file", help="a file written by `meshsage backup`")
     mem = sub.add_parser("memory", help="inspect memory")
@@ -150,6 +158,16 @@ def _parser() -> argparse.ArgumentParser:
         help="variable holding the PostgreSQL password (if it is set)",
     )
     return p
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0.2 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be seconds from 0.2 to 3600 (got {text!r})")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -210,10 +228,17 @@ def _main(argv: Sequence[str] | None) -> int:
             _setup_logging("DEBUG" if args.verbose else config.log_level, quiet=quiet)
             return _serve_locked(config, env=env, only=only, console=interactive)
         _setup_logging("DEBUG" if args.verbose else config.log_level)
+        if args.command == "status" and args.watch is not None:
+            from bot.ops.status import STATUS_FILE
+            from bot.ops.watch import watch
+
+            path = config.database_path.parent / STATUS_FILE
+            return watch(path, interval=args.watch, out=sys.stdout, tty=_isatty(sys.stdout))
         if args.command == "status":
             return cli_ops.status(config, as_json=args.json)
         if args.command == "backup":
-            return cli_ops.backup(config, args.file, env=env, keep=args.keep, force=args.force)
+            return cli_ops.backup(config, args.file, env=env, keep=args.keep, force=args.force,
+                                  missing_ok=args.missing_ok)  # fmt: skip
         if args.command == "restore":
             return cli_ops.restore(config, Path(args.file), env=env)
         if args.command == "memory" and args.memory_command == "reindex":
@@ -321,14 +346,23 @@ async def _serve(
     # Opening (and migrating) the database can take longer than WatchdogSec on an SD card:
     # keep systemd's watchdog fed while the event loop runs; TimeoutStartSec bounds a stuck start.
     keepalive = asyncio.create_task(_starting_pings(env))
-    probe = None
-    if console and "console" in (only or config.enabled_transports()):
-        from bot.ops.probe import warn_if_unreachable
+    from bot.ops.probe import warn_if_unreachable
 
+    # The LLM is probed at start (server down, base_url without /v1, model not pulled): a
+    # terminal chat prints the line, a service logs it. Neither waits for it.
+    def say(line: str) -> None:
+        log.warning("%s", line.removeprefix("meshsage: "))
+
+    if console and "console" in (only or config.enabled_transports()):
         say = functools.partial(print, file=sys.stderr, flush=True)
-        probe = asyncio.create_task(warn_if_unreachable(config.llm.base_url, say))
+    probe = asyncio.create_task(
+        warn_if_unreachable(config.llm.base_url, say, model=config.llm.model)
+    )
     try:
         app = await build(config, env=env, only=only)
+    except BaseException:
+        probe.cancel()
+        raise
     finally:
         keepalive.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -367,8 +401,7 @@ async def _serve(
         preflight.describe_store(config),
     )
     ended = await app.run(stop)
-    if probe is not None:
-        probe.cancel()
+    probe.cancel()
     if hurried.is_set():
         return 130
     names = [t.name for t in app.transports]

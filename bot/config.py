@@ -48,6 +48,7 @@ from bot.config_schema import (
     StorageConfig,
     SummaryConfig,
     TransportBase,
+    WebConfig,
     default_state_dir,
 )
 from bot.errors import ConfigError
@@ -78,6 +79,7 @@ __all__ = [
     "StorageConfig",
     "SummaryConfig",
     "TransportBase",
+    "WebConfig",
     "default_state_dir",
     "load_config",
 ]

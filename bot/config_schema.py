@@ -23,7 +23,15 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from bot.transports.mesh_text import MIN_PACKET_SPACING_SECONDS
 
@@ -402,6 +410,40 @@ class StorageConfig(_Strict):
         return self.url is not None and self.url.startswith(("postgresql://", "postgres://"))
 
 
+class WebConfig(_Strict):
+    """The operator's web view and /metrics (``bot.web``); off by default. Any bind but the
+    loopback needs ``token_env`` (checked when the config is loaded): pages are read-only but
+    show node ids, queue depths and health, which a LAN should not see without the token."""
+
+    enabled: bool = False
+    # The environment variable holding the token (browsers: ?token=..., then a cookie;
+    # scrapers: Authorization: Bearer ...). Required for any bind but 127.0.0.1/::1/localhost.
+    # (Declared before ``bind``, whose check reads it.)
+    token_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    bind: str = Field("127.0.0.1", min_length=1, max_length=255)
+    port: int = Field(8470, ge=0, le=65535)  # 0: any free port (tests)
+    refresh: float = Field(5.0, ge=0.2, le=300)  # seconds between samples and live updates
+    max_viewers: int = Field(8, ge=1, le=100)  # live (server-sent events) connections at once
+
+    @property
+    def loopback(self) -> bool:
+        return self.bind in LOOPBACK_BINDS
+
+    @field_validator("bind")
+    @classmethod
+    def _token_off_loopback(cls, v: str, info: ValidationInfo) -> str:
+        if info.data.get("enabled") and v not in LOOPBACK_BINDS and not info.data.get("token_env"):
+            raise ValueError(
+                f"{v} serves the web view beyond this machine, which needs a token. Fix: set "
+                "web.token_env: MESHSAGE_WEB_TOKEN and put MESHSAGE_WEB_TOKEN=<a long random "
+                "string> in the env file (/etc/meshsage/env), or bind: 127.0.0.1"
+            )
+        return v
+
+
+LOOPBACK_BINDS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
 class Config(_Strict):
     state_dir: Path | None = None  # default: $XDG_DATA_HOME/meshsage (~/.local/share/meshsage)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -413,6 +455,7 @@ class Config(_Strict):
     discord: DiscordConfig | None = None
     relay: RelayConfig = RelayConfig()
     storage: StorageConfig = StorageConfig()
+    web: WebConfig = WebConfig()
     _source: str = PrivateAttr("<defaults>")
     _env_keys: dict[str, str] = PrivateAttr(default_factory=dict)
 

@@ -18,10 +18,18 @@ Invariants:
   and answer only a message still ``pending`` (answered once); a message another gateway
   stored already (``AlreadyStored``) is dropped quietly.
 - LLM calls go through the gate's foreground lane (bounded; summaries yield to replies).
-  A server that refuses the prompt as too long (``ContextTooLong``) gets it once more at two
-  thirds of the tokens; its message and the fix are logged. Before calling the LLM, a
-  congested transport (the mesh outbox) is asked for room: a full
-  one gets the person a one-packet "busy, try again in N min" and no LLM call.
+  The prompt budget is the transport's ``context_tokens`` or less: what the server holds, as
+  learned (``bot.llm.server_limits``), minus the answer. A server that refuses the prompt as
+  too long (``ContextTooLong``, in any form) is never an outage: its limits are looked up
+  again, and the prompt is rebuilt smaller (the learned room, or two thirds of the tokens,
+  whichever is less) and asked again, up to ``MAX_SHRINKS`` times; if even the smallest is
+  refused, the person hears why (``TOO_LONG``), not "LLM unavailable". Before calling the LLM
+  (or running a command), a congested transport (the mesh outbox) is asked for room
+  (``Busy``): a full queue gets the person a stored one-packet "busy, try again in N min" (an
+  outbox row, the question ``limited``) and no LLM call; a hold (duty cycle spent, channel
+  busy) gets a notice naming the cause, when one can still go out, and the question is
+  answered into the outbox, sent when there is room (``delivery.max_age`` applies; an expired
+  row tells the person).
 - A person over the queue limit or the rate limit (``bot.limits``) gets one polite notice per
   limit window; their message is still stored (status ``limited``) and never answered by the
   LLM.
@@ -33,8 +41,11 @@ Invariants:
   recorded, at most once under the store's claim, expiry, streams finishing their row).
   ``redeliver`` (at start and on every maintenance tick) queues the rows still waiting behind
   their person's jobs; ``recover_pending`` first releases the claims a dead process left.
-- Notices (rate limited, busy, not stored) are sent straight away, never behind a worker or
-  the LLM, and never stored as something the model said. "LLM unavailable" is an outbox row
+- Notices (rate limited, busy, not stored) are never stored as something the model said.
+  They are sent straight away, never behind the LLM; on a paced radio (``Congested``) intake
+  notices are outbox rows queued behind the person's jobs, so the radio's receive loop never
+  waits for airtime, and any notice that could not go out is stored and sent by a later round
+  (``bot.delivery``). "LLM unavailable" is an outbox row
   (it settles the question as ``failed`` in the same transaction). Command replies are outbox
   rows too (except exports, whose files cannot be stored there); commands and their replies
   are not part of the conversation log.
@@ -71,11 +82,13 @@ from dataclasses import dataclass, replace
 from bot.chat_settings import ChatSettings
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
-from bot.delivery import OutboxSender
+from bot.delivery import OutboxSender, busy_now
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind, TransportLimits
 from bot.errors import LLMUnavailable, StorageError
+from bot.fitting import TOO_LONG, FittingAsk
 from bot.limits import PersonLimits
-from bot.llm.port import LLM, MODEL_CHOICE, ContextTooLong
+from bot.llm.port import LLM, MODEL_CHOICE, ChatMessage, ContextTooLong
+from bot.llm.server_limits import LearnedLimits
 from bot.llm.tokens import TokenCounter
 from bot.memory.indexer import Indexer
 from bot.memory.keep import CLAIM_STALE_SECONDS
@@ -90,7 +103,8 @@ from bot.memory.records import (
 )
 from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
-from bot.memory.summary import Summarizer
+from bot.memory.summary import FoldBase, Summarizer
+from bot.ops.metrics import Counters
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import (
     AnswerStream,
@@ -113,7 +127,6 @@ NOT_STORED = "I could not save your message (storage problem), so I did not answ
 ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
 BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
 RECOVER_WITHIN_SECONDS = 15 * 60
-MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
 
 
 def _speaker(inbound: Inbound, limits: TransportLimits) -> str | None:
@@ -164,13 +177,18 @@ class Responder:
         max_age: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        server: LearnedLimits | None = None,
         settings: ChatSettings | None = None,
+        counters: Counters | None = None,
     ) -> None:
         self._settings = settings  # model and persona per channel, server, bot or person
+        self.counters = counters or Counters()  # totals for the operator's view (counts only)
         self._store = store
         self._wall = wall  # dates of answers and what counts as recent (bench: replayed dates)
         self._llm = llm
         self._context = context
+        # Every LLM call: a prompt within what the server holds, rebuilt smaller on overflow.
+        self._fit = FittingAsk(llm=llm, context=context, server=server, config=config)
         self._summarizer = summarizer
         self._indexer = indexer
         self._commands = commands
@@ -179,6 +197,7 @@ class Responder:
         self._limits = PersonLimits(config=config, clock=clock)
         self._transports: dict[str, Transport] = {}
         self._outbox = OutboxSender(store=store, transports=self._transports, max_age=max_age)
+        self._outbox.first_part = self.counters.first_part_sent
         self._queues: dict[tuple[str, str, str], deque[_Job]] = {}
         self._workers: dict[tuple[str, str, str], asyncio.Task[None]] = {}
         self._idle = asyncio.Event()
@@ -198,7 +217,7 @@ class Responder:
         text = clean_inbound(inbound.text)
         inbound = replace(inbound, text=text)
         if not text:
-            await self._notice(inbound, EMPTY.format(prefix=self._commands.prefix))
+            await self._intake_notice(inbound, EMPTY.format(prefix=self._commands.prefix))
             return
         if inbound.edited:
             await self._edited(inbound)
@@ -241,6 +260,7 @@ class Responder:
             await self._notice(inbound, NOT_STORED)
             return
         if limited:
+            self.counters.add("limited")
             await self._notice_once(inbound, limited)
             return
         if not self._accepting:
@@ -311,6 +331,20 @@ class Responder:
         waiting = isinstance(transport, AwaitsAnswer) and transport.awaits_answer(inbound)
         # one per window: a flood must not make us flood back (a slash command waits for one)
         if self._limits.may_notice(who) or waiting:
+            await self._intake_notice(inbound, text)
+
+    async def _intake_notice(self, inbound: Inbound, text: str) -> None:
+        """A notice from intake: a paced radio (``Congested``) gets it as an outbox row sent by
+        the person's worker next, so its receive loop never waits for airtime; others at once."""
+        if isinstance(self._transports[inbound.transport], Congested):
+            row = await self._outbox.notice_later(inbound, text)
+            if row is not None and self._accepting:  # else the next round (or start) sends it
+                self._enqueue(_Job(inbound, outbox=row))
+                key = inbound.key
+                queue = self._queues[(key.transport, key.person, key.space)]
+                if len(queue) > 2:  # next after the running job, not after all they queued
+                    queue.insert(1, queue.pop())
+        else:
             await self._notice(inbound, text)
 
     def _enqueue(self, job: _Job) -> None:
@@ -376,13 +410,20 @@ class Responder:
         if parsed[0] in ENDS_INCOGNITO:  # here at once, and for every gateway in the store
             everywhere = parsed[0] == "forget"
             self._stretches.drop(inbound.key, every_space=everywhere)
+            if parsed[0] != "incognito":  # no fold in flight may write or send what was said
+                self._summarizer.forget(
+                    inbound.transport, inbound.sender, space=None if everywhere else inbound.space
+                )
             await self._store.end_incognito(
                 inbound.transport, inbound.sender, space=None if everywhere else inbound.space
             )
         transport = self._transports[inbound.transport]
-        if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
-            await self._notice(inbound, _busy(wait))
+        busy = busy_now(transport)
+        if busy is not None and busy.cause == "queue":  # not run: told to try again (stored)
+            await self._outbox.busy_notice(inbound, _busy(busy.seconds), question_id=None)
             return
+        if busy is not None:  # a hold: run it, its reply waits in the outbox
+            await self._outbox.tell_held(inbound, busy)
         result = await self._commands.run(inbound, *parsed, room=_command_room(transport))
         if result.forgot and isinstance(transport, KeepsFiles):
             removed = transport.forget(inbound.sender)
@@ -444,59 +485,38 @@ class Responder:
         """Answer the claimed question. ``conv`` was read before the turn lock: only a turn
         takes the lock, and a turn changes no conversation row, so waiting for another
         gateway's turn leaves it as read."""
+        self.counters.add("turns")
         transport = self._transports[inbound.transport]
-        if isinstance(transport, Congested) and (wait := transport.busy_for()) is not None:
-            log.warning("outbox of %s full; told %s to try later", transport.name, inbound.key)
-            await self._store.set_status(message_id, "limited")
-            await self._notice(inbound, _busy(wait))
+        busy = busy_now(transport)
+        if busy is not None and busy.cause == "queue":
+            log.warning("outbox of %s full; %s is told to try again", transport.name, inbound.key)
+            await self._outbox.busy_notice(inbound, _busy(busy.seconds), question_id=message_id)
             return
+        if busy is not None:  # a hold: answered now, sent when there is room
+            await self._outbox.tell_held(inbound, busy)
         limits = transport.limits
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
         async with transport.working(inbound):
-            ctx = await self._context.build(
-                conv,
-                new_text=inbound.text[: self._config.max_message_chars],
-                new_message_id=message_id,
-                budget=limits.context_tokens,
-                style_hint=limits.style_hint,
-                speaker=_speaker(inbound, limits),
-                system_prompt=self._persona(inbound),
-            )
-            messages = ctx.messages
-            if inbound.images:  # for the model only, with the new message (never stored)
-                messages = [*messages[:-1], replace(messages[-1], images=inbound.images)]
+            await self._summarizer.settle(conv.id)  # a debt fold ending: its chapter comes in
             try:
                 on_text = stream.update if stream is not None else None
-                try:
-                    completion = await self._llm.complete(
-                        messages, max_tokens=limits.max_tokens, on_text=on_text
-                    )
-                except ContextTooLong as exc:  # the server counts more tokens than we do
-                    smaller = max(MIN_RETRY_BUDGET, ctx.tokens * 2 // 3)
-                    log.warning("%s Retrying this turn once with %d tokens.", exc, smaller)
-                    ctx = await self._context.build(
-                        conv,
-                        new_text=inbound.text[: self._config.max_message_chars],
-                        new_message_id=message_id,
-                        budget=smaller,
-                        style_hint=limits.style_hint,
-                        speaker=_speaker(inbound, limits),
-                        system_prompt=self._persona(inbound),
-                    )
-                    messages = ctx.messages
-                    if inbound.images:
-                        messages = [*messages[:-1], replace(messages[-1], images=inbound.images)]
-                    completion = await self._llm.complete(
-                        messages, max_tokens=limits.max_tokens, on_text=on_text
-                    )
+                ctx, completion = await self._fit.ask(
+                    conv, inbound, message_id, limits, on_text=on_text,
+                    speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
+                    before_call=lambda c: self._summarizer.before_reply(conv.id, c.window_start_id),
+                )  # fmt: skip
             except LLMUnavailable as exc:
                 log.warning("no answer for %s: %s", inbound.key, exc)
                 if stream is not None:
                     await stream.abort()
+                notice = UNAVAILABLE
+                if isinstance(exc, ContextTooLong):
+                    notice = TOO_LONG.format(prefix=self._commands.prefix)
                 entry = OutboxEntry(
-                    inbound.key, "notice", transport.fit(UNAVAILABLE), question_id=message_id
+                    inbound.key, "notice", transport.fit(notice), question_id=message_id
                 )
                 row = await self._store.queue_claimed(entry, question_status="failed")
+                self.counters.add("notices")
                 await self._outbox.deliver_now(inbound, row)
                 return
         whole = completion.text.strip()
@@ -528,9 +548,18 @@ class Responder:
             return
         folded = [m.id for m in ctx.window if m.role == "user" and m.status == "pending"]
         await self._store.mark_answered(conv.id, [i for i in folded if i != message_id])
+        # Before the delivery: a debt fold takes the slot this reply kept (bot.llm.gate).
+        base = (
+            FoldBase((*ctx.messages, ChatMessage("assistant", whole)), ctx.window[0].id)
+            if (ctx.window and not inbound.images)
+            else None
+        )  # a fold continues this prompt: the server has it cached
+        self._summarizer.maybe_schedule(conv, window_start_id=ctx.window_start_id, base=base)
         delivery = await self._outbox.deliver_now(
             inbound, row, note=TRIMMED_NOTE if trimmed else None, stream=stream
         )
+        self.counters.add("answers")
+        self.counters.replied(max(0.0, time.time() - inbound.received_at.timestamp()))
         log.info(
             "answered %s: %d context tokens (%s), %d answer chars, %s",
             inbound.key,
@@ -539,7 +568,6 @@ class Responder:
             len(whole),
             delivery.status.value,
         )
-        self._summarizer.maybe_schedule(conv, window_start_id=ctx.window_start_id)
         if self._indexer is not None:  # embeds this turn's messages in the background
             self._indexer.schedule(conv.id)
 
@@ -551,21 +579,17 @@ class Responder:
         stretch = await self._store.incognito_stretch(conv.id)  # ended elsewhere: a new one
         turns = self._stretches.turns(inbound.key, conv.id, stretch)
         async with transport.working(inbound):
-            ctx = await self._context.build(
-                conv,
-                new_text=inbound.text[: self._config.max_message_chars],
-                new_message_id=None,
-                budget=limits.context_tokens,
-                style_hint=limits.style_hint,
-                ephemeral=list(turns),
-                speaker=_speaker(inbound, limits),
-                system_prompt=self._persona(inbound),
-            )
             try:
-                completion = await self._llm.complete(ctx.messages, max_tokens=limits.max_tokens)
+                _ctx, completion = await self._fit.ask(
+                    conv, inbound, None, limits, ephemeral=list(turns),
+                    speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
+                )  # fmt: skip
             except LLMUnavailable as exc:
                 log.warning("no answer for %s: %s", inbound.key, exc)
-                await self._notice(inbound, UNAVAILABLE)
+                too_long = isinstance(exc, ContextTooLong)
+                prefix = self._commands.prefix
+                await self._notice(inbound, TOO_LONG.format(prefix=prefix) if too_long
+                                   else UNAVAILABLE)  # fmt: skip
                 return
         text = transport.fit(completion.text)
         turns.append(("person", inbound.text[: self._config.max_message_chars]))
@@ -590,6 +614,7 @@ class Responder:
             log.exception("could not mark the failed turn in %s", job.inbound.key)
 
     async def _notice(self, inbound: Inbound, text: str) -> None:
+        self.counters.add("notices")
         await self._outbox.notice(inbound, text)
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -627,6 +652,11 @@ class Responder:
         if n:
             log.info("sending %d undelivered reply(ies) from the outbox", n)
         return n
+
+    def waiting(self) -> tuple[int, int]:
+        """(people with turns queued or running, turns queued or running): counts only."""
+        people = {key[:2] for key, q in self._queues.items() if q}
+        return len(people), sum(len(q) for q in self._queues.values())
 
     @property
     def idle(self) -> bool:

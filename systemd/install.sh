@@ -42,6 +42,9 @@ Usage: sudo systemd/install.sh [options]
   --llm-url URL       OpenAI-compatible server (default http://localhost:11434/v1, Ollama)
   --model NAME        model name on that server (default llama3.2:3b)
   --postgres          also install asyncpg (storage.url: postgresql://...; docs/postgresql.md)
+  --web               serve the web view and /metrics on 127.0.0.1:8470 (this machine only)
+  --web-lan           serve them on every address, guarded by a token that is generated into
+                      /etc/meshsage/env (MESHSAGE_WEB_TOKEN); docs/operations.md "Web view"
   --no-backup-timer   do not install the daily backup timer (meshsage-backup.timer)
   --yes               ask nothing; fail when something needed is missing
   --interactive       ask even when stdin is not a terminal
@@ -51,7 +54,7 @@ EOF
 }
 
 SERIAL="" TCP="" DISCORD=no LLM_URL="http://localhost:11434/v1" MODEL="llama3.2:3b" ASK=auto
-TIMER=yes FLAGS=no
+TIMER=yes FLAGS=no WEB=no
 while [ $# -gt 0 ]; do
     case "$1" in
     --serial) SERIAL=${2:?--serial needs a device path}; FLAGS=yes; shift 2 ;;
@@ -60,6 +63,8 @@ while [ $# -gt 0 ]; do
     --llm-url) LLM_URL=${2:?--llm-url needs a URL}; FLAGS=yes; shift 2 ;;
     --model) MODEL=${2:?--model needs a name}; FLAGS=yes; shift 2 ;;
     --postgres) EXTRAS="$EXTRAS,postgres"; shift ;;
+    --web) WEB=local; FLAGS=yes; shift ;;
+    --web-lan) WEB=lan; FLAGS=yes; shift ;;
     --no-backup-timer) TIMER=no; shift ;;
     --yes) ASK=no; shift ;;
     --interactive) ASK=yes; shift ;;
@@ -107,6 +112,19 @@ choose() {
     case "$choice" in y | Y | yes) DISCORD=yes ;; esac
     ask LLM_URL "LLM server URL [$LLM_URL]:" "$LLM_URL"
     ask MODEL "model [$MODEL]:" "$MODEL"
+    say "Serve a web view (health, airtime, nodes heard, queues) and /metrics?"
+    printf '  n) no
+  l) on this machine only (127.0.0.1:8470; from elsewhere through ssh -L)
+' >&2
+    printf '  a) on every address, with a token (stored in %s/env)
+' "$ETC" >&2
+    ask choice "web view [n]:" "n"
+    case "$choice" in
+    l | L) WEB=local ;;
+    a | A) WEB=lan ;;
+    n | N) ;;
+    *) die "no such choice: $choice" ;;
+    esac
 }
 
 render_config() { # the config these options make, on stdout
@@ -122,6 +140,11 @@ render_config() { # the config these options make, on stdout
         fi
         if [ "$DISCORD" = yes ]; then
             printf 'discord:\n  # token: DISCORD_TOKEN in /etc/meshsage/env (docs/discord.md)\n  dms: true\n'
+        fi
+        if [ "$WEB" = local ]; then
+            printf 'web:\n  enabled: true  # http://127.0.0.1:8470/ (elsewhere: ssh -L 8470:127.0.0.1:8470 HOST)\n'
+        elif [ "$WEB" = lan ]; then
+            printf 'web:\n  enabled: true\n  bind: 0.0.0.0\n  token_env: MESHSAGE_WEB_TOKEN  # in /etc/meshsage/env\n'
         fi
     }
 }
@@ -158,6 +181,7 @@ if [ ! -e "$ETC/config.yaml" ] && [ "$ASK" = yes ]; then
     choose
 fi
 check_options
+[ "$WEB" = no ] || EXTRAS="$EXTRAS,web"
 
 # --- Python and venv support first: a half-made venv is what a missing python3-venv leaves ---
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
@@ -243,7 +267,8 @@ if [ ! -e "$ETC/env" ]; then
     say "creating $ETC/env (0640) for secrets"
     install -m 0640 /dev/null "$ETC/env"
     printf '%s\n' '# Secrets for meshsage, read by systemd (EnvironmentFile). KEY=value, no quotes needed.' \
-        '#DISCORD_TOKEN=' '#OPENAI_API_KEY=' >"$ETC/env"
+        '#DISCORD_TOKEN=' '# only for a hosted LLM API; a local server (Ollama, llama.cpp) needs no key:' \
+        '#OPENAI_API_KEY=' >"$ETC/env"
     as_owner chown root:meshsage "$ETC/env"
 fi
 if [ "$DISCORD" = yes ] && ! grep -q '^DISCORD_TOKEN=.' "$ETC/env"; then
@@ -259,6 +284,10 @@ if [ "$DISCORD" = yes ] && ! grep -q '^DISCORD_TOKEN=.' "$ETC/env"; then
     fi
 fi
 
+if [ "$WEB" = lan ] && ! grep -q '^MESHSAGE_WEB_TOKEN=.' "$ETC/env"; then
+    printf 'MESHSAGE_WEB_TOKEN=%s\n' "$("$PYTHON" -c 'import secrets; print(secrets.token_hex(24))')" >>"$ETC/env"
+    say "stored a new web view token in $ETC/env (see it: sudo grep MESHSAGE_WEB_TOKEN $ETC/env)"
+fi
 
 # `meshsage status`, `meshsage doctor`, `meshsage backup FILE` for the operator, pointed at the
 # service's config and state dir (run them as the service user: sudo -u meshsage meshsage ...).

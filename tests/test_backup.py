@@ -225,3 +225,23 @@ async def test_console_forget_deletes_the_line_history(tmp_path: Path) -> None:
     assert console.forget("someone else") == 0 and history.exists()
     assert console.forget("me") == 1
     assert not history.exists()
+
+
+async def test_the_daily_timer_before_the_first_start_succeeds_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fresh install: the state dir exists (install.sh made it) but the bot has not started,
+    so there is no database. The timer's run (--missing-ok) succeeds and says so; a run by
+    hand fails with a fix that says to start the bot, not to pass --config."""
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("MESHSAGE_STATE_DIR", str(state))
+    unit = (Path(__file__).parents[1] / "systemd" / "meshsage-backup.service").read_text()
+    assert "backup --missing-ok" in unit
+    assert main(["backup", "--missing-ok", "--keep", "7", f"{state}/backups/"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to back up" in out and "first start" in out
+    assert not (state / "backups").exists()
+    assert main(["backup", f"{state}/backups/"]) == 3
+    err = capsys.readouterr().err
+    assert "Fix: start the bot" in err and "first start" in err

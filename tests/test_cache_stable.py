@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import LLMConfig
+from bot.fitting import TOO_LONG
 from bot.llm.gate import BackgroundPreempted, LLMGate
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import TRUNCATED_MARK, ChatMessage, ContextTooLong
 from bot.memory.context import merge_system
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.store import ASSISTANT
-from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
+from bot.memory.summary import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
 from bot.responder import UNAVAILABLE
 from tests.conftest import Harness, start_harness
 from tests.fakes.fake_llm import FakeLLM
@@ -31,7 +32,12 @@ UNLIMITED = "bot:\n  rate_limit: {messages: 10000, per_seconds: 1}\n  queue_limi
 
 
 def _is_summary(body: dict[str, Any]) -> bool:
-    return str(body["messages"][0]["content"]).startswith(SUMMARY_PREFIXES)
+    """Background work: a standalone summary or facts request, or a fold sent as the
+    continuation of a reply's prompt (its last message is the task)."""
+    messages = body["messages"]
+    if str(messages[-1]["content"]).startswith(CONTINUATION_MARK):
+        return True
+    return str(messages[0]["content"]).startswith(SUMMARY_PREFIXES)
 
 
 def _answer(body: dict[str, Any]) -> str:
@@ -156,7 +162,7 @@ async def test_read_timeout_retry_does_not_queue_behind_the_first_attempt(
     await llm.close()
 
 
-async def test_context_too_long_shrinks_the_budget_and_retries_once(
+async def test_context_too_long_shrinks_the_budget_and_never_locks_out(
     tmp_path: Path, fake_llm: FakeLLM
 ) -> None:
     no_summaries = "memory:\n  summary: {enabled: false}\n"  # only replies use the script
@@ -180,8 +186,12 @@ async def test_context_too_long_shrinks_the_budget_and_retries_once(
         fake_llm.script = ["context_exceeded", "context_exceeded"]
         before = len(fake_llm.chat_requests())
         await h.say("another question")
-        assert h.transport.texts()[-1] == UNAVAILABLE
-        assert len(fake_llm.chat_requests()) - before == 2  # retried once, not more
+        # The fake names 5,000 tokens for any prompt: the rebuild goes straight to the
+        # smallest budget; refused there too, the person hears why, not "unavailable".
+        assert h.transport.texts()[-1] == TOO_LONG.format(prefix="!")
+        assert len(fake_llm.chat_requests()) - before == 2  # no retry at the same size
+        await h.say("and now?")  # not locked out
+        assert h.transport.texts()[-1] == "fits now"
     finally:
         await h.app.close()
 

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from bot.config import LLMConfig
 from bot.ops.doctor import Level, check_llm, check_serial
 from bot.ops.status import STATUS_FILE, Status, write_atomic
@@ -127,11 +129,38 @@ async def test_doctor_says_add_v1(fake_llm: FakeLLM) -> None:
 
 
 async def test_doctor_warns_about_an_unset_api_key_variable(fake_llm: FakeLLM) -> None:
-    cfg = LLMConfig(base_url=fake_llm.base_url, model="fake", api_key_env="MY_LLM_KEY")
-    by = {c.name: c for c in await check_llm(cfg, env={})}
+    """A hosted API (not a local address) with its key variable unset is a warning; the
+    same unset variable for a server on this machine (the default config) is not."""
+    remote = LLMConfig(  # TEST-NET-3: not local, and nothing answers (a short timeout)
+        base_url="http://203.0.113.7:9/v1", model="m", api_key_env="MY_LLM_KEY",
+        connect_timeout=0.3,
+    )  # fmt: skip
+    by = {c.name: c for c in await check_llm(remote, env={})}
     assert by["llm key"].level is Level.WARN and "MY_LLM_KEY" in by["llm key"].detail
-    by = {c.name: c for c in await check_llm(cfg, env={"MY_LLM_KEY": "k"})}
+    by = {c.name: c for c in await check_llm(remote, env={"MY_LLM_KEY": "k"})}
     assert "llm key" not in by
+    local = LLMConfig(base_url=fake_llm.base_url, model="fake", api_key_env="OPENAI_API_KEY")
+    assert "llm key" not in {c.name for c in await check_llm(local, env={})}
+
+
+@pytest.mark.parametrize(
+    ("url", "local"),
+    [
+        ("http://localhost:11434/v1", True),
+        ("http://127.0.0.1:8080/v1", True),
+        ("http://[::1]:8080/v1", True),
+        ("http://192.168.1.20:11434/v1", True),
+        ("http://10.0.0.5/v1", True),
+        ("http://ollama:11434/v1", True),  # a compose service name
+        ("http://pi4.local:11434/v1", True),
+        ("https://api.openai.com/v1", False),
+        ("https://203.0.113.7/v1", False),
+    ],
+)
+def test_local_servers_need_no_api_key(url: str, local: bool) -> None:
+    from bot.ops.probe import is_local
+
+    assert is_local(url) is local
 
 
 def test_doctor_refuses_a_radio_path_that_is_not_a_tty(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.delivery import EXPIRED
 from bot.domain import ReplyKind
 from bot.memory.store import SqliteStore
 from bot.responder import ANSWER_NOT_STORED
@@ -47,7 +48,40 @@ async def test_an_old_undelivered_answer_expires_instead_of_going_out(harness: H
     await harness.app.responder.redeliver()
     await harness.app.responder.wait_idle()
     assert harness.transport.texts() == []
-    assert await _outbox(harness) == [("answer", "expired")]
+    assert await _outbox(harness) == [("answer", "expired"), ("notice", "pending")]
+    await harness.app.responder.redeliver()  # the person is told, once
+    await harness.app.responder.wait_idle()
+    assert harness.transport.texts() == [EXPIRED]
+    assert await harness.app.responder.redeliver() == 0
+
+
+async def test_several_expired_replies_tell_their_person_once(harness: Harness) -> None:
+    harness.transport.link_down = True
+    await harness.say("weather?")
+    await harness.say("and tomorrow?")
+    await harness.store._db.execute("UPDATE outbox SET created_at = created_at - 7200")
+    harness.transport.link_down = False
+    await harness.app.responder.redeliver()  # both expire; one notice for the person
+    await harness.app.responder.wait_idle()
+    await harness.app.responder.redeliver()
+    await harness.app.responder.wait_idle()
+    assert harness.transport.texts() == [EXPIRED]
+    assert await _outbox(harness) == [
+        ("answer", "expired"),
+        ("answer", "expired"),
+        ("notice", "delivered"),
+    ]
+
+
+async def test_a_notice_that_could_not_go_out_is_stored_and_sent_later(harness: Harness) -> None:
+    harness.transport.link_down = True
+    await harness.say("   ")  # empty: a notice, not an LLM call
+    assert await _outbox(harness) == [("notice", "pending")]
+    harness.transport.link_down = False
+    await harness.app.responder.redeliver()
+    await harness.app.responder.wait_idle()
+    assert harness.transport.texts()[0].startswith("Your message was empty")
+    assert await _outbox(harness) == [("notice", "delivered")]
 
 
 async def test_undelivered_answers_survive_a_restart(tmp_path: Path, fake_llm: FakeLLM) -> None:

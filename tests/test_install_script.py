@@ -218,7 +218,7 @@ def test_backup_directory_and_daily_timer_are_installed(root: Path) -> None:
     for name in ("meshsage-backup.service", "meshsage-backup.timer"):
         assert (units / name).read_text() == (REPO / "systemd" / name).read_text()
     service = (units / "meshsage-backup.service").read_text()
-    assert "meshsage backup --keep 7 /var/lib/meshsage/backups/" in service
+    assert "meshsage backup --missing-ok --keep 7 /var/lib/meshsage/backups/" in service
     assert "OnCalendar=daily" in (units / "meshsage-backup.timer").read_text()
 
 
@@ -274,3 +274,30 @@ def test_bad_options_are_refused_before_anything_is_installed(
     result = install(root, *args)
     assert result.returncode == 1 and words in result.stderr
     assert not (root / "opt").exists() and not (root / "etc").exists()
+
+
+def test_web_lan_writes_a_token_guarded_web_section_that_passes_the_check(root: Path) -> None:
+    result = install(root, "--tcp", "192.0.2.7", "--web-lan", "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    env_file = root / "etc" / "meshsage" / "env"
+    lines = [x for x in env_file.read_text().splitlines() if x.startswith("MESHSAGE_WEB_TOKEN=")]
+    assert len(lines) == 1 and len(lines[0].split("=", 1)[1]) == 48
+    token = lines[0].split("=", 1)[1]
+    assert token not in result.stdout + result.stderr  # told where it is, not what it is
+    config = load_config(root / "etc" / "meshsage" / "config.yaml", env={})
+    assert config.web.enabled and config.web.bind == "0.0.0.0"
+    assert config.web.token_env == "MESHSAGE_WEB_TOKEN"
+    assert "OK (transports: meshtastic" in result.stdout  # the check found the token
+    pip = (root / "opt" / "meshsage" / "pip.log").read_text()
+    assert f"{REPO}[meshtastic,discord,web]" in pip
+    again = install(root, "--yes")  # a re-run keeps the token
+    assert again.returncode == 0 and env_file.read_text().count("MESHSAGE_WEB_TOKEN=") == 1
+
+
+def test_the_interactive_web_question_serves_this_machine_only(root: Path) -> None:
+    result = install(root, "--interactive", stdin="t\n192.0.2.9\nn\n\n\nl\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "web view [n]:" in result.stderr
+    config = load_config(root / "etc" / "meshsage" / "config.yaml", env={})
+    assert config.web.enabled and config.web.bind == "127.0.0.1" and config.web.token_env is None
+    assert "MESHSAGE_WEB_TOKEN=" not in (root / "etc" / "meshsage" / "env").read_text()

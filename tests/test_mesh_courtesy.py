@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.delivery import EXPIRED
 from bot.domain import DeliveryStatus, Inbound, Reply
 from bot.memory.store import SqliteStore
 from bot.transports.mesh_airtime import lora_airtime
@@ -77,7 +78,9 @@ async def test_a_reply_held_too_long_waits_in_the_outbox_and_max_age_still_appli
     fake_llm.reply = "Held, then sent."
     fake_llm.script = [("sleep", 1.0)]  # the spike is reported while the model writes
     async with (
-        mesh_harness(start=False, spacing_seconds=3.0, busy_max_wait=60, busy_poll=10) as h,
+        mesh_harness(
+            start=False, spacing_seconds=3.0, busy_max_wait=60, busy_poll=10, metrics_every=60
+        ) as h,
         running_app(tmp_path, fake_llm, h) as app,
     ):
         h.radio.inject_text("first", frm=ALICE)
@@ -99,7 +102,12 @@ async def test_a_reply_held_too_long_waits_in_the_outbox_and_max_age_still_appli
         assert await app.responder.redeliver() == 1
         await app.responder.wait_idle()
         assert h.radio.sent_texts() == []  # too old when the channel freed: expired, not sent
-        assert [tuple(r) for r in await store._all("SELECT state FROM outbox")] == [("expired",)]
+        rows = [tuple(r) for r in await store._all("SELECT kind, state, text FROM outbox")]
+        assert rows == [("answer", "expired", "Held, then sent."), ("notice", "pending", EXPIRED)]
+        assert await app.responder.redeliver() == 1  # the person is told, once
+        await app.responder.wait_idle()
+        assert h.radio.texts() == [EXPIRED]
+        assert await app.responder.redeliver() == 0
 
 
 async def test_a_radio_without_device_metrics_paces_by_spacing_and_says_so(
@@ -121,19 +129,27 @@ async def test_a_radio_without_device_metrics_paces_by_spacing_and_says_so(
     assert len(said) == 1 and "spacing_seconds" in said[0]
 
 
-async def test_a_person_asking_during_a_spike_is_told_when_to_try_again(
+async def test_a_person_asking_during_a_spike_is_told_and_answered_when_room_returns(
     tmp_path: Path, fake_llm: FakeLLM
 ) -> None:
+    fake_llm.reply = "Sunny tomorrow."
     async with (
-        mesh_harness(start=False, spacing_seconds=3.0) as h,
+        mesh_harness(start=False, spacing_seconds=3.0, metrics_every=60, busy_max_wait=600) as h,
         running_app(tmp_path, fake_llm, h) as app,
     ):
         h.radio.inject_channel_utilization(22.0)  # over our 20%, under the firmware's 25%
         await h.until(lambda: (h.transport._pacer.metrics.channel_utilization or 0) > 21, "spike")
         h.radio.inject_text("weather?", frm=ALICE)
-        await h.until(lambda: len(h.radio.sent_texts()) == 1, "the busy notice")
-        await app.responder.wait_idle()
+        await h.until(lambda: len(h.radio.sent_texts()) == 1, "the notice")
         [(_, packet)] = h.radio.sent_texts()
         text = packet.decoded.payload.decode()
-        assert text.startswith("Busy") and "Try again in 1 min" in text
-        assert fake_llm.chat_requests() == []  # the model was not asked for an unsendable answer
+        assert text.startswith("Channel busy") and "answer is saved" in text
+        await h.until(lambda: len(fake_llm.chat_requests()) == 1, "the answer is written now")
+        await h.clock.sleep(300)
+        assert len(h.radio.sent_texts()) == 1  # held while the channel stays full
+        h.radio.inject_channel_utilization(2.0)
+        await h.until(lambda: len(h.radio.sent_texts()) == 2, "the answer once room returns")
+        await app.responder.wait_idle()
+        assert h.radio.texts()[1] == "Sunny tomorrow."
+        rows = await app.store._all("SELECT kind, state FROM outbox ORDER BY id")
+        assert [tuple(r) for r in rows] == [("answer", "delivered")]

@@ -70,3 +70,34 @@ async def test_run_answers_a_dm_and_remembers_after_restart(
     assert all(len(p.decoded.payload) <= 200 for _, p in radio.sent_texts())
     request = fake_llm.chat_requests()[-1]
     assert "LoRa" in request["messages"][0]["content"]  # the mesh style hint reached the model
+
+
+async def test_run_logs_a_model_that_is_not_pulled_at_start(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """`meshsage run` probes the LLM at start: one log line naming the fix, with no message
+    sent; and what the server holds is logged (a server that reports nothing: said so)."""
+    radio = FakeTcpRadio()
+    config = tmp_path / "meshsage.yaml"
+    config.write_text(f"meshtastic: {{connection: tcp, host: 127.0.0.1, port: {radio.port}}}\n")
+    env = _env(tmp_path, fake_llm) | {"MESHSAGE_LLM_MODEL": "llama3.2:3b"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "run", "--config", str(config),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        for _ in range(600):  # until the bot's node is connected (a hang guard)
+            if radio.conn is not None and any(m.HasField("want_config_id") for _, m in radio.log):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, raw = await asyncio.wait_for(proc.communicate(), 30)
+        radio.stop()
+    err = raw.decode()
+    probe = [line for line in err.splitlines() if "has no model" in line]
+    assert len(probe) == 1 and "WARNING" in probe[0], err[-2000:]
+    assert "ollama pull llama3.2:3b" in probe[0] and "(it has: fake)" in probe[0]
+    assert "LLM server limits: the server reports no context size" in err

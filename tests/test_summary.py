@@ -103,9 +103,14 @@ async def test_cut_summary_is_asked_shorter_and_never_saved_as_complete(
     assert await summ.refresh(conv, window_start_id=ids[8])
     asks = fake_llm.chat_requests()
     assert len(asks) == 2  # asked once more, shorter
-    first_words = int(asks[0]["messages"][0]["content"].split("at most ")[1].split()[0])
-    second_words = int(asks[1]["messages"][0]["content"].split("at most ")[1].split()[0])
+    first_words = int(asks[0]["messages"][-1]["content"].split("At most ")[1].split()[0])
+    second_words = int(asks[1]["messages"][-1]["content"].split("At most ")[1].split()[0])
     assert second_words < first_words
+    # The word limit closes the request: the retry repeats the first one up to its last line.
+    first, second = asks[0]["messages"], asks[1]["messages"]
+    assert first[:-1] == second[:-1]
+    head = first[-1]["content"].rsplit("\n", 1)[0]
+    assert second[-1]["content"].rsplit("\n", 1)[0] == head
     chapter = (await store.summaries(conv))[0]
     assert chapter.text.endswith("[…]")  # visibly incomplete, not passed off as whole
     fake_llm.script = [("length", "Alice likes tea. She plans a trip to"), ("reply", "Short.")]

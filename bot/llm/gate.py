@@ -1,33 +1,75 @@
-"""Bounded LLM access with priority: replies first, background work (summaries) only when idle.
+"""Bounded LLM access with priority: replies first, background work only where it fits.
+
+A one-slot server (llama.cpp, Ollama on a Pi) serves one request at a time and cannot stop
+evaluating a prompt it has started: closing a request stops only its generation. So a
+background prompt abandoned for a reply still holds the slot until it is evaluated, and the
+reply waits behind it. The gate therefore decides *when* background work starts, not only
+when it stops.
+
+Lanes:
+- ``foreground``: a reply. Waits only for the calls already holding the slots.
+- ``debt``: work that must happen now (a fold that found no room in the background within
+  its turns, ``bot.memory.summary``): queued like a reply, never preempted, sized by its
+  caller to what fits (``fit_tokens``), and its wait is counted as background for replies.
+- ``background``: summaries, facts, sessions. Starts only when a slot is free, no reply is
+  waiting, ``busy()`` is false (a turn in progress) and the call is *expected to end before
+  the next reply needs the slot* (``fits``): its cost (uncached prompt tokens over the learned
+  prompt rate, ``max_tokens`` over the learned generation rate) within the free time learned
+  from the recent gaps between one reply's end and the next request.
 
 Invariants:
 - At most ``limit`` calls run at once (a Pi serves one generation at a time).
-- A background call starts only when a slot is free, no reply is waiting for the LLM and
-  ``busy()`` is false (the app passes "a turn is in progress", so a summary does not start
-  between a message's arrival and its reply's LLM call).
 - A running background call is cancelled as soon as a reply needs the LLM or ``busy()``
   turns true (checked every ``BUSY_POLL`` seconds). The adapter streams, so cancelling closes
-  the connection, which stops generation on llama.cpp, Ollama and vLLM; the owner retries
-  later (``BackgroundPreempted``). A summary therefore never delays a reply by more than the
-  time to close a request.
+  the connection, which stops generation; the owner gets ``BackgroundPreempted`` and does not
+  retry at once: the next attempt waits for a gap it fits in (the short gap that preempted it
+  is among those learned).
+- Rates and gaps are learned from this gate's own calls (streamed: the first text marks the end
+  of prompt evaluation). Until a rate is known, a background call is assumed to fit (the first
+  call measures it). Nothing here reads a wall clock except through ``clock``.
 - An outage is shared, not queued: when a reply's call fails as unavailable (every endpoint
   and fallback tried), the replies waiting behind it fail at that moment instead of each
   waiting out its own timeout, and until a call succeeds again one probe runs at a time while
-  other replies fail at once. So a person's "LLM unavailable" notice never waits behind another
-  person's hung call once the outage is known. ``ContextTooLong`` is about one prompt, not the
-  server, and does not count.
+  other replies fail at once. ``ContextTooLong`` is about one prompt, not the server, and does
+  not count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import math
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 from bot.errors import LLMUnavailable
 from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, OnText
 
 BUSY_POLL = 0.05
+CHARS_PER_TOKEN = 4.0  # estimate for cache accounting (the gate has no tokenizer)
+GAPS_KEPT = 8  # recent gaps between a reply's end and the next request
+EVALS_KEPT = 16  # recent (prompt tokens, seconds to first text) pairs
+RATE_WEIGHT = 0.3  # EWMA weight of the newest measurement
+MIN_MEASURED_SECONDS = 0.05
+# Quiet past IDLE_FACTOR times the longest gap and IDLE_AFTER seconds: nobody is writing.
+IDLE_FACTOR = 2.0
+IDLE_AFTER = 5.0
+
+HOLD_SECONDS = 2.0  # real seconds a slot kept for a debt waits for it before it is let go
+
+Lane = Literal["foreground", "debt", "background"]
+_HOLD_FOR_DEBT: contextvars.ContextVar[bool] = contextvars.ContextVar("hold", default=False)
+
+
+def hold_for_debt() -> None:
+    """The current task's next reply call keeps its slot, once it ends, for the debt call
+    that follows it (``bot.memory.summary``): on a one-slot server the debt then continues
+    the prompt still in the cache instead of queueing behind other people's replies."""
+    _HOLD_FOR_DEBT.set(True)
 
 
 class BackgroundPreempted(LLMUnavailable):
@@ -37,19 +79,56 @@ class BackgroundPreempted(LLMUnavailable):
         super().__init__("background LLM call preempted by a reply; it will be retried")
 
 
+@dataclass
+class GateStats:
+    """What the gate saw (status, logs, benchmarks, tests)."""
+
+    background_calls: int = 0  # started (background and debt lanes)
+    background_completed: int = 0
+    debt_calls: int = 0
+    preempted: int = 0
+    # Per reply: seconds it waited at the gate while background or debt work held the slot.
+    reply_waits: list[float] = field(default_factory=list)
+
+
 class LLMGate:
-    def __init__(self, *, llm: LLM, limit: int, busy: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        *,
+        llm: LLM,
+        limit: int,
+        busy: Callable[[], bool] = lambda: False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._llm = llm
         self._limit = limit
         self._busy = busy
+        self._clock = clock
         self._running = 0
+        self._bg_running = 0  # background and debt calls holding a slot
         self._fg_waiting = 0
         self._background: set[asyncio.Task[Completion]] = set()
         self._changed = asyncio.Condition()
-        self.preempted = 0  # background calls cancelled for a reply (for logs and benchmarks)
+        self.stats = GateStats()
         self._outages = 0  # foreground failures as unavailable, ever (waiters compare it)
         self._fg_running = 0
         self._down = False  # the last foreground call failed as unavailable; none succeeded since
+        # What the server's cache holds after the last call: its prompt and answer (rendered).
+        self._cached = ""
+        # (uncached prompt tokens, seconds to the first text) of recent calls: a line through
+        # them gives a fixed latency (HTTP, sampling the first token) and a per-token cost.
+        self._evals: deque[tuple[int, float]] = deque(maxlen=EVALS_KEPT)
+        self.prompt_rate: float | None = None  # tokens per second evaluated (the line's slope)
+        self.latency = 0.0  # seconds to the first text of an empty prompt (the line's start)
+        self.gen_rate: float | None = None  # tokens per second generated
+        self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)
+        self._fg_ended: float | None = None  # when the last reply's call ended
+        self._held = False  # a slot kept for a debt call (``hold_for_debt``); still counted
+        self._hold_id = 0
+
+    @property
+    def preempted(self) -> int:
+        return self.stats.preempted
 
     @property
     def model_name(self) -> str:
@@ -57,59 +136,223 @@ class LLMGate:
 
     @property
     def foreground(self) -> LLM:
-        return _Bound(self, background=False)
+        return _Bound(self, lane="foreground")
+
+    @property
+    def debt(self) -> LLM:
+        return _Bound(self, lane="debt")
 
     @property
     def background(self) -> LLM:
-        return _Bound(self, background=True)
+        return _Bound(self, lane="background")
 
+    # --- what fits ----------------------------------------------------------------------------
+    def uncached_tokens(self, messages: Sequence[ChatMessage]) -> int:
+        """Estimated prompt tokens the server evaluates for ``messages`` (after the common
+        prefix with the last call's prompt and answer)."""
+        text = _render(messages)
+        return math.ceil((len(text) - _common_prefix(self._cached, text)) / CHARS_PER_TOKEN)
+
+    def expected_free(self) -> float:
+        """Seconds the slot is expected to stay free from now: the shortest recent gap between
+        a reply's end and the next request, less the time since the last reply ended;
+        ``inf`` when nothing is known or the quiet has long outlasted every gap seen
+        (``IDLE_FACTOR``, ``IDLE_AFTER``)."""
+        if self._fg_ended is None or not self._gaps:
+            return math.inf
+        quiet = self._clock() - self._fg_ended
+        if quiet > IDLE_FACTOR * max(self._gaps) + IDLE_AFTER:
+            return math.inf
+        return max(0.0, min(self._gaps) - quiet)
+
+    def first_text_seconds(self, messages: Sequence[ChatMessage]) -> float | None:
+        """Expected seconds from sending ``messages`` to the first text (None: not known)."""
+        if self.prompt_rate is None:
+            return None
+        return self.latency + self.uncached_tokens(messages) / self.prompt_rate
+
+    def fit_tokens(self, messages: Sequence[ChatMessage], *, seconds: float) -> int | None:
+        """Completion tokens that fit in ``seconds`` after evaluating ``messages``' uncached
+        part; None while the rates are not known yet (or no limit: ``seconds`` is inf)."""
+        first = self.first_text_seconds(messages)
+        if first is None or self.gen_rate is None or math.isinf(seconds):
+            return None
+        return max(0, int((seconds - first) * self.gen_rate))
+
+    def fits(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> bool:
+        free = self.expected_free()
+        first = self.first_text_seconds(messages)
+        if math.isinf(free) or first is None or self.gen_rate is None:
+            return True
+        return first + max_tokens / self.gen_rate <= free
+
+    # --- calls ----------------------------------------------------------------------------------
     async def _run(
         self,
         messages: Sequence[ChatMessage],
         *,
         max_tokens: int,
-        background: bool,
+        lane: Lane,
         on_text: OnText | None = None,
     ) -> Completion:
+        hold = False
+        if lane == "foreground":
+            hold = _HOLD_FOR_DEBT.get()
+            _HOLD_FOR_DEBT.set(False)
         async with self._changed:
-            if not background:
+            if lane == "debt" and self._held:
+                self._held = False  # the slot its reply kept: already counted in _running
+                self._bg_running += 1
+                self.stats.background_calls += 1
+                self.stats.debt_calls += 1
+                return await self._run_held(messages, max_tokens=max_tokens)
+            if lane != "background":
+                arrived = self._clock()
+                if lane == "foreground" and (self._fg_running or self._fg_waiting):
+                    self._gaps.append(0.0)  # replies queue: the slot is never free between
+                elif lane == "foreground" and self._fg_ended is not None:
+                    self._gaps.append(max(0.0, arrived - self._fg_ended))
                 seen = self._outages
-                if self._down and self._fg_running:
+                if lane == "foreground" and self._down and self._fg_running:
                     raise LLMUnavailable("the LLM server is down; a probe request is running")
                 self._fg_waiting += 1
+                behind_background = 0.0
                 try:
                     for task in list(self._background):
                         task.cancel()  # the person waiting comes first (and frees the server)
                     while self._running >= self._limit:
-                        await self._changed.wait()
-                        if self._outages != seen:
+                        mark = self._clock()
+                        held = self._bg_running > 0 or self._held
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(BUSY_POLL if self._held else None):
+                                await self._changed.wait()
+                        if held:
+                            behind_background += self._clock() - mark
+                        if lane == "foreground" and self._outages != seen:
                             raise LLMUnavailable("the LLM server failed the request ahead")
                 finally:
                     self._fg_waiting -= 1
+                if lane == "foreground":
+                    self.stats.reply_waits.append(behind_background)
             else:
-                while self._running >= self._limit or self._fg_waiting or self._busy():
-                    # busy() has no event: poll it. asyncio.timeout, not wait_for: wait_for
-                    # waits in another task, and a cancel arriving while that task took the
-                    # lock back left it holding the lock for good (every later call hung).
+                while (
+                    self._running >= self._limit
+                    or self._fg_waiting
+                    or self._busy()
+                    or not self.fits(messages, max_tokens=max_tokens)
+                ):
+                    # busy() and the clock have no event: poll them. asyncio.timeout, not
+                    # wait_for: wait_for waits in another task, and a cancel arriving while
+                    # that task took the lock back left it holding the lock for good.
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(BUSY_POLL if self._busy() else None):
+                        async with asyncio.timeout(BUSY_POLL):
                             await self._changed.wait()
             self._running += 1
+            if lane != "foreground":
+                self._bg_running += 1
+                self.stats.background_calls += 1
+                self.stats.debt_calls += lane == "debt"
+        kept = False
         try:
-            if not background:
-                return await self._foreground_call(messages, max_tokens=max_tokens, on_text=on_text)
-            return await self._background_call(messages, max_tokens=max_tokens)
+            if lane == "foreground":
+                completion = await self._foreground_call(
+                    messages, max_tokens=max_tokens, on_text=on_text
+                )
+                kept = hold
+                return completion
+            if lane == "debt":
+                completion = await self._timed(messages, max_tokens=max_tokens, on_text=None)
+            else:
+                completion = await self._background_call(messages, max_tokens=max_tokens)
+            self.stats.background_completed += 1
+            return completion
         finally:
             async with self._changed:
-                self._running -= 1
+                if kept:
+                    self._keep_for_debt()
+                else:
+                    self._running -= 1
+                if lane != "foreground":
+                    self._bg_running -= 1
                 self._changed.notify_all()
+
+    async def _run_held(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion:
+        """A debt call in the slot its reply kept (the condition's lock is held on entry)."""
+        self._changed.release()
+        try:
+            completion = await self._timed(messages, max_tokens=max_tokens, on_text=None)
+            self.stats.background_completed += 1
+            return completion
+        finally:
+            await self._changed.acquire()
+            self._running -= 1
+            self._bg_running -= 1
+            self._changed.notify_all()
+
+    def drop_hold(self) -> None:
+        """The debt a reply kept its slot for will not call (``bot.memory.summary``); the
+        waiters poll while a slot is kept, so they see it within ``BUSY_POLL``."""
+        if self._held:
+            self._held = False
+            self._running -= 1
+
+    def _keep_for_debt(self) -> None:
+        """Keep the slot (still counted) for the debt call; let it go after HOLD_SECONDS if
+        none came (waiters poll while a slot is kept: a timer cannot take the lock)."""
+        self._held = True
+        self._hold_id += 1
+        hold_id = self._hold_id
+
+        def let_go() -> None:
+            if self._held and self._hold_id == hold_id:
+                self._held = False
+                self._running -= 1
+
+        asyncio.get_running_loop().call_later(HOLD_SECONDS, let_go)
+
+    async def _timed(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None
+    ) -> Completion:
+        """One call to the adapter, streamed, learning the prompt and generation rates."""
+        new_tokens = self.uncached_tokens(messages)
+        start = self._clock()
+        first: list[float] = []
+
+        async def seen(text: str) -> None:
+            if text and not first:
+                first.append(self._clock())
+            if on_text is not None:
+                await on_text(text)
+
+        rendered = _render(messages)
+        try:
+            completion = await self._llm.complete(messages, max_tokens=max_tokens, on_text=seen)
+        except BaseException:
+            # Whatever the server holds now, it starts with this prompt (or part of it).
+            self._cached = rendered
+            raise
+        end = self._clock()
+        self._cached = rendered + completion.text
+        if first:
+            self._learn(new_tokens, first[0] - start, len(completion.text), end - first[0])
+        return completion
+
+    def _learn(self, prompt_tokens: int, prompt_s: float, answer_chars: int, gen_s: float) -> None:
+        if prompt_s >= MIN_MEASURED_SECONDS:
+            self._evals.append((prompt_tokens, prompt_s))
+            self.latency, per_token = _line(self._evals)
+            if per_token > 0:
+                self.prompt_rate = 1 / per_token
+        tokens = answer_chars / CHARS_PER_TOKEN
+        if tokens >= 1 and gen_s >= MIN_MEASURED_SECONDS:
+            self.gen_rate = _ewma(self.gen_rate, tokens / gen_s)
 
     async def _foreground_call(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
     ) -> Completion:
         self._fg_running += 1
         try:
-            completion = await self._llm.complete(messages, max_tokens=max_tokens, on_text=on_text)
+            completion = await self._timed(messages, max_tokens=max_tokens, on_text=on_text)
         except ContextTooLong:
             raise  # this prompt's problem, not the server's
         except LLMUnavailable:
@@ -120,13 +363,14 @@ class LLMGate:
             raise
         finally:
             self._fg_running -= 1
+            self._fg_ended = self._clock()
         self._down = False
         return completion
 
     async def _background_call(
         self, messages: Sequence[ChatMessage], *, max_tokens: int
     ) -> Completion:
-        task = asyncio.ensure_future(self._llm.complete(messages, max_tokens=max_tokens))
+        task = asyncio.ensure_future(self._timed(messages, max_tokens=max_tokens, on_text=None))
         self._background.add(task)
         try:
             while not task.done():
@@ -139,7 +383,7 @@ class LLMGate:
             except asyncio.CancelledError:
                 if _current_cancelling():
                     raise  # our owner is cancelling us (shutdown)
-                self.preempted += 1
+                self.stats.preempted += 1
                 raise BackgroundPreempted() from None
         except asyncio.CancelledError:
             task.cancel()
@@ -150,15 +394,55 @@ class LLMGate:
             self._background.discard(task)
 
 
+def _line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """(start, slope) of the least-squares line through (tokens, seconds), both >= 0; with
+    tokens all alike, no latency and the mean cost per token."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_s = sum(s for _, s in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    slope = sum((t - mean_t) * (s - mean_s) for t, s in points) / var if var else 0.0
+    if slope <= 0:
+        total = sum(t for t, _ in points)
+        return 0.0, (sum(s for _, s in points) / total if total else 0.0)
+    start = mean_s - slope * mean_t
+    if start < 0:
+        return 0.0, sum(s for _, s in points) / max(1, sum(t for t, _ in points))
+    return start, slope
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else (1 - RATE_WEIGHT) * old + RATE_WEIGHT * new
+
+
+def _render(messages: Sequence[ChatMessage]) -> str:
+    """A request as a flat string, close to how a chat template lays it out (for prefixes)."""
+    return "".join(f"<{m.role}>{m.content}</>" for m in messages) + "<assistant>"
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # binary search on slices: C-speed comparisons
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _current_cancelling() -> int:
     task = asyncio.current_task()
     return task.cancelling() if task is not None else 0
 
 
 class _Bound:
-    def __init__(self, gate: LLMGate, *, background: bool) -> None:
+    def __init__(self, gate: LLMGate, *, lane: Lane) -> None:
         self._gate = gate
-        self._background = background
+        self._lane: Lane = lane
 
     @property
     def model_name(self) -> str:
@@ -168,5 +452,5 @@ class _Bound:
         self, messages: Sequence[ChatMessage], *, max_tokens: int, on_text: OnText | None = None
     ) -> Completion:
         return await self._gate._run(
-            messages, max_tokens=max_tokens, background=self._background, on_text=on_text
+            messages, max_tokens=max_tokens, lane=self._lane, on_text=on_text
         )

@@ -18,6 +18,21 @@ Invariants:
 - Anything that is not a usable chat completion (non-JSON, an HTML error page, no choices or
   no message, empty text after removing ``<think>`` blocks) is a failure of that attempt:
   retried, then the fallbacks, then ``LLMUnavailable``.
+- Overflow in every form is ``ContextTooLong``, never an outage: HTTP 400 in the server's
+  wording (``_CONTEXT_ERROR``), an error event inside the stream, a prompt the server reports
+  it truncated (``"truncated": true``), and a streamed HTTP 200 with an empty body
+  (llama-cpp-python's answer to an over-long streamed prompt): an empty stream is asked
+  again once, not streamed, with ``max_tokens: 1``, and the server's answer to that decides
+  (its 400 names the context; a success means the prompt fits, and the attempt failed).
+- A stream is complete only when the server says so (``[DONE]`` or a ``finish_reason``). A
+  connection that ends before (a close-delimited HTTP/1.0-style stream cut mid-answer) is a
+  failed attempt, retried; when no attempt completes, the longest cut answer is returned
+  marked ``cut`` and ending with ``CUT_MARK``, so the person sees it broke off, and it is
+  never stored as a whole answer.
+- Every ``LLMUnavailable`` names the fix for what failed last: the server down, a 404 (the
+  model is not pulled, or base_url lacks ``/v1``), a refused key.
+- ``connection_lost`` (if given) is called when an attempt could not reach the server, so the
+  learned server limits are looked up again once it is back (``bot.llm.server_limits``).
 - Model output is cleaned before anyone stores or sends it: ANSI escape sequences, control
   characters (NUL included; newlines and tabs kept) and bidi overrides/isolates are removed.
   Over-long answers are cut to ``MAX_ANSWER_CHARS``; an answer cut by ``max_tokens`` (or here)
@@ -45,6 +60,7 @@ import openai
 from bot.config import Endpoint, LLMConfig
 from bot.errors import LLMUnavailable
 from bot.llm.port import (
+    CUT_MARK,
     MODEL_CHOICE,
     TRUNCATED_MARK,
     ChatMessage,
@@ -120,9 +136,11 @@ class OpenAICompatLLM:
         config: LLMConfig,
         env: Mapping[str, str],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        connection_lost: Callable[[], None] | None = None,
     ) -> None:
         self._config = config
         self._sleep = sleep
+        self._connection_lost = connection_lost
         timeout = openai.Timeout(
             config.read_timeout,
             connect=config.connect_timeout,
@@ -161,6 +179,8 @@ class OpenAICompatLLM:
     ) -> Completion:
         problems: list[str] = []
         too_long: str | None = None
+        cut: Completion | None = None  # the longest answer a server broke off
+        fix = FIX_DOWN
         for target in self._targets:
             ep = target.endpoint
             sent = list(messages) if ep.system_role else merge_system(messages)
@@ -174,30 +194,55 @@ class OpenAICompatLLM:
                 except _RETRYABLE as exc:
                     problems.append(f"{ep.base_url} ({ep.model}): {describe_error(exc)}")
                     log.warning("LLM attempt %d failed: %s", attempt + 1, problems[-1])
+                    fix = FIX_DOWN
+                    lost = isinstance(exc, openai.APIConnectionError | TimeoutError)
+                    if lost and self._connection_lost is not None:
+                        self._connection_lost()
+                except _TooLong as exc:
+                    too_long = exc.server_message[:300]
+                    problems.append(f"{ep.base_url} ({ep.model}): prompt too long")
+                    log.warning(
+                        "LLM server %s says the prompt is too long: %s. The turn is rebuilt "
+                        "smaller; to keep more history raise the server's context (--n_ctx, "
+                        "num_ctx) or lower context_tokens", ep.base_url, too_long,
+                    )  # fmt: skip
+                    break
+                except _Cut as exc:
+                    problems.append(f"{ep.base_url} ({ep.model}): the stream broke off")
+                    log.warning("LLM attempt %d: the server ended the stream before the "
+                                "answer was complete (no [DONE], no finish_reason)",
+                                attempt + 1)  # fmt: skip
+                    if exc.completion is not None and (
+                        cut is None or len(exc.completion.text) > len(cut.text)
+                    ):
+                        cut = exc.completion
                 except _Unusable as exc:
                     problems.append(f"{ep.base_url} ({ep.model}): {exc}")
                     log.warning("LLM attempt %d unusable: %s", attempt + 1, problems[-1])
+                    fix = FIX_DOWN
                 except openai.APIError as exc:
                     problems.append(f"{ep.base_url} ({ep.model}): {describe_error(exc)}")
                     server = _server_message(exc)
                     if isinstance(exc, openai.BadRequestError) and _CONTEXT_ERROR.search(server):
                         too_long = server[:300]
                         log.warning(
-                            "LLM server %s says the prompt is too long: %s. Fix: lower "
-                            "context_tokens, or raise the server's context (--n_ctx, num_ctx)",
-                            ep.base_url,
-                            too_long,
-                        )
+                            "LLM server %s says the prompt is too long: %s. The turn is "
+                            "rebuilt smaller; to keep more history raise the server's context "
+                            "(--n_ctx, num_ctx) or lower context_tokens", ep.base_url, too_long,
+                        )  # fmt: skip
                     else:
-                        log.warning("LLM endpoint unusable, trying the next: %s", problems[-1])
+                        fix = fix_for(exc, ep)
+                        log.warning("LLM endpoint unusable, trying the next: %s. Fix: %s",
+                                    problems[-1], fix)  # fmt: skip
                     break
         if too_long is not None:
             raise ContextTooLong(too_long)
+        if cut is not None:
+            log.warning("no attempt completed; the longest cut answer (%d chars) is sent "
+                        "marked as broken off", len(cut.text))  # fmt: skip
+            return cut
         raise LLMUnavailable(
-            "no LLM endpoint answered: "
-            + "; ".join(problems[-4:])
-            + ". Fix: check that the server is running and the model is pulled "
-            "(e.g. `ollama pull <model>`), or configure llm.fallbacks."
+            "no LLM endpoint answered: " + "; ".join(problems[-4:]) + f". Fix: {fix}"
         )
 
     async def _attempt(
@@ -240,12 +285,18 @@ class OpenAICompatLLM:
                         )
                     else:  # a server that ignores stream=true, or an error page with status 200
                         raw, finish, model = _read_json(await resp.read())
-                except (_Unusable, asyncio.CancelledError):
+                except _CutRaw as exc:
+                    cut = self._finish_cut(exc.raw, exc.model or target.endpoint.model)
+                    raise _Cut(cut) from None
+                except (_Unusable, _TooLong, asyncio.CancelledError):
                     raise
                 except Exception as exc:  # the HTTP library's own errors while reading a body
                     if "timeout" in type(exc).__name__.lower():
                         raise TimeoutError("no byte within read_timeout") from exc
                     raise _Unusable(f"the answer broke off ({type(exc).__name__})") from exc
+            if isinstance(raw, _Empty):
+                await self._diagnose_empty(target, payload)
+        assert isinstance(raw, str)
         text = clean_output(raw)
         text = strip_thinking(text) if self._config.strip_thinking else text.strip()
         if not text:
@@ -256,6 +307,47 @@ class OpenAICompatLLM:
         if truncated:
             text = text.rstrip() + TRUNCATED_MARK
         return Completion(text=text, model=model or target.endpoint.model, truncated=truncated)
+
+    def _finish_cut(self, raw: str, model: str) -> Completion | None:
+        """A broken-off answer as the person may see it: cleaned, marked ``CUT_MARK``."""
+        text = clean_output(raw)
+        text = strip_thinking(text) if self._config.strip_thinking else text.strip()
+        text = text[: MAX_ANSWER_CHARS - len(CUT_MARK)].rstrip()
+        if not text:
+            return None
+        return Completion(text=text + CUT_MARK, model=model, truncated=True, cut=True)
+
+    async def _diagnose_empty(self, target: _Target, payload: list[dict[str, Any]]) -> None:
+        """A streamed 200 with nothing in it: llama-cpp-python's answer to a prompt longer
+        than its context. Ask once without streaming and one token: a 400 in context words is
+        ``_TooLong``; anything else leaves the attempt failed as unusable. That server closes
+        the connection after an empty stream, and the first request after it may meet the
+        closed connection (measured: "connection failed"), so a failed connection is tried
+        again twice."""
+        for tries in range(3):
+            try:
+                async with asyncio.timeout(
+                    self._config.connect_timeout + self._config.read_timeout
+                ):
+                    await target.client.chat.completions.create(
+                        model=target.endpoint.model,
+                        messages=payload,  # type: ignore[arg-type]
+                        max_tokens=1,
+                        stream=False,
+                    )
+            except openai.BadRequestError as exc:
+                server = _server_message(exc)
+                if _CONTEXT_ERROR.search(server):
+                    raise _TooLong(server) from None
+                raise _Unusable(f"an empty stream, then {describe_error(exc)}") from None
+            except openai.APIConnectionError as exc:
+                if tries == 2 or isinstance(exc, openai.APITimeoutError):
+                    raise _Unusable(f"an empty stream, then {describe_error(exc)}") from None
+                await self._sleep(0.2 * (tries + 1))
+                continue
+            except (openai.APIError, TimeoutError) as exc:
+                raise _Unusable(f"an empty stream, then {describe_error(exc)}") from None
+            raise _Unusable("an empty stream (the same prompt fits when not streamed)")
 
 
 def _payload(message: ChatMessage) -> dict[str, Any]:
@@ -271,20 +363,55 @@ class _Unusable(Exception):
     """The server answered, but not with a usable chat completion."""
 
 
+class _TooLong(Exception):
+    """The server said, in a form other than HTTP 400, that the prompt exceeds its context."""
+
+    def __init__(self, server_message: str) -> None:
+        super().__init__(server_message)
+        self.server_message = server_message
+
+
+class _CutRaw(Exception):
+    """The stream ended before the server said the answer was complete."""
+
+    def __init__(self, raw: str, model: str) -> None:
+        super().__init__("the stream broke off")
+        self.raw = raw
+        self.model = model
+
+
+class _Cut(Exception):
+    """A cut stream, as the person would see it (None when nothing visible came)."""
+
+    def __init__(self, completion: Completion | None) -> None:
+        super().__init__("the stream broke off")
+        self.completion = completion
+
+
+class _Empty(str):
+    """An SSE body with no event at all (llama-cpp-python's over-long streamed prompt)."""
+
+
 async def _read_stream(
     lines: Any, *, on_raw: Callable[[str], Awaitable[None]] | None = None
 ) -> tuple[str, str | None, str]:
     """Concatenated content deltas, the finish reason and the model from an SSE stream;
-    ``on_raw`` (streamed answers) gets the text so far after each delta."""
+    ``on_raw`` (streamed answers) gets the text so far after each delta. Returns ``_Empty``
+    for a body with no line at all; raises ``_CutRaw`` when the body ends before ``[DONE]``
+    or a ``finish_reason`` (a close-delimited connection cut mid-answer)."""
     parts: list[str] = []
     finish: str | None = None
     model = ""
     events = 0
+    done = False
+    seen = 0
     async for line in lines:
+        seen += 1
         if not line.startswith("data:"):
             continue  # comments, event names, blank separators
         data = line[5:].strip()
         if data == "[DONE]":
+            done = True
             break
         try:
             chunk = json.loads(data)
@@ -293,7 +420,12 @@ async def _read_stream(
         if not isinstance(chunk, dict):
             raise _Unusable("a stream event that is not an object")
         if "error" in chunk:
-            raise _Unusable(f"error in stream: {str(chunk['error'])[:200]}")
+            said = _error_text(chunk["error"])
+            if _CONTEXT_ERROR.search(said):
+                raise _TooLong(said)
+            raise _Unusable(f"error in stream: {said[:200]}")
+        if chunk.get("truncated") is True:  # llama.cpp: the prompt was cut to fit n_ctx
+            raise _TooLong("the server truncated the prompt to fit its context (n_ctx)")
         events += 1
         model = str(chunk.get("model") or model)
         for choice in chunk.get("choices") or []:
@@ -306,9 +438,19 @@ async def _read_stream(
                 if on_raw is not None and content:
                     await on_raw("".join(parts))
             finish = choice.get("finish_reason") or finish
+    if not seen:
+        return _Empty(""), None, model
     if not events:
         raise _Unusable("no completion in the stream")
+    if not done and finish is None:
+        raise _CutRaw("".join(parts), model)
     return "".join(parts), finish, model
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("code") or error)
+    return str(error)
 
 
 def _read_json(body: bytes) -> tuple[str, str | None, str]:
@@ -319,6 +461,13 @@ def _read_json(body: bytes) -> tuple[str, str | None, str]:
         raise _Unusable(f"the answer was {looks}") from None
     if not isinstance(doc, dict):
         raise _Unusable("the answer was not a JSON object")
+    if "error" in doc and "choices" not in doc:  # an error object with status 200
+        said = _error_text(doc["error"])
+        if _CONTEXT_ERROR.search(said):
+            raise _TooLong(said)
+        raise _Unusable(f"an error with status 200: {said[:200]}")
+    if doc.get("truncated") is True:  # llama.cpp: the prompt was cut to fit n_ctx
+        raise _TooLong("the server truncated the prompt to fit its context (n_ctx)")
     choices = doc.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise _Unusable("no choices in the answer")
@@ -337,6 +486,37 @@ def _server_message(exc: openai.APIError) -> str:
             return str(inner.get("message") or inner.get("code") or inner)
         return str(inner)
     return str(exc.message)
+
+
+FIX_DOWN = (
+    "check that the server is running and answers at llm.base_url (Ollama: sudo systemctl "
+    "start ollama), or configure llm.fallbacks"
+)
+
+
+def fix_for(exc: openai.APIError, endpoint: Endpoint) -> str:
+    """The fix for an error that retrying cannot fix, in the operator's words."""
+    if isinstance(exc, openai.NotFoundError):
+        said = _server_message(exc).lower()
+        if "model" in said:
+            return (
+                f"the server has no model {endpoint.model!r}: pull it (Ollama: ollama pull "
+                f"{endpoint.model}) or set llm.model to one it has"
+            )
+        url = endpoint.base_url.rstrip("/")
+        if not url.endswith("/v1"):
+            return (
+                f"HTTP 404 at {url}/chat/completions: base_url should end in /v1: set "
+                f"llm.base_url: {url}/v1 (or MESHSAGE_LLM_BASE_URL)"
+            )
+        return (
+            f"HTTP 404 at {url}/chat/completions: check llm.base_url (OpenAI-compatible "
+            "servers serve the API under /v1) and that the model is pulled"
+        )
+    if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+        key = endpoint.api_key_env or "the variable named by llm.api_key_env"
+        return f"the server refused the API key: put a valid key in {key}"
+    return FIX_DOWN
 
 
 def describe_error(exc: BaseException) -> str:

@@ -4,8 +4,12 @@ Invariants:
 - ``complete`` either returns non-empty text or raises ``LLMUnavailable``.
 - A completion the server cut at ``max_tokens`` has ``truncated`` set and its text ends with
   ``TRUNCATED_MARK``, so the person sees that the answer stops early.
-- ``ContextTooLong`` means the server refused the prompt as longer than its context; the
-  caller may retry once with a smaller budget.
+- A completion whose stream the server broke off (no end was ever sent, on every attempt)
+  has ``cut`` (and ``truncated``) set and its text ends with ``CUT_MARK``: it is never a
+  whole answer.
+- ``ContextTooLong`` means the server refused the prompt as longer than its context (in any
+  form: a 400, an empty or erroring stream, a prompt it truncated); the caller rebuilds the
+  prompt smaller and asks again. It is never an outage.
 - With ``on_text`` the answer is streamed: ``on_text`` gets the visible text so far
   (reasoning stripped) as it grows; a retry or a fallback starts again from "" (so the text
   may shrink); the returned ``Completion`` is what counts. Adapters that cannot stream
@@ -22,6 +26,7 @@ from typing import Literal, Protocol
 from bot.errors import LLMUnavailable
 
 TRUNCATED_MARK = " […]"
+CUT_MARK = " […] (the answer broke off)"
 
 Role = Literal["system", "user", "assistant"]
 OnText = Callable[[str], Awaitable[None]]
@@ -38,7 +43,8 @@ class ChatMessage:
 class Completion:
     text: str
     model: str  # the model that answered (a fallback may have)
-    truncated: bool = False  # the server stopped at max_tokens
+    truncated: bool = False  # the server stopped at max_tokens (or the stream broke off)
+    cut: bool = False  # the stream broke off before the server ended it
 
 
 class LLM(Protocol):
@@ -57,13 +63,14 @@ MODEL_CHOICE: ContextVar[str | None] = ContextVar("meshsage_model_choice", defau
 
 
 class ContextTooLong(LLMUnavailable):
-    """HTTP 400 context_length_exceeded: the prompt is longer than the server's context."""
+    """The prompt is longer than the server's context (HTTP 400 context_length_exceeded, an
+    empty or erroring stream, a truncated prompt)."""
 
     def __init__(self, server_message: str) -> None:
         super().__init__(
-            f"the LLM server refused the prompt as too long ({server_message}). Fix: lower "
-            "context_tokens for this transport, or raise the server's context size "
-            "(llama.cpp --n_ctx / -c, Ollama num_ctx)."
+            f"the LLM server refused the prompt as too long ({server_message}). Fix: nothing "
+            "for the person (the prompt is rebuilt smaller); to keep more history raise the "
+            "server's context (llama.cpp --n_ctx / -c, Ollama num_ctx) or lower context_tokens."
         )
         self.server_message = server_message
 

@@ -13,12 +13,31 @@ Invariants:
   replaces (the store deletes the covered rows in the same transaction).
 - Bounded: a chapter's input is at most ``FOLD_INPUT_TOKENS`` of messages (a summarizer that
   fell behind catches up chapter by chapter) and its output at most ``summary.max_tokens``.
-- Runs in owned background tasks (one per conversation at most) through the LLM gate's
-  background lane: it never delays a reply, and a preempted call (a reply came) is retried at
-  the next turn. A failure keeps the chapters so far and is retried after ``retry_seconds``.
-- Never saved as complete when cut by ``max_tokens``: it is asked again shorter; if still cut,
-  it is saved up to its last full sentence with a visible "[…]" and a warning. Nothing is
-  dropped silently: the log stays the record, and every skip is logged.
+- A fold is sent, where it can be, as a *continuation* of the prompt its reply was answered
+  from (``FoldBase``: the same messages byte for byte and the answer, then one task message
+  at the end), so a one-slot server reuses its cached prefix and evaluates only the task
+  message. It can when every message of the block is in that prompt's window (else the
+  chapter is asked for on its own, ``CHAPTER_PROMPT``). Whatever varies between two requests
+  (the word limit, the "shorter" retry) sits at their end.
+- Scheduling (``bot.llm.gate``): a fold runs as a *debt* (``DEBT_TURNS`` after it came due:
+  at once) right after the reply that makes it due, in the slot that reply kept (the gate's
+  debt lane, never preempted), as a continuation sized to the gap the person leaves plus
+  ``DEBT_WAIT``; with no room for even ``MIN_CHAPTER_TOKENS`` it is written without the
+  model. The next turn waits for it before building its prompt (``settle``). So every due
+  fold completes before the next turn, even on a bot that is never idle. (With
+  ``DEBT_TURNS`` > 0 a fold is first tried in the background lane, sized to the free time
+  the gate expects, and started only if it fits.)
+- Runs in owned tasks (one per conversation at most). A failure keeps the chapters so far and
+  is retried after ``retry_seconds``.
+- A continuation cut by ``max_tokens`` is kept as it is, up to its last full sentence with a
+  visible "[…]" (the fold completes with what it has); one with no text at all becomes the
+  person's own lines of the block, cut to the word limit. A standalone chapter cut by
+  ``max_tokens`` is asked again shorter; if still cut, it is saved up to its last full
+  sentence with a visible "[…]" and a warning. Nothing is dropped silently: the log stays
+  the record, and every skip is logged.
+- A merge or fold-time fact extraction starts only when the gate expects it to fit (never
+  holding up the next fold); what is not read for facts at a fold is read at the session's
+  close.
 - A summary begun before a ``!reset`` is refused by the store at save time.
 - One summary computation per conversation at a time across gateways sharing the store
   (``claim(SUMMARY_CLAIM)``); the one that lost the claim skips, and the winner's summary is
@@ -33,13 +52,14 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from bot.config import SummaryConfig
 from bot.errors import LLMUnavailable
-from bot.llm.gate import BackgroundPreempted
+from bot.llm.gate import BackgroundPreempted, LLMGate, hold_for_debt
 from bot.llm.port import LLM, TRUNCATED_MARK, ChatMessage
 from bot.llm.tokens import TokenCounter
-from bot.memory.facts import FactExtractor
+from bot.memory.facts import EXTRACT_TOKENS, FactExtractor
 from bot.memory.port import MemoryStore
 from bot.memory.records import FACTS_CLAIM, SUMMARY_CLAIM
 from bot.memory.store import USER, Conversation, StoredMessage, Summary
@@ -50,22 +70,63 @@ log = logging.getLogger("bot.memory.summary")
 # prompts ask for those first and verbatim (a paraphrased date or number cannot be recalled).
 CHAPTER_PROMPT = (
     "You summarize one stretch of a chat between a person and an assistant, as a chapter "
-    "that follows the earlier ones. In at most {words} words, first keep every name, date, "
-    "time, place, number and decision exactly as written, with who said or did it; then "
-    "preferences and open questions. Drop small talk and anything the earlier chapters "
-    "already say. Write plain sentences, no preamble."
+    "that follows the earlier ones. First keep every name, date, time, place, number and "
+    "decision exactly as written, with who said or did it; then preferences and open "
+    "questions. Drop small talk and anything the earlier chapters already say. Write plain "
+    "sentences, no preamble."
 )
 MERGE_PROMPT = (
-    "Merge these consecutive summary chapters of one chat into a single summary of at most "
-    "{words} words. Keep every name, date, time, place, number and decision exactly as "
-    "written, with who said or did it; then preferences and open questions. Drop only what "
-    "later chapters superseded. Write plain sentences, no preamble."
+    "Merge these consecutive summary chapters of one chat into a single summary. Keep every "
+    "name, date, time, place, number and decision exactly as written, with who said or did "
+    "it; then preferences and open questions. Drop only what later chapters superseded. "
+    "Write plain sentences, no preamble."
 )
+# The task message a continuation fold ends with (after the reply's prompt and answer).
+CONTINUATION_MARK = "(Not a message to answer: a summary task.)"
+CONTINUATION_PROMPT = (
+    CONTINUATION_MARK + ' Summarize the chat above up to my message "{until}" (not '
+    "included) as a chapter: names, dates, places, numbers and decisions exactly as written, "
+    "who said them; then open questions. Plain sentences."
+)
+LIMIT_LINE = "(At most {words} words.)"  # always last: a retry "shorter" changes only this
 MAX_FOLD_MESSAGES = 60
 FOLD_INPUT_TOKENS = 1500
 CHAPTER_WORDS_SHARE = 0.3  # words per chapter = this share of summary.max_tokens
 MERGE_FACTOR = 1.5  # chapters merge when together over this many times summary.max_tokens
+# Turns a due fold may wait for the background before it runs as a debt. 0: at once, after
+# the reply that makes it due (measured best: one turn later, a small budget had already
+# dropped the block from the prompt, and that reply's prompt no longer held it to continue).
+DEBT_TURNS = 0
+DEBT_WAIT = 1.0  # seconds a debt fold may hold the next reply (the gap aside)
+DEBT_MAX_SECONDS = 20.0  # the most a debt fold is sized for (a long gap, or none known)
+MIN_CHAPTER_TOKENS = 24  # a fold sized below this is not worth a call
+WORDS_PER_TOKEN = 0.7
+EXTRACT_SIZE = EXTRACT_TOKENS // 2  # a fold's fact extraction: what it usually writes
+UNTIL_WORDS = 8  # words of the first kept message quoted in the continuation task
 _SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)")
+
+
+@dataclass(frozen=True, slots=True)
+class FoldBase:
+    """The prompt a reply was answered from, with its answer last (``assistant``): a fold
+    sent as its continuation reuses the server's cached prefix. ``first_id``: the first
+    message its window holds."""
+
+    messages: tuple[ChatMessage, ...]
+    first_id: int
+
+
+@dataclass
+class FoldStats:
+    """Folds over this process's life (benchmarks, tests)."""
+
+    due: int = 0  # folds that came due (a new fold point)
+    completed: int = 0  # chapters saved
+    continued: int = 0  # of those, written as a continuation
+    debts: int = 0  # run in the debt lane
+    extractive: int = 0  # debts with no room for the model: the person's own lines
+    late: int = 0  # saved more than two turns after coming due
+    settle_waits: list[float] = field(default_factory=list)  # turns waiting for a debt fold
 
 
 class Summarizer:
@@ -78,7 +139,17 @@ class Summarizer:
         config: SummaryConfig,
         clock: Callable[[], float] = time.monotonic,
         extractor: FactExtractor | None = None,
+        gate: LLMGate | None = None,
     ) -> None:
+        # With a gate: folds are sized to what it expects to fit, and a fold that found no
+        # room in the background runs in its debt lane (``DEBT_TURNS``).
+        self._gate = gate
+        self._bases: dict[int, FoldBase] = {}
+        self._due: dict[int, tuple[int, int]] = {}  # conversation -> (fold point, turns due)
+        self._lanes: dict[int, str] = {}
+        self._convs: dict[int, Conversation] = {}  # whose each conversation is (``forget``)
+        self._written: dict[int, int] = {}  # last message id of the newest chapter saved here
+        self.stats = FoldStats()
         self._extractor = extractor  # facts from each folded chapter (issue 21), not only at close
         self._extracting: set[asyncio.Task[None]] = set()
         self._store = store
@@ -90,21 +161,121 @@ class Summarizer:
         self._retry_at: dict[int, float] = {}
         self._closed = False
 
-    def maybe_schedule(self, conversation: Conversation, *, window_start_id: int | None) -> bool:
-        """Start a background fold if enough turns left the window; never blocks."""
-        if not self._config.enabled or self._closed or window_start_id is None:
-            return False
+    def maybe_schedule(
+        self,
+        conversation: Conversation,
+        *,
+        window_start_id: int | None,
+        base: FoldBase | None = None,
+    ) -> bool:
+        """Start a fold if enough turns left the window (``base``: the reply's prompt and
+        answer, for a continuation); never blocks. A fold due for more than ``DEBT_TURNS``
+        turns replaces a background attempt still waiting with a debt."""
         cid = conversation.id
-        if cid in self._tasks or self._retry_at.get(cid, 0.0) > self._clock():
+        self._convs[cid] = conversation
+        if base is not None:
+            self._bases[cid] = base
+        if not self._config.enabled or self._closed or window_start_id is None:
+            self._due.pop(cid, None)
             return False
-        task = asyncio.create_task(self._guarded(conversation, window_start_id))
+        if window_start_id - 1 <= self._written.get(cid, 0):
+            self._due.pop(cid, None)  # built before its chapter was saved: nothing to write
+            self._let_go()
+            return False
+        point, turns = self._due.get(cid, (window_start_id, 0))
+        if point != window_start_id:
+            turns = 0  # a new fold point (the last one was written)
+        if turns == 0:
+            self.stats.due += 1
+        self._due[cid] = (window_start_id, turns + 1)
+        debt = self._gate is not None and turns + 1 > DEBT_TURNS
+        running = self._tasks.get(cid)
+        if running is not None:
+            if not (debt and self._lanes.get(cid) == "background"):
+                self._let_go()
+                return False
+            running.cancel()  # still waiting for room in the background: it is a debt now
+        if self._retry_at.get(cid, 0.0) > self._clock():
+            self._let_go()
+            return False
+        lane = "debt" if debt else "background"
+        task = asyncio.create_task(self._guarded(conversation, window_start_id, lane, running))
         self._tasks[cid] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(cid, None))
+        self._lanes[cid] = lane
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._tasks.get(cid) is t:
+                self._tasks.pop(cid, None)
+                self._lanes.pop(cid, None)
+
+        task.add_done_callback(done)
         return True
 
-    async def _guarded(self, conversation: Conversation, window_start_id: int) -> None:
+    def _let_go(self) -> None:
+        """No debt follows: a slot kept for one (``before_reply``) is let go at once."""
+        if self._gate is not None:
+            self._gate.drop_hold()
+
+    def before_reply(self, conversation_id: int, window_start_id: int | None) -> None:
+        """Called with a reply's prompt, before its LLM call: when a debt fold will follow
+        this reply, its slot is kept for it (``bot.llm.gate.hold_for_debt``)."""
+        if self._gate is None or not self._config.enabled or window_start_id is None:
+            return
+        if window_start_id - 1 <= self._written.get(conversation_id, 0):
+            return
+        if self._retry_at.get(conversation_id, 0.0) > self._clock():
+            return
+        point, turns = self._due.get(conversation_id, (window_start_id, 0))
+        if point != window_start_id:
+            turns = 0
+        if turns + 1 > DEBT_TURNS and conversation_id not in self._tasks:
+            hold_for_debt()
+
+    async def settle(self, conversation_id: int) -> float:
+        """Before a turn builds its prompt: wait for the conversation's debt fold, if one
+        runs (sized to end within the gap the person leaves and ``DEBT_WAIT``), so the prompt
+        has its chapter and changes once; returns the seconds waited (``stats.settle_waits``)."""
+        task = self._tasks.get(conversation_id)
+        if task is None or self._lanes.get(conversation_id) != "debt":
+            return 0.0
+        start = self._clock()
+        await asyncio.wait({task})
+        waited = self._clock() - start
+        self.stats.settle_waits.append(waited)
+        return waited
+
+    def forget(self, transport: str, person: str, *, space: str | None = None) -> int:
+        """``!reset`` (one space) or ``!forget`` (``space`` None: every space): cancel the
+        person's folds in flight (a save would be refused anyway, and nothing said before
+        must reach the server once more) and drop the prompts held for continuations and
+        the folds' debts. Returns how many folds were cancelled."""
+        cancelled = 0
+        for cid, conv in list(self._convs.items()):
+            key = conv.key
+            if key.transport != transport or key.person != person:
+                continue
+            if space is not None and key.space != space:
+                continue
+            self._bases.pop(cid, None)
+            self._due.pop(cid, None)
+            task = self._tasks.pop(cid, None)
+            self._lanes.pop(cid, None)
+            if task is not None:
+                task.cancel()
+                cancelled += 1
+        return cancelled
+
+    async def _guarded(
+        self,
+        conversation: Conversation,
+        window_start_id: int,
+        lane: str,
+        after: asyncio.Task[None] | None = None,
+    ) -> None:
+        if after is not None:  # the attempt it replaces lets go of the claim first
+            await asyncio.wait({after})
         try:
-            await self.refresh(conversation, window_start_id=window_start_id)
+            await self.refresh(conversation, window_start_id=window_start_id, lane=lane)
         except BackgroundPreempted:
             log.debug("summary for conversation %d preempted by a reply", conversation.id)
         except LLMUnavailable as exc:
@@ -114,16 +285,53 @@ class Summarizer:
             self._retry_at[conversation.id] = self._clock() + self._config.retry_seconds
             log.exception("summary for conversation %d failed", conversation.id)
 
-    async def refresh(self, conversation: Conversation, *, window_start_id: int) -> bool:
+    async def refresh(
+        self, conversation: Conversation, *, window_start_id: int, lane: str = "background"
+    ) -> bool:
         """Write the messages between the last chapter and the window as a new chapter (if
         there are at least ``min_evicted``); merge the chapters when they grew too long.
         Gateways sharing one store: only the one holding the claim computes it."""
         async with self._store.claim(SUMMARY_CLAIM, conversation.id) as mine:
             if not mine:
                 return False
-            return await self._refresh(conversation, window_start_id=window_start_id)
+            return await self._refresh(conversation, window_start_id=window_start_id, lane=lane)
 
-    async def _refresh(self, conversation: Conversation, *, window_start_id: int) -> bool:
+    def _lane(self, lane: str) -> LLM:
+        if self._gate is None:
+            return self._llm
+        return self._gate.debt if lane == "debt" else self._gate.background
+
+    def _size(self, messages: Sequence[ChatMessage], lane: str) -> int:
+        """Completion tokens for a fold: what the gate expects to fit (the free time it
+        expects; a debt also ``DEBT_WAIT``), at most summary.max_tokens; a background fold
+        at least MIN_CHAPTER_TOKENS (it waits for a gap that size); a debt with less room
+        gets 0 (it is written without the model)."""
+        limit = self._config.max_tokens
+        if self._gate is None:
+            return limit
+        seconds = self._gate.expected_free()
+        if lane == "debt":  # never preempted: bounded even when no gap is known yet
+            seconds = min(seconds, DEBT_MAX_SECONDS) + DEBT_WAIT
+        fit = self._gate.fit_tokens(messages, seconds=seconds)
+        if fit is None:
+            return limit
+        if fit < MIN_CHAPTER_TOKENS:
+            return 0 if lane == "debt" else MIN_CHAPTER_TOKENS
+        return min(limit, fit)
+
+    def _no_call(self, conversation_id: int, pending: list[StoredMessage]) -> str:
+        """A debt with no room for the model: the chapter is the person's own lines (nothing
+        waits for it; the slot its reply kept is let go)."""
+        self._let_go()
+        self.stats.extractive += 1
+        log.info("conversation %d: no room for the model at this fold; chapter kept from "
+                 "the person's own lines", conversation_id)  # fmt: skip
+        words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
+        return _own_lines(pending, words)
+
+    async def _refresh(
+        self, conversation: Conversation, *, window_start_id: int, lane: str = "background"
+    ) -> bool:
         chapters = await self._store.summaries(conversation)
         after = max(conversation.reset_after, chapters[-1].last_message_id if chapters else 0)
         pending = await self._store.messages_between(
@@ -131,10 +339,24 @@ class Summarizer:
         )
         if len(pending) < self._config.min_evicted:
             return False
+        whole = len(pending)
         pending = _bounded(pending, self._counter)
-        words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
-        before = chapters[-1].text if chapters else ""
-        text = await self._write(CHAPTER_PROMPT, _fold_input(before, pending), words)
+        base = self._bases.get(conversation.id)
+        continued = False
+        extractive = self.stats.extractive
+        if base is not None and len(pending) == whole and pending[0].id >= base.first_id:
+            text = await self._continue(conversation, base, window_start_id, pending, lane)
+            continued = text is not None
+        if not continued:
+            words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
+            before = chapters[-1].text if chapters else ""
+            material = _fold_input(before, pending)
+            alone = [ChatMessage("system", CHAPTER_PROMPT), ChatMessage("user", material)]
+            if lane == "debt" and self._size(alone, lane) < MIN_CHAPTER_TOKENS:
+                text = self._no_call(conversation.id, pending)
+            else:
+                text = await self._write(CHAPTER_PROMPT, material, words, llm=self._lane(lane))
+        assert text is not None
         saved = await self._store.save_summary(
             conversation.id,
             text=text,
@@ -145,15 +367,65 @@ class Summarizer:
         self._retry_at.pop(conversation.id, None)
         if not saved:
             return False
+        self.stats.completed += 1
+        self._written[conversation.id] = pending[-1].id
+        self.stats.continued += continued and self.stats.extractive == extractive
+        self.stats.debts += lane == "debt"
+        point, turns = self._due.get(conversation.id, (0, 0))
+        if point == window_start_id:
+            self.stats.late += turns > 2  # counted at each reply since it came due
+            self._due.pop(conversation.id, None)
         log.debug("conversation %d: chapter up to message %d", conversation.id, pending[-1].id)
-        if self._extractor is not None:  # its own task: folds are not held up by it
+        if self._extractor is not None and self._room_for(EXTRACT_SIZE):
             task = asyncio.create_task(self._extract_fold(conversation.id, pending))
-            self._extracting.add(task)
+            self._extracting.add(task)  # its own task: folds are not held up by it
             task.add_done_callback(self._extracting.discard)
         total = sum(c.tokens for c in chapters) + self._counter.count(text)
-        if total > self._config.max_tokens * MERGE_FACTOR:
+        if total > self._config.max_tokens * MERGE_FACTOR and self._room_for(
+            self._config.max_tokens
+        ):
             await self._merge(conversation)
         return True
+
+    def _room_for(self, max_tokens: int) -> bool:
+        """Whether the gate expects a standalone background call of about this size to fit
+        now (no gate: always)."""
+        if self._gate is None:
+            return True
+        probe = [ChatMessage("user", "x" * int(max_tokens * 4 * 3))]  # its prompt: ~3x output
+        return self._gate.fits(probe, max_tokens=max_tokens)
+
+    async def _continue(
+        self,
+        conversation: Conversation,
+        base: FoldBase,
+        window_start_id: int,
+        pending: list[StoredMessage],
+        lane: str,
+    ) -> str | None:
+        """The chapter as a continuation of ``base``; None when the message that starts the
+        window is not in the store (then the chapter is asked for on its own)."""
+        kept = await self._store.messages_between(
+            conversation.id, after_id=window_start_id - 1, up_to_id=window_start_id
+        )
+        if not kept:
+            return None
+        until = " ".join(kept[0].text.split()[:UNTIL_WORDS])
+        head = [*base.messages, ChatMessage("user", CONTINUATION_PROMPT.format(until=until))]
+        tokens = self._size(head, lane)
+        if tokens == 0:
+            return self._no_call(conversation.id, pending)
+        words = max(10, int(tokens * WORDS_PER_TOKEN))
+        task = CONTINUATION_PROMPT.format(until=until) + "\n" + LIMIT_LINE.format(words=words)
+        messages = [*base.messages, ChatMessage("user", task)]
+        completion = await self._lane(lane).complete(messages, max_tokens=tokens)
+        text = completion.text.removesuffix(TRUNCATED_MARK).strip()
+        if completion.truncated and text:
+            cut = _last_sentence(text)
+            log.info("conversation %d: chapter cut at %d tokens; kept what it has",
+                     conversation.id, tokens)  # fmt: skip
+            return (cut or text) + TRUNCATED_MARK
+        return text or _own_lines(pending, words)
 
     async def merge(self, conversation: Conversation) -> bool:
         """Merge every chapter into one longer-term summary (session end, idle, or too long);
@@ -179,7 +451,7 @@ class Summarizer:
         if len(chapters) < 2:
             return False
         words = max(20, int(self._config.max_tokens * 0.6))
-        text = await self._write(MERGE_PROMPT, _merge_input(chapters), words)
+        text = await self._write(MERGE_PROMPT, _merge_input(chapters), words)  # background
         saved = await self._store.save_summary(
             conversation.id,
             text=text,
@@ -191,16 +463,19 @@ class Summarizer:
             log.debug("conversation %d: %d chapters merged", conversation.id, len(chapters))
         return saved
 
-    async def _write(self, instruction: str, material: str, words: int) -> str:
+    async def _write(
+        self, instruction: str, material: str, words: int, *, llm: LLM | None = None
+    ) -> str:
         """Ask for a summary of ``words`` words; once more at half if the answer was cut or
-        too long; a second cut answer is kept to its last full sentence and marked."""
+        too long; a second cut answer is kept to its last full sentence and marked. The word
+        limit closes the request, so the retry re-reads only that line."""
         limit = self._config.max_tokens
         for attempt in range(2):
             prompt = [
-                ChatMessage("system", instruction.format(words=words)),
-                ChatMessage("user", material),
+                ChatMessage("system", instruction),
+                ChatMessage("user", material + "\n\n" + LIMIT_LINE.format(words=words)),
             ]
-            completion = await self._llm.complete(prompt, max_tokens=limit)
+            completion = await (llm or self._llm).complete(prompt, max_tokens=limit)
             text = completion.text.strip()
             if not completion.truncated and self._counter.count(text) <= limit:
                 return text
@@ -245,6 +520,12 @@ def _bounded(pending: list[StoredMessage], counter: TokenCounter) -> list[Stored
 def _last_sentence(text: str) -> str:
     ends = [m.end() for m in _SENTENCE_END.finditer(text)]
     return text[: ends[-1]] if ends else text
+
+
+def _own_lines(messages: Sequence[StoredMessage], words: int) -> str:
+    """A chapter with no model text: the person's own lines of the block, cut to ``words``."""
+    said = " ".join(f"{m.author}: {m.text}" for m in messages if m.role == USER).split()
+    return " ".join(said[:words]) + (TRUNCATED_MARK if len(said) > words else "")
 
 
 def _fold_input(before: str, messages: Sequence[StoredMessage]) -> str:

@@ -149,10 +149,7 @@ def backup(
     """Copy ``database`` with the online backup API; safe while the bot runs. Into a
     directory, the newest ``keep`` dated backups stay (after this one is complete)."""
     if not database.is_file():
-        raise StorageError(
-            f"no database at {database}. Fix: pass --config (or set MESHSAGE_STATE_DIR) so it "
-            "points at the bot's state dir."
-        )
+        raise StorageError(missing_database(database))
     into_dir = Path(target).is_dir() or str(target).endswith("/")
     target = resolve_target(target, force=force)
     tmp = target.with_name(f".{target.name}.partial")
@@ -181,6 +178,20 @@ def backup(
     if into_dir and keep is not None:
         prune(target.parent, keep=keep, keeping=target)
     return BackupReport(path=target, bytes=target.stat().st_size, messages=messages)
+
+
+def missing_database(database: Path) -> str:
+    """Why there is nothing to back up, and the fix that applies here."""
+    if database.parent.is_dir():  # the state dir exists: the bot has not started in it yet
+        return (
+            f"no database at {database} yet: the bot creates it at its first start. Fix: start "
+            "the bot (sudo systemctl start meshsage); if it runs with another state dir, pass "
+            "its --config (or MESHSAGE_STATE_DIR)."
+        )
+    return (
+        f"no database at {database} (the directory {database.parent} does not exist either). "
+        "Fix: pass the bot's --config (or set MESHSAGE_STATE_DIR) so it points at its state dir."
+    )
 
 
 def _write_failed(target: Path, exc: BaseException) -> StorageError:

@@ -37,7 +37,20 @@ def status(config: Config, *, as_json: bool) -> int:
     return 0 if ok else 1
 
 
-def backup(config: Config, target: str, *, env: Mapping[str, str], keep: int, force: bool) -> int:
+def backup(
+    config: Config,
+    target: str,
+    *,
+    env: Mapping[str, str],
+    keep: int,
+    force: bool,
+    missing_ok: bool = False,
+) -> int:
+    if missing_ok and not config.storage.postgres and not config.database_path.is_file():
+        from bot.ops.backup import missing_database
+
+        print(f"backup: nothing to back up; {missing_database(config.database_path)}")
+        return 0
     if config.storage.postgres:
         from bot.ops.backup_pg import dump
 

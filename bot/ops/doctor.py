@@ -30,7 +30,7 @@ from pathlib import Path
 from bot.config import Config, LLMConfig, MeshtasticConfig, default_state_dir, load_config
 from bot.errors import ConfigError
 from bot.ops import preflight
-from bot.ops.probe import missing_v1, v1_fix
+from bot.ops.probe import is_local, missing_v1, v1_fix
 
 DISCORD_API = "https://discord.com/api/v10"
 MIN_FREE_BYTES = 200 * 1024 * 1024
@@ -97,7 +97,7 @@ async def diagnose(
         checks += await check_postgres(config.storage, env=env)
     else:
         checks.append(check_database(config.database_path))
-    checks += await check_llm(config.llm, env=env)
+    checks += await check_llm(config.llm, env=env, budgets=transport_budgets(config))
     checks.append(check_tokenizer())
     if config.meshtastic is not None and "meshtastic" in config.enabled_transports():
         checks.append(await check_radio(config.meshtastic))
@@ -226,13 +226,22 @@ def check_database(path: Path) -> Check:
 
 
 # --- LLM and tokenizer --------------------------------------------------------------------------
-async def check_llm(llm: LLMConfig, *, env: Mapping[str, str]) -> list[Check]:
-    """The model list (``/models``) and one tiny completion, through the same openai client
-    the bot uses (so proxies, TLS and the API key behave the same)."""
+async def check_llm(
+    llm: LLMConfig,
+    *,
+    env: Mapping[str, str],
+    budgets: Mapping[str, tuple[int, int]] | None = None,
+) -> list[Check]:
+    """The model list (``/models``), one tiny completion, through the same openai client
+    the bot uses (so proxies, TLS and the API key behave the same), and the server's limits
+    against each transport's (context_tokens, max_tokens) in ``budgets``."""
+    budgets = budgets or {}
 
     key = (env.get(llm.api_key_env) if llm.api_key_env else None) or "not-needed"
     warned = []
-    if llm.api_key_env and not env.get(llm.api_key_env, "").strip():
+    # A local server (Ollama, llama.cpp) needs no key: the default api_key_env is not a warning.
+    local = is_local(llm.base_url)
+    if llm.api_key_env and not env.get(llm.api_key_env, "").strip() and not local:
         warned.append(
             Check("llm key", Level.WARN, f"llm.api_key_env names {llm.api_key_env}, which is not "
                   "set (the bot sends no key; a hosted API will refuse)",
@@ -246,10 +255,12 @@ async def check_llm(llm: LLMConfig, *, env: Mapping[str, str]) -> list[Check]:
                   "API (that is under /v1)", v1_fix(llm.base_url)),
             Check("llm completion", Level.SKIP, "wrong base_url"),
         ]  # fmt: skip
-    return warned + await _check_llm_api(llm, key)
+    return warned + await _check_llm_api(llm, key, budgets)
 
 
-async def _check_llm_api(llm: LLMConfig, key: str) -> list[Check]:
+async def _check_llm_api(
+    llm: LLMConfig, key: str, budgets: Mapping[str, tuple[int, int]]
+) -> list[Check]:
     import openai
 
     from bot.llm.openai_compat import describe_error
@@ -312,9 +323,52 @@ async def _check_llm_api(llm: LLMConfig, key: str) -> list[Check]:
         else:
             out.append(Check("llm completion", Level.OK,
                              f"answered in {took:.1f} s ({len(text)} characters)"))  # fmt: skip
+        out.append(await check_limits(llm, budgets))
         return out
     finally:
         await client.close()
+
+
+def transport_budgets(config: Config) -> dict[str, tuple[int, int]]:
+    """(context_tokens, max_tokens) of each enabled transport."""
+    sections = {"console": config.console_config(), "meshtastic": config.meshtastic,
+                "discord": config.discord}  # fmt: skip
+    return {
+        name: (section.context_tokens, section.max_tokens)
+        for name, section in sections.items()
+        if section is not None and name in config.enabled_transports()
+    }
+
+
+async def check_limits(llm: LLMConfig, budgets: Mapping[str, tuple[int, int]]) -> Check:
+    """What the server holds (``bot.llm.server_limits``) and the budget each transport gets."""
+    from bot.llm.server_limits import budget, learn
+
+    limits = await learn(base_url=llm.base_url, model=llm.model, timeout=llm.connect_timeout)
+    if limits.n_ctx is None:
+        return Check(
+            "llm limits", Level.OK,
+            f"{limits.describe()} ("
+            + ", ".join(f"{n} {c}+{m}" for n, (c, m) in budgets.items())
+            + " prompt+answer tokens); a prompt the server refuses as too long is rebuilt "
+            "smaller, and the size its error names is kept",
+        )  # fmt: skip
+    used = {n: budget(limits, context_tokens=c, max_tokens=m) for n, (c, m) in budgets.items()}
+    lowered = [n for n in budgets if used[n] != budgets[n]]
+    shown = ", ".join(
+        f"{n} {used[n][0]}+{used[n][1]}"
+        + (f" (config {budgets[n][0]}+{budgets[n][1]})" if n in lowered else "")
+        for n in budgets
+    )
+    detail = f"{limits.describe()}; prompt+answer tokens used: {shown}"
+    if lowered:
+        return Check(
+            "llm limits", Level.WARN, detail,
+            f"the bot uses the smaller budgets shown; to keep more history raise the server's "
+            f"context (llama.cpp --n_ctx, Ollama num_ctx) or lower context_tokens of "
+            f"{', '.join(lowered)} to match",
+        )  # fmt: skip
+    return Check("llm limits", Level.OK, detail)
 
 
 def check_tokenizer() -> Check:

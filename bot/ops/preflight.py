@@ -80,6 +80,10 @@ def problems(
     if config.relay.pairs and only is None:
         found += _relay_problems(config, names)
     found += storage_problems(config, env=env)
+    if only is None:  # `run` serves the web view; chat and the memory tools do not
+        from bot.web.checks import web_problems
+
+        found += web_problems(config, env=env)
     state = state_dir_problem(config.state_dir or default_state_dir())
     if state is not None:
         origin = config.origin("state_dir") if config.state_dir else "the default state dir"

@@ -52,6 +52,7 @@ class Status:
     last_error: str = ""
     relay: dict[str, int] = field(default_factory=dict)  # bridge counters (relay: pairs)
     store: str = ""  # "SQLite /path" or "PostgreSQL postgresql://user@host/db" (no password)
+    llm_limits: str = ""  # what the LLM server holds, as learned (bot.llm.server_limits)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -126,6 +127,7 @@ def render(status: Status, *, now: float | None = None) -> tuple[list[str], bool
         f"  today:      {status.messages_in_today} in, {status.messages_out_today} out",
         f"  LLM:        p50 {_seconds(status.llm_p50_seconds)}, p95 "
         f"{_seconds(status.llm_p95_seconds)} over the last {status.llm_calls} call(s)",
+        *([f"  LLM limits: {status.llm_limits}"] if status.llm_limits else []),
         f"  database:   {status.store + ', ' if status.store else ''}"
         f"{status.database_bytes / 1e6:.1f} MB",
     ]

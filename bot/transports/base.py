@@ -130,6 +130,27 @@ class Congested(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Busy:
+    """Why a congested transport cannot take a new reply now, and for about how long.
+
+    ``cause``: ``"queue"`` (too many replies wait to go out: a new question is told to try
+    again, not answered), ``"duty"`` (the hourly airtime is spent) or ``"channel"`` (other
+    nodes fill the channel): on those holds a new question is answered into the outbox and
+    sent when there is room. ``notice_now``: a one-packet notice can still go out soon."""
+
+    cause: str
+    seconds: float
+    notice_now: bool = True
+
+
+@runtime_checkable
+class ExplainsBusy(Protocol):
+    """A ``Congested`` transport that also says why (``Busy``)."""
+
+    def busy(self) -> Busy | None: ...
+
+
 @runtime_checkable
 class KeepsFiles(Protocol):
     """A transport that writes files for people (console exports)."""

@@ -8,20 +8,31 @@ Invariants:
   (16-symbol preamble, explicit header, CRC on, low-data-rate optimisation at SF11+/125 kHz);
   a text packet carries the payload plus ~22 bytes of header and protobuf.
 - The bot's own airtime is kept in a ledger of its writes (time, seconds on air) for one hour.
-  Its hourly share is the radio's ``airUtilTx`` when the radio reports it (it counts every
-  transmission of the node: relays and retransmissions too), else the ledger's sum / 3600.
+  Its hourly share is the radio's ``airUtilTx`` when the radio reported it recently (it counts
+  every transmission of the node: relays and retransmissions too), else the ledger's sum / 3600.
+- A device-metrics report expires ``metrics_max_age`` seconds after it arrived (the firmware
+  sends one a minute): a stale figure never holds the bot. Without a fresh report the channel
+  rule is off and the duty cycle is the bot's own ledger, so a radio that stops reporting (or
+  never reported: old firmware) can never freeze the bot.
 - ``Pacer.wait`` never returns less than ``spacing`` after the previous write. Above that:
-  * duty cycle: while the bot's hourly share is at ``duty_cycle`` (EU 868: 10%), nothing is
-    written until the ledger frees room (or ``poll`` later, when the radio's figure is used);
+  * duty cycle: answers stop at ``duty_cycle`` minus a reserve (``NOTICE_RESERVE`` of it) and
+    one-packet notices ("urgent") stop at ``duty_cycle`` itself, so a person asking while
+    answers are held can still be told why; nothing is written until the ledger frees room
+    (or ``poll`` later, when the radio's figure is used). Notices are in the ledger like
+    answers;
   * channel: with the radio's ``channelUtilization`` (its last minute, the bot's own packets
     included) the others' part is estimated as reported - the bot's own last-minute share;
     the bot then spaces its packets so its own share stays within ``channel_limit`` - others
     (longer spacing: packets ``airtime / room`` apart, and no minute holding more); when
     the others alone reach ``channel_limit``, non-urgent parts are held (re-checked every
-    ``poll``) and urgent ones (one-packet notices such as "busy")
-    go out only below the firmware's own limit (``FIRMWARE_CHANNEL_LIMIT``);
-  * without device metrics (old firmware) the channel rule is off: spacing and the bot's own
-    duty cycle (from its ledger) still apply; the transport says so at start.
+    ``poll``); urgent ones go whenever others + the bot's own last minute (every packet,
+    answers and notices, this one included) stay within the firmware's own limit
+    (``FIRMWARE_CHANNEL_LIMIT``): people asking while answers are held hear why promptly;
+  * without fresh device metrics the channel rule is off: spacing and the bot's own duty cycle
+    (from its ledger) still apply; the transport says so.
+- ``hold_estimate`` says how long a hold will likely last and why (``Hold``): for a reported
+  ``airUtilTx`` over the limit, the time for the hour to age that excess out if the node sent
+  nothing more; for the ledger, when enough of it ages out; for a busy channel, a minute.
 """
 
 from __future__ import annotations
@@ -35,6 +46,8 @@ CHANNEL_WINDOW = 60.0  # the firmware's channelUtilization covers about the last
 FIRMWARE_CHANNEL_LIMIT = 25.0  # the firmware defers its own non-essential sends above this
 RESOLUTION = 0.001  # shorter waits are rounding (float32 metrics): go now
 PACKET_OVERHEAD = 22  # header (16) + protobuf framing of a text packet (~6)
+METRICS_MAX_AGE = 180.0  # three missed one-minute reports: the figure no longer describes now
+NOTICE_RESERVE = 0.1  # share of the duty cycle kept for one-packet notices (EU: 36 s an hour)
 
 # (spreading factor, bandwidth Hz, coding rate denominator - 4) per Meshtastic modem preset
 PRESETS: dict[str, tuple[int, float, int]] = {
@@ -72,6 +85,14 @@ class Verdict:
     reason: str  # "" (normal spacing), "slow", "hold", "duty"
 
 
+@dataclass(frozen=True)
+class Hold:
+    """Why answers are held and for about how long."""
+
+    reason: str  # "duty" (the hourly airtime is spent) or "hold" (other nodes fill the channel)
+    seconds: float
+
+
 class Pacer:
     def __init__(
         self,
@@ -80,12 +101,14 @@ class Pacer:
         channel_limit: float,
         duty_cycle: float,
         poll: float,
+        metrics_max_age: float = METRICS_MAX_AGE,
     ) -> None:
         self.spacing = spacing
         self.channel_limit = channel_limit
         self.duty_cycle = duty_cycle
         self.poll = poll
-        self.metrics = Metrics()
+        self.metrics_max_age = metrics_max_age
+        self.metrics = Metrics()  # the last report, fresh or not (see ``fresh``)
         self._ledger: deque[tuple[float, float]] = deque()  # (start of write, seconds on air)
         self._last_end = -math.inf
         self._metrics_at = -math.inf
@@ -103,6 +126,23 @@ class Pacer:
         self._metrics_at = at
 
     # --- figures ------------------------------------------------------------------------------
+    def fresh(self, now: float) -> Metrics:
+        """The last report while it is at most ``metrics_max_age`` old, else no metrics."""
+        if now - self._metrics_at > self.metrics_max_age:
+            return Metrics()
+        return self.metrics
+
+    def stale(self, now: float) -> bool:
+        """A report was received once but has expired (the radio stopped reporting)."""
+        return self._metrics_at > -math.inf and now - self._metrics_at > self.metrics_max_age
+
+    def expires_in(self, now: float) -> float:
+        """Seconds until the current report expires (inf when there is none to expire)."""
+        if self._metrics_at == -math.inf:
+            return math.inf
+        left = self._metrics_at + self.metrics_max_age - now
+        return left if left > 0 else math.inf
+
     def own_share(self, now: float, window: float) -> float:
         """Percent of the ``window`` seconds before ``now`` the bot's own writes were on air."""
         used = sum(a for t, a in self._ledger if now - window <= t <= now)
@@ -112,12 +152,12 @@ class Pacer:
         """The bot's (or, when reported, the node's) TX share of the last hour, percent."""
         self._prune(now)
         own = self.own_share(now, HOUR)
-        reported = self.metrics.air_util_tx
+        reported = self.fresh(now).air_util_tx
         return own if reported is None else max(own, reported)
 
     def others(self, now: float) -> float | None:
-        """The channel share other nodes take (estimate), or None without metrics."""
-        util = self.metrics.channel_utilization
+        """The channel share other nodes take (estimate), or None without fresh metrics."""
+        util = self.fresh(now).channel_utilization
         if util is None:
             return None
         # the report covers the minute before it was made: subtract the bot's share of *that*
@@ -131,16 +171,20 @@ class Pacer:
         self._last_end = last
         base = self.spacing - (now - self._last_end)
         base = base if base >= RESOLUTION else 0.0
-        duty = self._duty_wait(now, airtime)
+        duty = self._duty_wait(now, airtime, urgent=urgent)
         if duty > 0:
             return Verdict(max(base, duty), "duty")
         others = self.others(now)
         if others is None:
             return Verdict(base, "")
+        if urgent:  # a one-packet notice: the bot's last minute within the firmware's limit
+            room = FIRMWARE_CHANNEL_LIMIT - others
+            if airtime > room * CHANNEL_WINDOW / 100.0:  # no room even for this one packet
+                return Verdict(max(base, self.poll), "hold")
+            slow = self._window_wait(now, airtime, room)
+            return Verdict(max(base, slow), "slow" if slow > base else "")
         room = self.channel_limit - others
-        if room <= 0 or (urgent and others >= FIRMWARE_CHANNEL_LIMIT):
-            if urgent and others < FIRMWARE_CHANNEL_LIMIT:
-                return Verdict(base, "")
+        if room <= 0:
             return Verdict(max(base, self.poll), "hold")
         # Own share in the channel window must stay <= room: space writes by airtime / room,
         # and never let the last minute (this packet included) hold more than room allows.
@@ -150,21 +194,34 @@ class Pacer:
             return Verdict(slow, "slow")
         return Verdict(base if base >= RESOLUTION else 0.0, "")
 
-    def hold_estimate(self, now: float, airtime: float) -> float:
-        """Seconds until a held or duty-limited packet is likely to go (for "busy" notices)."""
-        duty = self._duty_wait(now, airtime)
+    def hold_estimate(self, now: float, airtime: float, *, urgent: bool = False) -> Hold | None:
+        """Why a held (non-urgent, unless ``urgent``) packet waits, and roughly how long; None
+        when it would not be held."""
+        duty = self._duty_wait(now, airtime, urgent=urgent)
         if duty > 0:
-            return duty
+            share = self._share_limit(urgent)
+            reported = self.fresh(now).air_util_tx
+            if reported is not None and reported >= share:
+                # the hour ages the excess out (if the node sent nothing more), at least a poll
+                duty = max(self.poll, HOUR * (reported - share) / reported, duty)
+            return Hold("duty", duty)
         others = self.others(now)
-        if others is not None and others >= self.channel_limit:
-            return max(self.poll, CHANNEL_WINDOW)
-        return 0.0
+        limit = FIRMWARE_CHANNEL_LIMIT if urgent else self.channel_limit
+        if others is not None and others >= limit:
+            return Hold("hold", max(self.poll, CHANNEL_WINDOW))
+        return None
 
-    def _duty_wait(self, now: float, airtime: float) -> float:
-        limit = self.duty_cycle * HOUR / 100.0  # seconds on air per hour
-        reported = self.metrics.air_util_tx
-        if reported is not None and reported >= self.duty_cycle:
-            return self.poll  # the radio's own hourly figure: re-check when it updates
+    def _share_limit(self, urgent: bool) -> float:
+        """The hourly share (percent) a packet may go up to: notices use the reserve."""
+        return self.duty_cycle if urgent else self.duty_cycle * (1.0 - NOTICE_RESERVE)
+
+    def _duty_wait(self, now: float, airtime: float, *, urgent: bool = False) -> float:
+        share = self._share_limit(urgent)
+        limit = share * HOUR / 100.0  # seconds on air per hour
+        reported = self.fresh(now).air_util_tx
+        if reported is not None and reported >= share:
+            # the radio's own hourly figure: re-check when it updates (or expires)
+            return min(self.poll, self.expires_in(now))
         self._prune(now)
         used = sum(a for _, a in self._ledger)
         if used + airtime <= limit:
@@ -174,7 +231,7 @@ class Pacer:
         for t, a in self._ledger:
             excess -= a
             if excess <= 0:
-                return max(0.0, t + HOUR - now)
+                return max(RESOLUTION, t + HOUR - now)
         return HOUR
 
     def _window_wait(self, now: float, airtime: float, room: float) -> float:

@@ -1,8 +1,9 @@
 """Meshtastic transport: a courteous, reliable bot on a LoRa mesh, through one local radio.
 
-Three modules, one class: ``meshtastic_link`` (the library interface, its worker thread,
+Four modules, one class: ``meshtastic_link`` (the library interface, its worker thread,
 reconnects, the watchdog), ``meshtastic_outbox`` (fair paced sending and ACK bookkeeping; its
-docstring states the sending model) and this one (receiving, the Transport protocol, wiring).
+docstring states the sending model), ``meshtastic_holds`` (capacity, why replies wait, the
+airtime rules at each write) and this one (receiving, the Transport protocol, wiring).
 Text fitting lives in ``mesh_text``, receive rules and bookkeeping in ``mesh_rules`` (both
 pure). Only ``meshtastic*.py`` modules import ``meshtastic``/``pubsub``.
 
@@ -27,7 +28,8 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections import OrderedDict, deque
+import time
+from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -68,6 +70,8 @@ from bot.transports.mesh_text import (
     split_parts,
     utf8_len,
 )
+from bot.transports.mesh_view import MeshView, NodeBook, nodes_seen
+from bot.transports.meshtastic_holds import _Job, _Part, _why
 from bot.transports.meshtastic_link import (
     EARLY_LIMIT,
     TOPIC_LOST,
@@ -79,7 +83,7 @@ from bot.transports.meshtastic_link import (
     default_interface_factory,
     metrics_from,
 )
-from bot.transports.meshtastic_outbox import MeshOutbox, _Job, _Part
+from bot.transports.meshtastic_outbox import MeshOutbox
 
 log = logging.getLogger("bot.transport.meshtastic")
 
@@ -140,6 +144,7 @@ class MeshtasticTransport(MeshOutbox):
         self._my_num: int | None = None
         self._connecting = False
         self._early: deque[tuple[dict[str, Any], object]] = deque(maxlen=EARLY_LIMIT)
+        self._reports: deque[float] = deque(maxlen=4)
         self._up = asyncio.Event()
         self._lost = asyncio.Event()
         self._lost_reason = ""
@@ -166,11 +171,17 @@ class MeshtasticTransport(MeshOutbox):
         )
         self._metrics_said = False  # "no device metrics" is logged once
         self._held = ""  # why the outbox is holding replies now ("" when it is not)
+        self._hold_reason = ""
+        self._hold_started = 0.0
+        self._stale_said = False
         self._dm_channel: dict[int, int] = {}
         self.channel_listener: Callable[[MeshText], None] | None = None  # the bridge, if any
         self._subscribed = False
         self._closing = _Counter()
         self._broken = ""  # name of a loop that ended with an exception (health: not ok)
+        self._nodes = NodeBook()  # signal and counts per node, for the operator's view
+        self._holds: Counter[str] = Counter()  # holds started, by cause (operator's view)
+        self._holding = ""  # why a part is held right now ("" when none is)
 
     # --- Transport protocol ----------------------------------------------------------------
     def fit(self, text: str) -> str:
@@ -260,6 +271,15 @@ class MeshtasticTransport(MeshOutbox):
             return
         self._last_rx = self._clock.monotonic()
         self._traffic.set()
+        frm = packet.get("from")
+        if isinstance(frm, int) and frm != self._my_num:
+            snr, rssi = packet.get("rxSnr"), packet.get("rxRssi")
+            self._nodes.heard(
+                node_id(frm),
+                snr=float(snr) if isinstance(snr, int | float) else None,
+                rssi=int(rssi) if isinstance(rssi, int) else None,
+                at=time.time(),
+            )
         decoded = packet.get("decoded")
         port = decoded.get("portnum") if isinstance(decoded, Mapping) else None
         if port == "ROUTING_APP" and isinstance(decoded, Mapping):
@@ -267,7 +287,8 @@ class MeshtasticTransport(MeshOutbox):
             return
         if port == "TELEMETRY_APP" and packet.get("from") == self._my_num:
             telemetry = decoded.get("telemetry") if isinstance(decoded, Mapping) else None
-            if isinstance(telemetry, Mapping):
+            if isinstance(telemetry, Mapping) and isinstance(telemetry.get("deviceMetrics"), dict):
+                self._report_seen()
                 self._metrics_in(metrics_from(telemetry.get("deviceMetrics")))
             return
         if self._my_num is None:
@@ -316,6 +337,7 @@ class MeshtasticTransport(MeshOutbox):
         except asyncio.QueueFull:
             log.warning("inbound queue full; dropping a message from %s", msg.sender)
             return
+        self._nodes.message_from(msg.sender)
         log.info(
             "message from %s in %s (%d bytes, %d hops)",
             msg.sender,
@@ -420,6 +442,7 @@ class MeshtasticTransport(MeshOutbox):
             parts=[_Part(i, t) for i, t in enumerate(texts)],
             enqueued_at=self._clock.monotonic(),
             future=asyncio.get_running_loop().create_future(),
+            relay=True,
             tapback=tapback and reply_id is not None,
         )
         self._jobs.append(job)
@@ -456,6 +479,7 @@ class MeshtasticTransport(MeshOutbox):
     def _make_job(self, reply: Reply) -> _Job:
         inbound = reply.inbound
         sender = node_num(inbound.sender)
+        self._nodes.reply_to(inbound.sender)
         text = self.fit(reply.text)
         texts = render_parts(
             split_parts(text, chunk_bytes=self._cfg.chunk_bytes, max_parts=self._cfg.max_parts)
@@ -522,8 +546,39 @@ class MeshtasticTransport(MeshOutbox):
             return TransportHealth(link="closed", outbox=len(self._jobs))
         link = "up" if self._up.is_set() else "connecting" if self._connecting else "down"
         detail = f"loop {self._broken} died" if self._broken else self._lost_reason
+        if link == "up" and not self._broken and self._hold_reason:  # not a fault: say why
+            held = self._clock.monotonic() - self._hold_started
+            detail = f"holding replies {held:.0f} s: {_why(self._hold_reason)}"
         return TransportHealth(
             link=link, loop_ok=not self._broken, detail=detail, outbox=len(self._jobs)
+        )
+
+    def mesh_view(self) -> MeshView:
+        """The operator's view (``bot.transports.mesh_view``): cheap, non-blocking; the
+        library's node table is copied here (its thread may be writing it)."""
+        now = self._clock.monotonic()
+        table: dict[Any, Any] = {}
+        iface = self._iface
+        for _ in range(3):  # the library's thread may grow the table while it is copied
+            try:
+                table = dict((iface.nodesByNum or {}) if iface is not None else {})
+                break
+            except (RuntimeError, AttributeError):
+                continue
+        me = node_id(self._my_num) if self._my_num is not None else None
+        m = self._pacer.metrics
+        return MeshView(
+            link=self.health().link,
+            channel_utilization=m.channel_utilization,
+            air_util_tx=m.air_util_tx,
+            bot_hour_share=self._pacer.own_share(now, 3600.0),
+            others=self._pacer.others(now),
+            channel_limit=self._cfg.busy_threshold,
+            duty_cycle=self._cfg.duty_cycle,
+            holding=self._holding,
+            holds=dict(self._holds),
+            outbox_waiting=len(self._jobs),
+            nodes=tuple(nodes_seen(table, self._nodes, my_id=me)),
         )
 
 

@@ -22,7 +22,11 @@ Invariants:
   port stays locked).
 - The link is rebuilt forever with exponential backoff and jitter (``reconnect_initial``
   doubling to ``reconnect_max``) after connection.lost, a timed-out call, or a stale link
-  (quiet for ``stale_after`` and a failed probe); the old interface is closed defensively
+  (quiet for ``stale_after`` and a failed probe; a node seen sending its device metrics on
+  this link at a regular interval is expected to keep doing so: quiet for three of its
+  intervals, at least ``REPORTS_QUIET_MIN``, and it is probed then, so a wedged node that keeps
+  its link open is found in minutes, not after ``stale_after``); the old interface is closed
+  defensively
   off-loop. A radio that is absent at startup is retried the same way; ``start`` does not wait
   for it. ``_generation`` counts successful connects; ``_link_changed`` fires on every change.
 """
@@ -55,6 +59,7 @@ EARLY_LIMIT = 64  # packets that arrive while an interface is still being built
 CLOSE_TIMEOUT = 10.0
 # The library's own waits on top of connect_timeout (a hard-coded 30 s for the first answer).
 CONNECT_MARGIN = 45.0
+REPORTS_QUIET_MIN = 120.0  # a reporting node quiet this long (or 3 intervals) gets probed
 
 
 class RadioInterface(Protocol):
@@ -185,6 +190,7 @@ class MeshLink:
     _traffic: asyncio.Event
     _subscribed: bool
     _closing: _Counter
+    _reports: deque[float]  # when this link's node sent its last device-metrics reports
 
     def _packet_in(self, packet: dict[str, Any], interface: object) -> None:
         raise NotImplementedError
@@ -258,6 +264,7 @@ class MeshLink:
                 await self._clock.sleep(backoff.next())
                 continue
             self._metrics_at_connect(_device_metrics(iface, self._my_num))
+            self._reports.clear()
             self._last_rx = self._clock.monotonic()
             self._lost.clear()
             self._up.set()
@@ -359,16 +366,29 @@ class MeshLink:
         """A blocking library call is under way (tests' virtual clock waits for it)."""
         return self._worker.busy or self._closing.busy
 
+    def _report_seen(self) -> None:
+        """The node sent its device metrics (the firmware does so every minute)."""
+        self._reports.append(self._clock.monotonic())
+
+    def _quiet_limit(self) -> float:
+        """How long the node may stay silent before it is probed (see the module docstring)."""
+        limit = self._cfg.stale_after
+        if len(self._reports) >= 2:
+            gaps = [b - a for a, b in zip(self._reports, list(self._reports)[1:], strict=False)]
+            limit = min(limit, max(REPORTS_QUIET_MIN, 3 * max(gaps)))
+        return limit
+
     async def _watchdog(self) -> None:
-        interval = max(1.0, self._cfg.stale_after / 4)
+        interval = max(1.0, min(self._cfg.stale_after, REPORTS_QUIET_MIN) / 4)
         while True:
             await self._clock.sleep(interval)
             if not self._up.is_set() or self._lost.is_set():
                 continue
-            if self._clock.monotonic() - self._last_rx < self._cfg.stale_after:
+            quiet = self._quiet_limit()
+            if self._clock.monotonic() - self._last_rx < quiet:
                 continue
             if not await self._probe():
-                self._link_down(f"no traffic for {self._cfg.stale_after:.0f} s and no probe answer")
+                self._link_down(f"no traffic for {quiet:.0f} s and no probe answer")
 
     async def _probe(self) -> bool:
         """Ask our own node for its metadata; any packet back proves the link is alive."""

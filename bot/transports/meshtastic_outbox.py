@@ -37,17 +37,22 @@ The sending model (docs/reliability.md and docs/meshtastic.md explain it for ope
   (the responder's outbox tries again later); so do replies waiting at ``stop``. A stop waits
   only for a part already being written (and its record, at most ``STOP_WRITE_WAIT``), never
   for a link to come back or for the pacer: shutdown is bounded whatever the channel does.
-- ``busy_for`` tells the responder when new replies would wait too long (``outbox_limit``
-  replies not started yet, or the channel rule holding replies), so the LLM is not asked for
-  an answer that cannot be sent and the person is told when to try again.
+- ``busy()`` tells the responder why a new reply would wait too long (``Busy``): a hold (the
+  pacer holds answers: duty cycle spent, or the others fill the channel; the true cause comes
+  first) or a full queue (``outbox_limit`` replies not started yet), with an estimate and
+  whether a one-packet notice may still go out. ``busy_for`` is its number of seconds.
 - Channel courtesy (``mesh_airtime.Pacer``, its docstring states the rule): every write waits
   for the pacer, which reads the radio's device metrics (``channelUtilization``,
-  ``airUtilTx``) and the bot's own airtime ledger: normal spacing, longer spacing while the
-  channel is near ``busy_threshold``, and holding non-urgent parts while the others alone fill
-  it or the bot's hourly share reaches ``duty_cycle``. A reply held longer than
-  ``busy_max_wait`` ends ``PENDING``: the durable outbox keeps it (its ``max_age`` applies)
-  and sends it when there is room. A radio without device metrics gets spacing and the own
-  duty cycle only, and the transport says so when it connects.
+  ``airUtilTx``; a report older than ``metrics_max_age`` no longer counts) and the bot's own
+  airtime ledger (every packet, notices too): normal spacing, longer spacing while the
+  channel is near ``busy_threshold``, and holding answers while the others alone fill it or
+  the bot's hourly share reaches the duty cycle. Held jobs stay queued without blocking the
+  outbox: one-packet notices (``_Job.urgent``) go first whenever the rules allow them, and a
+  job held ``busy_max_wait`` (counted from when the pacer first held it) ends ``PENDING``: the
+  durable outbox keeps it (its ``max_age`` applies) and offers it again every round. A hold
+  that starts between the parts of one reply holds that burst (at most ``busy_max_wait``).
+  A radio without device metrics gets spacing and the own duty cycle only, and the transport
+  says so when it connects (and when a radio that reported stops: the report expires).
 """
 
 from __future__ import annotations
@@ -59,14 +64,13 @@ import math
 import secrets
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from bot.config import MeshtasticConfig
-from bot.domain import Delivery, DeliveryStatus, Reply, ReplyKind
-from bot.transports.mesh_airtime import Metrics, Pacer, lora_airtime
+from bot.domain import Delivery, DeliveryStatus, Reply
 from bot.transports.mesh_rules import Clock, Cooldown
-from bot.transports.meshtastic_link import MeshLink, RadioInterface
+from bot.transports.meshtastic_holds import MeshHolds, _Job, _Part
+from bot.transports.meshtastic_link import RadioInterface
 
 log = logging.getLogger("bot.transport.meshtastic")
 
@@ -94,45 +98,7 @@ NO_ACK = "no ACK"
 UNCONFIRMED_REPEAT = frozenset({NO_ACK, "MAX_RETRANSMIT"})
 
 
-@dataclass
-class _Part:
-    index: int
-    text: str
-    state: str = "todo"  # todo | flying | missing | ack | relayed | sent | done | failed
-    pid: int | None = None
-    sent_at: float = 0.0
-    sends: int = 0
-    relayed: bool = False
-    reason: str = ""
-    packet_id: int | None = None  # planned before the first write; every send repeats it
-    repeat: bool = False  # the id was planned by an earlier run: it may be on air already
-    writing: bool = False  # from the library write until the part is recorded (see _send_burst)
-
-
-@dataclass
-class _Job:
-    reply: Reply
-    person: str
-    dest: int
-    channel: int
-    want_ack: bool
-    parts: list[_Part]
-    enqueued_at: float
-    future: asyncio.Future[Delivery]
-    started: bool = False
-    cost: int = 0  # transmissions charged, firmware retransmissions included
-    resend_at: float = 0.0
-    ids: list[str] = field(default_factory=list)
-    tapback: bool = False  # a relayed reaction: the emoji flag set, ``reply_id`` its target
-
-    def waiting(self) -> bool:
-        return any(p.state == "flying" for p in self.parts)
-
-    def missing(self) -> list[_Part]:
-        return [p for p in self.parts if p.state == "missing"]
-
-
-class MeshOutbox(MeshLink):
+class MeshOutbox(MeshHolds):
     """The outbox half of ``MeshtasticTransport`` (state is set up in its ``__init__``)."""
 
     _cfg: MeshtasticConfig
@@ -144,54 +110,6 @@ class MeshOutbox(MeshLink):
     _confirmed: OrderedDict[tuple[int, int], None]  # (outbox id, part) ACKed in this run
     _last_tx: float
     _reply_cooldown: Cooldown
-    _pacer: Pacer
-    _metrics_said: bool
-    _held: str
-
-    # --- capacity ------------------------------------------------------------------------------
-    def busy_for(self) -> float | None:
-        """None when a new reply can be queued; else roughly when there will be room."""
-        held = self._pacer.hold_estimate(
-            self._clock.monotonic(), lora_airtime(self._cfg.chunk_bytes, preset=self._preset)
-        )
-        waiting = [j for j in self._jobs if not j.started]
-        if len(waiting) < self._cfg.outbox_limit:
-            return held if held > 0 else None
-        packets = sum(len(j.parts) for j in waiting)
-        return held + packets * self._cfg.spacing_seconds + self._cfg.ack_timeout
-
-    # --- device metrics -----------------------------------------------------------------------
-    @property
-    def _preset(self) -> str:
-        return self._cfg.modem_preset
-
-    def _metrics_at_connect(self, metrics: Metrics) -> None:
-        if metrics.channel_utilization is None and metrics.air_util_tx is None:
-            if not self._metrics_said:
-                self._metrics_said = True
-                log.warning(
-                    "the radio reports no device metrics (channelUtilization, airUtilTx: older "
-                    "firmware?); pacing by spacing_seconds (%.1f s) and the bot's own airtime "
-                    "(duty_cycle %.0f%%) only, without the channel rule",
-                    self._cfg.spacing_seconds,
-                    self._cfg.duty_cycle,
-                )
-            return
-        self._metrics_in(metrics)
-        log.info(
-            "radio metrics: channel %.1f%%, own TX %.1f%% of the hour; pacing to channel %.0f%%, "
-            "duty cycle %.0f%%",
-            metrics.channel_utilization or 0.0,
-            metrics.air_util_tx or 0.0,
-            self._cfg.busy_threshold,
-            self._cfg.duty_cycle,
-        )
-
-    def _metrics_in(self, metrics: Metrics) -> None:
-        if metrics.channel_utilization is None and metrics.air_util_tx is None:
-            return
-        self._pacer.note_metrics(metrics, self._clock.monotonic())
-        self._jobs_changed.set()  # a held reply may go now
 
     # --- ACK bookkeeping (loop thread) ------------------------------------------------------
     def _routing_in(self, packet: Mapping[str, Any], decoded: Mapping[str, Any]) -> None:
@@ -290,14 +208,20 @@ class MeshOutbox(MeshLink):
                 )
 
     async def _next_burst(self) -> tuple[_Job, list[_Part]]:
+        """The next burst: re-sends first, then one-packet notices, then new replies in order.
+        While the pacer holds answers (duty cycle, busy channel), held jobs stay queued and a
+        notice the rules still allow overtakes them; a job held ``busy_max_wait`` ends
+        ``PENDING`` (its outbox row waits for the next round)."""
         while True:
             self._jobs_changed.clear()
             now = self._clock.monotonic()
             wake = self._expire_acks(now)
             for job in list(self._jobs):
                 self._maybe_finish(job)
+            held, recheck = self._hold_state(now, urgent=False)
+            wake = min(wake, recheck)
             budget = self._cfg.airtime_budget
-            for job in self._jobs:  # re-sends first: they are older than any new reply
+            for job in list(self._jobs):  # re-sends first: they are older than any new reply
                 missing = job.missing()
                 if not missing or job.waiting():
                     continue
@@ -307,11 +231,22 @@ class MeshOutbox(MeshLink):
                         part.state, part.reason = "failed", f"{part.reason}; airtime budget spent"
                     self._maybe_finish(job)
                     continue
+                if held:
+                    wake = min(wake, self._keep_held(job, now, held))
+                    continue
                 if job.resend_at <= now:
                     return job, missing
                 wake = min(wake, job.resend_at)
-            for job in self._jobs:
-                if job.started:
+            fresh = [j for j in self._jobs if not j.started]
+            for job in [j for j in fresh if j.urgent] + [j for j in fresh if not j.urgent]:
+                if job.future.done():
+                    continue
+                reason = held
+                if job.urgent and held:
+                    reason, urgent_recheck = self._hold_state(now, urgent=True)
+                    wake = min(wake, urgent_recheck)
+                if reason:
+                    wake = min(wake, self._keep_held(job, now, reason))
                     continue
                 at = self._reply_cooldown.ready_at(job.person)
                 if at <= now:
@@ -320,7 +255,7 @@ class MeshOutbox(MeshLink):
             if wake == math.inf:
                 await self._jobs_changed.wait()
             else:
-                await self._wait(self._jobs_changed, wake - now)
+                await self._wait(self._jobs_changed, max(wake - now, 0.001))
 
     async def _send_burst(self, job: _Job, parts: list[_Part]) -> bool:
         """Write ``parts`` back to back. False when the link stayed down too long."""
@@ -519,52 +454,6 @@ class MeshOutbox(MeshLink):
         if self._clock.monotonic() - self._last_rx < KNOWN_UP_SECONDS:
             return True
         return await self._probe()
-
-    def _airtime(self, part: _Part) -> float:
-        return lora_airtime(len(part.text.encode("utf-8")), preset=self._preset)
-
-    async def _pace(self, job: _Job, part: _Part) -> bool:
-        """Wait until the pacer lets this part go. False when it was held (channel busy or
-        duty cycle spent) for ``busy_max_wait``: the reply then goes back to the outbox."""
-        urgent = job.reply.kind is ReplyKind.NOTICE and len(job.parts) == 1
-        airtime = self._airtime(part)
-        held_since: float | None = None
-        while True:
-            now = self._clock.monotonic()
-            verdict = self._pacer.wait(now, airtime, last=self._last_tx, urgent=urgent)
-            if verdict.wait <= 0:
-                if held_since is not None:
-                    log.info("channel has room again after %.0f s; sending", now - held_since)
-                return True
-            if verdict.reason in ("hold", "duty"):
-                if held_since is None:
-                    held_since = now
-                    log.info("%s; holding replies (%s)", _why(verdict.reason), self._figures(now))
-                if now - held_since >= self._cfg.busy_max_wait:
-                    self._held = f"held {now - held_since:.0f} s: {_why(verdict.reason)}"
-                    log.warning("%s for %.0f s; the reply to %s waits in the outbox",
-                                _why(verdict.reason), now - held_since, job.person)  # fmt: skip
-                    return False
-                step = min(verdict.wait, held_since + self._cfg.busy_max_wait - now)
-                await self._wait(self._jobs_changed, max(step, 0.001))
-                self._jobs_changed.clear()
-                continue
-            await self._clock.sleep(verdict.wait)
-
-    def _figures(self, now: float) -> str:
-        m = self._pacer.metrics
-        util = "n/a" if m.channel_utilization is None else f"{m.channel_utilization:.1f}%"
-        return (
-            f"channel {util}, bot {self._pacer.own_share(now, 3600):.1f}% of the hour, limits "
-            f"{self._cfg.busy_threshold:.0f}% / {self._cfg.duty_cycle:.0f}%"
-        )
-
-
-def _why(reason: str) -> str:
-    return {
-        "hold": "channel busy with other nodes' traffic",
-        "duty": "the bot's hourly airtime (duty cycle) is spent",
-    }.get(reason, reason)
 
 
 def _reply_id(reply: Reply) -> int | None:

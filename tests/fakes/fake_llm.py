@@ -15,12 +15,33 @@ Scripted behaviour per request (consumed in order, then "ok"):
   | "context_exceeded": HTTP 400 context_length_exceeded, as llama.cpp/OpenAI send it
   | "html": an HTML error page with status 200 | "not_json" | "no_choices" | "no_message"
   | ("raw", content_type, body_bytes)
+  | "empty_stream": HTTP 200, text/event-stream, and no body at all (llama-cpp-python's answer
+    to an over-long streamed prompt)
+  | ("stream_error", message): one SSE error event (``{"error": {...}}``) and the end
+  | ("cut", n): the first n words, then the connection closes with no [DONE] and no
+    finish_reason, close-delimited (HTTP/1.0-style: no chunked framing, so the client sees a
+    clean end of body, not a protocol error)
+  | ("truncated", text): a streamed answer whose last chunk says ``"truncated": true``
+    (llama.cpp: the prompt was cut to fit its context)
 ``reply_fn`` (if set) computes the answer from the request body, e.g. to echo the prompt.
+
+Server limits, as real servers tell them (each None/empty by default: the route answers 404,
+like llama-cpp-python's server):
+- ``n_ctx``: a context size enforced like llama-cpp-python 0.3.36: a prompt of at least
+  ``n_ctx`` tokens (counted with cl100k times ``token_ratio``; SmolLM2 counts 4-8% more) is
+  refused, streamed with an empty 200, not streamed with HTTP 400 in its words ("This model's
+  maximum context length is N tokens. However, you requested ..."); ``refused`` counts them.
+- ``props`` (llama-server ``GET /props``), ``ollama_show`` (``POST /api/show``),
+  ``ollama_ps`` (``GET /api/ps``), ``max_model_len`` (vLLM: in ``/v1/models``).
 
 ``/v1/embeddings`` answers with ``hashed_vector``: a bag of lower-cased words hashed into
 ``EMBED_DIM`` dimensions and normalised, deterministic and carrying meaning (texts that share
 words are close), scripted by ``embed_script`` ("ok" | ("status", code, body) | ("sleep", s)).
 ``stop()`` then ``start(port=same)`` simulates an outage and the server coming back.
+
+``OneSlotLLM`` (below) is the same server made as unkind as a one-slot llama.cpp: one request
+at a time, prompt evaluation charged per uncached token and not interruptible, generation at a
+set rate that stops when the client hangs up, on a scaled clock.
 """
 
 from __future__ import annotations
@@ -34,6 +55,7 @@ import re
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -86,6 +108,14 @@ class FakeLLM:
         self.embed_requests: list[dict[str, Any]] = []
         self.embed_script: list[Behaviour] = []
         self.embeds_answered = 0
+        self.n_ctx: int | None = None
+        self.token_ratio = 1.0
+        self.refused = 0  # prompts refused as longer than n_ctx
+        self.prompt_tokens: list[int] = []  # per chat request, by the fake's count
+        self.props: dict[str, Any] | None = None
+        self.ollama_show: dict[str, Any] | None = None
+        self.ollama_ps: dict[str, Any] | None = None
+        self.max_model_len: int | None = None
         self._runner: web.AppRunner | None = None
         self.port = 0
         self.models = ["fake"]  # what GET /v1/models lists
@@ -127,7 +157,69 @@ class FakeLLM:
         self.disconnected.append(index)
         self.events.append(("disconnect", index))
 
+    def count_prompt(self, body: dict[str, Any]) -> int:
+        """The prompt's tokens as this fake server counts them (cl100k x ``token_ratio``)."""
+        from bot.llm.tokens import MESSAGE_OVERHEAD, make_counter
+
+        counter = make_counter()
+        raw = sum(
+            counter.count(m["content"] if isinstance(m["content"], str) else json.dumps(m))
+            + MESSAGE_OVERHEAD
+            for m in body.get("messages", [])
+        )
+        return math.ceil(raw * self.token_ratio)
+
+    async def _over_context(
+        self, request: web.Request, body: dict[str, Any]
+    ) -> web.StreamResponse | None:
+        """llama-cpp-python's refusal of a prompt longer than ``n_ctx`` (None: it fits)."""
+        tokens = self.count_prompt(body)
+        self.prompt_tokens.append(tokens)
+        if self.n_ctx is None or tokens < self.n_ctx:
+            return None
+        self.refused += 1
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write_eof()
+            return resp
+        asked = int(body.get("max_tokens") or 0)
+        message = (
+            f"This model's maximum context length is {self.n_ctx} tokens. However, you "
+            f"requested {tokens + asked} tokens ({tokens} in the messages, {asked} in the "
+            "completion). Please reduce the length of the messages or completion."
+        )
+        return web.json_response(
+            {"error": {"message": message, "type": "invalid_request_error",
+                       "param": "messages", "code": "context_length_exceeded"}},
+            status=400,
+        )  # fmt: skip
+
+    async def _cut_close_delimited(
+        self, request: web.Request, body: dict[str, Any], text: str, n: int
+    ) -> web.StreamResponse:
+        """n words as SSE, then the connection closes: no [DONE], no finish_reason, no chunked
+        framing (the body ends where the connection does, as with HTTP/1.0)."""
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+        events = []
+        for i, piece in enumerate(text.split(" ")[:n]):
+            chunk = {
+                "id": "c1", "object": "chat.completion.chunk", "model": body["model"],
+                "choices": [{"index": 0, "delta": {"content": (" " if i else "") + piece},
+                             "finish_reason": None}],
+            }  # fmt: skip
+            events.append(f"data: {json.dumps(chunk)}\n\n".encode())
+        transport = request.transport
+        assert transport is not None
+        transport.write(head + b"".join(events))
+        await asyncio.sleep(0.05)  # let the bytes leave before the close
+        transport.close()
+        return web.Response(status=200)  # never sent: the connection is gone
+
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        refusal = await self._over_context(request, body)
+        if refusal is not None:
+            return refusal
         beh: Any = self.script.pop(0) if self.script else "ok"
         text = self.reply_fn(body) if self.reply_fn else self.reply
         finish = "stop"
@@ -140,6 +232,23 @@ class FakeLLM:
             return web.json_response(CONTEXT_EXCEEDED, status=400)
         if kind == "raw":
             return web.Response(body=beh[2], content_type=beh[1])
+        if kind == "empty_stream":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write_eof()
+            return resp
+        if kind == "stream_error":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            error = {"error": {"message": beh[1], "type": "server_error"}}
+            await resp.write(f"data: {json.dumps(error)}\n\n".encode())
+            await resp.write_eof()
+            return resp
+        if kind == "cut":
+            return await self._cut_close_delimited(request, body, text, int(beh[1]))
+        truncated_prompt = kind == "truncated"
+        if truncated_prompt:
+            text = beh[1]
         if kind in MALFORMED:
             ctype, raw = MALFORMED[kind]
             return web.Response(body=raw, content_type=ctype)
@@ -176,6 +285,8 @@ class FakeLLM:
                         {"index": 0, "delta": delta, "finish_reason": finish if last else None}
                     ],
                 }
+                if last and truncated_prompt:
+                    chunk["truncated"] = True
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
@@ -225,18 +336,31 @@ class FakeLLM:
         )
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [{"id": m, "object": "model", "created": 0} for m in self.models],
-            }
-        )
+        data: list[dict[str, Any]] = [
+            {"id": m, "object": "model", "created": 0} for m in self.models
+        ]
+        if self.max_model_len is not None:  # vLLM names each model's context
+            for model in data:
+                model["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": data})
+
+    def _limits_route(self, name: str) -> Callable[[web.Request], Any]:
+        async def handler(request: web.Request) -> web.Response:
+            doc = getattr(self, name)
+            if doc is None:
+                return web.json_response({"detail": "Not Found"}, status=404)
+            return web.json_response(doc)
+
+        return handler
 
     async def start(self, port: int = 0) -> None:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/props", self._limits_route("props"))
+        app.router.add_post("/api/show", self._limits_route("ollama_show"))
+        app.router.add_get("/api/ps", self._limits_route("ollama_ps"))
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
@@ -249,3 +373,155 @@ class FakeLLM:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+# --- a one-slot server (issue 27) -------------------------------------------------------------
+CHARS_PER_TOKEN = 4  # the one-slot fake's tokenizer: every 4 characters of its template
+
+
+@dataclass
+class SlotRecord:
+    """One request as the one-slot fake served it (times on its scaled clock)."""
+
+    index: int  # into ``requests``
+    kind: str  # "reply" or "background" (``OneSlotLLM.classify``)
+    arrived: float
+    started: float = math.nan  # the slot was taken
+    evaluated_at: float = math.nan  # prompt evaluation done
+    ended: float = math.nan
+    prompt_tokens: int = 0
+    evaluated: int = 0  # prompt tokens not in the cache
+    generated: int = 0
+    finished: bool = False  # the whole answer was streamed
+    hung_up: str = ""  # "" | "evaluating" | "generating"
+    behind: list[int] = field(default_factory=list)  # requests served between arrival and start
+
+
+class OneSlotLLM(FakeLLM):
+    """As unkind as a one-slot llama.cpp server: one request at a time (first come, first
+    served); prompt evaluation costs ``1 / prompt_rate`` seconds per token not in its cache (the
+    previous request's prompt and the answer it generated) and cannot be interrupted (a client
+    that hangs up meanwhile still holds the slot until it ends); the answer streams at
+    ``gen_rate`` tokens a second, one word a token, cut at ``max_tokens`` (finish "length"),
+    and stops when the client hangs up. Times run on a scaled clock: ``clock()`` is seconds of
+    the simulated server, ``scale`` real seconds each. Streamed requests only (as the bot
+    sends them). ``served`` records each request (``SlotRecord``); ``classify`` says which are
+    replies (default: not background by ``is_background``)."""
+
+    def __init__(
+        self,
+        *,
+        prompt_rate: float = 150.0,
+        gen_rate: float = 20.0,
+        scale: float = 0.05,
+        is_background: Callable[[dict[str, Any]], bool] = lambda body: False,
+    ) -> None:
+        super().__init__()
+        self.prompt_rate = prompt_rate
+        self.gen_rate = gen_rate
+        self.scale = scale
+        self.is_background = is_background
+        self.served: list[SlotRecord] = []
+        self.cache = ""  # what the slot holds: the last prompt and what it generated
+        self._slot = asyncio.Lock()  # FIFO: asyncio.Lock wakes waiters in order
+        self._t0 = time.monotonic()
+
+    def clock(self) -> float:
+        return (time.monotonic() - self._t0) / self.scale
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds * self.scale)
+
+    @staticmethod
+    def render(messages: list[dict[str, Any]]) -> str:
+        """A ChatML-like template: what the slot's cache is compared on."""
+        parts = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+        return "".join(parts) + "<|im_start|>assistant\n"
+
+    async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        index = len(self.requests) - 1
+        kind = "background" if self.is_background(body) else "reply"
+        record = SlotRecord(index=index, kind=kind, arrived=self.clock())
+        self.served.append(record)
+        prompt = self.render(body["messages"])
+        text = self.reply_fn(body) if self.reply_fn else self.reply
+        async with self._slot:
+            record.started = self.clock()
+            record.behind = [
+                r.index for r in self.served if record.arrived <= r.ended <= record.started
+            ]
+            shared = _shared_chars(self.cache, prompt)
+            record.prompt_tokens = -(-len(prompt) // CHARS_PER_TOKEN)
+            record.evaluated = -(-(len(prompt) - shared) // CHARS_PER_TOKEN)
+            evaluating = asyncio.ensure_future(self.sleep(record.evaluated / self.prompt_rate))
+            try:
+                await asyncio.shield(evaluating)
+            except asyncio.CancelledError:
+                record.hung_up = "evaluating"
+                await evaluating  # a server cannot stop evaluating: the slot stays taken
+                self.cache = prompt
+                record.evaluated_at = record.ended = self.clock()
+                raise
+            record.evaluated_at = self.clock()
+            self.cache = prompt
+            words = text.split(" ")[: int(body.get("max_tokens") or 1 << 30)]
+            finish = "length" if len(words) < len(text.split(" ")) else "stop"
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            try:
+                await resp.prepare(request)
+                for i, word in enumerate(words):
+                    await self.sleep(1 / self.gen_rate)
+                    piece = (" " if i else "") + word
+                    chunk = {
+                        "id": "c1",
+                        "object": "chat.completion.chunk",
+                        "created": int(time.time()),
+                        "model": body["model"],
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"content": piece},
+                                "finish_reason": finish if i == len(words) - 1 else None,
+                            }
+                        ],
+                    }
+                    await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.cache += piece
+                    record.generated += 1
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+                record.finished = True
+            except (asyncio.CancelledError, ConnectionResetError):
+                record.hung_up = "generating"
+                raise
+            finally:
+                record.ended = self.clock()
+            return resp
+
+    def replies(self) -> list[SlotRecord]:
+        return [r for r in self.served if r.kind == "reply"]
+
+    def background(self) -> list[SlotRecord]:
+        return [r for r in self.served if r.kind == "background"]
+
+    def waited_behind_background(self, record: SlotRecord) -> float:
+        """Seconds ``record`` waited for the slot while background requests held it."""
+        total = 0.0
+        if math.isnan(record.started):
+            return total
+        for other in self.served:
+            if other.kind != "background" or other is record or math.isnan(other.started):
+                continue
+            start = max(other.started, record.arrived)
+            end = min(record.started if math.isnan(other.ended) else other.ended, record.started)
+            if end > start:
+                total += end - start
+        return total
+
+
+def _shared_chars(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -25,9 +25,12 @@ What it does:
 - reports the local node's device metrics as the firmware does, computed from what is on air:
   ``channelUtilization`` = the bot's own text packets' LoRa time on air in the last minute
   (``lora_airtime``, ``preset``) + ``others_util`` (other nodes' traffic, a knob tests turn
-  up for a spike), ``airUtilTx`` = its own time on air in the last hour; in its node info at
-  connect and as a TELEMETRY packet after every text it sends (the firmware sends them every
-  minute); ``metrics = False`` is an old firmware that reports none;
+  up for a spike), ``airUtilTx`` = its own time on air in the last hour (or ``air_util_tx``
+  when a test sets it: relays and other traffic of the node); in its node info at connect and
+  as a TELEMETRY packet every ``metrics_every`` seconds (60, like the firmware; the mesh
+  harness drives it on its clock) and after every text it sends (``report_after_send``);
+  ``metrics = False`` is an old firmware that reports none, ``stop_reporting()`` a radio that
+  stops sending its reports;
 - ``settle()`` waits until everything the library wrote has been read and handled; the fake
   clock calls it before it moves time.
 - Every radio ever built is registered; ``check_on_air`` enforces the on-air rules on what it
@@ -157,6 +160,10 @@ class _Radio:
         self.frozen = False
         self.metrics = True  # False: an old firmware without device metrics
         self.others_util = 0.0  # percent of the channel other nodes' packets take
+        self.air_util_tx: float | None = None  # set: the node's reported hourly TX share
+        self.metrics_every = 60.0  # the firmware's device-metrics interval to its client
+        self.report_after_send = True  # also report right after each text (quick tests)
+        self.reports = 0  # device-metrics reports sent so far
         self.preset = "LONG_FAST"
         self._tx: list[tuple[float, float]] = []  # (time, seconds on air) of our text packets
         self._attempts: dict[bytes, int] = {}
@@ -267,7 +274,8 @@ class _Radio:
         elif port == portnums_pb2.PortNum.TEXT_MESSAGE_APP:
             now = self.clock.monotonic()
             self._tx.append((now, lora_airtime(len(packet.decoded.payload), preset=self.preset)))
-            self.report_metrics()
+            if self.report_after_send:
+                self.report_metrics()
             seen = (MY_NUM, packet.id)  # a client's packet carries from=0: the node fills it in
             if packet.id and seen in self._received:
                 self.repeats.append((now, packet))  # the receiving firmware ignores a dupe
@@ -377,12 +385,14 @@ class _Radio:
         now = self.clock.monotonic()
         minute = sum(a for t, a in self._tx if t >= now - 60.0)
         hour = sum(a for t, a in self._tx if t >= now - 3600.0)
-        return min(100.0, self.others_util + 100.0 * minute / 60.0), 100.0 * hour / 3600.0
+        tx = 100.0 * hour / 3600.0 if self.air_util_tx is None else self.air_util_tx
+        return min(100.0, self.others_util + 100.0 * minute / 60.0), tx
 
     def report_metrics(self) -> None:
         """A device-metrics TELEMETRY packet from the local node (if it reports metrics)."""
-        if not self.metrics:
+        if not self.metrics or self.frozen:  # a wedged node sends nothing, reports included
             return
+        self.reports += 1
         util, tx = self.device_metrics()
         tm = telemetry_pb2.Telemetry()
         tm.device_metrics.channel_utilization = util
@@ -394,6 +404,10 @@ class _Radio:
             port=portnums_pb2.PortNum.TELEMETRY_APP,
             payload=tm.SerializeToString(),
         )
+
+    def stop_reporting(self) -> None:
+        """The radio stops sending device metrics (a firmware that stopped its telemetry)."""
+        self.metrics = False
 
     def inject_channel_utilization(self, percent: float) -> None:
         """Other nodes now take ``percent`` of the channel; the node reports its metrics."""

@@ -5,7 +5,10 @@
 On exit it stops everything and checks the on-air invariants (``fake_radio.check_on_air``):
 each text packet is at most 200 UTF-8 bytes, and consecutive text packets are at least the
 configured ``spacing_seconds`` apart on the radio's clock, across reconnects. (The suite-wide
-guard in ``tests/conftest.py`` checks every other fake radio too.)
+guard in ``tests/conftest.py`` checks every other fake radio too.) While it runs, the radio sends
+its device metrics every ``radio.metrics_every`` seconds of the fake clock, as the firmware does
+(``metrics_every=None``: only at connect and after each text, for tests whose virtual time must
+not move while nothing else sleeps).
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import array
 import asyncio
 import contextlib
 import fcntl
+import inspect
 import random
 import select
 import termios
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,13 +134,16 @@ async def mesh_harness(
     start: bool = True,
     after_connect: Callable[[int], None] | None = None,
     metrics: bool = True,
+    metrics_every: float | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Harness]:
     """``start=False``: the transport is built but not started (a test hands it to the app,
     whose responder then receives the messages instead of ``Harness.inbox``).
     ``after_connect(n)`` runs on the worker thread once connect attempt ``n`` (from 0) has built
     its interface, before the transport gets it (a slow handshake). ``metrics=False``: a radio
-    without device metrics (old firmware; the transport paces by spacing alone)."""
+    without device metrics (old firmware; the transport paces by spacing alone).
+    ``metrics_every``: the radio reports its device metrics on the fake clock this often (60:
+    the firmware), besides after each text it sends."""
     clock = FakeClock()
     radio: FakeTcpRadio | FakePtyRadio = (
         FakePtyRadio(clock=clock) if serial else FakeTcpRadio(clock=clock)
@@ -212,6 +219,18 @@ async def mesh_harness(
     ]
     harness = Harness(radio, clock, transport, config, interfaces, attempts)
 
+    async def report_metrics() -> None:  # the firmware's periodic device-metrics telemetry
+        assert metrics_every is not None
+        radio.metrics_every = metrics_every
+        while True:
+            await clock.sleep(radio.metrics_every)
+            radio.report_metrics()
+
+    if metrics_every is not None:
+        reporter = asyncio.get_running_loop().create_task(report_metrics())
+        timers.add(reporter)
+        reporter.add_done_callback(timers.discard)
+
     async def on_message(inbound: Inbound) -> None:
         harness.inbox.append(inbound)
 
@@ -232,3 +251,51 @@ async def mesh_harness(
             radio.unplug()
         check_on_air(radio, spacing=config.spacing_seconds)  # across reconnects too
         assert not wedged, wedged[0]
+
+
+@contextlib.asynccontextmanager
+async def every(
+    clock: FakeClock, seconds: float, step: Callable[[], Awaitable[object]]
+) -> AsyncIterator[None]:
+    """Run ``step`` every ``seconds`` of the fake clock while the block runs: the app's outbox
+    round (``responder.redeliver``, every 10 s of real time in the app) on virtual time."""
+
+    async def loop() -> None:
+        while True:
+            await clock.sleep(seconds)
+            await step()
+
+    task = asyncio.get_running_loop().create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def hold_clock_while_busy(h: Harness, app: Any) -> None:
+    """Virtual time must not move while the app does real work: a store call, an LLM call, a
+    received message not yet handed to the responder. On a loaded machine those take real
+    milliseconds, and the fake clock would otherwise jump to its next sleeper (an outbox round,
+    a metrics report) meanwhile, which inflates every latency measured on it."""
+    inflight = [0]
+
+    def wrap(obj: Any, name: str) -> None:
+        original = getattr(obj, name)
+
+        async def counted(*args: Any, **kw: Any) -> Any:
+            inflight[0] += 1
+            try:
+                return await original(*args, **kw)
+            finally:
+                inflight[0] -= 1
+
+        setattr(obj, name, counted)
+
+    store = app.store
+    for name in dir(type(store)):
+        if not name.startswith("_") and inspect.iscoroutinefunction(getattr(type(store), name)):
+            wrap(store, name)
+    wrap(app.responder._llm, "complete")
+    h.clock.settle_hooks.append(lambda: inflight[0] > 0 or h.transport._inbound.qsize() > 0)
