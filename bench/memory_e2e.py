@@ -78,10 +78,10 @@ from bench.e2e_score import (
     words_shown,
 )
 from bench.prefix import (
-    STYLE_HINT,
     TRANSPORT,
     MeshLikeTransport,
     bench_config,
+    is_reply,
     replace_block,
 )
 from bench.recall import Dialogue, Question, Turn, load
@@ -157,8 +157,7 @@ class Script:
         self.answer = "I see."
 
     def __call__(self, body: dict[str, Any]) -> str:
-        system = str(body["messages"][0]["content"])
-        if STYLE_HINT in system:  # a reply (background calls carry no transport hint)
+        if is_reply(body):  # (a fold sent as a reply's continuation ends with its task)
             return self.answer
         words = sorted({w.lower() for w in _RARE.findall(str(body["messages"][-1]["content"]))})
         return "They talked about " + ", ".join(words[:45]) + "."
@@ -211,7 +210,7 @@ class Split:
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, **kwargs: Any
     ) -> Completion:
-        if messages and STYLE_HINT in messages[0].content:
+        if messages and is_reply({"messages": [{"content": m.content} for m in messages]}):
             return await self._replies.complete(messages, max_tokens=max_tokens, **kwargs)
         self.calls += 1
         try:
@@ -244,7 +243,7 @@ async def ask(
         await _inject(app, transport, text, n, at, settle=settle)
     finally:
         logging.getLogger("bot").removeHandler(warnings)
-    replies = [b for b in fake.requests[before:] if STYLE_HINT in str(b["messages"][0]["content"])]
+    replies = [b for b in fake.requests[before:] if is_reply(b)]
     if len(replies) != 1:
         got = [f"{r.kind.value}: {r.text[:120]!r}" for r in transport.sent[sent:]]
         raise Unanswered(
@@ -477,9 +476,7 @@ async def run_dialogue(
                         await app.close()
                         shutil.rmtree(copy)
                 tallies["restart"].seconds += time.perf_counter() - t0
-        background = [
-            b for b in fake.requests if STYLE_HINT not in str(b["messages"][0]["content"])
-        ]
+        background = [b for b in fake.requests if not is_reply(b)]
         if background:
             log(f"  {dlg.sample_id}: {len(background)} memory calls to the fake")
     finally:

@@ -22,7 +22,7 @@ from bench.memory_e2e import (
     started,
     tally,
 )
-from bench.prefix import CONTEXT_TOKENS, STYLE_HINT, TRANSPORT, bench_config
+from bench.prefix import CONTEXT_TOKENS, STYLE_HINT, TRANSPORT, bench_config, is_reply
 from bench.recall import Dialogue, Question, Turn
 from bot.config import LLMConfig
 from bot.domain import ConversationKey
@@ -152,7 +152,7 @@ async def test_a_person_who_never_pauses_closes_no_session_and_the_window_still_
         await app.close()
     assert len(log) == 160 and sessions == []  # nothing closed while they kept talking
     assert chapters  # the window folded into chapters all the same
-    replies = [r for r in fake_llm.requests if STYLE_HINT in str(r["messages"][0]["content"])]
+    replies = [r for r in fake_llm.requests if is_reply(r)]
     assert len(replies) == 80
     assert max(sent_tokens(r, counter) for r in replies) <= CONTEXT_TOKENS
 
@@ -185,7 +185,7 @@ async def test_with_a_memory_model_every_background_call_goes_to_it_and_replies_
         await replies.close()
         await memory.close()
         await memory_model.stop()
-    assert all(STYLE_HINT in str(r["messages"][0]["content"]) for r in fake_llm.requests)
+    assert all(is_reply(r) for r in fake_llm.requests)
     assert len(fake_llm.requests) == len(exs)
     assert split.calls == len(memory_model.requests) >= 4  # sessions, long-term, facts, chapters
-    assert not any(STYLE_HINT in str(r["messages"][0]["content"]) for r in memory_model.requests)
+    assert not any(is_reply(r) for r in memory_model.requests)
