@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from bot.llm.port import ChatMessage, Role
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
+from bot.memory.context import LongtermRead
 from bot.memory.port import MemoryStore
 from bot.memory.retrieval import RetrievedBlock, Retriever
 from bot.memory.store import ASSISTANT, USER, Conversation, StoredMessage
@@ -62,6 +63,7 @@ class AssembledContext:
     retrieved_reasons: dict[int, str] = field(default_factory=dict)  # id -> why (memory show)
     trimmed: bool = False  # the new message, facts or summary had to be cut
     reserved: int = 0  # held back for the long-term tier (``LayeredContext``)
+    longterm_text: str = ""  # the tier's block as read through ``longterm``
 
     @property
     def window_start_id(self) -> int | None:
@@ -112,12 +114,16 @@ class ContextBuilder:
         budget: int,
         style_hint: str = "",
         longterm_reserve: int = 0,
+        longterm: LongtermRead | None = None,
         speaker: str | None = None,  # bench conversations are DMs: nobody to name
         system_prompt: str | None = None,  # no persona in the bench
     ) -> AssembledContext:
         reserved = 0  # held back for the long-term tier around this builder, as it was
+        longterm_text = ""
         if longterm_reserve and await self._store.has_longterm_summary(conversation.id):
             reserved = longterm_reserve
+            if longterm is not None:  # the newest version, as the tier showed it then
+                longterm_text = await longterm(0, None)
         budget -= reserved
         trimmed = False
         system = f"{self._system_prompt} {style_hint}".strip()
@@ -216,6 +222,7 @@ class ContextBuilder:
             retrieved_reasons=dict(block.reasons),
             trimmed=trimmed,
             reserved=reserved,
+            longterm_text=longterm_text,
         )
 
     async def _facts(self, conversation: Conversation, free: int) -> tuple[str, int, bool]:

@@ -1,7 +1,8 @@
 """End-to-end memory: is what a question needs in the prompt the bot actually sends?
 
     python -m bench.memory_e2e ../shared/bench/locomo-dev.json [--conversations 2]
-        [--questions 40] [--variants restart,live] [--categories 1,2,3,4]
+        [--questions 40] [--variants restart,live] [--categories 1,2,3,4] [--no-dated]
+        [--sessions 5] [--memory-url http://127.0.0.1:8177/v1 --memory-model NAME]
 
 Protocol (issue 17). Each LoCoMo conversation is replayed through the real app
 (``bot.app.build``: responder, layered context builder, summarizer, LLM gate, the real
@@ -14,7 +15,17 @@ Meshtastic style hint; ``bench.prefix.MeshLikeTransport``):
   answered to a "Hi." message;
 - background calls (summary chapters, merges) are answered by the fake with a ~50-word text
   built from the rare words of its input, never a verbatim sentence, so a summary can never
-  count as holding an evidence turn; after each turn the benchmark waits for them.
+  count as holding an evidence turn; after each turn the benchmark waits for them;
+- at the conversation's own dates (issue 29; ``--no-dated``: now): each message is received
+  at its recorded time and the app's wall clock (``build(wall=...)``: answers' dates,
+  ``{date}``, session closing) reads the replay's clock. The session keeper's loop is
+  stopped; when more than ``memory.session_gap`` passes between two exchanges the bench runs
+  the keeper's own ``tick`` at the moment the session went idle, until nothing is left to
+  close or summarize (sessions, their facts, the long-term summary), and once more after the
+  last exchange; the questions are asked at that time. An exchange never spans two sessions.
+  Dates that go backwards or repeat are replayed as recorded (the app invents no session);
+- ``--memory-url``: every background call goes to that server (a real model writes the
+  chapters, summaries and facts; ``Split``), replies still to the fake.
 Then each question (categories 1-4 by default) is asked:
 - ``restart``: of a copy of the finished memory, by a freshly started app (what
   ``meshsage chat`` after a restart does; questions never become history);
@@ -27,9 +38,12 @@ no reply request for is not a crash of the benchmark: what the person got instea
 and the app's warnings are printed, a question scores 0 and is counted ("no reply request"),
 and a replayed line is simply missing from the log, as it would be for a user.
 
-Printed: per variant, recall per category and for 1-4, prompt tokens (mean, of the budget),
-questions, and seconds. ``--conversations``/``--questions`` keep a run short on a busy
-machine (questions are taken evenly through each conversation's list). Nothing is timed for
+Printed: per variant, recall per category and for 1-4, the share of temporal questions
+whose evidence days are written in the prompt, the evidence words shown, prompts with an
+older session's summary and with the long-term summary (``bench.e2e_score``), prompt tokens
+(mean, of the budget), questions, seconds; then what the memory held. ``--conversations``,
+``--questions`` and ``--sessions`` keep a run short on a busy machine (questions are taken
+evenly through each conversation's list). Nothing is timed for
 a verdict; nothing from the LoCoMo data (CC BY-NC 4.0) is written into the repository.
 """
 
@@ -41,57 +55,98 @@ import logging
 import re
 import shutil
 import sqlite3
-import statistics
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.e2e_score import (
+    TEMPORAL,
+    Kept,
+    Tally,
+    dated,
+    first_sessions,
+    kept_line,
+    pick,
+    score,
+    sent_tokens,
+    session_of,
+    table,
+    words_shown,
+)
 from bench.prefix import (
-    CONTEXT_TOKENS,
-    STYLE_HINT,
+    TRANSPORT,
     MeshLikeTransport,
     bench_config,
+    is_reply,
     replace_block,
 )
-from bench.recall import Dialogue, Question, load
+from bench.recall import Dialogue, Question, Turn, load
 from bot.app import App, build
-from bot.domain import Inbound
-from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, make_counter
+from bot.config import LLMConfig
+from bot.domain import ConversationKey, Inbound
+from bot.errors import LLMUnavailable
+from bot.llm.openai_compat import OpenAICompatLLM
+from bot.llm.port import LLM, ChatMessage, Completion
+from bot.llm.tokens import TokenCounter, make_counter
+from bot.memory.context import CHAPTER_HEADER
+from bot.memory.layers import LONGTERM_HEADER
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY_DOC = ROOT / "docs" / "memory.md"
 MARK_START = "<!-- bench:memory_e2e:start -->"
 MARK_END = "<!-- bench:memory_e2e:end -->"
+REAL_START = "<!-- bench:memory_e2e_real:start -->"  # a run whose memory a real model wrote
+REAL_END = "<!-- bench:memory_e2e_real:end -->"
 PERSON = "person"
 VARIANTS = ("restart", "live")
 _RARE = re.compile(r"[A-Za-z][A-Za-z'-]{5,}")
+UPKEEP_ROUNDS = 50  # ticks per pause at most (each closes or summarizes a few sessions)
 
 
 @dataclass(frozen=True, slots=True)
 class Exchange:
     message: str  # what the person says (speaker A's lines)
     answer: str  # what the fake server answers (speaker B's lines that follow)
+    at: float = 0.0  # recorded time of the message (its first line; B's first if none)
+    answer_at: float = 0.0  # recorded time of the answer (B's first line; ``at`` if none)
 
 
 def exchanges(dlg: Dialogue) -> list[Exchange]:
-    """The conversation as person/bot exchanges: A's run, then B's run."""
+    """The conversation as person/bot exchanges: A's run, then B's run, at their recorded
+    times (the run's first line). An exchange never spans two sessions: a session that opens
+    with B's lines opens with a "Hi." from the person."""
     out: list[Exchange] = []
-    a: list[str] = []
-    b: list[str] = []
+    a: list[Turn] = []
+    b: list[Turn] = []
+
+    def close() -> None:
+        first = (a or b)[0].created_at
+        out.append(
+            Exchange(
+                "\n".join(t.text for t in a) or "Hi.",
+                "\n".join(t.text for t in b) or "I see.",
+                at=first,
+                answer_at=b[0].created_at if b else first,
+            )
+        )
+
     for turn in dlg.turns:
+        if (a or b) and session_of(turn) != session_of((a or b)[0]):  # never across sessions
+            close()
+            a, b = [], []
         if turn.speaker == dlg.speaker_a:
             if b:
-                out.append(Exchange("\n".join(a) or "Hi.", "\n".join(b)))
+                close()
                 a, b = [], []
-            a.append(turn.text)
+            a.append(turn)
         else:
-            b.append(turn.text)
+            b.append(turn)
     if a or b:
-        out.append(Exchange("\n".join(a) or "Hi.", "\n".join(b) or "I see."))
+        close()
     return out
 
 
@@ -102,46 +157,10 @@ class Script:
         self.answer = "I see."
 
     def __call__(self, body: dict[str, Any]) -> str:
-        system = str(body["messages"][0]["content"])
-        if STYLE_HINT in system:  # a reply (background calls carry no transport hint)
+        if is_reply(body):  # (a fold sent as a reply's continuation ends with its task)
             return self.answer
         words = sorted({w.lower() for w in _RARE.findall(str(body["messages"][-1]["content"]))})
         return "They talked about " + ", ".join(words[:45]) + "."
-
-
-@dataclass
-class Tally:
-    recall: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
-    tokens: list[int] = field(default_factory=list)
-    seconds: float = 0.0
-    unanswered: list[str] = field(default_factory=list)  # questions with no reply request
-
-    def add(self, category: int, score: float, tokens: int) -> None:
-        self.recall[category].append(score)
-        self.tokens.append(tokens)
-
-    def miss(self, category: int, why: str) -> None:
-        """A question the bot sent no reply request for: nothing reached the model (0)."""
-        self.recall[category].append(0.0)
-        self.unanswered.append(why)
-
-
-def score(question: Question, body: dict[str, Any], text_of: dict[str, str]) -> float:
-    sent = "\n".join(str(m["content"]) for m in body["messages"])
-    return sum(text_of[e] in sent for e in question.evidence) / len(question.evidence)
-
-
-def sent_tokens(body: dict[str, Any], counter: TokenCounter) -> int:
-    """The request's size as the bot counts it against its budget (content + overheads)."""
-    return sum(counter.count(str(m["content"])) + MESSAGE_OVERHEAD for m in body["messages"])
-
-
-def pick(questions: Sequence[Question], categories: set[int], limit: int | None) -> list[Question]:
-    chosen = [q for q in questions if q.category in categories]
-    if limit is None or limit >= len(chosen):
-        return chosen
-    step = len(chosen) / limit
-    return [chosen[int(i * step)] for i in range(limit)]
 
 
 class Warnings(logging.Handler):
@@ -162,18 +181,69 @@ class Unanswered(Exception):
     """A message the bot sent no reply request for: what the person got, and the warnings."""
 
 
-async def ask(app: App, transport: MeshLikeTransport, fake: Any, text: str, n: int) -> Any:
-    """Send one message through the app; return the reply request the server received, or
-    raise ``Unanswered`` saying what the person got instead and the app's warnings."""
+class ReplayClock:
+    """The app's wall clock in a dated replay: the bench sets ``now`` to each line's recorded
+    time (backwards too, when the recorded dates go backwards, as a clock without RTC does)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Split:
+    """An LLM port for the real-model runs: replies (requests with the transport's hint) go to
+    the fake server, which answers them with the replayed lines; every background call
+    (chapters, session and long-term summaries, fact extraction) goes to the real model."""
+
+    def __init__(self, *, replies: LLM, memory: LLM) -> None:
+        self._replies = replies
+        self._memory = memory
+        self.calls = 0
+        self.failed = 0
+
+    @property
+    def model_name(self) -> str:
+        return self._memory.model_name
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, **kwargs: Any
+    ) -> Completion:
+        if messages and is_reply({"messages": [{"content": m.content} for m in messages]}):
+            return await self._replies.complete(messages, max_tokens=max_tokens, **kwargs)
+        self.calls += 1
+        try:
+            return await self._memory.complete(messages, max_tokens=max_tokens, **kwargs)
+        except LLMUnavailable:
+            self.failed += 1
+            raise
+
+
+async def ask(
+    app: App,
+    transport: MeshLikeTransport,
+    fake: Any,
+    text: str,
+    n: int,
+    at: float | None = None,
+    *,
+    settle: bool = True,
+) -> Any:
+    """Send one message through the app (received at ``at``, a recorded time, if given);
+    return the reply request the server received, or raise ``Unanswered`` saying what the
+    person got instead and the app's warnings. ``settle``: wait for the background work the
+    message started (a fold's chapter); an app closed right after (a restart question) need
+    not, and closing cancels it."""
     before = len(fake.requests)
     sent = len(transport.sent)
     warnings = Warnings()
     logging.getLogger("bot").addHandler(warnings)
     try:
-        await _inject(app, transport, text, n)
+        await _inject(app, transport, text, n, at, settle=settle)
     finally:
         logging.getLogger("bot").removeHandler(warnings)
-    replies = [b for b in fake.requests[before:] if STYLE_HINT in str(b["messages"][0]["content"])]
+    replies = [b for b in fake.requests[before:] if is_reply(b)]
     if len(replies) != 1:
         got = [f"{r.kind.value}: {r.text[:120]!r}" for r in transport.sent[sent:]]
         raise Unanswered(
@@ -183,29 +253,88 @@ async def ask(app: App, transport: MeshLikeTransport, fake: Any, text: str, n: i
     return replies[0]
 
 
-async def _inject(app: App, transport: MeshLikeTransport, text: str, n: int) -> None:
-    await transport.inject(
-        Inbound(
-            transport=transport.name,
-            sender=PERSON,
-            text=text,
-            message_id=f"m{n}",
-            sender_name=PERSON.title(),
-        )
+async def _inject(
+    app: App, transport: MeshLikeTransport, text: str, n: int, at: float | None, *, settle: bool
+) -> None:
+    inbound = Inbound(
+        transport=transport.name,
+        sender=PERSON,
+        text=text,
+        message_id=f"m{n}",
+        sender_name=PERSON.title(),
     )
+    if at is not None:
+        inbound = replace(inbound, received_at=datetime.fromtimestamp(at, UTC))
+    await transport.inject(inbound)
     await app.responder.wait_idle()
-    await app.summarizer.wait_quiet()
+    if settle:
+        await app.summarizer.wait_quiet()
+
+
+async def upkeep(app: App, log: Any = print) -> int:
+    """What the app's session loop does while the person is away (the bench drives its
+    ``tick`` so a replay is deterministic): close idle sessions, summarize them (title and
+    summary, facts, the long-term summary), until a round does nothing. Returns the sessions
+    summarized."""
+    assert app.sessions is not None
+    done = 0
+    for _ in range(UPKEEP_ROUNDS):
+        try:
+            report = await app.sessions.tick()
+        except LLMUnavailable as exc:  # as the loop does: postponed, retried at the next tick
+            log(f"  session upkeep postponed: {exc}")
+            return done
+        await app.summarizer.wait_quiet()
+        done += report.summarized
+        if not (report.closed or report.summarized):
+            break
+    return done
+
+
+async def replay(
+    app: App,
+    transport: MeshLikeTransport,
+    fake: Any,
+    script: Script,
+    exs: Sequence[Exchange],
+    clock: ReplayClock | None,
+    *,
+    name: str = "",
+    log: Any = print,
+    end: bool = True,
+) -> None:
+    """Each exchange through the app, at its recorded time when ``clock`` is given (else now).
+    When more than the session gap passes between two exchanges, the keeper's upkeep runs at
+    the moment the session went idle (as its loop would); ``end``: the last session too."""
+    gap = app.config.memory.session_gap
+    last: float | None = None
+    for n, ex in enumerate(exs):
+        if clock is not None:
+            if last is not None and ex.at - last > gap:  # the person was away
+                clock.now = last + gap + 1
+                await upkeep(app, log)
+            clock.now = ex.answer_at
+            last = ex.answer_at
+        script.answer = ex.answer
+        try:
+            await ask(app, transport, fake, ex.message, n, ex.at if clock else None)
+        except Unanswered as exc:  # the log then lacks this answer, as for a user
+            log(f"  {name}: replay {exc}")
+    if end and clock is not None and last is not None:
+        clock.now = last + gap + 1
+        await upkeep(app, log)
 
 
 async def tally(
     into: Tally,
     q: Question,
     asked: Coroutine[Any, Any, Any],
-    text_of: dict[str, str],
+    dlg: Dialogue,
     counter: TokenCounter,
     log: Any,
 ) -> None:
     """Score the reply request ``asked`` returns, or count the question as unanswered."""
+    text_of = {t.dia_id: t.text for t in dlg.turns}
     try:
         body = await asked
     except Unanswered as exc:
@@ -213,14 +342,45 @@ async def tally(
         into.miss(q.category, str(exc))
         return
     into.add(q.category, score(q, body, text_of), sent_tokens(body, counter))
+    if q.category == TEMPORAL:
+        into.dated.append(dated(q, body, {t.dia_id: t.created_at for t in dlg.turns}))
+    shown = words_shown(q, body, text_of)
+    if shown is not None:
+        into.words.append(shown)
+    sent = "\n".join(str(m["content"]) for m in body["messages"])
+    into.chapter += CHAPTER_HEADER in sent
+    into.longterm += LONGTERM_HEADER in sent
 
 
-async def started(state: Path, base_url: str, share: float | None) -> tuple[App, MeshLikeTransport]:
+async def started(
+    state: Path,
+    base_url: str,
+    share: float | None,
+    *,
+    wall: ReplayClock | None = None,
+    llm: LLM | None = None,
+) -> tuple[App, MeshLikeTransport]:
+    """A started app over ``state``. With ``wall`` (a dated replay) its session loop is
+    stopped: the bench drives the same keeper's ticks (``upkeep``) when recorded time passes."""
     transport = MeshLikeTransport()
     config = bench_config(state, base_url, share=share)
-    app = await build(config, env={}, transports=[transport])
+    app = await build(config, env={}, transports=[transport], llm=llm, wall=wall or time.time)
     await app.start()
+    if wall is not None and app.sessions is not None:
+        await app.sessions.stop()
     return app, transport
+
+
+async def kept(app: App, into: Kept) -> None:
+    store = app.store
+    conv = await store.conversation(ConversationKey(TRANSPORT, PERSON))
+    sessions = await store.sessions(conv.id)
+    into.conversations += 1
+    into.sessions += len(sessions)
+    into.summarized += sum(1 for s in sessions if s.summary)
+    into.chapters += len(await store.summaries(conv))
+    into.facts += len(await store.facts(conv.id))
+    into.longterm += int(await store.has_longterm_summary(conv.id))
 
 
 async def run_dialogue(
@@ -231,28 +391,44 @@ async def run_dialogue(
     counter: TokenCounter,
     tallies: dict[str, Tally],
     share: float | None = None,
+    dated_replay: bool = True,
+    memory_llm: LLMConfig | None = None,
+    memory: Kept | None = None,
     log: Any = print,
 ) -> None:
+    """Replay ``dlg`` through the app, then ask ``questions`` (see the module docstring).
+    ``dated_replay``: at the recorded dates (else now); ``memory_llm``: a real model writes
+    the memory (chapters, summaries, facts), the fake still replays the answers."""
     from tests.fakes.fake_llm import FakeLLM
 
     fake = FakeLLM()
     script = Script()
     fake.reply_fn = script
     await fake.start()
-    text_of = {t.dia_id: t.text for t in dlg.turns}
+    exs = exchanges(dlg)
+    clock = ReplayClock(exs[0].at) if dated_replay and exs else None
+    splits: list[Split] = []  # one per started app (the replay's, each restart question's)
+    adapters: list[OpenAICompatLLM] = []
+
+    def router() -> LLM | None:
+        if memory_llm is None:
+            return None
+        fore = OpenAICompatLLM(config=bench_config(Path("."), fake.base_url).llm, env={})
+        back = OpenAICompatLLM(config=memory_llm, env={})
+        adapters.extend([fore, back])
+        splits.append(Split(replies=fore, memory=back))
+        return splits[-1]
+
     try:
         with tempfile.TemporaryDirectory(prefix="meshsage-e2e-") as tmp:
             state = Path(tmp) / "state"
-            app, transport = await started(state, fake.base_url, share)
+            app, transport = await started(state, fake.base_url, share, wall=clock, llm=router())
             t0 = time.perf_counter()
             try:
-                for n, ex in enumerate(exchanges(dlg)):
-                    script.answer = ex.answer
-                    try:
-                        await ask(app, transport, fake, ex.message, n)
-                    except Unanswered as exc:  # the log then lacks this answer, as for a user
-                        log(f"  {dlg.sample_id}: replay {exc}")
+                await replay(app, transport, fake, script, exs, clock, name=dlg.sample_id, log=log)
                 log(f"  {dlg.sample_id}: replayed in {time.perf_counter() - t0:.0f} s")
+                if memory is not None:
+                    await kept(app, memory)
                 snapshot = Path(tmp) / "snapshot.db"
                 with (
                     sqlite3.connect(app.config.database_path) as src,
@@ -263,8 +439,15 @@ async def run_dialogue(
                     t0 = time.perf_counter()
                     script.answer = "I don't know."
                     for i, q in enumerate(questions):
-                        asked = ask(app, transport, fake, q.text, 100_000 + i)
-                        await tally(tallies["live"], q, asked, text_of, counter, log)
+                        asked = ask(
+                            app,
+                            transport,
+                            fake,
+                            q.text,
+                            100_000 + i,
+                            None if clock is None else clock.now,
+                        )
+                        await tally(tallies["live"], q, asked, dlg, counter, log)
                     tallies["live"].seconds += time.perf_counter() - t0
             finally:
                 await app.close()
@@ -275,40 +458,34 @@ async def run_dialogue(
                     copy = Path(tmp) / f"copy{i}"
                     copy.mkdir()
                     shutil.copy(snapshot, copy / app.config.database_path.name)
-                    app, transport = await started(copy, fake.base_url, share)
+                    app, transport = await started(
+                        copy, fake.base_url, share, wall=clock, llm=router()
+                    )
                     try:
-                        asked = ask(app, transport, fake, q.text, 200_000 + i)
-                        await tally(tallies["restart"], q, asked, text_of, counter, log)
+                        asked = ask(
+                            app,
+                            transport,
+                            fake,
+                            q.text,
+                            200_000 + i,
+                            None if clock is None else clock.now,
+                            settle=False,
+                        )
+                        await tally(tallies["restart"], q, asked, dlg, counter, log)
                     finally:
                         await app.close()
                         shutil.rmtree(copy)
                 tallies["restart"].seconds += time.perf_counter() - t0
+        background = [b for b in fake.requests if not is_reply(b)]
+        if background:
+            log(f"  {dlg.sample_id}: {len(background)} memory calls to the fake")
     finally:
+        for adapter in adapters:
+            await adapter.close()
         await fake.stop()
-
-
-def table(tallies: dict[str, Tally], categories: Sequence[int]) -> str:
-    head = " | ".join(f"cat {c}" for c in categories)
-    lines = [
-        f"| variant | questions | {head} | all asked | prompt tokens mean (of {CONTEXT_TOKENS}) "
-        "| min | max | no reply request | seconds |",
-        "|---|---:|" + "---:|" * len(categories) + "---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, t in tallies.items():
-        every = [s for c in categories for s in t.recall.get(c, [])]
-        if not every:
-            continue
-        cells = " | ".join(
-            f"{statistics.mean(t.recall[c]):.3f} ({len(t.recall[c])})" if t.recall.get(c) else "-"
-            for c in categories
-        )
-        lines.append(
-            f"| {name} | {len(every)} | {cells} | **{statistics.mean(every):.3f}** "
-            f"| {statistics.mean(t.tokens or [0]):.0f} | {min(t.tokens, default=0)} "
-            f"| {max(t.tokens, default=0)} "
-            f"| {len(t.unanswered)} | {t.seconds:.0f} |"
-        )
-    return "\n".join(lines)
+        if splits:
+            calls, failed = sum(x.calls for x in splits), sum(x.failed for x in splits)
+            log(f"  {dlg.sample_id}: {calls} memory calls to the model, {failed} failed")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -321,9 +498,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--skip", type=int, default=0, help="leave out the first N (split a long run in parts)"
     )
     p.add_argument("--questions", type=int, default=None, help="at most N per conversation")
+    p.add_argument("--sessions", type=int, default=None, help="only the first N sessions of each")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--categories", default="1,2,3,4")
     p.add_argument("--share", type=float, default=None, help="memory.retrieval.share")
+    p.add_argument(
+        "--dated",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replay at the conversations' own dates (default); --no-dated: at today's",
+    )
+    p.add_argument("--memory-url", help="a real model's server (…/v1) writes the memory")
+    p.add_argument("--memory-model", default="smollm2-135m", help="its model name")
     p.add_argument(
         "--write-docs", action="store_true", help="rewrite docs/memory.md's end-to-end table"
     )
@@ -336,7 +522,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     dialogues = load(args.data)[: args.conversations][args.skip :]
     counter = make_counter()
     tallies = {v: Tally() for v in variants}
-    for dlg in dialogues:
+    memory_llm = None
+    if args.memory_url:
+        memory_llm = LLMConfig(
+            base_url=args.memory_url,
+            model=args.memory_model,
+            api_key_env=None,
+            retries=0,
+            connect_timeout=60.0,
+            read_timeout=900.0,
+            temperature=0.0,
+        )
+    held = Kept()
+    for whole in dialogues:
+        dlg = first_sessions(whole, args.sessions)
         questions = pick(dlg.questions, set(categories), args.questions)
         print(f"{dlg.sample_id}: {len(dlg.turns)} turns, {len(questions)} questions", flush=True)
         asyncio.run(
@@ -347,33 +546,47 @@ def main(argv: Sequence[str] | None = None) -> None:
                 counter=counter,
                 tallies=tallies,
                 share=args.share,
+                dated_replay=args.dated,
+                memory_llm=memory_llm,
+                memory=held,
             )
         )
         print(table(tallies, categories), flush=True)
+        print(kept_line(held), flush=True)
     command = "python -m bench.memory_e2e " + " ".join(argv if argv is not None else [])
     print(f"\n{command.strip()}\n{len(dialogues)} conversation(s)\n")
     print(table(tallies, categories))
+    print(kept_line(held))
     if args.write_docs:
         names = ", ".join(d.sample_id for d in dialogues)
         write_docs(
-            MEMORY_DOC, command.replace(" --write-docs", ""), names, table(tallies, categories)
+            MEMORY_DOC,
+            command.replace(" --write-docs", ""),
+            names,
+            table(tallies, categories) + "\n\n" + kept_line(held),
+            real=memory_llm is not None,
         )
         print(f"wrote {MEMORY_DOC}")
 
 
-def write_docs(path: Path, command: str, names: str, rendered: str) -> None:
-    """Replace the table between the markers in ``path`` with this run's."""
+def write_docs(path: Path, command: str, names: str, rendered: str, *, real: bool = False) -> None:
+    """Replace the table between the markers in ``path`` with this run's (``real``: the
+    table of a run whose memory a real model wrote, which has markers of its own)."""
     block = "\n".join(
         [
             f"Command: `{command.strip()}`. Date: {time.strftime('%Y-%m-%d')}. Conversations: "
             f"{names}. Recall = share of a question's evidence turns whose text is in the prompt "
-            "sent (mean per category, question count in brackets); prompt tokens as the bot "
-            "counts them; seconds are wall time on the machine that ran it (not a verdict).",
+            "sent (mean per category, question count in brackets); temporal dated = share of "
+            "temporal questions whose every evidence day is written in the prompt; evidence "
+            "words = share of the evidence turns' names, numbers and months in the prompt, "
+            "whoever wrote them; older chapter / long-term = prompts holding an older "
+            "session's summary / the long-term summary; prompt tokens as the bot counts them; "
+            "seconds are wall time on the machine that ran it (not a verdict).",
             "",
             rendered,
         ]
     )
-    replace_block(path, MARK_START, MARK_END, block)
+    replace_block(path, *((REAL_START, REAL_END) if real else (MARK_START, MARK_END)), block)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 from bench.legacy_context import _alternate, _turn_cost
 from bot.llm.port import ChatMessage
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
-from bot.memory.context import AssembledContext, Block, group_turns
+from bot.memory.context import AssembledContext, Block, LongtermRead, group_turns
 from bot.memory.port import MemoryStore
 from bot.memory.store import Conversation, StoredMessage
 
@@ -33,6 +33,7 @@ class NaiveContextBuilder:
         budget: int,
         style_hint: str = "",
         longterm_reserve: int = 0,  # no summary of any kind: nothing is held back for one
+        longterm: LongtermRead | None = None,  # (so none is read)
         speaker: str | None = None,  # bench conversations are DMs: nobody to name
         system_prompt: str | None = None,  # no persona in the bench
     ) -> AssembledContext:

@@ -32,7 +32,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import IO, TYPE_CHECKING
@@ -313,9 +313,12 @@ async def build(
     stdout: IO[str] | None = None,
     transports: list[Transport] | None = None,
     only: list[str] | None = None,
+    wall: Callable[[], float] = time.time,
 ) -> App:
     """Wire the app. ``llm``/``transports`` let tests substitute their own; ``only`` limits
-    which configured transports are built (``meshsage chat`` uses ["console"])."""
+    which configured transports are built (``meshsage chat`` uses ["console"]); ``wall`` is
+    the clock that dates answers, closes sessions and fills ``{date}`` (a replay at a
+    conversation's own dates passes its own)."""
     if config.storage.url is not None:  # sqlite:///file or postgresql:// (several gateways)
         store: SqliteStore | PostgresStore = await open_url(
             config.storage.url,
@@ -375,6 +378,7 @@ async def build(
                 system_prompt=config.bot.system_prompt,
                 retrieval_share=config.memory.retrieval.share,
                 min_fold_messages=config.memory.summary.min_evicted,
+                wall=wall,
             ),
             store=store,
             counter=counter,
@@ -394,6 +398,7 @@ async def build(
             gap=config.memory.session_gap,
             extractor=extractor,
             idle=lambda: responder.idle,  # bound late: the responder is below
+            wall=wall,
         )
         summarizer = Summarizer(
             store=store,
@@ -445,6 +450,7 @@ async def build(
                 )
                 if section is not None
             },
+            wall=wall,
         )
         app = App(
             config=config,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from bot.delivery import DEFAULT_MAX_AGE, OutboxSender
@@ -55,6 +56,7 @@ class Recovery:
     _max_age: dict[str, float]
     _questions: set[int]  # stored questions queued or being answered in this process
     _accepting: bool
+    _wall: Callable[[], float]  # the wall clock that dates answers (a replay's, in benchmarks)
 
     def _enqueue_recovered(
         self, inbound: Inbound, *, message_id: int | None = None, command_id: int | None = None
@@ -121,7 +123,7 @@ class Recovery:
 
     def _too_old(self, inbound: Inbound) -> bool:
         """An answer now would be older than the transport's ``delivery.max_age`` allows."""
-        age = time.time() - inbound.received_at.timestamp()
+        age = self._wall() - inbound.received_at.timestamp()
         return age > self._max_age.get(inbound.transport, DEFAULT_MAX_AGE)
 
     async def _tell_unanswered(self, inbound: Inbound, message_id: int) -> None:
@@ -130,7 +132,7 @@ class Recovery:
         question as ``expired`` in the same transaction; on Discord it replaces (edits) the half
         answer a crash left on screen for it, never posted below it."""
         transport = self._transports[inbound.transport]
-        age = time.time() - inbound.received_at.timestamp()
+        age = self._wall() - inbound.received_at.timestamp()
         log.warning("message %d in %s is %.0f s old; told the person instead of answering",
                     message_id, inbound.key, age)  # fmt: skip
         entry = OutboxEntry(

@@ -182,6 +182,7 @@ class Responder(Recovery):
         indexer: Indexer | None = None,
         max_age: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         server: LearnedLimits | None = None,
         settings: ChatSettings | None = None,
         counters: Counters | None = None,
@@ -189,6 +190,7 @@ class Responder(Recovery):
         self._settings = settings  # model and persona per channel, server, bot or person
         self.counters = counters or Counters()  # totals for the operator's view (counts only)
         self._store = store
+        self._wall = wall  # dates of answers and what counts as recent (bench: replayed dates)
         self._llm = llm
         self._context = context
         # Every LLM call: a prompt within what the server holds, rebuilt smaller on overflow.
@@ -589,6 +591,7 @@ class Responder(Recovery):
                     whole,
                     self._counter.count(whole),
                     origin_id=conv.origin_id,
+                    created_at=self._wall(),
                 ),
             )
         except (sqlite3.Error, StorageError) as exc:  # disk full: the person hears why

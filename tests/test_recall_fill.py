@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from bot.llm.port import ChatMessage
+from bot.llm.tokens import MESSAGE_OVERHEAD
 from bot.memory.context import CHAPTER_HEADER, MORE_HEADER, RETRIEVED_HEADER
+from bot.memory.layers import LayeredContext
 from bot.memory.port import MemoryStore
 from bot.memory.records import SessionSpan
 from tests.test_recall_notes import (
@@ -137,3 +140,41 @@ async def test_every_turn_matches_and_the_window_is_short(store: MemoryStore) ->
         shown = Counter(n for m in messages for n in reading.findall(m.content))
         assert shown and max(shown.values()) == 1, shown  # no reading twice in one prompt
         assert _recalled(messages)  # the short window left room: older readings came
+
+
+async def test_the_long_term_reserve_a_short_summary_leaves_goes_to_the_tail_only(
+    store: MemoryStore,
+) -> None:
+    """The constant reserve for the long-term summary keeps the window's fold points put; what
+    a short summary leaves of it goes to the once-only recall, not to the window or the note."""
+    at = 1_600_000_000.0
+    for i in range(40):  # much to recall about the boat, all of it older than the window
+        await _pair(store, f"Osprey log {i}: sanded the hull and varnished the mast.", "Ok.", at)
+        at += 10
+    await _history(store, rounds=6)
+    conv = await store.conversation(KEY)
+    older = (await store.all_messages(conv.id))[:100]
+    await store.save_summary(
+        conv.id, text="Alice worked on her boat.", first_message_id=older[0].id,
+        last_message_id=older[-1].id, tokens=6,
+    )  # fmt: skip
+    layered = LayeredContext(inner=_builder(store, share=0.2), store=store, counter=COUNTER)
+    prompts: list[list[ChatMessage]] = []
+    for text in ("Alice sails.", " ".join(["Alice keeps a boat called Osprey."] * 26)):
+        assert COUNTER.count(text) < layered.reserve(BUDGET)  # both fit the reserve
+        await store.save_longterm_summary(
+            conv.id, text=text, tokens=COUNTER.count(text), sessions=1,
+            up_to_message_id=older[-1].id, updated_at=1.0 + len(prompts),
+        )  # fmt: skip
+        conv = await store.conversation(KEY)
+        ctx = await layered.build(
+            conv, new_text="What did I do to the Osprey hull and mast?", new_message_id=None,
+            budget=BUDGET,
+        )  # fmt: skip
+        assert text in ctx.messages[0].content
+        assert sum(COUNTER.count(m.content) + MESSAGE_OVERHEAD for m in ctx.messages) <= BUDGET
+        prompts.append(ctx.messages)
+    short, long = prompts
+    assert short[1:-1] == long[1:-1]  # the same window, the same notes
+    recalled = [len(re.findall(r"Osprey log \d+", p[-1].content)) for p in prompts]
+    assert recalled[0] > recalled[1] + 5, recalled  # the unused reserve held ~40 more lines

@@ -62,7 +62,8 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -116,6 +117,8 @@ CHAPTER_OVERLAP = 0.5  # share of the message's content words an older chapter m
 LATE_ANSWERS = 16  # answers stored after the message being answered that may belong before it
 
 RecallMode = Literal["inline", "notes"]
+# (folded_up_to, newest chapter's written time) -> the long-term block as shown, or ""
+LongtermRead = Callable[[int, float | None], Awaitable[str]]
 __all__ = ["AssembledContext", "Block", "ContextBuilder", "group_turns", "merge_system"]
 
 
@@ -153,6 +156,7 @@ class AssembledContext:
     pending_fold: int | None = None  # first message the window keeps once its fold is written
     folded: bool = False  # turns since ``folded_up_to`` were left out of the window
     reserved: int = 0  # tokens held back for the long-term summary (``longterm_reserve``)
+    longterm_text: str = ""  # what ``longterm`` rendered for the reserve (counted in it)
 
     @property
     def window_start_id(self) -> int | None:
@@ -217,8 +221,10 @@ class ContextBuilder:
         retrieval_share: float,
         recall: RecallMode = "notes",
         min_fold_messages: int = 6,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
+        self._wall = wall  # the date ``{date}`` in the system prompt says
         self._retriever = retriever
         self._counter = counter
         self._system_prompt = system_prompt
@@ -239,18 +245,24 @@ class ContextBuilder:
         budget: int,
         style_hint: str = "",
         longterm_reserve: int = 0,
+        longterm: LongtermRead | None = None,
         speaker: str | None = None,
         system_prompt: str | None = None,
     ) -> AssembledContext:
         """``longterm_reserve``: tokens to hold back from ``budget`` when the conversation
         has a long-term summary (read with the rest, ``_reads``); ``reserved`` says if.
+        ``longterm`` renders the version shown as of the window's base and the newest
+        chapter (``LayeredContext``): the part of the reserve it leaves unused goes to the
+        once-only tail (recall's room, the older chapter), never to the window's cap or the
+        note's size, so the fold points stay where the constant reserve puts them.
         ``speaker`` (a shared channel that names its speakers, Discord): the new message is
         shown as ``speaker: text`` and every user message of the window as ``author: text``
         (the author stored with it, so an earlier turn reads the same in every prompt)."""
         named = speaker is not None
         trimmed = False
         # ``system_prompt``: a persona chosen for this conversation (bot.chat_settings)
-        prompt = fill_prompt(system_prompt or self._system_prompt, datetime.now(UTC))
+        now = datetime.fromtimestamp(self._wall(), UTC)
+        prompt = fill_prompt(system_prompt or self._system_prompt, now)
         system = f"{prompt} {style_hint}".strip()
         system_tokens = self._counter.count(system) + MESSAGE_OVERHEAD
         reads = await self._reads(conversation, new_message_id, longterm=longterm_reserve > 0)
@@ -268,6 +280,13 @@ class ContextBuilder:
         turns, notes, fold, anchored = await self._window(
             conversation, base, new_message_id, window_cap, late=reads.late, named=named
         )
+        longterm_text, unused = "", 0
+        if reserved and longterm is not None:
+            longterm_text = await longterm(base, chapters[-1].created_at if chapters else None)
+            cost = self._measure(longterm_text) if longterm_text else 0
+            if cost > reserved:
+                longterm_text, cost = "", 0  # does not fit its reserve: left out
+            unused = reserved - cost
 
         # Facts: the newest that fit their share; those older than the window are stable.
         kept: list[Fact] = []
@@ -324,7 +343,7 @@ class ContextBuilder:
         window_tokens = sum(self._counter.count(m.content) + MESSAGE_OVERHEAD for m in window_msgs)
         blocks.append(Block("window", window_tokens, f"{len(flat)} messages"))
         fixed = sum(b.tokens for b in blocks) + JOIN_OVERHEAD * len(blocks)
-        left = budget - fixed
+        left = budget - fixed + unused  # the tail may use what the long-term block leaves
 
         # The final message: new facts, recalled turns, then the new message (cut to fit).
         extras: list[str] = []
@@ -438,6 +457,7 @@ class ContextBuilder:
             pending_fold=pending_fold,
             folded=folded,
             reserved=reserved,
+            longterm_text=longterm_text,
         )
 
     async def _reads(

@@ -61,6 +61,17 @@ class LayeredContext:
     ) -> AssembledContext:
         note = self._incognito_note(ephemeral, budget) if ephemeral else ""
         note_tokens = self._counter.count(note) + JOIN_OVERHEAD if note else 0
+
+        async def longterm(up_to: int, written_before: float | None) -> str:
+            # As of the last fold: covering only what chapters hold (not the window), and
+            # written before the newest chapter, so it changes only when a fold happens.
+            found = await self._store.longterm_summary(
+                conversation.id, up_to=up_to, written_before=written_before
+            )
+            if found is None or found.up_to_message_id <= conversation.reset_after:
+                return ""  # none yet, or built before a !reset: nothing from before it
+            return f"{LONGTERM_HEADER}\n{found.text}"
+
         ctx = await self.inner.build(  # holds the reserve back if there is a long-term summary
             conversation,
             new_text=new_text,
@@ -68,6 +79,7 @@ class LayeredContext:
             budget=budget - note_tokens,
             style_hint=style_hint,
             longterm_reserve=self.reserve(budget),
+            longterm=longterm,
             speaker=speaker,
             system_prompt=system_prompt,
         )
@@ -78,16 +90,7 @@ class LayeredContext:
         messages = list(ctx.messages)
         tokens = ctx.tokens
         if reserved:
-            # As of the last fold: covering only what chapters hold (not the window), and
-            # written before the newest chapter, so it changes only when a fold happens.
-            longterm = await self._store.longterm_summary(
-                conversation.id,
-                up_to=ctx.folded_up_to,
-                written_before=ctx.chapters[-1].created_at if ctx.chapters else None,
-            )
-            if longterm is not None and longterm.up_to_message_id <= conversation.reset_after:
-                longterm = None  # built before a !reset: nothing from before it is used
-            text = f"{LONGTERM_HEADER}\n{longterm.text}" if longterm else ""
+            text = ctx.longterm_text  # read by the inner builder, which left its unused room
             cost = self._counter.count(text) + JOIN_OVERHEAD if text else 0
             if text and cost <= reserved:
                 system = messages[0]

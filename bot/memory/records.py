@@ -194,6 +194,7 @@ class StoredAnswer:
     text: str
     tokens: int
     origin_id: int | None = None  # the linked DM it was asked in (``Conversation.origin_id``)
+    created_at: float | None = None  # when it was written (the app's wall clock); None: now
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,7 +143,8 @@ class OutboxMixin(CoreBase):
         steps: list[tuple[str, tuple[Any, ...]]] = []
         answer_id: Any = None
         if answer is not None:
-            row = (answer.conversation_id, "assistant", answer.author, answer.text, now,
+            written = now if answer.created_at is None else answer.created_at
+            row = (answer.conversation_id, "assistant", answer.author, answer.text, written,
                    answer.tokens, entry.question_id, "sending", answer.origin_id)  # fmt: skip
             sql, args = self._insert_rows("messages", _ANSWER_COLS, [row])
             steps.append((sql + " RETURNING id", args[0]))
