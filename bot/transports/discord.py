@@ -90,11 +90,8 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.transports.base import OnMessage, ShownRecord, TransportHealth
 from bot.transports.discord_attach import merge_notes
 from bot.transports.discord_catchup import (
-    MAX_DM_CHANNELS,
     Known,
     SeenMarks,
-    catch_up,
-    read_back,
 )
 from bot.transports.discord_connect import (
     MISSING_TOKEN,
@@ -108,16 +105,15 @@ from bot.transports.discord_connect import (
     login,
     settle_event_tasks,
 )
-from bot.transports.discord_inbound import NAME, OwnMessages, to_inbound
+from bot.transports.discord_events import EDITED_NOTE, DiscordEvents
+from bot.transports.discord_inbound import NAME, OwnMessages
 from bot.transports.discord_policy import retry_delay
-from bot.transports.discord_read import is_dm as dm_channel
-from bot.transports.discord_read import read_attachments, readable_text
+from bot.transports.discord_read import read_attachments
 from bot.transports.discord_relay import DiscordRelay
 from bot.transports.discord_resume import Earlier
 from bot.transports.discord_send import (
     NO_MENTIONS,
     Target,
-    channel_space,
     describe,
     marked_nonces,
     part_nonce,
@@ -137,7 +133,14 @@ from bot.transports.discord_text import (
 )
 from bot.transports.discord_threads import Threads
 
-__all__ = ["NAME", "NO_MENTIONS", "STYLE_HINT", "DiscordTransport", "build_discord"]
+__all__ = [
+    "EDITED_NOTE",
+    "NAME",
+    "NO_MENTIONS",
+    "STYLE_HINT",
+    "DiscordTransport",
+    "build_discord",
+]
 
 log = logging.getLogger("bot.transport.discord")
 
@@ -145,7 +148,6 @@ STYLE_HINT = (
     "You are answering on Discord: be concise, use Discord Markdown, and put code in fenced "
     "code blocks."
 )
-EDITED_NOTE = "answer to your edited message"
 REREAD_WAIT = 60.0  # seconds a question stored before a restart waits for the gateway
 IMAGES_LOST = "your image could not be looked at again after a restart; send it again"
 SEND_ERRORS: tuple[type[BaseException], ...] = (
@@ -159,7 +161,7 @@ SEND_ERRORS: tuple[type[BaseException], ...] = (
 DELIVERY_ERRORS: tuple[type[BaseException], ...] = (*SEND_ERRORS, ValueError)
 
 
-class DiscordTransport:
+class DiscordTransport(DiscordEvents):
     name = NAME
 
     def __init__(
@@ -511,214 +513,6 @@ class DiscordTransport:
             sleep=self._sleep,
             rand=self._rand,
         )
-
-    def _register(self, client: discord.Client) -> None:
-        async def on_ready() -> None:
-            me = client.user
-            log.info(
-                "connected to Discord as %s (id %s); DMs %s; %d channel(s) allowed",
-                me,
-                me.id if me else "?",
-                "on" if self._config.dms else "off",
-                len(self._config.channels),
-            )
-
-            self._link.up()
-            self._restarts = 0
-            # A new session (start, or a reconnect Discord could not resume): what was said
-            # meanwhile is read from history. A resumed session replays events by itself.
-            if self._catchup_task is not None and not self._catchup_task.done():
-                self._catchup_task.cancel()
-            self.caught_up.clear()
-            self._catchup_task = asyncio.create_task(self._catch_up(client), name="catch-up")
-            if self.slash is not None and self._tree is not None:
-                await self.slash.sync(self._tree)
-
-        async def on_message(message: discord.Message) -> None:
-            await self._handle(client, message)
-
-        self._threads.register(client)
-
-        async def on_raw_message_edit(payload: discord.RawMessageUpdateEvent) -> None:
-            await self._edited(client, payload.message, payload.cached_message)
-
-        async def on_raw_reaction_add(event: discord.RawReactionActionEvent) -> None:
-            relay = self.relay
-            if relay is not None and client.user is not None:
-                relay.offer_reaction(event, me=client.user.id)
-
-        async def on_resumed() -> None:
-            self._link.up()
-
-        async def on_disconnect() -> None:
-            self._link.down()
-
-        client.event(on_ready)
-        client.event(on_message)
-        client.event(on_raw_message_edit)
-        client.event(on_raw_reaction_add)
-        client.event(on_resumed)
-        client.event(on_disconnect)
-        if self.slash is not None:
-            self._tree = self.slash.install(client)
-
-    # --- inbound ----------------------------------------------------------------------------
-    async def _catch_up(self, client: discord.Client) -> None:
-        # DM channels most recently active first, at most MAX_DM_CHANNELS (one request each)
-        dms = sorted(self._marks.dms, key=lambda c: self._marks.last.get(c, 0), reverse=True)
-        channels = [*self._config.channels, *dms[:MAX_DM_CHANNELS]]
-        channels += [c.id for c in client.private_channels if c.id not in channels]
-        channels += self._threads.ids()
-        try:
-            await catch_up(
-                client,
-                channel_ids=channels,
-                marks=self._marks,
-                config=self._config.catch_up,
-                known=self._known,
-                handle=lambda m: self._handle(client, m, live=False),
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # task boundary: live messages keep flowing without catch-up
-            log.exception("Discord catch-up failed")
-        self.caught_up.set()
-
-    async def _handle(
-        self, client: discord.Client, message: discord.Message, *, live: bool = True
-    ) -> None:
-        try:
-            channel = message.channel
-            if live and dm_channel(channel) and channel.id not in self._marks.dms:
-                # A DM channel never seen: what its person said while we were away (their
-                # first-ever DM, too) is read back and answered before this message.
-                await read_back(
-                    channel,
-                    message,
-                    config=self._config.catch_up,
-                    known=self._known,
-                    handle=lambda m: self._handle(client, m, live=False),
-                )
-            inbound = to_inbound(
-                message,
-                me=client.user,
-                config=self._config,
-                mine=self._mine,
-                handled=self._recent,
-                followed=self._threads.followed(channel),
-            )
-            if inbound is not None and not await self._threads.admitted(message, inbound):
-                return  # "!stop" in a followed thread
-            if inbound is not None and message.guild is not None:
-                opened = await self._threads.open_for(message, inbound)
-                if opened is not None:  # the question and its answer belong to the new thread
-                    self._opened[str(message.id)] = opened
-                    while len(self._opened) > self._config.remembered_messages:
-                        self._opened.pop(next(iter(self._opened)))
-                    space = channel_space(message.guild.id, opened.id)
-                    inbound = replace(inbound, space=space)
-            relay = self.relay
-            if (
-                live
-                and relay is not None
-                and client.user is not None
-                and message.channel.id in relay.channels
-            ):
-                # Late history (catch-up) is not relayed: the mesh gets live chatter only.
-                relay.offer(
-                    message,
-                    me=client.user.id,
-                    # For the AI (answered here, or @mentioning it where it does not answer):
-                    # never mirrored to the mesh as chatter.
-                    addressed=inbound is not None
-                    or any(u.id == client.user.id for u in message.mentions),
-                    text=readable_text(message, message.content),
-                )
-            if inbound is None and live:
-                self._check_content(client, message)
-            if inbound is None or self._on_message is None:
-                return
-            self._remember(str(message.id), message)
-            if message.attachments:
-                inbound = await self._with_attachments(message, inbound)
-            await self._on_message(inbound)
-        except Exception:  # event boundary: one bad message must not stop the next
-            log.exception("handling Discord message %s failed", message.id)
-        finally:
-            channel = message.channel
-            dm = dm_channel(channel)
-            if dm or channel.id in self._config.channels or channel.id in self._marks.followed:
-                self._marks.see(channel.id, message.id, dm=dm)
-
-    def _check_content(self, client: discord.Client, message: discord.Message) -> None:
-        """A guild message for others with no text at all, in a channel the bot reads: the
-        Message Content intent is off (Discord sends such messages empty), so relayed chatter
-        and replies without a mention are lost. Said once in the log, kept in ``health()``."""
-        relay = self.relay
-        watched = message.channel.id in self._config.channels or (
-            relay is not None and message.channel.id in relay.channels
-        )
-        if (
-            not watched
-            or message.guild is None
-            or message.author.bot
-            or message.webhook_id is not None
-            or message.content
-            or message.attachments
-            or message.embeds
-            or message.stickers
-            or message.poll is not None
-            or (client.user is not None and any(u.id == client.user.id for u in message.mentions))
-        ):
-            return
-        warning = self._link.no_content()
-        if warning is not None:
-            log.warning(warning)
-
-    async def _edited(
-        self, client: discord.Client, message: discord.Message, cached: discord.Message | None
-    ) -> None:
-        """A person edited a message: handed on as an edit (``Inbound.edited``) when its text
-        changed; a link preview appearing (no ``edited_at``) is no edit."""
-        try:
-            before = cached or self._recent.get(str(message.id))
-            if message.edited_at is None or (
-                before is not None and before.content == message.content
-            ):
-                return
-            inbound = to_inbound(
-                message,
-                me=client.user,
-                config=self._config,
-                mine=self._mine,
-                handled=(),
-                edit=True,
-            )
-            if inbound is None or self._on_message is None:
-                return
-            if not inbound.edit_only:
-                self._remember(str(message.id), message)
-                self._notes[str(message.id)] = EDITED_NOTE
-            if message.attachments:
-                inbound = await self._with_attachments(message, inbound)
-            await self._on_message(inbound)
-        except Exception:  # event boundary: one bad edit must not stop the next event
-            log.exception("handling the edit of Discord message %s failed", message.id)
-
-    async def _with_attachments(self, message: discord.Message, inbound: Inbound) -> Inbound:
-        text, note, images = await read_attachments(
-            message, inbound.text, budget=self._max_message_chars, vision=self._vision
-        )
-        if note is not None:  # goes with the answer, as its note line
-            self._notes[str(message.id)] = note
-            while len(self._notes) > self._config.remembered_messages:
-                self._notes.popitem(last=False)
-        return replace(inbound, text=text, images=images)
-
-    def _remember(self, message_id: str, message: discord.Message) -> None:
-        self._recent[message_id] = message
-        while len(self._recent) > self._config.remembered_messages:
-            self._recent.popitem(last=False)
 
 
 def build_discord(
