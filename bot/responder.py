@@ -74,26 +74,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from bot.answering import (
+    ANSWER_NOT_STORED,
+    BUSY,
+    EMPTY,
+    INTERNAL_ERROR,
+    NOT_STORED,
+    TRIMMED_NOTE,
+    UNAVAILABLE,
+    UNREADABLE,
+    WITHDRAWN,
+    Answering,
+    _busy,
+)
 from bot.chat_settings import ChatSettings
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
 from bot.delivery import OutboxSender, busy_now
-from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind, TransportLimits
-from bot.errors import LLMUnavailable, StorageError
-from bot.fitting import TOO_LONG, FittingAsk
+from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
+from bot.errors import StorageError
+from bot.fitting import FittingAsk
 from bot.limits import PersonLimits
-from bot.llm.port import LLM, MODEL_CHOICE, ChatMessage, ContextTooLong
+from bot.llm.port import LLM, MODEL_CHOICE
 from bot.llm.server_limits import LearnedLimits
 from bot.llm.tokens import TokenCounter
 from bot.memory.indexer import Indexer
-from bot.memory.keep import CLAIM_STALE_SECONDS
 from bot.memory.layers import LayeredContext
 from bot.memory.port import MemoryStore
 from bot.memory.records import (
@@ -101,44 +112,35 @@ from bot.memory.records import (
     Conversation,
     OutboxEntry,
     OutboxRow,
-    StoredAnswer,
 )
 from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
-from bot.memory.summary import FoldBase, Summarizer
+from bot.memory.summary import Summarizer
 from bot.ops.metrics import Counters
-from bot.recovery import FORGOT_AT_RESTART, Recovery
+from bot.recovery import FORGOT_AT_RESTART
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import (
-    AnswerStream,
     AwaitsAnswer,
     Congested,
     KeepsFiles,
-    Paginates,
     Rereads,
     Transport,
 )
 
+__all__ = [
+    "ANSWER_NOT_STORED",
+    "BUSY",
+    "EMPTY",
+    "INTERNAL_ERROR",
+    "NOT_STORED",
+    "TRIMMED_NOTE",
+    "UNAVAILABLE",
+    "UNREADABLE",
+    "WITHDRAWN",
+    "Responder",
+]
+
 log = logging.getLogger("bot.responder")
-
-UNAVAILABLE = "LLM unavailable, try again later."
-INTERNAL_ERROR = "Sorry, something went wrong on my side. Please try again."
-WITHDRAWN = "(withdrawn: this answered the message before it was edited)"
-EMPTY = "Your message was empty. Send some text, or {prefix}help for commands."
-UNREADABLE = "I could not read your message (it was not valid text). Please send it again."
-TRIMMED_NOTE = "your message was long; I read only its beginning"
-NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
-ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
-BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
-MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
-
-
-def _speaker(inbound: Inbound, limits: TransportLimits) -> str | None:
-    """The name the new message is shown under (shared spaces of transports that name their
-    speakers); the same as the author it is stored with, so the next prompt reads it alike."""
-    if not limits.names_speakers or inbound.is_dm:
-        return None
-    return inbound.sender_name or inbound.sender
 
 
 def _command_room(transport: Transport) -> int:
@@ -168,7 +170,7 @@ class _Job:
     conv: Conversation | None = None
 
 
-class Responder(Recovery):
+class Responder(Answering):
     def __init__(
         self,
         *,
@@ -502,164 +504,6 @@ class Responder(Recovery):
         ):
             result.on_delivered()
 
-    @staticmethod
-    def _cut(transport: Transport, text: str) -> tuple[str, str | None]:
-        """What goes out now, and the rest for ``!more`` (transports that paginate)."""
-        if isinstance(transport, Paginates):
-            return transport.fit_more(text)
-        return transport.fit(text), None
-
-    async def _turn(
-        self,
-        inbound: Inbound,
-        message_id: int,
-        conv: Conversation | None,
-        *,
-        recovered: bool = False,
-    ) -> None:
-        if conv is None:  # something ran for this person since intake (see _Job.conv)
-            conv = await self._store.conversation(inbound.key)
-        # Gateways sharing one store take a person's turns one at a time, and a message that
-        # another gateway (or an earlier recovery) answered meanwhile is not answered again.
-        async with self._store.turn_lock(conv.id):
-            # The claim takes only a message still pending (one statement, no read before it).
-            stale = time.time() - CLAIM_STALE_SECONDS  # another gateway's live claim: theirs
-            if not await self._store.claim_question(message_id, stale_before=stale):
-                log.debug("message %d in %s answered, gone or claimed by another gateway; "
-                          "skipped", message_id, conv.id)  # fmt: skip
-                return
-            if recovered and self._too_old(inbound):
-                await self._tell_unanswered(inbound, message_id)
-                return
-            await self._answer(inbound, message_id, conv)
-
-    async def _answer(self, inbound: Inbound, message_id: int, conv: Conversation) -> None:
-        """Answer the claimed question. ``conv`` was read before the turn lock: only a turn
-        takes the lock, and a turn changes no conversation row, so waiting for another
-        gateway's turn leaves it as read."""
-        self.counters.add("turns")
-        transport = self._transports[inbound.transport]
-        busy = busy_now(transport)
-        if busy is not None and busy.cause == "queue":
-            log.warning("outbox of %s full; %s is told to try again", transport.name, inbound.key)
-            await self._outbox.busy_notice(inbound, _busy(busy.seconds), question_id=message_id)
-            return
-        if busy is not None:  # a hold: answered now, sent when there is room
-            await self._outbox.tell_held(inbound, busy)
-        limits = transport.limits
-        stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
-        async with transport.working(inbound):
-            await self._summarizer.settle(conv.id)  # a debt fold ending: its chapter comes in
-            try:
-                on_text = stream.update if stream is not None else None
-                ctx, completion = await self._fit.ask(
-                    conv, inbound, message_id, limits, on_text=on_text,
-                    speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
-                    before_call=lambda c: self._summarizer.before_reply(conv.id, c.window_start_id),
-                )  # fmt: skip
-            except LLMUnavailable as exc:
-                log.warning("no answer for %s: %s", inbound.key, exc)
-                if stream is not None:
-                    await stream.abort()
-                notice = UNAVAILABLE
-                if isinstance(exc, ContextTooLong):
-                    notice = TOO_LONG.format(prefix=self._commands.prefix)
-                entry = OutboxEntry(
-                    inbound.key, "notice", transport.fit(notice), question_id=message_id
-                )
-                row = await self._store.queue_claimed(entry, question_status="failed")
-                self.counters.add("notices")
-                await self._outbox.deliver_now(inbound, row)
-                return
-        whole = completion.text.strip()
-        text, rest = self._cut(transport, whole)
-        trimmed = ctx.trimmed or len(inbound.text) > self._config.max_message_chars
-        entry = OutboxEntry(
-            inbound.key,
-            "answer",
-            text,
-            reply_to=inbound.message_id,
-            question_id=message_id,
-            rest=rest,
-        )
-        try:
-            row = await self._store.queue_claimed(
-                entry,
-                answer=StoredAnswer(
-                    conv.id,
-                    self._config.name,
-                    whole,
-                    self._counter.count(whole),
-                    origin_id=conv.origin_id,
-                    created_at=self._wall(),
-                ),
-            )
-        except (sqlite3.Error, StorageError) as exc:  # disk full: the person hears why
-            if await self._forgotten(message_id):  # !forget on another gateway meanwhile
-                log.info("the conversation of %s was forgotten during its turn; the answer "
-                         "is dropped", inbound.key)  # fmt: skip
-                if stream is not None:
-                    await stream.abort()
-                return
-            log.error("could not store the answer for %s: %s", inbound.key, exc)
-            await self._notice(inbound, ANSWER_NOT_STORED)
-            return
-        # Before the delivery: a debt fold takes the slot this reply kept (bot.llm.gate).
-        base = (
-            FoldBase((*ctx.messages, ChatMessage("assistant", whole)), ctx.window[0].id)
-            if (ctx.window and not inbound.images)
-            else None
-        )  # a fold continues this prompt: the server has it cached
-        self._summarizer.maybe_schedule(conv, window_start_id=ctx.window_start_id, base=base)
-        delivery = await self._outbox.deliver_now(
-            inbound, row, note=TRIMMED_NOTE if trimmed else None, stream=stream
-        )
-        self.counters.add("answers")
-        self.counters.replied(max(0.0, time.time() - inbound.received_at.timestamp()))
-        log.info(
-            "answered %s: %d context tokens (%s), %d answer chars, %s",
-            inbound.key,
-            ctx.tokens,
-            " ".join(f"{b.name}={b.tokens}" for b in ctx.blocks),
-            len(whole),
-            delivery.status.value,
-        )
-        if self._indexer is not None:  # embeds this turn's messages in the background
-            self._indexer.schedule(conv.id)
-
-    async def _forgotten(self, message_id: int) -> bool:
-        """True when the question is gone from the store (forgotten meanwhile): a turn then
-        ends quietly, since the person asked for exactly that."""
-        try:
-            return not await self._store.messages_by_ids([message_id])
-        except (sqlite3.Error, StorageError):
-            return False  # the store is failing: the storage notice is the right one
-
-    async def _incognito_turn(self, inbound: Inbound) -> None:
-        """Answer without storing: stored memory plus this session's in-memory turns."""
-        transport = self._transports[inbound.transport]
-        limits = transport.limits
-        conv = await self._store.conversation(inbound.key)
-        stretch = await self._store.incognito_stretch(conv.id)  # ended elsewhere: a new one
-        turns = self._stretches.turns(inbound.key, conv.id, stretch)
-        async with transport.working(inbound):
-            try:
-                _ctx, completion = await self._fit.ask(
-                    conv, inbound, None, limits, ephemeral=list(turns),
-                    speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
-                )  # fmt: skip
-            except LLMUnavailable as exc:
-                log.warning("no answer for %s: %s", inbound.key, exc)
-                too_long = isinstance(exc, ContextTooLong)
-                prefix = self._commands.prefix
-                await self._notice(inbound, TOO_LONG.format(prefix=prefix) if too_long
-                                   else UNAVAILABLE)  # fmt: skip
-                return
-        text = transport.fit(completion.text)
-        turns.append(("person", inbound.text[: self._config.max_message_chars]))
-        turns.append(("you", text))
-        await self._outbox.send(Reply(inbound=inbound, text=text))
-
     async def _after_failure(self, job: _Job) -> None:
         """A turn that crashed: tell the person briefly (first: the store may be what failed)
         and mark the message failed, so it is not retried (and crashing again) at every
@@ -732,7 +576,3 @@ class Responder(Recovery):
                 log.warning("%d conversation(s) cut off at shutdown", len(pending))
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.gather(*pending, return_exceptions=True)
-
-
-def _busy(seconds: float) -> str:
-    return BUSY.format(minutes=max(1, math.ceil(seconds / 60)))
