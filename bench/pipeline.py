@@ -65,7 +65,7 @@ from bot.memory.context import ContextBuilder
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.layers import LayeredContext
 from bot.memory.sessions import LONGTERM_PROMPT, SESSION_PROMPT
-from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
+from bot.memory.summary import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
 from bot.transports.base import OnMessage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,7 +151,10 @@ class TimingLLM:
         schema: JsonSchema | None = None,
     ) -> Completion:
         started = time.perf_counter()
-        background = bool(messages) and messages[0].content.startswith(_BACKGROUND_PREFIXES)
+        background = bool(messages) and (
+            messages[0].content.startswith(_BACKGROUND_PREFIXES)
+            or messages[-1].content.startswith(CONTINUATION_MARK)  # a fold continuing a reply
+        )
         try:
             completion = await self.inner.complete(
                 messages, max_tokens=max_tokens, on_text=on_text, schema=schema
