@@ -99,6 +99,7 @@ MERGE_FACTOR = 1.5  # chapters merge when together over this many times summary.
 # dropped the block from the prompt, and that reply's prompt no longer held it to continue).
 DEBT_TURNS = 0
 DEBT_WAIT = 1.0  # seconds a debt fold may hold the next reply (the gap aside)
+SETTLE_LIMIT = 30.0  # real seconds a reply waits for a debt fold at most, whatever its size
 DEBT_MAX_SECONDS = 20.0  # the most a debt fold is sized for (a long gap, or none known)
 MIN_CHAPTER_TOKENS = 24  # a fold sized below this is not worth a call
 WORDS_PER_TOKEN = 0.7
@@ -240,7 +241,12 @@ class Summarizer:
         if task is None or self._lanes.get(conversation_id) != "debt":
             return 0.0
         start = self._clock()
-        await asyncio.wait({task})
+        # Bounded: a debt that cannot get the slot (or hangs) never holds a person for good;
+        # the reply then goes on without its chapter and the debt keeps running.
+        done, _ = await asyncio.wait({task}, timeout=SETTLE_LIMIT)
+        if not done:
+            log.warning("the fold of conversation %d is still running after %.0f s; the reply "
+                        "goes on without its chapter", conversation_id, SETTLE_LIMIT)  # fmt: skip
         waited = self._clock() - start
         self.stats.settle_waits.append(waited)
         return waited
