@@ -117,7 +117,7 @@ from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
 from bot.ops.metrics import Counters
-from bot.recovery import FORGOT_AT_RESTART
+from bot.recovery import DONE_AT_RESTART, FORGOT_AT_RESTART
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import (
     AwaitsAnswer,
@@ -164,6 +164,7 @@ class _Job:
     # stored before a restart or by a gateway that died: the transport may reread it (images)
     recovered: bool = False
     command_id: int | None = None  # the command as held in the store until answered
+    command_done: bool = False  # held, its effect committed before a kill: told, not re-run
     # The conversation as read at intake, kept only for a job that runs next with no command
     # started, ended or running since the read (commands are what change conversation rows):
     # its turn needs no second read.
@@ -217,6 +218,7 @@ class Responder(Answering):
         self._stretches = HeldStretches()
         self._max_age = dict(max_age or {})
         self._questions: set[int] = set()  # stored questions queued or answered here now
+        self._held_here: set[int] = set()  # commands this process held (recovery skips them)
 
     def attach(self, transport: Transport) -> None:
         self._transports[transport.name] = transport
@@ -361,10 +363,23 @@ class Responder(Answering):
             await self._notice(inbound, text)
 
     def _enqueue_recovered(
-        self, inbound: Inbound, *, message_id: int | None = None, command_id: int | None = None
+        self,
+        inbound: Inbound,
+        *,
+        message_id: int | None = None,
+        command_id: int | None = None,
+        done: bool = False,
     ) -> None:
         if command_id is not None:
-            self._enqueue(_Job(inbound, command=True, command_id=command_id, recovered=True))
+            self._enqueue(
+                _Job(
+                    inbound,
+                    command=True,
+                    command_id=command_id,
+                    recovered=True,
+                    command_done=done,
+                )
+            )
         else:
             self._enqueue(_Job(inbound, message_id, recovered=True))
 
@@ -406,7 +421,12 @@ class Responder(Answering):
                         self._command_events += 1
                         self._commands_running += 1
                         try:
-                            await self._command(job.inbound, recovered=job.recovered)
+                            await self._command(
+                                job.inbound,
+                                recovered=job.recovered,
+                                command_id=job.command_id,
+                                done=job.command_done,
+                            )
                         finally:
                             self._commands_running -= 1
                             self._command_events += 1
@@ -437,9 +457,23 @@ class Responder(Answering):
                 self._idle.set()
 
     # --- turns ------------------------------------------------------------------------------
-    async def _command(self, inbound: Inbound, *, recovered: bool = False) -> None:
+    async def _command(
+        self,
+        inbound: Inbound,
+        *,
+        recovered: bool = False,
+        command_id: int | None = None,
+        done: bool = False,
+    ) -> None:
         parsed = self._commands.parse(inbound.text)
         assert parsed is not None
+        if done:  # its effect committed before a kill (bot.commands): told, never applied twice
+            transport = self._transports[inbound.transport]
+            text = DONE_AT_RESTART.format(command=self._commands.prefix + parsed[0])
+            entry = OutboxEntry(inbound.key, "command", transport.fit(text),
+                                reply_to=inbound.message_id)  # fmt: skip
+            await self._outbox.deliver_now(inbound, await self._store.queue_claimed(entry))
+            return
         confirm = parsed[0] == "forget" and parsed[1].lower() == "yes"
         if (  # killed during or after the delete: nothing of the person is left
             recovered
@@ -468,7 +502,9 @@ class Responder(Answering):
             return
         if busy is not None:  # a hold: run it, its reply waits in the outbox
             await self._outbox.tell_held(inbound, busy)
-        result = await self._commands.run(inbound, *parsed, room=_command_room(transport))
+        result = await self._commands.run(
+            inbound, *parsed, room=_command_room(transport), command_id=command_id
+        )
         if result.forgot and isinstance(transport, KeepsFiles):
             removed = transport.forget(inbound.sender)
             if removed:

@@ -48,7 +48,9 @@ class LinkError(MemoryRefused):
 
 
 class IdentityMixin(CoreBase):
-    async def link_dm(self, home: ConversationKey, other: ConversationKey) -> int:
+    async def link_dm(
+        self, home: ConversationKey, other: ConversationKey, *, done: int | None = None
+    ) -> int:
         """Join ``other``'s DM memory into ``home``'s; returns the number of messages moved."""
         if home.space != DM_SPACE or other.space != DM_SPACE:
             raise LinkError("only direct messages can be linked; channel spaces never merge.")
@@ -120,6 +122,7 @@ class IdentityMixin(CoreBase):
                 "ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
                 (home_id, other_id, home_id),
             )
+            await self._command_done(tx, done)
         self._vectors.drop([home_id, other_id])
         return moved
 

@@ -396,7 +396,13 @@ class OutboxMixin(CoreBase):
         )
 
     async def release_command(self, command_id: int) -> None:
-        await self._exec("DELETE FROM held_commands WHERE id = ?", (command_id,))
+        """The command's reply is queued (or it failed and its person was told): it is never
+        run again; the row stays without its text as a tombstone for catch-up (migration
+        021, pruned by ``prune_outbox``)."""
+        await self._exec(
+            "UPDATE held_commands SET released_at = ?, text = '', author = NULL WHERE id = ?",
+            (time.time(), command_id),
+        )
 
     async def held_commands(self, *, transports: Sequence[str]) -> list[HeldCommand]:
         """This gateway's commands stored and never answered (a kill), oldest first."""
@@ -404,11 +410,20 @@ class OutboxMixin(CoreBase):
             return []
         among, among_args = self.dialect.in_texts("transport", transports)
         rows = await self._all(
-            "SELECT id, transport, person, space, text, platform_id, author, created_at FROM "
-            f"held_commands WHERE gateway = ? AND {among} ORDER BY id",
+            "SELECT id, transport, person, space, text, platform_id, author, created_at, "
+            f"done_at FROM held_commands WHERE gateway = ? AND released_at IS NULL AND {among} "
+            "ORDER BY id",
             (self._claim_gateway(), *among_args),
         )
         return [
-            HeldCommand(int(r[0]), ConversationKey(r[1], r[2], r[3]), r[4], r[5], r[6], float(r[7]))
+            HeldCommand(
+                int(r[0]),
+                ConversationKey(r[1], r[2], r[3]),
+                r[4],
+                r[5],
+                r[6],
+                float(r[7]),
+                done=r[8] is not None,
+            )
             for r in rows
         ]

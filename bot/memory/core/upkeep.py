@@ -28,7 +28,12 @@ from bot.memory.core.db import CoreBase, Dialect, Tx
 from bot.memory.core.identity import give_back
 from bot.memory.core.notes import drop_stale_notes, quoted_json, quotes_missing
 from bot.memory.core.versions import COPY_MARK
-from bot.memory.keep import facts_touching, outbox_cutoff
+from bot.memory.keep import (
+    COMMAND_TOMBSTONE_SECONDS,
+    OUTBOX_KEEP_SECONDS,
+    facts_touching,
+    outbox_cutoff,
+)
 from bot.memory.records import ForgetReport
 
 
@@ -226,7 +231,13 @@ class UpkeepMixin(CoreBase):
 
     async def prune_outbox(self, before: float, *, batch: int = 500) -> int:
         """Delete finished outbox rows last touched before ``before`` (their parts cascade),
-        in small batches; pending rows stay (bot.memory.keep)."""
+        in small batches; pending rows stay (bot.memory.keep). Released held commands older
+        than ``COMMAND_TOMBSTONE_SECONDS`` go too (catch-up reads back no further)."""
+        await self._exec(
+            "DELETE FROM held_commands WHERE released_at < ?",
+            (before + OUTBOX_KEEP_SECONDS - COMMAND_TOMBSTONE_SECONDS,),
+            durable=False,
+        )
         total = 0
         while True:
             n = await self._exec(
