@@ -52,8 +52,7 @@ async def test_each_effect_marks_its_held_command_done_in_its_own_commit(
     await memory.add_message(conv.id, role=USER, author="a", text="hi", tokens=1,
                              status="answered")  # fmt: skip
     ids = [
-        await memory.hold_command(ALICE, f"!c{i}", platform_id=None, author=None)
-        for i in range(5)
+        await memory.hold_command(ALICE, f"!c{i}", platform_id=None, author=None) for i in range(5)
     ]
     fact = await memory.add_fact(conv.id, text="my boat is the Heron", tokens=4, done=ids[0])
     assert await _done(memory) == {ids[0]: True, **{i: False for i in ids[1:]}}
@@ -103,9 +102,7 @@ async def test_a_released_command_stays_known_to_catch_up_without_its_text(
     assert await memory.known_platform_ids("discord", ids, since=now - 60) == {"1001", "1002"}
     assert await memory.known_platform_ids("meshtastic", ids, since=now - 60) == set()
     await memory.release_command(held)
-    assert [c.platform_id for c in await memory.held_commands(transports=["discord"])] == [
-        "1002"
-    ]
+    assert [c.platform_id for c in await memory.held_commands(transports=["discord"])] == ["1002"]
     assert await memory.known_platform_ids("discord", ids, since=now - 60) == {"1001", "1002"}
     rows = await memory._all("SELECT text FROM held_commands WHERE id = ?", (held,))  # type: ignore[attr-defined]
     assert [r[0] for r in rows] == [""]  # the fact's words are not kept in the tombstone
