@@ -225,7 +225,9 @@ class SessionKeeper:
             max_tokens=LONGTERM_TOKENS,
         )
         text = completion.text.strip()
-        if text:
+        if not text:
+            return
+        try:
             await self._store.save_longterm_summary(
                 conversation_id,
                 text=text,
@@ -233,6 +235,12 @@ class SessionKeeper:
                 sessions=(old.sessions if old else 0) + len(new),
                 up_to_message_id=new[-1].last_message_id,
             )
+        except Exception:
+            if not await self._store.sessions(conversation_id):  # a !forget during the call
+                log.debug("conversation %d forgotten during its long-term summary",
+                          conversation_id)  # fmt: skip
+                return
+            raise
 
     # --- the background loop ------------------------------------------------------------------
     async def tick(self) -> TickReport:

@@ -39,6 +39,12 @@ Invariants:
   holding up the next fold); what is not read for facts at a fold is read at the session's
   close.
 - A summary begun before a ``!reset`` is refused by the store at save time.
+- Nothing forgotten is sent: before every model call of a fold or a merge (the continuation,
+  the standalone chapter, its "shorter" retry, the merge) the conversation is read again
+  (``_still_there``); one a ``!forget`` on any gateway deleted meanwhile ends the fold
+  quietly (a debug line, no ERROR, no retry). A save that fails because the conversation
+  went meanwhile ends the same way. (``!reset``/``!forget`` on this gateway also cancel the
+  fold in flight, ``forget``.)
 - One summary computation per conversation at a time across gateways sharing the store
   (``claim(SUMMARY_CLAIM)``); the one that lost the claim skips, and the winner's summary is
   what the next turn reads.
@@ -106,6 +112,10 @@ WORDS_PER_TOKEN = 0.7
 EXTRACT_SIZE = EXTRACT_TOKENS // 2  # a fold's fact extraction: what it usually writes
 UNTIL_WORDS = 8  # words of the first kept message quoted in the continuation task
 _SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)")
+
+
+class Forgotten(Exception):
+    """The conversation was forgotten while background work on it was in flight."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,8 +299,25 @@ class Summarizer:
             self._retry_at[conversation.id] = self._clock() + self._config.retry_seconds
             log.info("summary for conversation %d postponed: %s", conversation.id, exc)
         except Exception:  # loop boundary: a summary must never take the bot down
+            if await self._gone(conversation):  # e.g. its save met the !forget: quiet
+                log.debug("conversation %d forgotten during its fold", conversation.id)
+                return
             self._retry_at[conversation.id] = self._clock() + self._config.retry_seconds
             log.exception("summary for conversation %d failed", conversation.id)
+
+    async def _still_there(self, conversation: Conversation) -> None:
+        """Called before every model call of a fold or merge: raises ``Forgotten`` when the
+        conversation is no longer in the store (a ``!forget`` on any gateway), so nothing
+        it held is sent to the model again."""
+        if await self._gone(conversation):
+            raise Forgotten(conversation.id)
+
+    async def _gone(self, conversation: Conversation) -> bool:
+        try:
+            found = await self._store.find_conversation(conversation.key)
+        except Exception:  # the store failed: not known to be gone (the caller reports)
+            return False
+        return found is None or found.id != conversation.id
 
     async def refresh(
         self, conversation: Conversation, *, window_start_id: int, lane: str = "background"
@@ -301,7 +328,12 @@ class Summarizer:
         async with self._store.claim(SUMMARY_CLAIM, conversation.id) as mine:
             if not mine:
                 return False
-            return await self._refresh(conversation, window_start_id=window_start_id, lane=lane)
+            try:
+                return await self._refresh(conversation, window_start_id=window_start_id, lane=lane)
+            except Forgotten:
+                log.debug("conversation %d forgotten during its fold", conversation.id)
+                self._let_go()
+                return False
 
     def _lane(self, lane: str) -> LLM:
         if self._gate is None:
@@ -362,7 +394,9 @@ class Summarizer:
             if lane == "debt" and self._size(alone, lane) < MIN_CHAPTER_TOKENS:
                 text = self._no_call(conversation.id, pending)
             else:
-                text = await self._write(CHAPTER_PROMPT, material, words, llm=self._lane(lane))
+                text = await self._write(
+                    CHAPTER_PROMPT, material, words, conversation, llm=self._lane(lane)
+                )
         assert text is not None
         text = chapter_check.vet(  # junk (an echoed instruction ...) becomes a digest
             text, instruction=CHAPTER_PROMPT + "\n" + CONTINUATION_PROMPT,
@@ -430,6 +464,7 @@ class Summarizer:
         words = max(10, int(tokens * WORDS_PER_TOKEN))
         task = CONTINUATION_PROMPT.format(until=until) + "\n" + LIMIT_LINE.format(words=words)
         messages = [*base.messages, ChatMessage("user", task)]
+        await self._still_there(conversation)
         completion = await self._lane(lane).complete(messages, max_tokens=tokens)
         text = completion.text.removesuffix(TRUNCATED_MARK).strip()
         if completion.truncated and text:
@@ -443,7 +478,11 @@ class Summarizer:
         """Merge every chapter into one longer-term summary (session end, idle, or too long);
         one gateway at a time, as ``refresh``."""
         async with self._store.claim(SUMMARY_CLAIM, conversation.id) as mine:
-            return mine and await self._merge(conversation)
+            try:
+                return mine and await self._merge(conversation)
+            except Forgotten:
+                log.debug("conversation %d forgotten during its merge", conversation.id)
+                return False
 
     async def _extract_fold(self, conversation_id: int, pending: list[StoredMessage]) -> None:
         """Facts from a folded chapter's messages (the chapter stands whatever happens here;
@@ -463,7 +502,7 @@ class Summarizer:
         if len(chapters) < 2:
             return False
         words = max(20, int(self._config.max_tokens * 0.6))
-        text = await self._write(MERGE_PROMPT, _merge_input(chapters), words)  # background
+        text = await self._write(MERGE_PROMPT, _merge_input(chapters), words, conversation)
         text = chapter_check.vet(
             text, instruction=MERGE_PROMPT, sources=[("", c.text) for c in chapters],
             counter=self._counter, limit=chapter_check.words_limit(words, self._config.max_tokens),
@@ -480,13 +519,21 @@ class Summarizer:
         return saved
 
     async def _write(
-        self, instruction: str, material: str, words: int, *, llm: LLM | None = None
+        self,
+        instruction: str,
+        material: str,
+        words: int,
+        conversation: Conversation,
+        *,
+        llm: LLM | None = None,
     ) -> str:
         """Ask for a summary of ``words`` words; once more at half if the answer was cut or
         too long; a second cut answer is kept to its last full sentence and marked. The word
-        limit closes the request, so the retry re-reads only that line."""
+        limit closes the request, so the retry re-reads only that line. Before each attempt
+        the conversation is read again (``Forgotten``: a ``!forget`` meanwhile)."""
         limit = self._config.max_tokens
         for attempt in range(2):
+            await self._still_there(conversation)
             prompt = [
                 ChatMessage("system", instruction),
                 ChatMessage("user", material + "\n\n" + LIMIT_LINE.format(words=words)),
