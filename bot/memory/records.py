@@ -164,7 +164,16 @@ SESSION_FIELDS = (
     "id", "first_message_id", "last_message_id", "started_at", "ended_at", "messages", "title",
     "summary", "tokens",
 )  # fmt: skip
-FACT_FIELDS = ("id", "text", "tokens", "created_at", "updated_at", "pinned", "source_ids")
+FACT_FIELDS = (
+    "id",
+    "text",
+    "tokens",
+    "created_at",
+    "updated_at",
+    "pinned",
+    "source_ids",
+    "history",  # earlier values with provenance (migration 018); absent in older exports
+)
 LONGTERM_FIELDS = ("text", "tokens", "sessions", "up_to_message_id", "updated_at")
 DUMP_TABLES = {
     "messages": MESSAGE_FIELDS,
