@@ -162,6 +162,15 @@ class Recovery:
         row = await self._store.queue_claimed(entry, question_status="expired")
         await self._outbox.deliver_now(inbound, row)
 
+    async def _told_at_restart(self, inbound: Inbound, text: str, command_id: int | None) -> None:
+        """A held command not run again at restart (its effect had committed): its person is
+        told, and it is released in the same write as the notice's outbox row."""
+        transport = self._transports[inbound.transport]
+        entry = OutboxEntry(inbound.key, "command", transport.fit(text),
+                            reply_to=inbound.message_id)  # fmt: skip
+        row = await self._store.queue_claimed(entry, release=command_id)
+        await self._outbox.deliver_now(inbound, row)
+
     async def _hold_command(self, inbound: Inbound) -> int | None:
         """Store a command before it runs (``held_commands``): one lost to a kill is run at
         the next start. A store that fails (disk full) does not stop the command."""

@@ -371,15 +371,8 @@ class Responder(Answering):
         done: bool = False,
     ) -> None:
         if command_id is not None:
-            self._enqueue(
-                _Job(
-                    inbound,
-                    command=True,
-                    command_id=command_id,
-                    recovered=True,
-                    command_done=done,
-                )
-            )
+            held = _Job(inbound, command=True, command_id=command_id, command_done=done)
+            self._enqueue(replace(held, recovered=True))
         else:
             self._enqueue(_Job(inbound, message_id, recovered=True))
 
@@ -421,12 +414,9 @@ class Responder(Answering):
                         self._command_events += 1
                         self._commands_running += 1
                         try:
-                            await self._command(
-                                job.inbound,
-                                recovered=job.recovered,
-                                command_id=job.command_id,
-                                done=job.command_done,
-                            )
+                            await self._command(job.inbound, recovered=job.recovered,
+                                                command_id=job.command_id,
+                                                done=job.command_done)  # fmt: skip
                         finally:
                             self._commands_running -= 1
                             self._command_events += 1
@@ -468,11 +458,8 @@ class Responder(Answering):
         parsed = self._commands.parse(inbound.text)
         assert parsed is not None
         if done:  # its effect committed before a kill (bot.commands): told, never applied twice
-            transport = self._transports[inbound.transport]
             text = DONE_AT_RESTART.format(command=self._commands.prefix + parsed[0])
-            entry = OutboxEntry(inbound.key, "command", transport.fit(text),
-                                reply_to=inbound.message_id)  # fmt: skip
-            await self._outbox.deliver_now(inbound, await self._store.queue_claimed(entry))
+            await self._told_at_restart(inbound, text, command_id)
             return
         confirm = parsed[0] == "forget" and parsed[1].lower() == "yes"
         if (  # killed during or after the delete: nothing of the person is left
@@ -480,10 +467,7 @@ class Responder(Answering):
             and confirm
             and not await self._store.conversations_of(inbound.transport, inbound.sender)
         ):
-            transport = self._transports[inbound.transport]
-            entry = OutboxEntry(inbound.key, "command", transport.fit(FORGOT_AT_RESTART),
-                                reply_to=inbound.message_id)  # fmt: skip
-            await self._outbox.deliver_now(inbound, await self._store.queue_claimed(entry))
+            await self._told_at_restart(inbound, FORGOT_AT_RESTART, command_id)
             return
         if parsed[0] in ENDS_INCOGNITO:  # here at once, and for every gateway in the store
             everywhere = parsed[0] == "forget"
@@ -528,7 +512,8 @@ class Responder(Answering):
             reply_to=inbound.message_id,
             rest=rest,
         )
-        row = await self._store.queue_claimed(entry)
+        # released in the same write: a kill never leaves the reply queued and the command held
+        row = await self._store.queue_claimed(entry, release=command_id)
         delivery = await self._outbox.deliver_now(inbound, row)
         self._after_delivery(result, delivery)
 

@@ -23,7 +23,7 @@ from bot.domain import DM_SPACE, ConversationKey, Inbound
 from bot.memory.core.db import CoreBase, Tx
 from bot.memory.keep import COMMAND_TOMBSTONE_SECONDS, outbox_cutoff
 from bot.memory.port import MemoryStore
-from bot.memory.records import USER
+from bot.memory.records import USER, OutboxEntry
 from bot.recovery import DONE_AT_RESTART
 from tests.conftest import start_harness
 from tests.fakes.fake_llm import FakeLLM
@@ -111,6 +111,18 @@ async def test_a_released_command_stays_known_to_catch_up_without_its_text(
     later = time.time() + COMMAND_TOMBSTONE_SECONDS + 60
     await memory.prune_outbox(outbox_cutoff(later))
     assert await memory.known_platform_ids("discord", ids, since=now - 60) == {"1002"}
+
+
+async def test_a_command_reply_queued_releases_its_command_in_the_same_write(
+    memory: MemoryStore,
+) -> None:
+    held = await memory.hold_command(ALICE, "!facts", platform_id="5", author="a")
+    other = await memory.hold_command(ALICE, "!help", platform_id="6", author="a")
+    row = await memory.queue_claimed(OutboxEntry(ALICE, "command", "No facts yet."),
+                                     release=held)  # fmt: skip
+    assert row.entry.text == "No facts yet."
+    assert [c.id for c in await memory.held_commands(transports=["mesh"])] == [other]
+    assert "5" in await memory.known_platform_ids("mesh", ["5"], since=0.0)  # tombstone
 
 
 # --- through the app: a kill after the effect, before the reply ------------------------------

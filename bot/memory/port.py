@@ -414,6 +414,7 @@ class MemoryStore(Protocol):
         *,
         answer: StoredAnswer | None = None,
         question_status: str | None = None,
+        release: int | None = None,
     ) -> OutboxRow: ...
 
     @property

@@ -66,6 +66,10 @@ _ANSWER_COLS = (
 )  # fmt: skip
 
 
+# A held command answered: never run again; kept as a tombstone without its words (021).
+RELEASE = "UPDATE held_commands SET released_at = ?, text = '', author = NULL WHERE id = ?"
+
+
 class OutboxMixin(CoreBase):
     _owner: str | None = None
 
@@ -98,11 +102,14 @@ class OutboxMixin(CoreBase):
         *,
         answer: StoredAnswer | None = None,
         question_status: str | None = None,
+        release: int | None = None,
     ) -> OutboxRow:
         """``queue_delivery(..., claim=True)``, returning the new row as ``outbox_row`` would
         read it (no parts yet; the parts its question's stream showed), from the same
-        statement (PostgreSQL) or transaction (SQLite): no second read."""
-        return await self._queued(entry, answer, question_status, True)
+        statement (PostgreSQL) or transaction (SQLite): no second read. ``release``: the held
+        command this row answers, released in the same write (``release_command``), so a
+        kill can never leave a queued reply with its command still held (run twice)."""
+        return await self._queued(entry, answer, question_status, True, release)
 
     async def _queued(
         self,
@@ -110,6 +117,7 @@ class OutboxMixin(CoreBase):
         answer: StoredAnswer | None,
         question_status: str | None,
         claim: bool,
+        release: int | None = None,
     ) -> OutboxRow:
         if entry.kind not in OUTBOX_KINDS:
             raise ValueError(f"unknown outbox kind {entry.kind!r}")
@@ -121,11 +129,11 @@ class OutboxMixin(CoreBase):
                 )
                 if home != answer.conversation_id:  # !unlink during the turn
                     answer = replace(answer, conversation_id=answer.origin_id, origin_id=None)
-                return await self._queue(tx, entry, answer, question_status, claim, now)
+                return await self._queue(tx, entry, answer, question_status, claim, now, release)
         if self.dialect.name == "postgres":  # one statement: the writes as WITH parts
-            return await self._queue(None, entry, answer, question_status, claim, now)
+            return await self._queue(None, entry, answer, question_status, claim, now, release)
         async with self._atomic() as tx:
-            return await self._queue(tx, entry, answer, question_status, claim, now)
+            return await self._queue(tx, entry, answer, question_status, claim, now, release)
 
     async def _queue(
         self,
@@ -135,6 +143,7 @@ class OutboxMixin(CoreBase):
         question_status: str | None,
         claim: bool,
         now: float,
+        release: int | None = None,
     ) -> OutboxRow:
         """``queue_delivery``'s writes: in ``tx`` one statement after the other, or (``tx``
         None, PostgreSQL) as one statement whose outbox row takes the answer's id from the
@@ -152,6 +161,8 @@ class OutboxMixin(CoreBase):
         if question_status is not None and entry.question_id is not None:
             update = "UPDATE messages SET status = ? WHERE id = ?"
             steps.append((update, (question_status, entry.question_id)))
+        if release is not None:
+            steps.append((RELEASE, (now, release)))
         if tx is not None:  # one statement after the other; the answer's id for the row
             if answer is not None:
                 answer_id = int(await tx.val(*steps[0]))
@@ -399,10 +410,7 @@ class OutboxMixin(CoreBase):
         """The command's reply is queued (or it failed and its person was told): it is never
         run again; the row stays without its text as a tombstone for catch-up (migration
         021, pruned by ``prune_outbox``)."""
-        await self._exec(
-            "UPDATE held_commands SET released_at = ?, text = '', author = NULL WHERE id = ?",
-            (time.time(), command_id),
-        )
+        await self._exec(RELEASE, (time.time(), command_id))
 
     async def held_commands(self, *, transports: Sequence[str]) -> list[HeldCommand]:
         """This gateway's commands stored and never answered (a kill), oldest first."""
