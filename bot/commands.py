@@ -26,11 +26,11 @@ Invariants:
   brackets ("you, 3 Nov" for ``!remember``; 'inferred today from "..."' for an extracted
   one) and the value it replaced, if any.
 - A command with an effect (``!remember``, ``!unremember``, ``!reset``, ``!link <code>``,
-  ``!model``, ``!persona``) run from ``held_commands`` writes its effect with ``done=`` the
-  held id: the effect and the command's done mark commit in one transaction, and any earlier
-  write of the command is one that a second run repeats harmlessly. A replay after a kill
-  then tells the person instead of running it again (``bot.recovery``). ``!forget yes`` is
-  recognised on replay by nothing of the person being left.
+  ``!unlink``, ``!model``, ``!persona``) run from ``held_commands`` writes its effect with
+  ``done=`` the held id: the effect and the command's done mark commit in one transaction,
+  and any earlier write of the command is one that a second run repeats harmlessly. A
+  replay after a kill then tells the person instead of running it again (``bot.recovery``).
+  ``!forget yes`` is recognised on replay by nothing of the person being left.
 - ``!unremember`` removes the fact with its history, deletes the finished outbox rows that
   quote it, and does not quote it in its reply.
 - ``!link``/``!unlink`` act only on DMs; a wrong, expired or used code gets one answer that
@@ -493,7 +493,7 @@ class Commands:
     async def _unlink(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         if not inbound.is_dm:
             return self._say(f"Send {self.prefix}unlink in a direct message.")
-        moved = await self._store.unlink_dm(inbound.key)
+        moved = await self._store.unlink_dm(inbound.key, done=RUNNING_COMMAND.get())
         if moved is None:
             return self._say("This account is not linked.")
         return self._say("Unlinked: each account keeps its own messages and facts again.")

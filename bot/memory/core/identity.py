@@ -126,7 +126,7 @@ class IdentityMixin(CoreBase):
         self._vectors.drop([home_id, other_id])
         return moved
 
-    async def unlink_dm(self, key: ConversationKey) -> int | None:
+    async def unlink_dm(self, key: ConversationKey, *, done: int | None = None) -> int | None:
         """Separate the link ``key`` belongs to (from either side); returns the number of
         messages given back, or None when ``key`` is not linked."""
         d = self.dialect
@@ -152,6 +152,7 @@ class IdentityMixin(CoreBase):
             for other_id in absorbed:
                 moved += await give_back(tx, d, other_id)
             await drop_stale_notes(tx, d, [int(row[0]), *absorbed, *([row[1]] if row[1] else [])])
+            await self._command_done(tx, done)
         self._vectors.clear()
         return moved
 
