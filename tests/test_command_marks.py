@@ -106,8 +106,11 @@ async def test_a_released_command_stays_known_to_catch_up_without_its_text(
     await memory.release_command(held)
     assert [c.platform_id for c in await memory.held_commands(transports=["discord"])] == ["1002"]
     assert await memory.known_platform_ids("discord", ids, since=now - 60) == {"1001", "1002"}
-    rows = await memory._all("SELECT text FROM held_commands WHERE id = ?", (held,))  # type: ignore[attr-defined]
-    assert [r[0] for r in rows] == [""]  # the fact's words are not kept in the tombstone
+    rows = await memory._all(  # type: ignore[attr-defined]
+        "SELECT text, person, space, author FROM held_commands WHERE id = ?", (held,)
+    )
+    assert [tuple(r) for r in rows] == [("", "", "", None)]  # no words, no one named
+
     await memory.prune_outbox(outbox_cutoff(time.time()))
     assert "1001" in await memory.known_platform_ids("discord", ids, since=now - 60)
     later = time.time() + COMMAND_TOMBSTONE_SECONDS + 60

@@ -66,8 +66,12 @@ _ANSWER_COLS = (
 )  # fmt: skip
 
 
-# A held command answered: never run again; kept as a tombstone without its words (021).
-RELEASE = "UPDATE held_commands SET released_at = ?, text = '', author = NULL WHERE id = ?"
+# A held command answered: never run again; kept as a tombstone (021) that names no one and
+# holds none of its words: the platform's message id, for catch-up, and when.
+RELEASE = (
+    "UPDATE held_commands SET released_at = ?, text = '', author = NULL, person = '', "
+    "space = '' WHERE id = ?"
+)
 
 
 class OutboxMixin(CoreBase):
@@ -408,8 +412,8 @@ class OutboxMixin(CoreBase):
 
     async def release_command(self, command_id: int) -> None:
         """The command's reply is queued (or it failed and its person was told): it is never
-        run again; the row stays without its text as a tombstone for catch-up (migration
-        021, pruned by ``prune_outbox``)."""
+        run again; the row stays as a tombstone for catch-up with neither its text nor its
+        person (migration 021, pruned by ``prune_outbox``)."""
         await self._exec(RELEASE, (time.time(), command_id))
 
     async def held_commands(self, *, transports: Sequence[str]) -> list[HeldCommand]:
