@@ -214,3 +214,61 @@ async def test_a_command_killed_inside_its_effect_runs_once_at_restart(
         assert reply.startswith("Removed fact 1")
     finally:
         await h.app.close()
+
+
+# --- the upgrade: a command held by the version before 021 ----------------------------------
+_HELD_BEFORE = (
+    "INSERT INTO held_commands (gateway, transport, person, space, text, platform_id, author, "
+    "created_at) VALUES ({}, 'mesh', '!0000abcd', 'dm', '!facts', '77', 'al', 1000.0)"
+)
+
+
+async def _held_after_upgrade(store: MemoryStore) -> None:
+    [held] = await store.held_commands(transports=["mesh"])
+    assert (held.text, held.platform_id, held.done) == ("!facts", "77", False)
+    assert await store.known_platform_ids("mesh", ["77"], since=0.0) == {"77"}
+    await store.release_command(held.id)
+    assert await store.held_commands(transports=["mesh"]) == []
+
+
+async def test_a_command_held_before_021_is_still_replayed_after_the_upgrade_sqlite(
+    tmp_path: Path,
+) -> None:
+    import aiosqlite
+
+    from bot.memory.outbox_claims import SQLITE_GATEWAY
+    from bot.memory.schema import MIGRATIONS, migrate
+    from bot.memory.store import SqliteStore
+
+    assert MIGRATIONS[-1][0] == "021_command_marks"
+    db = await aiosqlite.connect(tmp_path / "m.db", isolation_level=None)
+    await migrate(db, MIGRATIONS[:-1])
+    await db.execute(_HELD_BEFORE.format("?"), (SQLITE_GATEWAY,))
+    await db.close()
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        await _held_after_upgrade(store)
+    finally:
+        await store.close()
+
+
+async def test_a_command_held_before_021_is_still_replayed_after_the_upgrade_postgres(
+    url: str,
+) -> None:
+    asyncpg = pytest.importorskip("asyncpg", reason="PostgreSQL tests need meshsage[postgres]")
+    from bot.memory.postgres import PostgresStore
+    from bot.memory.postgres.schema import MIGRATIONS, migrate
+    from tests import pg_server
+
+    assert MIGRATIONS[-1][0] == "021_command_marks"
+    con = await asyncpg.connect(url, password=pg_server.BOT_PASSWORD)
+    try:
+        await migrate(con, MIGRATIONS[:-1])
+        await con.execute(_HELD_BEFORE.format("$1"), "gw")
+    finally:
+        await con.close()
+    store = await PostgresStore.open(url, password=pg_server.BOT_PASSWORD, gateway="gw")
+    try:
+        await _held_after_upgrade(store)
+    finally:
+        await store.close()

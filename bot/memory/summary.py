@@ -332,7 +332,6 @@ class Summarizer:
                 return await self._refresh(conversation, window_start_id=window_start_id, lane=lane)
             except Forgotten:
                 log.debug("conversation %d forgotten during its fold", conversation.id)
-                self._let_go()
                 return False
 
     def _lane(self, lane: str) -> LLM:
