@@ -216,6 +216,27 @@ async def test_a_command_killed_inside_its_effect_runs_once_at_restart(
         await h.app.close()
 
 
+async def test_recovery_skips_a_command_this_process_held_itself(
+    tmp_path: Path, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command heard live (e.g. read back by Discord catch-up) before recovery ran is queued
+    once, by the live path; recovery does not queue it a second time."""
+    from bot.responder import Responder, _Job
+
+    h = await start_harness(tmp_path, fake_llm)
+    queued: list[_Job] = []
+    monkeypatch.setattr(Responder, "_enqueue", lambda self, job: queued.append(job))
+    try:
+        await h.transport.say("!remember my boat is the Heron")
+        assert [j.inbound.text for j in queued] == ["!remember my boat is the Heron"]
+        assert len(await h.store.held_commands(transports=["fake"])) == 1
+        await h.app.responder.recover_pending()
+        assert len(queued) == 1  # not queued again by recovery
+    finally:
+        monkeypatch.undo()
+        await h.app.close()
+
+
 # --- the upgrade: a command held by the version before 021 ----------------------------------
 _HELD_BEFORE = (
     "INSERT INTO held_commands (gateway, transport, person, space, text, platform_id, author, "
