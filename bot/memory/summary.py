@@ -37,7 +37,8 @@ Invariants:
   the record, and every skip is logged.
 - A merge or fold-time fact extraction starts only when the gate expects it to fit (never
   holding up the next fold); what is not read for facts at a fold is read at the session's
-  close.
+  close. After a debt fold both run in tasks of their own: ``settle`` waits for the chapter,
+  never for background work (which waits for the very turn that settles).
 - A summary begun before a ``!reset`` is refused by the store at save time.
 - One summary computation per conversation at a time across gateways sharing the store
   (``claim(SUMMARY_CLAIM)``); the one that lost the claim skips, and the winner's summary is
@@ -51,7 +52,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 
 from bot.config import SummaryConfig
@@ -389,15 +390,31 @@ class Summarizer:
             self._due.pop(conversation.id, None)
         log.debug("conversation %d: chapter up to message %d", conversation.id, pending[-1].id)
         if self._extractor is not None and self._room_for(EXTRACT_SIZE):
-            task = asyncio.create_task(self._extract_fold(conversation.id, pending))
-            self._extracting.add(task)  # its own task: folds are not held up by it
-            task.add_done_callback(self._extracting.discard)
+            self._aside(self._extract_fold(conversation.id, pending))  # folds are not held up
         total = sum(c.tokens for c in chapters) + self._counter.count(text)
         if total > self._config.max_tokens * MERGE_FACTOR and self._room_for(
             self._config.max_tokens
         ):
-            await self._merge(conversation)
+            if lane == "debt":  # the next turn waits for this task: not for a background merge
+                self._aside(self._merge_aside(conversation))
+            else:
+                await self._merge(conversation)
         return True
+
+    def _aside(self, work: Coroutine[None, None, None]) -> None:
+        """Background work started by a fold in a task of its own (``settle`` waits for the
+        fold only; ``stop`` and ``wait_quiet`` see these too)."""
+        task = asyncio.create_task(work)
+        self._extracting.add(task)
+        task.add_done_callback(self._extracting.discard)
+
+    async def _merge_aside(self, conversation: Conversation) -> None:
+        try:
+            await self.merge(conversation)
+        except (LLMUnavailable, BackgroundPreempted) as exc:
+            log.info("merge of conversation %d postponed: %s", conversation.id, exc)
+        except Exception:  # loop boundary: a merge must never take the bot down
+            log.exception("merge of conversation %d failed", conversation.id)
 
     def _room_for(self, max_tokens: int) -> bool:
         """Whether the gate expects a standalone background call of about this size to fit
