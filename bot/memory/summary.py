@@ -44,7 +44,7 @@ Invariants:
 - A summary begun before a ``!reset`` is refused by the store at save time.
 - Nothing forgotten is sent: before every model call of a fold or a merge (the continuation,
   the standalone chapter, its "shorter" retry, the merge) the conversation is read again
-  (``_still_there``); one a ``!forget`` on any gateway deleted meanwhile ends the fold
+  (``bot.memory.forgotten``); one a ``!forget`` on any gateway deleted meanwhile ends the fold
   quietly (a debug line, no ERROR, no retry). A save that fails because the conversation
   went meanwhile ends the same way. (``!reset``/``!forget`` on this gateway also cancel the
   fold in flight, ``forget``.)
@@ -71,6 +71,7 @@ from bot.llm.server_limits import Room, no_limit
 from bot.llm.tokens import TokenCounter
 from bot.memory import chapter_check
 from bot.memory.facts import EXTRACT_TOKENS, FactExtractor
+from bot.memory.forgotten import Forgotten, gone, still_there
 from bot.memory.port import MemoryStore
 from bot.memory.records import FACTS_CLAIM, SUMMARY_CLAIM
 from bot.memory.store import USER, Conversation, StoredMessage, Summary
@@ -118,10 +119,6 @@ WORDS_PER_TOKEN = 0.7
 EXTRACT_SIZE = EXTRACT_TOKENS // 2  # a fold's fact extraction: what it usually writes
 UNTIL_WORDS = 8  # words of the first kept message quoted in the continuation task
 _SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)")
-
-
-class Forgotten(Exception):
-    """The conversation was forgotten while background work on it was in flight."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,25 +304,11 @@ class Summarizer:
             self._retry_at[conversation.id] = self._clock() + self._config.retry_seconds
             log.info("summary for conversation %d postponed: %s", conversation.id, exc)
         except Exception:  # loop boundary: a summary must never take the bot down
-            if await self._gone(conversation):  # e.g. its save met the !forget: quiet
+            if await gone(self._store, conversation):  # e.g. its save met the !forget: quiet
                 log.debug("conversation %d forgotten during its fold", conversation.id)
                 return
             self._retry_at[conversation.id] = self._clock() + self._config.retry_seconds
             log.exception("summary for conversation %d failed", conversation.id)
-
-    async def _still_there(self, conversation: Conversation) -> None:
-        """Called before every model call of a fold or merge: raises ``Forgotten`` when the
-        conversation is no longer in the store (a ``!forget`` on any gateway), so nothing
-        it held is sent to the model again."""
-        if await self._gone(conversation):
-            raise Forgotten(conversation.id)
-
-    async def _gone(self, conversation: Conversation) -> bool:
-        try:
-            found = await self._store.find_conversation(conversation.key)
-        except Exception:  # the store failed: not known to be gone (the caller reports)
-            return False
-        return found is None or found.id != conversation.id
 
     async def refresh(
         self, conversation: Conversation, *, window_start_id: int, lane: str = "background"
@@ -462,7 +445,7 @@ class Summarizer:
         except (LLMUnavailable, BackgroundPreempted) as exc:
             log.info("merge of conversation %d postponed: %s", conversation.id, exc)
         except Exception:  # loop boundary: a merge must never take the bot down
-            if await self._gone(conversation):  # its save met a !forget: quiet
+            if await gone(self._store, conversation):  # its save met a !forget: quiet
                 log.debug("conversation %d forgotten during its merge", conversation.id)
                 return
             log.exception("merge of conversation %d failed", conversation.id)
@@ -498,7 +481,7 @@ class Summarizer:
         words = max(10, int(tokens * WORDS_PER_TOKEN))
         task = CONTINUATION_PROMPT.format(until=until) + "\n" + LIMIT_LINE.format(words=words)
         messages = [*base.messages, ChatMessage("user", task)]
-        await self._still_there(conversation)
+        await still_there(self._store, conversation)
         completion = await self._lane(lane).complete(messages, max_tokens=tokens)
         text = completion.text.removesuffix(TRUNCATED_MARK).strip()
         if completion.truncated and text:
@@ -575,7 +558,7 @@ class Summarizer:
         the conversation is read again (``Forgotten``: a ``!forget`` meanwhile)."""
         limit = max_tokens or self._config.max_tokens
         for attempt in range(2):
-            await self._still_there(conversation)
+            await still_there(self._store, conversation)
             prompt = [
                 ChatMessage("system", instruction),
                 ChatMessage("user", material + "\n\n" + LIMIT_LINE.format(words=words)),
