@@ -26,11 +26,12 @@ Invariants:
   brackets ("you, 3 Nov" for ``!remember``; 'inferred today from "..."' for an extracted
   one) and the value it replaced, if any.
 - A command with an effect (``!remember``, ``!unremember``, ``!reset``, ``!link <code>``,
-  ``!unlink``, ``!model``, ``!persona``) run from ``held_commands`` writes its effect with
-  ``done=`` the held id: the effect and the command's done mark commit in one transaction,
-  and any earlier write of the command is one that a second run repeats harmlessly. A
-  replay after a kill then tells the person instead of running it again (``bot.recovery``).
-  ``!forget yes`` is recognised on replay by nothing of the person being left.
+  ``!unlink``, ``!pin``, ``!model``, ``!persona``) run from ``held_commands`` writes its
+  effect with ``done=`` the held id: the effect and the command's done mark commit in one
+  transaction, and any earlier write of the command is one that a second run repeats
+  harmlessly. A replay after a kill then tells the person instead of running it again
+  (``bot.recovery``). ``!forget yes`` is recognised on replay by nothing of the person
+  being left.
 - ``!unremember`` removes the fact with its history, deletes the finished outbox rows that
   quote it, and does not quote it in its reply.
 - ``!link``/``!unlink`` act only on DMs; a wrong, expired or used code gets one answer that
@@ -459,7 +460,7 @@ class Commands:
                 target = [found]
         if not target:  # no reply: the latest exchange
             target = [m.id for m in await self._store.recent_messages(conv, limit=2)]
-        n = await self._store.mark_important(conv.id, target)
+        n = await self._store.mark_important(conv.id, target, done=RUNNING_COMMAND.get())
         if not n:
             return self._say("Nothing to pin: reply to one of our messages with "
                              f"{self.prefix}pin.")  # fmt: skip

@@ -52,7 +52,7 @@ async def test_each_effect_marks_its_held_command_done_in_its_own_commit(
     await memory.add_message(conv.id, role=USER, author="a", text="hi", tokens=1,
                              status="answered")  # fmt: skip
     ids = [
-        await memory.hold_command(ALICE, f"!c{i}", platform_id=None, author=None) for i in range(7)
+        await memory.hold_command(ALICE, f"!c{i}", platform_id=None, author=None) for i in range(8)
     ]
     fact = await memory.add_fact(conv.id, text="my boat is the Heron", tokens=4, done=ids[0])
     assert await _done(memory) == {ids[0]: True, **{i: False for i in ids[1:]}}
@@ -63,6 +63,8 @@ async def test_each_effect_marks_its_held_command_done_in_its_own_commit(
     assert await memory.remove_fact(conv.id, fact, done=ids[4])
     await memory.link_dm(ON_DISCORD, ALICE, done=ids[5])
     assert await memory.unlink_dm(ALICE, done=ids[6]) is not None
+    [said] = await memory.all_messages(conv.id)
+    assert await memory.mark_important(conv.id, [said.id], done=ids[7]) == 1
     assert set((await _done(memory)).values()) == {True}
     # without done= nothing is marked
     other = await memory.hold_command(ALICE, "!facts", platform_id=None, author=None)

@@ -182,15 +182,21 @@ class UpkeepMixin(CoreBase):
         )
         return {int(r[0]): str(r[1]) for r in rows}
 
-    async def mark_important(self, conversation_id: int, message_ids: Sequence[int]) -> int:
-        """``!pin``: these messages are never pruned by use."""
+    async def mark_important(
+        self, conversation_id: int, message_ids: Sequence[int], *, done: int | None = None
+    ) -> int:
+        """``!pin``: these messages are never pruned by use. ``done``: the held command, marked
+        done in the same transaction."""
         if not message_ids:
             return 0
         where, params = self.dialect.in_ids("id", message_ids)
-        return await self._exec(
-            f"UPDATE messages SET important = 1 WHERE conversation_id = ? AND {where}",
-            (conversation_id, *params),
-        )
+        sql = f"UPDATE messages SET important = 1 WHERE conversation_id = ? AND {where}"
+        if done is None:
+            return await self._exec(sql, (conversation_id, *params))
+        async with self._atomic() as tx:
+            n = await tx.exec(sql, (conversation_id, *params))
+            await self._command_done(tx, done)
+        return n
 
     async def prune_by_use(self, max_per_conversation: int, *, batch: int = 500) -> int:
         """Keep at most ``max_per_conversation`` messages in each conversation: delete the
