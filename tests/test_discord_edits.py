@@ -12,9 +12,9 @@ from bot.domain import DM_SPACE, ConversationKey
 from bot.memory.records import StoredMessage
 from bot.responder import WITHDRAWN
 from bot.transports.discord import EDITED_NOTE
-from tests.fakes.fake_discord import FakeDiscord
+from tests.fakes.fake_discord import ALICE, FakeDiscord
 from tests.fakes.fake_llm import FakeLLM
-from tests.test_discord_app import ALICE, CHANNEL_SPACE, Rig, running
+from tests.test_discord_app import CHANNEL_SPACE, Rig, running
 
 
 async def _settle(rig: Rig, sent: int) -> None:
