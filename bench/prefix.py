@@ -48,7 +48,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -65,8 +65,16 @@ from bot.config import (
 )
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, make_counter
-from bot.memory.context import ContextBuilder
-from bot.memory.layers import LayeredContext
+from bot.memory.context import (
+    CHAPTER_HEADER,
+    FACTS_HEADER,
+    MORE_HEADER,
+    NEW_FACTS_HEADER,
+    RETRIEVED_HEADER,
+    SUMMARY_HEADER,
+    ContextBuilder,
+)
+from bot.memory.layers import LONGTERM_HEADER, LayeredContext
 from bot.memory.summary import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT, Summarizer
 from bot.transports.base import OnMessage
 from bot.transports.mesh_text import fit
@@ -255,6 +263,13 @@ class Result:
     reeval_per_turn: float
     reply_reeval_per_turn: float  # of which in reply requests
     prompt_per_turn: float
+    # part that changed first -> (replies, tokens re-read): against the person's previous
+    # reply, and against the request just before (one slot)
+    why: dict[str, tuple[int, float]] = field(default_factory=dict)
+    why_slot: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # ``--one-slot``: prompt tokens the one-slot fake evaluated per reply (its own count: 4
+    # characters of its template a token; its cache holds the last prompt and its answer)
+    slot_reply_eval: float | None = None
 
 
 def is_reply(body: dict[str, Any]) -> bool:
@@ -330,6 +345,83 @@ def measure(
     return shares, (reeval, reply_reeval), prompt, summaries
 
 
+# Where a prompt's parts begin, as the context builder writes them (``where``).
+SYSTEM_PARTS = (
+    ("facts", FACTS_HEADER),
+    ("long-term", LONGTERM_HEADER),
+    ("chapters", SUMMARY_HEADER),
+)
+FINAL_PARTS = (
+    ("new facts", NEW_FACTS_HEADER),
+    ("recall note", RETRIEVED_HEADER),
+    ("recall, once", MORE_HEADER),
+    ("older chapter, once", CHAPTER_HEADER),
+)
+
+
+def where(messages: Sequence[dict[str, Any]], index: int, at: int) -> str:
+    """The part of a prompt (``messages``) that holds character ``at`` of message ``index``:
+    a part of the system message, a window message, or a part of the final message."""
+    content = str(messages[index]["content"])
+    if index == 0:
+        parts = [(content.find(h), name) for name, h in SYSTEM_PARTS if h in content]
+        found = [name for start, name in sorted(parts) if start <= at]
+        return "system: " + (found[-1] if found else "prompt")
+    if index < len(messages) - 1:
+        return "window"
+    parts = [(content.find(h), name) for name, h in FINAL_PARTS if h in content]
+    found = [name for start, name in sorted(parts) if start <= at]
+    return "final: " + (found[-1] if found else "message")
+
+
+def first_break(
+    before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]
+) -> tuple[str, int, int]:
+    """Where ``after`` first differs from ``before``: the part of ``before`` that changed
+    (``where``), the message index and the character offset in it."""
+    for i, (a, b) in enumerate(zip(before, after, strict=False)):
+        x, y = str(a["content"]), str(b["content"])
+        if a["role"] != b["role"]:
+            return where(before, i, 0), i, 0
+        if x != y:
+            at = common_prefix(x, y)
+            return where(before, i, at), i, at
+    return "nothing (extends it)", len(before), 0
+
+
+def breaks(
+    requests: Sequence[dict[str, Any]],
+    owners: Sequence[str | None],
+    counter: TokenCounter,
+    *,
+    one_slot: bool = False,
+    evaluated: Sequence[float] | None = None,
+) -> dict[str, tuple[int, float]]:
+    """For each reply after a person's first: which part of the request compared against
+    (the person's previous reply; ``one_slot``: the request just before, of any kind) changed
+    first, and the tokens of the reply re-read from there on (``evaluated``: what the server
+    evaluated for each request instead). Part -> (replies, tokens)."""
+    out: dict[str, tuple[int, float]] = {}
+    last_of: dict[str, Sequence[dict[str, Any]]] = {}
+    previous: Sequence[dict[str, Any]] = []
+    for k, (body, owner) in enumerate(zip(requests, owners, strict=True)):
+        messages = body["messages"]
+        against = previous if one_slot else last_of.get(owner or "", [])
+        if owner is not None and against:
+            label, _i, _at = first_break(against, messages)
+            if one_slot and against is not last_of.get(owner):
+                label = "after a background call: " + label
+            lost = prompt_tokens(messages, counter) - shared_tokens(against, messages, counter)
+            if evaluated is not None:
+                lost = evaluated[k]
+            n, t = out.get(label, (0, 0.0))
+            out[label] = (n + 1, t + lost)
+        if owner is not None:
+            last_of[owner] = messages
+        previous = messages
+    return out
+
+
 async def run(
     layout: str,
     scenario: str,
@@ -337,10 +429,18 @@ async def run(
     seed: int,
     counter: TokenCounter,
     share: float | None = None,
+    *,
+    one_slot: bool = False,
 ) -> Result:
-    from tests.fakes.fake_llm import FakeLLM
+    from tests.fakes.fake_llm import FakeLLM, OneSlotLLM
 
-    fake = FakeLLM()
+    # One slot: a server that caches the last prompt and its answer; its clock runs 1,000
+    # times faster than the real one (the bench waits for background work between turns).
+    fake = (
+        OneSlotLLM(scale=0.001, is_background=lambda body: not is_reply(body))
+        if one_slot
+        else FakeLLM()
+    )
     fake.reply_fn = answer
     await fake.start()
     people = ["alice"] if scenario == "one person" else ["alice", "bob"]
@@ -398,7 +498,45 @@ async def run(
         reeval_per_turn=reeval / replies,
         reply_reeval_per_turn=reply_reeval / replies,
         prompt_per_turn=prompt / replies,
+        why=breaks(fake.requests, owners, counter),
+        why_slot=breaks(
+            fake.requests,
+            owners,
+            counter,
+            one_slot=True,
+            evaluated=(
+                [float(r.evaluated) for r in sorted(fake.served, key=lambda r: r.index)]
+                if isinstance(fake, OneSlotLLM)
+                else None
+            ),
+        ),
+        slot_reply_eval=(
+            statistics.mean(r.evaluated for r in fake.replies())
+            if isinstance(fake, OneSlotLLM)
+            else None
+        ),
     )
+
+
+def why_table(results: Sequence[Result]) -> str:
+    """Which part of the prompt changed first between consecutive replies (``breaks``)."""
+    lines = [
+        "| scenario | layout | compared with | part that changed first | replies "
+        "| tokens re-read (total) | per reply |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for r in results:
+        slot = "request before (tokens: the one-slot fake's count)" if r.slot_reply_eval else ""
+        for against, why in (
+            ("same person's previous reply", r.why),
+            (slot or "request before", r.why_slot),
+        ):
+            for label, (n, t) in sorted(why.items(), key=lambda kv: -kv[1][1]):
+                lines.append(
+                    f"| {r.scenario} | {r.layout} | {against} | {label} | {n} | {t:.0f} "
+                    f"| {t / n:.0f} |"
+                )
+    return "\n".join(lines)
 
 
 def table(results: Sequence[Result]) -> str:
@@ -450,6 +588,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     p.add_argument("--share", type=float, default=None, help="memory.retrieval.share")
     p.add_argument("--scenarios", default="one person,two people")
+    p.add_argument(
+        "--one-slot",
+        action="store_true",
+        help="serve from the one-slot fake (OneSlotLLM) and report what it evaluated per reply",
+    )
+    p.add_argument(
+        "--why", action="store_true", help="which part of the prompt changed first, how often"
+    )
     args = p.parse_args(argv)
     counter = make_counter()
     results: list[Result] = []
@@ -458,11 +604,27 @@ def main(argv: Sequence[str] | None = None) -> None:
             if layout not in LAYOUTS:
                 p.error(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
             results.append(
-                asyncio.run(run(layout, scenario, args.turns, args.seed, counter, args.share))
+                asyncio.run(
+                    run(
+                        layout,
+                        scenario,
+                        args.turns,
+                        args.seed,
+                        counter,
+                        args.share,
+                        one_slot=args.one_slot,
+                    )
+                )
             )
             print(table(results[-1:]).splitlines()[-1], flush=True)
+            if results[-1].slot_reply_eval is not None:
+                print(f"one-slot fake: {results[-1].slot_reply_eval:.1f} prompt tokens "
+                      "evaluated per reply (its count)", flush=True)  # fmt: skip
     print()
     print(table(results))
+    if args.why:
+        print()
+        print(why_table(results))
     if args.write_docs:
         command = f"python -m bench.prefix --turns {args.turns} --seed {args.seed}"
         write_docs(MEMORY_DOC, command, results)
