@@ -411,7 +411,9 @@ def breaks(
             label, _i, _at = first_break(against, messages)
             if one_slot and against is not last_of.get(owner):
                 label = "after a background call: " + label
-            lost = prompt_tokens(messages, counter) - shared_tokens(against, messages, counter)
+            lost = float(
+                prompt_tokens(messages, counter) - shared_tokens(against, messages, counter)
+            )
             if evaluated is not None:
                 lost = evaluated[k]
             n, t = out.get(label, (0, 0.0))
