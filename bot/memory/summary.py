@@ -64,6 +64,7 @@ from bot.memory.facts import EXTRACT_TOKENS, FactExtractor
 from bot.memory.port import MemoryStore
 from bot.memory.records import FACTS_CLAIM, SUMMARY_CLAIM
 from bot.memory.store import USER, Conversation, StoredMessage, Summary
+from bot.memory.window import date_lines, group_turns
 
 log = logging.getLogger("bot.memory.summary")
 
@@ -545,8 +546,14 @@ def _own_lines(messages: Sequence[StoredMessage], words: int) -> str:
 
 
 def _fold_input(before: str, messages: Sequence[StoredMessage]) -> str:
+    """A standalone chapter's input: the messages dated as the reply's window shows them (a
+    date line where a turn's day changes, ``bot.memory.window``), so a chapter keeps when."""
     lines = [f"Earlier chapter (context only): {before or '(none yet)'}", "", "New messages:"]
-    lines += [f"{m.author}: {m.text}" for m in messages]
+    dates = date_lines(group_turns(messages))
+    for m in messages:
+        if m.id in dates:
+            lines.append(dates[m.id])
+        lines.append(f"{m.author}: {m.text}")
     return "\n".join(lines)
 
 
