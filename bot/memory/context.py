@@ -75,16 +75,19 @@ from bot.memory.port import MemoryStore
 from bot.memory.reads import at_once
 from bot.memory.records import Session
 from bot.memory.retrieval import RetrievedBlock, Retriever, day_label, query_terms
-from bot.memory.store import USER, Conversation, Fact, StoredMessage, Summary
+from bot.memory.store import Conversation, Fact, StoredMessage, Summary
 from bot.memory.window import (
     FOLD_SHARE,
     anchor,
+    date_cost,
     date_lines,
     day_line,
     fold_start,
     group_turns,
     join_final,
+    last_day,
     render,
+    turn_costs,
 )
 from bot.text import fill_prompt
 
@@ -296,12 +299,12 @@ class ContextBuilder:
         # A new message on another day than the window's last turn opens with its date line,
         # as the window will show it from the next prompt on (bot.memory.window).
         new_day = day_line(self._wall() if reads.new_at is None else reads.new_at)
-        new_dated = not turns or _last_day(turns) != new_day
+        new_dated = not turns or last_day(turns) != new_day
         room -= self._counter.count(new_day) + 1 if new_dated else 0
         # The fold point this turn completes (a block is complete once a turn follows it): its
         # chapter is written right after this answer, so the next prompt changes once (a new
         # chapter and a shorter window) instead of dropping turns before the chapter exists.
-        costs = self._costs(turns, notes, named=named)
+        costs = self._costs(turns, notes, named)
         ahead = fold_start([*costs, window_cap + 1], cap=window_cap, min_turns=self._min_fold_turns)
         pending_fold = None
         if 0 < ahead < len(turns):
@@ -312,7 +315,9 @@ class ContextBuilder:
 
         def need(start: int) -> int:
             first = turns[start][0]
-            return sum(costs[start:]) + (0 if first.id in dated else self._date_cost(first))
+            return sum(costs[start:]) + (
+                0 if first.id in dated else date_cost(first, self._counter)
+            )
 
         if fold and not anchored and need(0) <= room:
             fold = 0
@@ -354,7 +359,7 @@ class ContextBuilder:
                 extras.append(fresh_text)
         extra_tokens = self._measure(fresh_text) if fresh_text else 0
         said = f"{speaker}: " if speaker is not None else ""
-        if not window or _last_day(window) != new_day:
+        if not window or last_day(window) != new_day:
             said = f"{new_day}\n{said}"
         new_tokens = self._counter.count(said + new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
         room = left - extra_tokens
@@ -554,29 +559,13 @@ class ContextBuilder:
         if anchored:
             kept = {m.id for m in msgs}
             notes = {i: note for i, note in notes.items() if i in kept}
-        costs = self._costs(turns, notes, named=named)
+        costs = self._costs(turns, notes, named)
         return turns, notes, fold_start(costs, cap=cap, min_turns=self._min_fold_turns), anchored
 
     def _costs(
-        self, turns: Sequence[Sequence[StoredMessage]], notes: dict[int, str], *, named: bool
+        self, turns: Sequence[Sequence[StoredMessage]], notes: dict[int, str], named: bool
     ) -> list[int]:
-        """Each turn's tokens in the window: its messages, its recall note, its date lines
-        (``date_lines`` as seen from the base) and,
-        ``named``, its speakers."""
-        dates = date_lines(turns)
-        out: list[int] = []
-        for turn in turns:
-            own = sum(m.tokens + MESSAGE_OVERHEAD for m in turn)
-            if named:
-                own += sum(self._counter.count(m.author) + 2 for m in turn if m.role == USER)
-            own += sum(self._measure(notes[m.id]) for m in turn if m.id in notes)
-            own += sum(self._date_cost(m) for m in turn if m.id in dates)
-            out.append(own)
-        return out
-
-    def _date_cost(self, message: StoredMessage) -> int:
-        """Tokens of a message's date line (and its line break)."""
-        return self._counter.count(day_line(message.created_at)) + 1
+        return turn_costs(turns, notes, counter=self._counter, measure=self._measure, named=named)
 
     def _chapters(self, chapters: list[Summary], free: int) -> tuple[list[Summary], str, int]:
         """The newest chapters that fit their share, oldest first, and their rendered text."""
@@ -606,9 +595,3 @@ class ContextBuilder:
             else:
                 hi = mid - 1
         return text[:lo]
-
-
-def _last_day(turns: Sequence[Sequence[StoredMessage]]) -> str:
-    """The date line of the person's last message in ``turns`` (a turn starts with one)."""
-    said = [m for m in turns[-1] if m.role == USER]
-    return day_line(said[-1].created_at)

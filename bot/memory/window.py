@@ -27,9 +27,10 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from bot.llm.port import ChatMessage, Role
+from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
 from bot.memory.retrieval import day_label
 from bot.memory.store import ASSISTANT, USER, StoredMessage
 
@@ -38,12 +39,15 @@ FOLD_SHARE = 0.95  # a fold moves at least this share of the window's cap into a
 __all__ = [
     "FOLD_SHARE",
     "anchor",
+    "date_cost",
     "date_lines",
     "day_line",
     "fold_start",
     "group_turns",
     "join_final",
+    "last_day",
     "render",
+    "turn_costs",
 ]
 
 
@@ -81,6 +85,40 @@ def date_lines(turns: Sequence[Sequence[StoredMessage]]) -> dict[int, str]:
             if day != last:
                 out[msg.id] = day
                 last = day
+    return out
+
+
+def date_cost(message: StoredMessage, counter: TokenCounter) -> int:
+    """Tokens of a message's date line (and its line break)."""
+    return counter.count(day_line(message.created_at)) + 1
+
+
+def last_day(turns: Sequence[Sequence[StoredMessage]]) -> str:
+    """The date line of the person's last message in ``turns`` (a turn starts with one)."""
+    said = [m for m in turns[-1] if m.role == USER]
+    return day_line(said[-1].created_at)
+
+
+def turn_costs(
+    turns: Sequence[Sequence[StoredMessage]],
+    notes: Mapping[int, str],
+    *,
+    counter: TokenCounter,
+    measure: Callable[[str], int],
+    named: bool = False,
+) -> list[int]:
+    """Each turn's tokens in the window: its messages, its recall note (``measure``d as the
+    prompt joins it), its date lines (``date_lines`` as seen from the first turn) and,
+    ``named``, its speakers."""
+    dates = date_lines(turns)
+    out: list[int] = []
+    for turn in turns:
+        own = sum(m.tokens + MESSAGE_OVERHEAD for m in turn)
+        if named:
+            own += sum(counter.count(m.author) + 2 for m in turn if m.role == USER)
+        own += sum(measure(notes[m.id]) for m in turn if m.id in notes)
+        own += sum(date_cost(m, counter) for m in turn if m.id in dates)
+        out.append(own)
     return out
 
 
