@@ -7,14 +7,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from bot.config import RetrievalConfig
+from bot.config import LLMConfig, RetrievalConfig, SummaryConfig
 from bot.domain import ConversationKey
+from bot.llm.openai_compat import OpenAICompatLLM
+from bot.llm.port import ChatMessage
 from bot.llm.tokens import make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.retrieval import Retriever
 from bot.memory.store import SqliteStore, StoredMessage
-from bot.memory.summary import _fold_input
+from bot.memory.summary import CONTINUATION_MARK, FoldBase, Summarizer, _fold_input
 from bot.memory.window import date_lines, group_turns
+from tests.fakes.fake_llm import FakeLLM
 
 COUNTER = make_counter()
 DAY = 86400.0
@@ -97,3 +100,36 @@ async def test_date_lines_mark_the_first_turn_and_each_change_of_day() -> None:
         "[8 May 2023]", "alice: m1", "bot: m2", "alice: m3", "bot: m4",
         "[9 May 2023]", "alice: m5", "[11 May 2023]", "alice: m6",
     ]  # fmt: skip
+
+
+async def test_a_continuation_fold_is_the_dated_reply_prompt_byte_for_byte(
+    store: SqliteStore, fake_llm: FakeLLM
+) -> None:
+    """The chapter a fold writes as a continuation reads the same date lines the reply did."""
+    conv = await store.conversation(ConversationKey("console", "alice"))
+    ids = []
+    for day in range(3):  # three days, two exchanges a day
+        for k in range(2):
+            at = T0 + day * DAY + k * 600
+            said = await _say(store, conv.id, f"Day {day} note {k}: the boat needs paint.", at)
+            await _answer(store, conv.id, f"Noted, day {day}.", at + 60, said)
+            ids.append(said)
+    new = await _say(store, conv.id, "What did I say about the boat?", T0 + 3 * DAY)
+    ctx = await _builder(store).build(
+        conv, new_text="What did I say about the boat?", new_message_id=new, budget=1500
+    )
+    base = FoldBase((*ctx.messages, ChatMessage("assistant", "You said it needs paint.")), ids[0])
+    llm = OpenAICompatLLM(
+        config=LLMConfig.model_validate({"base_url": fake_llm.base_url, "model": "m"}), env={}
+    )
+    summ = Summarizer(store=store, llm=llm, counter=COUNTER, config=SummaryConfig(min_evicted=6))
+    fake_llm.reply = "On 8 May 2023 Alice said the boat needs paint."
+    assert summ.maybe_schedule(conv, window_start_id=ids[4], base=base)
+    await summ.wait_quiet()
+    await llm.close()
+    sent = fake_llm.chat_requests()[0]["messages"]
+    assert sent[:-1] == [{"role": m.role, "content": m.content} for m in base.messages]
+    assert sent[-1]["content"].startswith(CONTINUATION_MARK)
+    shown = "\n".join(m["content"] for m in sent)
+    for line in ("[8 May 2023]", "[9 May 2023]", "[10 May 2023]", "[11 May 2023]"):
+        assert shown.count(line) == 1  # each day once, where it begins
