@@ -33,9 +33,20 @@ fact extraction) is a background call):
   people's replies and every summary call, cancelled or not) costs the tokens after its
   common prefix with the request just before it; the total divided by the number of turns.
 - prompt tokens per turn (mean) and background calls ("summary calls" in the table).
+- ``--why``: for each reply after a person's first, the part of the request it is compared
+  with where it first differs (a part of the system message: prompt, facts, long-term,
+  chapters; a window message; a part of the final message: the recall note, the recall shown
+  once, the older chapter shown once, the message; or nothing: it extends it), how often and
+  how many tokens that re-read; against the person's previous reply and against the request
+  just before (one slot: "after a background call" when that was not a reply).
+- ``--one-slot``: the fake is ``OneSlotLLM`` (one request at a time, a cache of the last
+  prompt and its answer, its own count of 4 characters of its template a token); it adds
+  the prompt tokens it evaluated per reply (issue 27's "reply re-evaluation").
 
-Nothing is timed: the figures are exact counts of what was sent. docs/memory.md's table is rewritten
-only with ``--write-docs``.
+Nothing is timed: the figures are exact counts of what was sent (the number of background
+calls can vary by one or two between runs: fold-time fact extraction starts only when the
+LLM gate expects it to fit, which it learns from real time). docs/memory.md's tables are
+rewritten only with ``--write-docs`` (the ``--why`` table too when given).
 """
 
 from __future__ import annotations
@@ -43,6 +54,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import platform
 import random
 import statistics
 import tempfile
@@ -83,6 +96,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MEMORY_DOC = ROOT / "docs" / "memory.md"
 MARK_START = "<!-- bench:prefix:start -->"
 MARK_END = "<!-- bench:prefix:end -->"
+WHY_START = "<!-- bench:prefix-why:start -->"
+WHY_END = "<!-- bench:prefix-why:end -->"
 TRANSPORT = "bench"
 CONTEXT_TOKENS = 1536  # meshtastic.context_tokens default
 MAX_TOKENS = 120  # meshtastic.max_tokens default
@@ -404,13 +419,15 @@ def breaks(
     out: dict[str, tuple[int, float]] = {}
     last_of: dict[str, Sequence[dict[str, Any]]] = {}
     previous: Sequence[dict[str, Any]] = []
+    before_owner: str | None = None
     for k, (body, owner) in enumerate(zip(requests, owners, strict=True)):
         messages = body["messages"]
         against = previous if one_slot else last_of.get(owner or "", [])
         if owner is not None and against:
             label, _i, _at = first_break(against, messages)
-            if one_slot and against is not last_of.get(owner):
-                label = "after a background call: " + label
+            if one_slot and before_owner != owner:
+                after = "a background call" if before_owner is None else "another person"
+                label = f"after {after}: {label}"
             lost = float(
                 prompt_tokens(messages, counter) - shared_tokens(against, messages, counter)
             )
@@ -420,7 +437,7 @@ def breaks(
             out[label] = (n + 1, t + lost)
         if owner is not None:
             last_of[owner] = messages
-        previous = messages
+        previous, before_owner = messages, owner
     return out
 
 
@@ -557,17 +574,18 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(path: Path, command: str, results: Sequence[Result]) -> None:
-    block = "\n".join(
-        [
-            f"Command: `{command}`. Date: {time.strftime('%Y-%m-%d')}. Exact counts of what was "
-            "sent (cl100k tokens as the bot counts them: content + 4 per message), not timings; "
-            "summary calls = every background call (chapters, merges, fact extraction).",
-            "",
-            table(results),
-        ]
+def write_docs(path: Path, command: str, results: Sequence[Result], *, why: bool = False) -> None:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    head = (
+        f"Command: `{command}`. Date: {time.strftime('%Y-%m-%d')}. Load average {load} "
+        f"({platform.machine()}, {os.cpu_count()} cores). Exact counts of what was sent "
+        "(cl100k tokens as the bot counts them: content + 4 per message), not timings; "
+        "summary calls = every background call (chapters, merges, fact extraction)."
     )
-    replace_block(path, MARK_START, MARK_END, block)
+    replace_block(path, MARK_START, MARK_END, "\n".join([head, "", table(results)]))
+    if why:  # the default layout's account of what broke the prefix
+        notes = [r for r in results if r.layout == "new-notes"]
+        replace_block(path, WHY_START, WHY_END, "\n".join([head, "", why_table(notes)]))
 
 
 def replace_block(path: Path, start: str, end: str, block: str) -> None:
@@ -629,7 +647,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(why_table(results))
     if args.write_docs:
         command = f"python -m bench.prefix --turns {args.turns} --seed {args.seed}"
-        write_docs(MEMORY_DOC, command, results)
+        command += " --why" * args.why + " --one-slot" * args.one_slot
+        write_docs(MEMORY_DOC, command, results, why=args.why)
         print(f"wrote {MEMORY_DOC}")
 
 
