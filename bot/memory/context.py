@@ -6,9 +6,10 @@ first byte that differs from the previous request is reused from the KV cache):
     system   system prompt + the transport's style hint
              + pinned facts that are older than the window ("stable" facts)
              + summary chapters, oldest first
-    window   user/assistant turns since the last fold, verbatim, strictly alternating
+    window   user/assistant turns since the last fold, verbatim, strictly alternating, with
+             date lines where the person's day changes (``bot.memory.window``)
     final    [facts added since the window began] [recall note: the best recalled turns]
-             [more recalled turns, this once] the new message
+             [more recalled turns, this once] [its date line, on a new day] the new message
 
 The fold rule (what keeps the prefix stable):
 - The window starts right after the newest summary chapter (or the reset mark) and is cut only
