@@ -41,6 +41,7 @@ __all__ = [
     "anchor",
     "date_cost",
     "date_lines",
+    "dated_transcript",
     "day_line",
     "fold_start",
     "group_turns",
@@ -86,6 +87,18 @@ def date_lines(turns: Sequence[Sequence[StoredMessage]]) -> dict[int, str]:
                 out[msg.id] = day
                 last = day
     return out
+
+
+def dated_transcript(messages: Sequence[StoredMessage]) -> str:
+    """``author: text`` lines, each of the person's messages on a new day after its date line,
+    as the window dates them: a summary's input (a chapter, a session) keeps when."""
+    dates = date_lines(group_turns(messages))
+    lines: list[str] = []
+    for m in messages:
+        if m.id in dates:
+            lines.append(dates[m.id])
+        lines.append(f"{m.author}: {m.text}")
+    return "\n".join(lines)
 
 
 def date_cost(message: StoredMessage, counter: TokenCounter) -> int:
