@@ -19,7 +19,7 @@ from bot.memory.keep import CLAIM_STALE_SECONDS
 from bot.memory.port import MemoryStore
 from tests import pg_server
 from tests.fakes.fake_llm import FakeLLM
-from tests.test_gateways import _echo, _gateway_config, _start
+from tests.test_gateways import _echo, _gateway_config, _start, words
 from tests.test_store_contract import ALICE, IMPLEMENTATIONS
 
 pytest.importorskip("asyncpg", reason="PostgreSQL tests need meshsage[postgres]")
@@ -68,7 +68,7 @@ async def test_a_killed_gateways_question_gets_its_own_answer_once(
     _first, second = fake_llm.chat_requests()
     asked = second["messages"][-1]["content"]
     assert asked.endswith("second question")
-    assert out == f"answer to {asked}"  # the first question is not folded into this answer
+    assert out == f"answer to {words(asked)}"  # the first question is not folded into this answer
     # the first question's claim is fresh: its own gateway's restart answers it, once
     assert await _run(tmp_path, "one", fake_llm, url, "") == "answer to first question"
     assert await _run(tmp_path, "two", fake_llm, url, "") == ""

@@ -75,6 +75,7 @@ from bot.memory.forgotten import Forgotten, gone, still_there
 from bot.memory.port import MemoryStore
 from bot.memory.records import FACTS_CLAIM, SUMMARY_CLAIM
 from bot.memory.store import USER, Conversation, StoredMessage, Summary
+from bot.memory.window import dated_transcript
 
 log = logging.getLogger("bot.memory.summary")
 
@@ -113,6 +114,7 @@ DEBT_WAIT = 1.0  # seconds a debt fold may hold the next reply (the gap aside)
 SETTLE_LIMIT = 30.0  # real seconds a reply waits for a debt fold at most, whatever its size
 DEBT_MAX_SECONDS = 20.0  # the most a debt fold is sized for (a long gap, or none known)
 PROMPT_SLACK = 32  # tokens a standalone prompt adds around its parts (headers, template)
+DATE_SLACK = 30  # a chapter input's date lines (``_fold_input``): three days, 8-10 tokens each
 LINE_TOKENS = 4  # an author and separators per message line
 MIN_CHAPTER_TOKENS = 24  # a fold sized below this is not worth a call
 WORDS_PER_TOKEN = 0.7
@@ -379,7 +381,7 @@ class Summarizer:
             continued = text is not None
         if not continued:
             before = chapters[-1].text if chapters else ""
-            fixed = self._counter.count(CHAPTER_PROMPT + before) + PROMPT_SLACK
+            fixed = self._counter.count(CHAPTER_PROMPT + before) + PROMPT_SLACK + DATE_SLACK
             room, answer = self._room(FOLD_INPUT_TOKENS + fixed, self._config.max_tokens)
             pending = _bounded(pending, self._counter, limit=room - fixed)
             material = _fold_input(before, pending)
@@ -621,9 +623,10 @@ def _own_lines(messages: Sequence[StoredMessage], words: int) -> str:
 
 
 def _fold_input(before: str, messages: Sequence[StoredMessage]) -> str:
+    """A standalone chapter's input: the messages dated as the reply's window shows them (a
+    date line where a turn's day changes, ``bot.memory.window``), so a chapter keeps when."""
     lines = [f"Earlier chapter (context only): {before or '(none yet)'}", "", "New messages:"]
-    lines += [f"{m.author}: {m.text}" for m in messages]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n" + dated_transcript(messages)
 
 
 def _merge_input(chapters: Sequence[Summary]) -> str:
