@@ -78,6 +78,7 @@ from bot.config import (
 )
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, make_counter
+from bot.memory.chapter_text import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
 from bot.memory.context import (
     CHAPTER_HEADER,
     FACTS_HEADER,
@@ -88,7 +89,7 @@ from bot.memory.context import (
     ContextBuilder,
 )
 from bot.memory.layers import LONGTERM_HEADER, LayeredContext
-from bot.memory.summary import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT, Summarizer
+from bot.memory.summary import Summarizer
 from bot.transports.base import OnMessage
 from bot.transports.mesh_text import fit
 

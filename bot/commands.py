@@ -50,13 +50,13 @@ from bot.domain import DM_SPACE, Attachment, Inbound
 from bot.errors import MeshsageError
 from bot.llm.tokens import TokenCounter
 from bot.memory import chapter_check
+from bot.memory.chapter_text import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.memory.export import export_person
 from bot.memory.fact_values import change_line, same_value
 from bot.memory.facts import find_duplicate, find_same_subject, history_note, provenance
 from bot.memory.links import LinkCodes
 from bot.memory.port import MemoryStore
 from bot.memory.records import RUNNING_COMMAND, Conversation, Fact
-from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.text import MESH_COMMAND_BYTES, fit_bytes
 
 FORGET_CONFIRM_SECONDS = 60.0

@@ -15,10 +15,10 @@ from bot.fitting import TOO_LONG
 from bot.llm.gate import BackgroundPreempted, LLMGate
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import TRUNCATED_MARK, ChatMessage, ContextTooLong
+from bot.memory.chapter_text import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
 from bot.memory.context import merge_system
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.store import ASSISTANT
-from bot.memory.summary import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
 from bot.responder import UNAVAILABLE
 from tests.conftest import Harness, start_harness
 from tests.fakes.fake_llm import FakeLLM

@@ -12,10 +12,11 @@ from bot.domain import ConversationKey
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import ChatMessage
 from bot.llm.tokens import make_counter
+from bot.memory.chapter_text import CONTINUATION_MARK, fold_input
 from bot.memory.context import ContextBuilder
 from bot.memory.retrieval import Retriever
 from bot.memory.store import SqliteStore, StoredMessage
-from bot.memory.summary import CONTINUATION_MARK, FoldBase, Summarizer, _fold_input
+from bot.memory.summary import FoldBase, Summarizer
 from bot.memory.window import date_lines, group_turns
 from tests.fakes.fake_llm import FakeLLM
 
@@ -95,7 +96,7 @@ async def test_date_lines_mark_the_first_turn_and_each_change_of_day() -> None:
     # The person's messages: an answer the next day dates nothing; a message after a day
     # without answers (the same turn) is dated.
     assert dates == {1: "[8 May 2023]", 5: "[9 May 2023]", 6: "[11 May 2023]"}
-    material = _fold_input("", log)
+    material = fold_input("", log)
     assert material.splitlines()[3:] == [
         "[8 May 2023]", "alice: m1", "bot: m2", "alice: m3", "bot: m4",
         "[9 May 2023]", "alice: m5", "[11 May 2023]", "alice: m6",
