@@ -110,6 +110,7 @@ JOIN_OVERHEAD = 2  # tokens a "\n\n" join and header line break may add
 MIN_NEW_MESSAGE_TOKENS = 16
 FACTS_MAX_SHARE = 0.15  # of the budget left after the system prompt
 SUMMARY_MAX_SHARE = 0.25
+MIN_CHAPTER_CUT = 16  # tokens: a newest chapter over its share is cut to it, if this much fits
 MIN_WINDOW_SHARE = (
     0.1  # the window's cap is (1 - retrieval.share) of what chapters leave, at least this
 )
@@ -569,19 +570,28 @@ class ContextBuilder:
         return turn_costs(turns, notes, counter=self._counter, measure=self._measure, named=named)
 
     def _chapters(self, chapters: list[Summary], free: int) -> tuple[list[Summary], str, int]:
-        """The newest chapters that fit their share, oldest first, and their rendered text."""
+        """The newest chapters that fit their share, oldest first, and their rendered text.
+        The newest chapter is shown even when it alone is over the share, cut to it with a
+        visible "[…]": the window starts after it, so leaving it out would leave its turns
+        in neither (a small budget, a long merged chapter)."""
         cap = int(free * SUMMARY_MAX_SHARE)
         used = self._header_tokens[SUMMARY_HEADER]
         kept: list[Summary] = []
+        texts: list[str] = []
         for chapter in reversed(chapters):
             cost = chapter.tokens + JOIN_OVERHEAD
             if used + cost > cap:
+                if not kept and cap - used - JOIN_OVERHEAD >= MIN_CHAPTER_CUT:
+                    text = self._cut(chapter.text, cap - used - JOIN_OVERHEAD - 4) + " […]"
+                    kept, texts = [chapter], [text]
+                    used += self._counter.count(text) + JOIN_OVERHEAD
                 break
             kept.insert(0, chapter)
+            texts.insert(0, chapter.text)
             used += cost
         if not kept:
             return [], "", 0
-        return kept, SUMMARY_HEADER + "\n" + "\n\n".join(c.text for c in kept), used
+        return kept, SUMMARY_HEADER + "\n" + "\n\n".join(texts), used
 
     def _measure(self, text: str) -> int:
         return self._counter.count(text) + JOIN_OVERHEAD
