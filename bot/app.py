@@ -403,6 +403,7 @@ async def build(
             idle=lambda: responder.idle,  # bound late: the responder is below
             wall=wall,
             room=room,
+            upkeep=lambda: summarizer.merge_waiting(),  # bound late: the summarizer is below
         )
         summarizer = Summarizer(
             store=store,

@@ -246,3 +246,38 @@ async def test_reset_and_forget_cancel_a_fold_in_flight(tmp_path: Path) -> None:
     finally:
         await h.app.close()
         await fake.stop()
+
+
+async def test_a_merge_that_does_not_fit_at_its_fold_runs_at_the_next_idle_tick(
+    store: SqliteStore, fake_llm: FakeLLM
+) -> None:
+    """A slow server with people writing every 3 s: a merge (about 20 s of work) never fits
+    when its fold comes due. It waits for an idle moment (the session keeper's tick), not
+    for the next fold that happens to find room (on a slow server, none did: chapters piled
+    up unmerged and the oldest fell out of the prompt)."""
+    now = [0.0]
+    ids = await _log(store, 14)
+    conv = await store.conversation(KEY)
+    for n in range(2):
+        await store.save_summary(conv.id, text=f"chapter {n} about the boat", tokens=150,
+                                 first_message_id=ids[n], last_message_id=ids[n])  # fmt: skip
+    llm = _llm(fake_llm)
+    gate = LLMGate(llm=llm, limit=1, clock=lambda: now[0])
+    gate.prompt_rate, gate.gen_rate = 1000.0, 10.0  # as learned: a slow writer
+    for t in (0.0, 3.0, 6.0):  # replies 3 s apart: the slot is free 3 s at a time
+        now[0] = t
+        await gate.foreground.complete([ChatMessage("user", f"q{t}")], max_tokens=5)
+    summ = Summarizer(store=store, llm=gate.background, counter=make_counter(), gate=gate,
+                      clock=lambda: now[0], config=SummaryConfig(min_evicted=6))  # fmt: skip
+    fake_llm.reply = "Alice talked about the boat."
+    # The chapter: a debt, as after the reply that made it due (never waits for a gap).
+    assert await asyncio.wait_for(summ.refresh(conv, window_start_id=ids[10], lane="debt"), 10)
+    assert len(await store.summaries(conv)) == 3  # a merge is due but did not fit
+    assert await summ.merge_waiting() == 0  # still no room: nothing sent
+    assert len(await store.summaries(conv)) == 3
+    now[0] = 60.0  # quiet for long: the slot is expected to stay free
+    assert await asyncio.wait_for(summ.merge_waiting(), 10) == 1
+    merged = await store.summaries(conv)
+    assert len(merged) == 1 and merged[0].first_message_id == ids[0]
+    assert await summ.merge_waiting() == 0  # done once
+    await llm.close()

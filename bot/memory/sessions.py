@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from bot.errors import LLMUnavailable
@@ -115,8 +115,11 @@ class SessionKeeper:
         wall: Callable[[], float] = time.time,
         interval: float = 30.0,
         room: Room = no_limit,
+        upkeep: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self._room = room  # what one request may hold on the server (learned)
+        # More idle work after each tick (the summarizer's merges that did not fit at a fold).
+        self._upkeep = upkeep
         self._store = store
         self._llm = llm  # the gate's background lane
         self._counter = counter
@@ -289,6 +292,8 @@ class SessionKeeper:
             if not self._idle():
                 break  # a turn started: the LLM is theirs
             summarized += int(await self.summarize(session))
+        if self._upkeep is not None and self._idle():
+            await self._upkeep()
         return TickReport(closed, summarized)
 
     async def rebuild(

@@ -155,7 +155,8 @@ class Summarizer:
         self._written: dict[int, int] = {}  # last message id of the newest chapter saved here
         self.stats = FoldStats()
         self._extractor = extractor  # facts from each folded chapter (issue 21), not only at close
-        self._extracting: set[asyncio.Task[None]] = set()
+        self._extracting: set[asyncio.Task[object]] = set()
+        self._merge_due: dict[int, Conversation] = {}  # merges that did not fit at their fold
         self._store = store
         self._llm = llm
         self._counter = counter
@@ -267,6 +268,7 @@ class Summarizer:
                 continue
             self._bases.pop(cid, None)
             self._due.pop(cid, None)
+            self._merge_due.pop(cid, None)
             task = self._tasks.pop(cid, None)
             self._lanes.pop(cid, None)
             if task is not None:
@@ -410,32 +412,47 @@ class Summarizer:
         if self._extractor is not None and self._room_for(EXTRACT_SIZE):
             self._aside(self._extract_fold(conversation.id, pending))  # folds are not held up
         total = sum(c.tokens for c in chapters) + self._counter.count(text)
-        if total > self._config.max_tokens * MERGE_FACTOR and self._room_for(
-            self._config.max_tokens
-        ):
-            if lane == "debt":  # the next turn waits for this task: not for a background merge
+        if total > self._config.max_tokens * MERGE_FACTOR:
+            self._merge_due.pop(conversation.id, None)
+            if not self._room_for(self._config.max_tokens):
+                self._merge_due[conversation.id] = conversation  # at the next idle moment
+            elif lane == "debt":  # the next turn waits for this task: not for a merge
                 self._aside(self._merge_aside(conversation))
             else:
                 await self._merge(conversation)
         return True
 
-    def _aside(self, work: Coroutine[None, None, None]) -> None:
+    async def merge_waiting(self) -> int:
+        """Merges that came due at a fold but did not fit then (a slow or never idle server),
+        one by one while the gate expects each to fit; called from the session keeper's idle
+        tick. Returns how many were merged."""
+        merged = 0
+        for cid, conversation in list(self._merge_due.items()):
+            if self._closed or not self._room_for(self._config.max_tokens):
+                break
+            self._merge_due.pop(cid, None)
+            merged += await self._merge_aside(conversation)
+        return merged
+
+    def _aside(self, work: Coroutine[None, None, object]) -> None:
         """Background work started by a fold in a task of its own (``settle`` waits for the
         fold only; ``stop`` and ``wait_quiet`` see these too)."""
-        task = asyncio.create_task(work)
+        task: asyncio.Task[object] = asyncio.create_task(work)
         self._extracting.add(task)
         task.add_done_callback(self._extracting.discard)
 
-    async def _merge_aside(self, conversation: Conversation) -> None:
+    async def _merge_aside(self, conversation: Conversation) -> bool:
         try:
-            await self.merge(conversation)
+            return await self.merge(conversation)
         except (LLMUnavailable, BackgroundPreempted) as exc:
             log.info("merge of conversation %d postponed: %s", conversation.id, exc)
+            self._merge_due.setdefault(conversation.id, conversation)
         except Exception:  # loop boundary: a merge must never take the bot down
             if await gone(self._store, conversation):  # its save met a !forget: quiet
                 log.debug("conversation %d forgotten during its merge", conversation.id)
-                return
+                return False
             log.exception("merge of conversation %d failed", conversation.id)
+        return False
 
     def _room_for(self, max_tokens: int) -> bool:
         """Whether the gate expects a standalone background call of about this size to fit
