@@ -72,6 +72,7 @@ class Answering(Recovery):
     _commands: Commands
     _stretches: HeldStretches
     _counter: TokenCounter
+    _told: set[int]  # questions told of a hold in their notice lane at intake
 
     def _persona(self, inbound: Inbound) -> str | None:
         raise NotImplementedError
@@ -121,7 +122,7 @@ class Answering(Recovery):
             log.warning("outbox of %s full; %s is told to try again", transport.name, inbound.key)
             await self._outbox.busy_notice(inbound, _busy(busy.seconds), question_id=message_id)
             return
-        if busy is not None:  # a hold: answered now, sent when there is room
+        if busy is not None and message_id not in self._told:  # a hold (not told at intake)
             await self._outbox.tell_held(inbound, busy)
         limits = transport.limits
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)

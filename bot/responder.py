@@ -45,19 +45,21 @@ Invariants:
   their person's jobs; ``recover_pending`` first releases the claims a dead process left.
 - Notices (rate limited, busy, not stored) are never stored as something the model said.
   They are sent straight away, never behind the LLM; on a paced radio (``Congested``) intake
-  notices are outbox rows queued behind the person's jobs, so the radio's receive loop never
-  waits for airtime, and any notice that could not go out is stored and sent by a later round
-  (``bot.delivery``). "LLM unavailable" is an outbox row
-  (it settles the question as ``failed`` in the same transaction). Command replies are outbox
-  rows too (except exports, whose files cannot be stored there); commands and their replies
-  are not part of the conversation log.
+  notices are outbox rows sent in the person's notice lane (``bot.notice_lanes``), beside
+  their turns, so the radio's receive loop never waits for airtime and a notice never waits
+  behind the person's held answer; any notice that could not go out is stored and sent by a
+  later round (``bot.delivery``). A question that arrives during a hold while the person's
+  worker is busy is told of the hold at once, in the lane (its turn then does not tell
+  again). "LLM unavailable" is an outbox row (it settles the question as ``failed`` in the
+  same transaction). Command replies are outbox rows too (except exports, whose files cannot
+  be stored there); commands and their replies are not part of the conversation log.
 - Streaming (transports with ``Streams``, Discord): the growing answer is shown while the LLM
   writes; once the outbox row exists, the stream finishes it instead of a second send
   (``bot.delivery``). An LLM failure aborts the stream (what was shown is removed) before the
   notice. Images (``Inbound.images``) go to the model with the new message only; they are
   never stored.
-- Every background task is owned (``self._workers``) and ``drain`` waits for them with a
-  timeout.
+- Every background task is owned (``self._workers``, the notice lanes) and ``drain`` waits
+  for them with a timeout.
 - Incognito (``!incognito``): the person's new messages and the answers are not stored; the
   bot answers from the stored memory plus the incognito turns it holds in memory (at most
   ``INCOGNITO_TURNS``), which are dropped when incognito ends (any ``!incognito``, ``!reset``
@@ -116,6 +118,7 @@ from bot.memory.records import (
 from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
+from bot.notice_lanes import NoticeLanes
 from bot.ops.metrics import Counters
 from bot.recovery import FORGOT_AT_RESTART
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
@@ -204,7 +207,9 @@ class Responder(Answering):
         self._config = config
         self._limits = PersonLimits(config=config, clock=clock)
         self._transports: dict[str, Transport] = {}
-        self._outbox = OutboxSender(store=store, transports=self._transports, max_age=max_age)
+        self._outbox = OutboxSender(
+            store=store, transports=self._transports, max_age=max_age, clock=clock
+        )
         self._outbox.first_part = self.counters.first_part_sent
         self._queues: dict[tuple[str, str, str], deque[_Job]] = {}
         self._workers: dict[tuple[str, str, str], asyncio.Task[None]] = {}
@@ -217,6 +222,8 @@ class Responder(Answering):
         self._stretches = HeldStretches()
         self._max_age = dict(max_age or {})
         self._questions: set[int] = set()  # stored questions queued or answered here now
+        self._lanes = NoticeLanes()  # a person's notices beside their turns (paced radios)
+        self._told: set[int] = set()  # questions told of a hold in their lane (not again)
 
     def attach(self, transport: Transport) -> None:
         self._transports[transport.name] = transport
@@ -282,6 +289,8 @@ class Responder(Answering):
         idle = (key.transport, key.person, key.space) not in self._workers
         quiet = commands_before == self._command_events and not self._commands_running
         fresh = idle and quiet
+        if not idle:  # the worker may wait on a held answer: a hold is told now, in the lane
+            self._tell_early(inbound, message_id)
         self._enqueue(_Job(inbound, message_id, conv=conv if fresh else None))
 
     async def _edited(self, inbound: Inbound) -> None:
@@ -352,13 +361,37 @@ class Responder(Answering):
         if isinstance(self._transports[inbound.transport], Congested):
             row = await self._outbox.notice_later(inbound, text)
             if row is not None and self._accepting:  # else the next round (or start) sends it
-                self._enqueue(_Job(inbound, outbox=row))
+                self._outbox.in_flight.add(row.id)
+
+                async def send(row: OutboxRow = row) -> None:
+                    try:
+                        await self._outbox.deliver(inbound, row)
+                    finally:
+                        self._outbox.in_flight.discard(row.id)
+
                 key = inbound.key
-                queue = self._queues[(key.transport, key.person, key.space)]
-                if len(queue) > 2:  # next after the running job, not after all they queued
-                    queue.insert(1, queue.pop())
+                self._lanes.add((key.transport, key.person, key.space), send)
         else:
             await self._notice(inbound, text)
+
+    def _tell_early(self, inbound: Inbound, message_id: int) -> None:
+        """A question arriving during a hold while the person's worker is busy (perhaps
+        waiting on their held answer): tell them of the hold now, in their notice lane."""
+        transport = self._transports.get(inbound.transport)
+        if not isinstance(transport, Congested) or not self._accepting:
+            return
+        busy = busy_now(transport)
+        if busy is None or busy.cause == "queue":
+            return  # no hold (a full queue is told when the turn decides not to answer)
+        self._told.add(message_id)
+
+        async def tell() -> None:
+            held = busy_now(transport)
+            if held is not None and held.cause != "queue":  # (the hold may have ended)
+                await self._outbox.tell_held(inbound, held)
+
+        key = inbound.key
+        self._lanes.add((key.transport, key.person, key.space), tell)
 
     def _enqueue_recovered(
         self, inbound: Inbound, *, message_id: int | None = None, command_id: int | None = None
@@ -428,6 +461,7 @@ class Responder(Answering):
                     queue.popleft()
                     if job.message_id is not None:
                         self._questions.discard(job.message_id)
+                        self._told.discard(job.message_id)
                     if job.outbox is not None:
                         self._outbox.in_flight.discard(job.outbox.id)
         finally:
@@ -549,15 +583,18 @@ class Responder(Answering):
 
     @property
     def idle(self) -> bool:
-        return self._idle.is_set()
+        return self._idle.is_set() and self._lanes.idle
 
     async def wait_idle(self) -> None:
-        await self._idle.wait()
+        while not self.idle:
+            await self._idle.wait()
+            await self._lanes.wait_idle()
 
     async def drain(self, *, timeout: float) -> None:
         """Stop taking new turns; finish the ones in flight (up to ``timeout``). Replies cut
         off here stay in the outbox and go out after the restart."""
         self._accepting = False
+        await self._lanes.stop()  # notices only: a stored one goes out after the restart
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         # Wait for LLM calls and stores in flight; a worker only waiting for its transport

@@ -218,7 +218,8 @@ async def test_a_limit_notice_that_must_wait_never_holds_up_other_peoples_messag
         h.radio.air_util_tx = 1.0
         await _settled(h, app, 2)
         texts = [text for _, text in _shown(h, ALICE)]
-        assert texts[0] == "Answer q1." and len(texts) == 2 and "q2" not in texts[1]
+        # the notice goes first (notices never wait behind a held answer), then the answer
+        assert texts[1] == "Answer q1." and len(texts) == 2 and texts[0].startswith("Slow down")
         assert [text for _, text in _shown(h, BOB)] == ["Answer q3."]
 
 
@@ -240,3 +241,35 @@ async def test_a_limit_notice_goes_next_not_after_everything_the_person_queued(
         await _settled(h, app, 3)
         answers = [text for _, text in _shown(h, ALICE) if text.startswith("Answer")]
         assert answers == ["Answer q1.", "Answer q2.", "Answer q3."]
+
+
+async def test_a_hold_notice_never_waits_behind_the_persons_own_held_answer(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """30 people ask during a duty-cycle hold (answers held, one-packet notices allowed), then
+    each asks again while their first answer is still held. Before, the second notice waited
+    behind the person's held answer (their worker sat on it up to busy_max_wait, then on each
+    outbox round's re-offer), so people heard nothing for over busy_max_wait."""
+    async with _held_app(tmp_path, fake_llm, tx=9.5) as (h, app):
+        t0 = h.clock.monotonic()
+        for i, node in enumerate(PEOPLE):
+            h.radio.inject_text(f"q{i} what now?", frm=node)
+        await h.until(lambda: len(h.radio.shown) == len(PEOPLE), "30 first notices")
+        while h.clock.monotonic() < t0 + 150:  # every first answer held in the radio's outbox
+            await h.clock.sleep(10)
+        asked = h.clock.monotonic()
+        for i, node in enumerate(PEOPLE):
+            h.radio.inject_text(f"q{100 + i} and now?", frm=node)
+        while h.clock.monotonic() < asked + h.config.busy_max_wait:
+            await h.clock.sleep(5)
+        late = [
+            i
+            for i, node in enumerate(PEOPLE)
+            if not [t for t, _ in _shown(h, node) if asked <= t <= asked + h.config.busy_max_wait]
+        ]
+        assert late == []  # every person told within busy_max_wait of asking again
+        h.radio.air_util_tx = 1.0
+        await _settled(h, app, 2 * len(PEOPLE))
+        for i, node in enumerate(PEOPLE):
+            answers = [text for _, text in _shown(h, node) if text.startswith("Answer")]
+            assert answers == [f"Answer q{i}.", f"Answer q{100 + i}."]
