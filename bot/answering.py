@@ -80,6 +80,9 @@ class Answering(Recovery):
     async def _notice(self, inbound: Inbound, text: str) -> None:
         raise NotImplementedError
 
+    def _tell_early(self, inbound: Inbound, message_id: int) -> None:
+        raise NotImplementedError
+
     @staticmethod
     def _cut(transport: Transport, text: str) -> tuple[str, str | None]:
         """What goes out now, and the rest for ``!more`` (transports that paginate)."""
@@ -123,7 +126,10 @@ class Answering(Recovery):
             await self._outbox.busy_notice(inbound, _busy(busy.seconds), question_id=message_id)
             return
         if busy is not None and message_id not in self._told:  # a hold (not told at intake)
-            await self._outbox.tell_held(inbound, busy)
+            if busy.notice_now:
+                await self._outbox.tell_held(inbound, busy)
+            else:  # nothing may go on air now: told in the lane as soon as the radio may
+                self._tell_early(inbound, message_id)
         limits = transport.limits
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
         async with transport.working(inbound):

@@ -337,14 +337,18 @@ class OutboxSender:
             return
         await self.deliver_now(inbound, row)
 
-    async def tell_held(self, inbound: Inbound, busy: Busy) -> None:
+    async def tell_held(self, inbound: Inbound, busy: Busy, *, wait: bool = False) -> None:
         """A hold: tell the person why and that the answer is saved, if a notice can still go
-        out; the stored answer is what reaches them either way (so this one is not stored)."""
+        out (``wait``: also when it cannot now; the transport sends it first as soon as the
+        radio may transmit, within its ``busy_max_wait``); the stored answer is what reaches
+        them either way (so this one is not stored)."""
         why = "the duty cycle is spent" if busy.cause == "duty" else "the channel is busy"
         if not busy.notice_now:
-            log.info("%s (about %.0f s); nothing may go on air now, so %s hears nothing until "
-                     "the answer goes out", why, busy.seconds, inbound.key)  # fmt: skip
-            return
+            log.info("%s (about %.0f s); nothing may go on air now: %s is told as soon as the "
+                     "radio may transmit%s", why, busy.seconds, inbound.key,
+                     "" if wait else ", by the answer")  # fmt: skip
+            if not wait:
+                return
         minutes = max(1, math.ceil(busy.seconds / 60))
         text = HELD.get(busy.cause, HELD["channel"]).format(minutes=minutes)
         delivery = await self.notice(inbound, text, keep=False)

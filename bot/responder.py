@@ -376,7 +376,8 @@ class Responder(Answering):
 
     def _tell_early(self, inbound: Inbound, message_id: int) -> None:
         """A question arriving during a hold while the person's worker is busy (perhaps
-        waiting on their held answer): tell them of the hold now, in their notice lane."""
+        waiting on their held answer), or a turn that finds no notice may go on air now: tell
+        them of the hold in their notice lane, as soon as the radio may transmit."""
         transport = self._transports.get(inbound.transport)
         if not isinstance(transport, Congested) or not self._accepting:
             return
@@ -388,7 +389,7 @@ class Responder(Answering):
         async def tell() -> None:
             held = busy_now(transport)
             if held is not None and held.cause != "queue":  # (the hold may have ended)
-                await self._outbox.tell_held(inbound, held)
+                await self._outbox.tell_held(inbound, held, wait=True)
 
         key = inbound.key
         self._lanes.add((key.transport, key.person, key.space), tell)
