@@ -96,6 +96,7 @@ KNOWN_UP_SECONDS = 60.0
 STOP_WRITE_WAIT = 5.0
 CONFIRMED_KEPT = 4096  # ACKed (outbox row, part) pairs remembered for a row sent again
 NO_ACK = "no ACK"
+LATE_ACKED = frozenset({"missing", "relayed", "failed", "sent"})  # a late ACK still delivers
 UNCONFIRMED_REPEAT = frozenset({NO_ACK, "MAX_RETRANSMIT"})
 
 
@@ -131,22 +132,31 @@ class MeshOutbox(MeshHolds):
 
     def _apply_routing(self, job: _Job, part: _Part, frm: int | None, reason: str) -> None:
         if part.state != "flying":
+            # Every send of a part carries its one packet id: the destination's ACK for any of
+            # them, even one that came after its timeout, says the part arrived.
+            if reason == "NONE" and frm == job.dest and part.state in LATE_ACKED:
+                log.info("part %d to %s: a late ACK (after %s); delivered", part.index + 1,
+                         job.person, part.reason or "its timeout")  # fmt: skip
+                self._acked(job, part)
+                self._maybe_finish(job)
             return
         if reason != "NONE":
             if reason == "MAX_RETRANSMIT":
                 job.cost += FIRMWARE_RETRANSMISSIONS
             self._miss(job, part, reason)
         elif frm == job.dest:
-            part.state = "ack"
-            if job.reply.outbox_id is not None:  # a later send of the row skips it
-                self._confirmed[(job.reply.outbox_id, part.index)] = None
-                while len(self._confirmed) > CONFIRMED_KEPT:
-                    self._confirmed.popitem(last=False)
+            self._acked(job, part)
         else:
             part.relayed = True  # implicit ACK: a neighbour rebroadcast it; keep waiting
             return
-        if part.pid is not None:
-            self._acks.pop(part.pid, None)
+        self._jobs_changed.set()  # (the part stays in ``_acks``: a late ACK still counts)
+
+    def _acked(self, job: _Job, part: _Part) -> None:
+        part.state = "ack"
+        if job.reply.outbox_id is not None:  # a later send of the row skips it
+            self._confirmed[(job.reply.outbox_id, part.index)] = None
+            while len(self._confirmed) > CONFIRMED_KEPT:
+                self._confirmed.popitem(last=False)
         self._jobs_changed.set()
 
     def _miss(self, job: _Job, part: _Part, reason: str) -> None:
@@ -165,6 +175,9 @@ class MeshOutbox(MeshHolds):
                      job.person, reason)  # fmt: skip
             return
         part.state = "missing" if part.sends <= self._cfg.ack_retries else "failed"
+        if part.state == "failed" and part.sends > 1 and reason in UNCONFIRMED_REPEAT:
+            part.reason = (f"{reason} after {part.sends} sends with one packet id (it may "
+                           "have arrived: firmware before 2.6 does not ACK a repeat)")  # fmt: skip
         backoff = self._cfg.ack_backoff * 2 ** max(0, part.sends - 1)
         job.resend_at = max(job.resend_at, self._clock.monotonic() + backoff)
 
@@ -179,8 +192,7 @@ class MeshOutbox(MeshHolds):
                 if now < deadline:
                     wake = min(wake, deadline)
                     continue
-                if part.pid is not None:
-                    self._acks.pop(part.pid, None)
+                # (the part stays in ``_acks`` until its job ends: a late ACK still counts)
                 if part.relayed:
                     part.state = "relayed"
                 else:
