@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from bot.app import App, build
+from bot.delivery import EXPIRED
 from bot.responder import ANSWER_NOT_STORED
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
@@ -37,7 +38,8 @@ def _tagged(body: dict[str, Any]) -> str:
 
 @contextlib.asynccontextmanager
 async def _app(tmp_path: Path, llm: FakeLLM, h: Harness, extra: str) -> AsyncIterator[App]:
-    app = await build(make_config(tmp_path, llm.base_url, extra), env={}, transports=[h.transport])
+    config = make_config(tmp_path, llm.base_url, extra)  # limits and ages on the fake clock:
+    app = await build(config, env={}, transports=[h.transport], clock=h.clock.monotonic)
     try:
         await app.start()
         await h.connected()
@@ -276,3 +278,35 @@ async def test_a_hold_notice_never_waits_behind_the_persons_own_held_answer(
         for i, node in enumerate(PEOPLE):
             answers = [text for _, text in _shown(h, node) if text.startswith("Answer")]
             assert answers == [f"Answer q{i}.", f"Answer q{100 + i}."]
+
+
+async def test_a_hold_longer_than_max_age_tells_the_person_once_that_it_expired(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """Other nodes fill the channel (30%: answers held, notices still go) for longer than the
+    mesh's ``delivery.max_age``: the held answer is never sent, and the person hears why, once.
+    Before, outbox ages were wall-clock only, so on the virtual clock nothing ever expired (and
+    in the soak the answer went out long after max_age)."""
+    fake_llm.reply_fn = _tagged
+    mesh = "meshtastic:\n  connection: tcp\n  host: 127.0.0.1\n  delivery: {max_age: 600}\n"
+    async with (
+        mesh_harness(start=False, spacing_seconds=3.0, metrics_every=60) as h,
+        _app(tmp_path, fake_llm, h, mesh) as app,
+        every(h.clock, 10.0, app.responder.redeliver),
+    ):
+        hold_clock_while_busy(h, app)
+        h.radio.inject_channel_utilization(30.0)
+        await h.until(lambda: h.transport.busy() is not None, "the hold")
+        t0 = h.clock.monotonic()
+        h.radio.inject_text("q1 weather?", frm=ALICE)
+        while h.clock.monotonic() < t0 + 600 + 180:
+            await h.clock.sleep(10)
+        h.radio.inject_channel_utilization(2.0)  # room again: nothing old may go out now
+        while h.clock.monotonic() < t0 + 600 + 600:
+            await h.clock.sleep(10)
+        await app.responder.wait_idle()
+        texts = [text for _, text in _shown(h, ALICE)]
+        assert texts[0].startswith("Channel busy. Your answer is saved")
+        assert texts[1:] == [EXPIRED]  # told once; the stale answer never shown
+        rows = await app.store._all("SELECT kind, state FROM outbox ORDER BY id")
+        assert [tuple(r) for r in rows] == [("answer", "expired"), ("notice", "delivered")]
