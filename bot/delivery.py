@@ -118,6 +118,10 @@ class OutboxSender:
         # the store every round): a later reply of that person waits behind them.
         self._behind: dict[tuple[str, str, str], set[int]] = {}
 
+    @property
+    def store(self) -> MemoryStore:
+        return self._store
+
     async def open_stream(self, inbound: Inbound, question_id: int) -> AnswerStream | None:
         """A stream for the answer to ``question_id`` (None when the transport does not
         stream), told which messages an interrupted earlier stream left on screen and

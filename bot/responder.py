@@ -118,13 +118,11 @@ from bot.memory.records import (
 from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
-from bot.notice_lanes import NoticeLanes
+from bot.notice_lanes import NoticeIntake, NoticeLanes
 from bot.ops.metrics import Counters
 from bot.recovery import FORGOT_AT_RESTART
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import (
-    AwaitsAnswer,
-    Congested,
     KeepsFiles,
     Rereads,
     Transport,
@@ -173,7 +171,7 @@ class _Job:
     conv: Conversation | None = None
 
 
-class Responder(Answering):
+class Responder(NoticeIntake, Answering):
     def __init__(
         self,
         *,
@@ -289,7 +287,10 @@ class Responder(Answering):
         idle = (key.transport, key.person, key.space) not in self._workers
         quiet = commands_before == self._command_events and not self._commands_running
         fresh = idle and quiet
-        if not idle:  # the worker may wait on a held answer: a hold is told now, in the lane
+        if not idle:  # the worker may wait on a held answer: told now, in the lane
+            if await self._refuse_early(inbound, message_id):
+                self.counters.add("limited")
+                return
             self._tell_early(inbound, message_id)
         self._enqueue(_Job(inbound, message_id, conv=conv if fresh else None))
 
@@ -346,53 +347,6 @@ class Responder(Answering):
             if key[:2] == who
         )
         return self._limits.over(who, queued=queued)
-
-    async def _notice_once(self, inbound: Inbound, text: str) -> None:
-        who = (inbound.transport, inbound.sender)
-        transport = self._transports.get(inbound.transport)
-        waiting = isinstance(transport, AwaitsAnswer) and transport.awaits_answer(inbound)
-        # one per window: a flood must not make us flood back (a slash command waits for one)
-        if self._limits.may_notice(who) or waiting:
-            await self._intake_notice(inbound, text)
-
-    async def _intake_notice(self, inbound: Inbound, text: str) -> None:
-        """A notice from intake: a paced radio (``Congested``) gets it as an outbox row sent by
-        the person's worker next, so its receive loop never waits for airtime; others at once."""
-        if isinstance(self._transports[inbound.transport], Congested):
-            row = await self._outbox.notice_later(inbound, text)
-            if row is not None and self._accepting:  # else the next round (or start) sends it
-                self._outbox.in_flight.add(row.id)
-
-                async def send(row: OutboxRow = row) -> None:
-                    try:
-                        await self._outbox.deliver(inbound, row)
-                    finally:
-                        self._outbox.in_flight.discard(row.id)
-
-                key = inbound.key
-                self._lanes.add((key.transport, key.person, key.space), send)
-        else:
-            await self._notice(inbound, text)
-
-    def _tell_early(self, inbound: Inbound, message_id: int) -> None:
-        """A question arriving during a hold while the person's worker is busy (perhaps
-        waiting on their held answer), or a turn that finds no notice may go on air now: tell
-        them of the hold in their notice lane, as soon as the radio may transmit."""
-        transport = self._transports.get(inbound.transport)
-        if not isinstance(transport, Congested) or not self._accepting:
-            return
-        busy = busy_now(transport)
-        if busy is None or busy.cause == "queue":
-            return  # no hold (a full queue is told when the turn decides not to answer)
-        self._told.add(message_id)
-
-        async def tell() -> None:
-            held = busy_now(transport)
-            if held is not None and held.cause != "queue":  # (the hold may have ended)
-                await self._outbox.tell_held(inbound, held, wait=True)
-
-        key = inbound.key
-        self._lanes.add((key.transport, key.person, key.space), tell)
 
     def _enqueue_recovered(
         self, inbound: Inbound, *, message_id: int | None = None, command_id: int | None = None
