@@ -60,6 +60,7 @@ from typing import Any
 from bot.app import App, build
 from bot.delivery import EXPIRED, HELD
 from bot.transports.mesh_airtime import FIRMWARE_CHANNEL_LIMIT, lora_airtime
+from bot.transports.meshtastic_holds import NOTICE_BYTES
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_radio import Later
@@ -276,7 +277,8 @@ def _tagged(body: dict[str, Any]) -> str:
 
 # Why the radio could not put even a notice on air (the world, not the bot's rules):
 WHY_NOT = {
-    "duty": "the node's hour over its duty cycle: the firmware refuses every packet",
+    "duty": "the node's hour at its duty cycle: no room for one more notice (the firmware "
+    "refuses every packet over it)",
     "channel": f"other nodes over {FIRMWARE_CHANNEL_LIMIT:.0f}% of the channel: the firmware's "
     "own limit (courtesy, not physics)",
 }
@@ -300,10 +302,11 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
             t0 = h.clock.monotonic()
             radio = h.radio
             duty = h.config.duty_cycle
+            notice_share = 100.0 * lora_airtime(NOTICE_BYTES) / 3600.0  # of the hour, percent
 
             async def sample() -> None:
                 _, tx = radio.device_metrics()
-                why = "duty" if tx > duty else ""
+                why = "duty" if tx + notice_share > duty else ""
                 if not why and radio.others_util > FIRMWARE_CHANNEL_LIMIT:
                     why = "channel"
                 world.append((h.clock.monotonic(), why))
