@@ -8,6 +8,7 @@ saying what happened, or (on a hold) an answer kept in the outbox and sent when 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
@@ -20,10 +21,11 @@ import pytest
 
 from bot.app import App, build
 from bot.delivery import EXPIRED
+from bot.domain import Inbound
 from bot.responder import ANSWER_NOT_STORED
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
-from tests.fakes.fake_radio import ALICE, BOB
+from tests.fakes.fake_radio import ALICE, BOB, Later
 from tests.fakes.mesh_harness import Harness, every, hold_clock_while_busy, mesh_harness
 
 PEOPLE = [0xC0000001 + i for i in range(30)]
@@ -310,3 +312,46 @@ async def test_a_hold_longer_than_max_age_tells_the_person_once_that_it_expired(
         assert texts[1:] == [EXPIRED]  # told once; the stale answer never shown
         rows = await app.store._all("SELECT kind, state FROM outbox ORDER BY id")
         assert [tuple(r) for r in rows] == [("answer", "expired"), ("notice", "delivered")]
+
+
+async def test_a_full_queue_refuses_at_once_a_question_whose_person_waits_on_an_answer(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """The radio's queue is full (``outbox_limit`` 2, 30 s spacing, two answers waiting) and
+    Alice's worker waits on her first answer's slow ACK: her second question is refused at
+    once ("Busy ... try again", stored ``limited``), in her notice lane. Before, it waited
+    behind her first answer, and the refusal came only after that answer's delivery."""
+    fake_llm.reply_fn = _tagged
+    async with (
+        mesh_harness(start=False, spacing_seconds=30.0, outbox_limit=2) as h,
+        _app(tmp_path, fake_llm, h, "") as app,
+    ):
+        hold_clock_while_busy(h, app)
+        h.radio.routing = lambda packet, attempt: Later("NONE", delay=90.0)
+        h.radio.inject_text("q1 weather?", frm=ALICE)
+        await h.until(lambda: len(h.radio.sent_texts()) == 1, "Alice's answer on air")
+        for i, node in enumerate(PEOPLE[:2]):  # their answers wait: the queue is full
+            h.radio.inject_text(f"q{10 + i} tides?", frm=node)
+        await h.until(lambda: len(fake_llm.chat_requests()) == 3, "their answers queued")
+        await h.until(lambda: h.transport.busy() is not None, "the queue is full")
+        asked = h.clock.monotonic()
+        handled = asyncio.Event()  # virtual time stands still until q3 reached the responder
+        original = h.transport._on_message
+        assert original is not None
+
+        async def on_message(inbound: Inbound) -> None:
+            await original(inbound)
+            handled.set()
+
+        h.transport._on_message = on_message
+        h.clock.settle_hooks.append(lambda: not handled.is_set())
+        h.radio.inject_text("q3 wind?", frm=ALICE)
+        await h.until(
+            lambda: any(text.startswith("Busy") for _, text in _shown(h, ALICE)), "refused"
+        )
+        [told] = [t for t, text in _shown(h, ALICE) if text.startswith("Busy")]
+        assert told - asked <= 35.0  # the next packet slot, not after the first answer's ACK
+        await app.responder.wait_idle()
+        rows = await app.store._all("SELECT text, status FROM messages WHERE role = 'user'")
+        assert ("q3 wind?", "limited") in [tuple(r) for r in rows]
+        assert len(fake_llm.chat_requests()) == 3  # q3 never reached the model

@@ -3,7 +3,8 @@
 ``MeshtasticTransport`` mixes it in with the link (``meshtastic_link.py``).
 
 The sending model (docs/reliability.md and docs/meshtastic.md explain it for operators):
-- The unit on air is a *burst*: consecutive parts of ONE reply, each at least
+- The unit on air is a *burst*: consecutive parts of ONE reply, chosen when the radio's next
+  slot opens (so a notice that arrives meanwhile goes first), each at least
   ``spacing_seconds`` after the previous packet (measured on the injected clock from the end
   of one write to the start of the next). Two people's parts never interleave inside a burst.
 - Waiting for ACKs does not hold the radio. As soon as a reply's burst is written, the next
@@ -248,6 +249,9 @@ class MeshOutbox(MeshHolds):
                     wake = min(wake, self._keep_held(job, now, held))
                     continue
                 if job.resend_at <= now:
+                    if (slot := self._slot(job, missing[0], now)) > 0:
+                        wake = min(wake, now + slot)
+                        continue
                     return job, missing
                 wake = min(wake, job.resend_at)
             fresh = [j for j in self._jobs if not j.started]
@@ -262,13 +266,24 @@ class MeshOutbox(MeshHolds):
                     wake = min(wake, self._keep_held(job, now, reason))
                     continue
                 at = self._reply_cooldown.ready_at(job.person)
+                todo = [p for p in job.parts if p.state == "todo"]
+                if at <= now and todo and (slot := self._slot(job, todo[0], now)) > 0:
+                    wake = min(wake, now + slot)  # chosen when its slot opens: a notice
+                    continue  # arriving meanwhile goes first
                 if at <= now:
-                    return job, [p for p in job.parts if p.state == "todo"]
+                    return job, todo
                 wake = min(wake, at)
             if wake == math.inf:
                 await self._jobs_changed.wait()
             else:
                 await self._wait(self._jobs_changed, max(wake - now, 0.001))
+
+    def _slot(self, job: _Job, part: _Part, now: float) -> float:
+        """Seconds until spacing (or the channel rule's slower pace) lets ``part`` go; holds
+        are the caller's. A burst is chosen only when its slot opens, so a notice that arrives
+        while the radio waits for it goes first."""
+        verdict = self._pacer.wait(now, self._airtime(part), last=self._last_tx, urgent=job.urgent)
+        return verdict.wait if verdict.reason in ("", "slow") else 0.0
 
     async def _send_burst(self, job: _Job, parts: list[_Part]) -> bool:
         """Write ``parts`` back to back. False when the link stayed down too long."""
