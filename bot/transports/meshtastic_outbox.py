@@ -70,6 +70,7 @@ from typing import Any
 
 from bot.config import MeshtasticConfig
 from bot.domain import Delivery, DeliveryStatus, Reply
+from bot.transports.mesh_airtime import RESOLUTION
 from bot.transports.mesh_rules import Clock, Cooldown
 from bot.transports.meshtastic_holds import MeshHolds, _Job, _Part
 from bot.transports.meshtastic_link import RadioInterface
@@ -283,7 +284,9 @@ class MeshOutbox(MeshHolds):
         are the caller's. A burst is chosen only when its slot opens, so a notice that arrives
         while the radio waits for it goes first."""
         verdict = self._pacer.wait(now, self._airtime(part), last=self._last_tx, urgent=job.urgent)
-        return verdict.wait if verdict.reason in ("", "slow") else 0.0
+        if verdict.reason not in ("", "slow") or verdict.wait <= 0:
+            return 0.0
+        return verdict.wait + RESOLUTION  # past the slot, never a rounding short of it
 
     async def _send_burst(self, job: _Job, parts: list[_Part]) -> bool:
         """Write ``parts`` back to back. False when the link stayed down too long."""
