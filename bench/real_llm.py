@@ -135,8 +135,11 @@ def find_gguf(venv: Path) -> Path:
 class Server:
     """llama-cpp-python's server as a child process; its log goes to a file we read back."""
 
-    def __init__(self, *, venv: Path, gguf: Path, log: Path, extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self, *, venv: Path, gguf: Path, log: Path, extra: Sequence[str] = (), threads: int = 2
+    ) -> None:
         self.port = free_port()
+        self.threads = threads
         self.log = log
         python = venv / "bin" / "python"
         if not python.exists():
@@ -145,7 +148,8 @@ class Server:
         self.proc = subprocess.Popen(
             [str(python), "-m", "llama_cpp.server", "--model", str(gguf),
              "--model_alias", MODEL_ALIAS, "--host", "127.0.0.1", "--port", str(self.port),
-             "--n_ctx", str(N_CTX), "--n_threads", "2", "--n_threads_batch", "2", *extra],
+             "--n_ctx", str(N_CTX), "--n_threads", str(threads),
+             "--n_threads_batch", str(threads), *extra],
             stdout=self._out, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},  # its log lines as they happen
         )  # fmt: skip

@@ -373,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     default_venv = os.environ.get("MESHSAGE_LLAMA_VENV", str(Path.home() / ".cache/llamavenv"))
     p.add_argument("--llama-venv", default=default_venv)
     p.add_argument("--gguf")
+    p.add_argument("--threads", type=int, default=2, help="server threads (1: less contention)")
     args = p.parse_args(argv)
     venv = Path(args.llama_venv)
     gguf = Path(args.gguf) if args.gguf else find_gguf(venv)
@@ -383,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as d:
         log = Path(d) / "server.log"
         extra = ["--cache", "true", "--cache_type", "ram"] if args.cache else []
-        server = Server(venv=venv, gguf=gguf, log=log, extra=extra)
+        server = Server(venv=venv, gguf=gguf, log=log, extra=extra, threads=args.threads)
         tail = LogTail(log)
         try:
             server.wait_ready()
@@ -405,11 +406,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"--gap {args.gap:g}{' --cache' if args.cache else ''} --max-tokens {args.max_tokens}"
         + (f" --context-tokens {args.context_tokens}" if args.context_tokens else "")
         + (f" --minutes {args.minutes:g}" if args.minutes else "")
+        + (f" --threads {args.threads}" if args.threads != 2 else "")
     )
     print(
         f"command: {command}; {time.strftime('%Y-%m-%d %H:%M')} UTC; load "
         f"{os.getloadavg()[0]:.1f}; {platform.machine()}, {os.cpu_count()} cores; {gguf.name}, "
-        f"one slot, n_ctx {N_CTX}"
+        f"one slot, n_ctx {N_CTX}, {args.threads} threads"
     )
 
 

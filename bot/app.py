@@ -47,7 +47,7 @@ from bot.errors import MeshsageError
 from bot.llm.gate import LLMGate
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM
-from bot.llm.server_limits import LearnedLimits
+from bot.llm.server_limits import LearnedLimits, no_limit
 from bot.llm.tokens import TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.embeddings import Embedder, OpenAICompatEmbedder
@@ -341,6 +341,8 @@ async def build(
                 config=config.llm, env=env, connection_lost=server_limits.mark_stale
             )
             llm = real_llm
+        # Background work (chapters, merges, facts, sessions) fits what the server holds.
+        room = server_limits.room if server_limits is not None else no_limit
         latencies = Latencies()
         # Background LLM work waits while any turn is in progress (bound late: responder below).
         gate = LLMGate(
@@ -392,6 +394,7 @@ async def build(
                 llm=gate.background,
                 counter=counter,
                 max_facts=config.memory.max_facts,
+                room=room,
             )
         sessions = SessionKeeper(
             store=store,
@@ -401,6 +404,7 @@ async def build(
             extractor=extractor,
             idle=lambda: responder.idle,  # bound late: the responder is below
             wall=wall,
+            room=room,
         )
         summarizer = Summarizer(
             store=store,
@@ -409,6 +413,7 @@ async def build(
             config=config.memory.summary,
             extractor=extractor,
             gate=gate,  # folds sized to what fits; a fold with no room runs as a debt
+            room=room,
         )
         chat_settings = ChatSettings(store=store, personas=config.bot.personas)
         await chat_settings.load()

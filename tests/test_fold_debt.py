@@ -120,6 +120,59 @@ async def test_a_debt_runs_in_the_slot_its_reply_kept_and_a_reply_never_preempts
     await llm.close()
 
 
+async def test_a_slot_kept_for_a_debt_that_never_calls_is_let_go_whoever_kept_one(
+    fake_llm: FakeLLM, monkeypatch: Any
+) -> None:
+    """Two replies on a two-slot gate each keep their slot for a debt that never calls: one
+    slot is kept at most, and it is let go, so the gate does not shrink for good (it once
+    lost a slot here, and every later reply queued behind the missing one)."""
+    monkeypatch.setattr("bot.llm.gate.HOLD_SECONDS", 0.05)
+    llm = _llm(fake_llm)
+    gate = LLMGate(llm=llm, limit=2)
+    fake_llm.reply = "an answer"
+
+    async def reply_keeping(q: str) -> None:
+        hold_for_debt()
+        await gate.foreground.complete([ChatMessage("user", q)], max_tokens=5)
+
+    fake_llm.script = [("slow", 0.05), ("slow", 0.05)]
+    await asyncio.gather(reply_keeping("a"), reply_keeping("b"))
+    await asyncio.sleep(0.3)  # past HOLD_SECONDS: no debt came
+    assert gate._running == 0 and not gate._held
+    await llm.close()
+
+
+async def test_the_next_turn_waits_for_its_chapter_not_for_a_merge_after_it(
+    store: SqliteStore, fake_llm: FakeLLM, monkeypatch: Any
+) -> None:
+    """A debt fold that makes the chapters long enough to merge: the merge runs in a task of
+    its own in the background lane, so ``settle`` ends when the chapter is saved. (It once
+    waited for the merge, which waits for a free moment that the turn itself prevents: every
+    such turn waited ``SETTLE_LIMIT``, 30 s.)"""
+    monkeypatch.setattr("bot.memory.summary.SETTLE_LIMIT", 5.0)
+    ids = await _log(store, 14)
+    conv = await store.conversation(KEY)
+    for n in range(2):  # two long chapters already: the next one makes a merge due
+        await store.save_summary(conv.id, text=f"chapter {n} about the boat", tokens=150,
+                                 first_message_id=ids[n], last_message_id=ids[n])  # fmt: skip
+    llm = _llm(fake_llm)
+    gate = LLMGate(llm=llm, limit=1, busy=lambda: True)  # a turn is in progress throughout
+    summ = Summarizer(store=store, llm=llm, counter=make_counter(), gate=gate,
+                      config=SummaryConfig(min_evicted=6))  # fmt: skip
+    fake_llm.reply = "Alice talked about the boat."
+    base = _base(ids[2], 12)
+    summ.before_reply(conv.id, ids[10])  # the reply that makes the fold due keeps its slot
+    await gate.foreground.complete(list(base.messages[:-1]), max_tokens=5)
+    assert summ.maybe_schedule(conv, window_start_id=ids[10], base=base)
+    await summ.settle(conv.id)
+    chapters = await store.summaries(conv)
+    assert len(chapters) == 3 and chapters[-1].last_message_id == ids[9]  # the chapter came in
+    assert summ.running == 0  # the fold is done; the merge waits for a free moment on its own
+    assert gate.stats.debt_calls == 1 and gate.stats.background_completed == 1
+    await summ.stop()
+    await llm.close()
+
+
 async def test_background_work_waits_for_a_gap_it_fits_in(fake_llm: FakeLLM) -> None:
     now = [0.0]
     llm = _llm(fake_llm)

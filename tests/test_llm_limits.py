@@ -399,3 +399,85 @@ async def test_a_404_names_v1_or_the_model(fake_llm: FakeLLM) -> None:
         await llm.complete(HI, max_tokens=5)
     assert "ollama pull fake" in str(err.value) and "/v1" not in str(err.value).split("Fix:")[1]
     await llm.close()
+
+
+# --- background work fits the learned size too ------------------------------------------------
+async def test_chapters_merges_facts_and_sessions_fit_a_small_server(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """A 512-token server whose size was learned: a standalone chapter, a merge, fact
+    extraction and session and long-term summaries each send what fits (fewer messages per
+    call, each covering exactly what it read), never a prompt the server refuses. (They
+    were bounded by fixed sizes: a 749-token chapter prompt was refused twice on such a
+    server.)"""
+    from bot.config import SummaryConfig
+    from bot.domain import ConversationKey
+    from bot.llm.tokens import make_counter
+    from bot.memory.facts import FactExtractor
+    from bot.memory.sessions import SessionKeeper
+    from bot.memory.store import SqliteStore
+    from bot.memory.summary import Summarizer
+
+    fake_llm.n_ctx = 512
+    fake_llm.reply = "Alice talked about radios."
+    limits = LearnedLimits(base_url=fake_llm.base_url, model="fake")
+    limits.current = ServerLimits(n_ctx=512, source="test")  # as learned
+    store = await SqliteStore.open(tmp_path / "m.db")
+    counter = make_counter()
+    llm = _client(fake_llm.base_url)
+    try:
+        conv = await store.conversation(ConversationKey("console", "alice"))
+        line = "my antenna on the north mast is a 5/8 wave whip at 12 metres " * 3
+        ids = [
+            await store.add_message(conv.id, role="user" if i % 2 == 0 else "assistant",
+                                    author="alice" if i % 2 == 0 else "bot", text=f"{i} {line}",
+                                    tokens=counter.count(line) + 2, status="answered")
+            for i in range(40)
+        ]  # fmt: skip
+        extractor = FactExtractor(store=store, llm=llm, counter=counter, max_facts=20,
+                                  room=limits.room)  # fmt: skip
+        summ = Summarizer(store=store, llm=llm, counter=counter, room=limits.room,
+                          config=SummaryConfig(min_evicted=6))  # fmt: skip
+        for _ in range(4):  # a summarizer that fell behind catches up chapter by chapter
+            await summ.refresh(conv, window_start_id=ids[-2])
+        assert len(await store.summaries(conv)) >= 3
+        chapters = await store.summaries(conv)
+        assert chapters and chapters[0].first_message_id == ids[0]
+        assert chapters[-1].last_message_id < ids[-2]  # less per chapter than 1,500 tokens
+        chapters = await store.summaries(conv)
+        for n, c in enumerate(chapters):  # long chapters: all of them do not fit one merge
+            text = f"chapter {n}: " + line * 2
+            await store.save_summary(conv.id, text=text, tokens=counter.count(text),
+                                     first_message_id=c.first_message_id,
+                                     last_message_id=c.last_message_id)  # fmt: skip
+        assert await summ.merge(conv)
+        merged = await store.summaries(conv)
+        assert 1 < len(chapters) - len(merged) + 1 < len(chapters)  # some chapters merged
+        fake_llm.reply = '{"facts": []}'
+        await extractor.extract(conv.id, [m for m in await store.messages_between(
+            conv.id, after_id=0, up_to_id=ids[-1])])  # fmt: skip
+        assert await store.facts_through(conv.id) == ids[-1]  # every message read, in chunks
+        fake_llm.reply = "Radios\nAlice talked about her antenna."
+        keeper = SessionKeeper(store=store, llm=llm, counter=counter, gap=60.0,
+                               extractor=None, room=limits.room)  # fmt: skip
+        for n in range(3):
+            first, last = ids[n * 12], ids[n * 12 + 11]
+            sid = await store.add_session(
+                conv.id,
+                first_message_id=first,
+                last_message_id=last,
+                started_at=1e9,
+                ended_at=1e9 + 60,
+                messages=12,
+            )
+            assert sid is not None
+        for session in await store.sessions(conv.id):
+            assert await keeper._summarize(session)
+        assert (await store.longterm_summary(conv.id)) is not None
+        asked = fake_llm.chat_requests()
+        assert len(asked) >= 8
+        assert fake_llm.refused == 0
+        assert all(fake_llm.count_prompt(r) + r["max_tokens"] <= 512 for r in asked)
+    finally:
+        await llm.close()
+        await store.close()

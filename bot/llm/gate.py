@@ -303,7 +303,10 @@ class LLMGate:
 
     def _keep_for_debt(self) -> None:
         """Keep the slot (still counted) for the debt call; let it go after HOLD_SECONDS if
-        none came (waiters poll while a slot is kept: a timer cannot take the lock)."""
+        none came (waiters poll while a slot is kept: a timer cannot take the lock). One slot
+        is kept at most: a second reply keeping one (two slots) lets the earlier keep go."""
+        if self._held:
+            self._running -= 1
         self._held = True
         self._hold_id += 1
         hold_id = self._hold_id

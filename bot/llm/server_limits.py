@@ -59,6 +59,13 @@ _PROMPT_IN_ERROR = (
 )
 
 Fetch = Callable[[str, "bytes | None", float], "Any | None"]
+# (prompt tokens wanted, answer tokens wanted) -> what one request may hold on this server.
+Room = Callable[[int, int], tuple[int, int]]
+
+
+def no_limit(prompt: int, answer: int) -> tuple[int, int]:
+    """A ``Room`` for a server whose size is not learned: the sizes asked for stand."""
+    return prompt, answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +301,12 @@ class LearnedLimits:
         ):
             await self.refresh()
         return self.current
+
+    def room(self, prompt: int, answer: int) -> tuple[int, int]:
+        """A ``Room``: (prompt, answer) tokens for background work (chapters, merges, facts,
+        session summaries) from what was last learned; never looks it up (background work
+        must not wait on the network)."""
+        return budget(self.current, context_tokens=prompt, max_tokens=answer)
 
     def heard_overflow(self, server_message: str) -> ServerLimits:
         """A server refused a prompt as too long: keep the size its words name, if any."""

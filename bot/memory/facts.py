@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.llm.port import LLM, ChatMessage
+from bot.llm.server_limits import Room, no_limit
 from bot.llm.tokens import TokenCounter
 from bot.memory import fact_values
 from bot.memory.port import MemoryStore
@@ -238,8 +239,15 @@ def _proposal(item: Any) -> Proposal | None:
 
 class FactExtractor:
     def __init__(
-        self, *, store: MemoryStore, llm: LLM, counter: TokenCounter, max_facts: int
+        self,
+        *,
+        store: MemoryStore,
+        llm: LLM,
+        counter: TokenCounter,
+        max_facts: int,
+        room: Room = no_limit,
     ) -> None:
+        self._room = room  # what one request may hold on the server (learned)
         self._store = store
         self._llm = llm  # the gate's background lane
         self._counter = counter
@@ -252,15 +260,16 @@ class FactExtractor:
         """Ask the model about the messages up to the last of ``messages`` not read for facts
         yet (past the store's ``facts_through`` mark: a fold and the session's close never
         read a message twice; an earlier range a failed call left unread is read first, up to
-        ``CATCH_UP_MESSAGES``), in chunks of ``MAX_INPUT_MESSAGES`` oldest first (so what was
+        ``CATCH_UP_MESSAGES``), in chunks of ``MAX_INPUT_MESSAGES`` (fewer when the server's
+        context holds less) oldest first (so what was
         said early in a long session counts), applying its decisions and moving the mark after
         each chunk. LLM errors propagate (the caller retries later; the mark stays before the
         chunk); an answer with no JSON leaves the chunk unread ``PARSE_RETRIES`` time(s), then
         it is skipped with a warning; a conversation forgotten meanwhile ends it quietly."""
         messages = await self._unread(conversation_id, messages)
         total = Applied()
-        for start in range(0, len(messages), MAX_INPUT_MESSAGES):
-            chunk = await self._alive(conversation_id, messages[start : start + MAX_INPUT_MESSAGES])
+        for part in await self._chunks(conversation_id, messages):
+            chunk = await self._alive(conversation_id, part)
             if not chunk:
                 return total  # forgotten (or pruned) since it was read: nothing to send
             got = await self._extract_chunk(conversation_id, chunk)
@@ -270,6 +279,27 @@ class FactExtractor:
             got = got or Applied(ignored=1)
             total = Applied(*(a + b for a, b in zip(_counts(total), _counts(got), strict=True)))
         return total
+
+    async def _chunks(
+        self, conversation_id: int, messages: Sequence[StoredMessage]
+    ) -> list[list[StoredMessage]]:
+        """``messages`` in chunks of at most ``MAX_INPUT_MESSAGES`` that each fit the server's
+        learned context beside the prompt and the current facts (at least one message each)."""
+        facts = await self._store.facts(conversation_id)
+        fixed = self._counter.count(PROMPT) + sum(self._counter.count(f.text) + 4 for f in facts)
+        fixed += 32  # headers, ids and the chat template
+        wanted = fixed + sum(m.tokens + 8 for m in messages[:MAX_INPUT_MESSAGES])
+        room, _ = self._room(wanted, EXTRACT_TOKENS)
+        chunks: list[list[StoredMessage]] = []
+        used = 0
+        for m in messages:
+            cost = m.tokens + 8  # "[id] author: " and the line break
+            if not chunks or len(chunks[-1]) >= MAX_INPUT_MESSAGES or fixed + used + cost > room:
+                chunks.append([])
+                used = 0
+            chunks[-1].append(m)
+            used += cost
+        return chunks
 
     async def _alive(
         self, conversation_id: int, chunk: Sequence[StoredMessage]
@@ -331,7 +361,8 @@ class FactExtractor:
             ChatMessage("system", PROMPT),
             ChatMessage("user", f"Current facts:\n{listing or '(none)'}\n\nMessages:\n{chat}"),
         ]
-        completion = await self._llm.complete(prompt, max_tokens=EXTRACT_TOKENS, schema=SCHEMA)
+        _, answer = self._room(0, EXTRACT_TOKENS)
+        completion = await self._llm.complete(prompt, max_tokens=answer, schema=SCHEMA)
         try:
             proposals = parse_proposals(completion.text)
         except ValueError as exc:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from bot.errors import LLMUnavailable
 from bot.llm.port import LLM, ChatMessage
+from bot.llm.server_limits import Room, no_limit
 from bot.llm.tokens import TokenCounter
 from bot.memory.facts import FactExtractor
 from bot.memory.port import MemoryStore
@@ -49,6 +50,7 @@ SESSION_MAX_MESSAGES = 80  # a long session is summarized from its last messages
 SESSION_SUMMARY_TOKENS = 160
 TITLE_MAX_CHARS = 80
 LONGTERM_TOKENS = 250
+PROMPT_SLACK = 32  # tokens a prompt adds around its parts (headers, the chat template)
 TICK_CONVERSATIONS = 20
 TICK_SUMMARIES = 4
 REBUILD_BATCH = 8
@@ -110,7 +112,9 @@ class SessionKeeper:
         idle: Callable[[], bool] = lambda: True,
         wall: Callable[[], float] = time.time,
         interval: float = 30.0,
+        room: Room = no_limit,
     ) -> None:
+        self._room = room  # what one request may hold on the server (learned)
         self._store = store
         self._llm = llm  # the gate's background lane
         self._counter = counter
@@ -178,11 +182,12 @@ class SessionKeeper:
                 session.id, title="(messages deleted)", summary="", tokens=0
             )
             return False
-        shown = messages[-SESSION_MAX_MESSAGES:]
+        shown = self._fitting(messages[-SESSION_MAX_MESSAGES:])
         chat = "\n".join(f"{m.author}: {m.text}" for m in shown)
+        _, answer = self._room(0, SESSION_SUMMARY_TOKENS)
         completion = await self._llm.complete(
             [ChatMessage("system", SESSION_PROMPT), ChatMessage("user", chat)],
-            max_tokens=SESSION_SUMMARY_TOKENS,
+            max_tokens=answer,
         )
         title, summary = parse_session_summary(completion.text)
         if self._extractor is not None:
@@ -195,6 +200,19 @@ class SessionKeeper:
         self._lagging.discard(session.conversation_id)
         return True
 
+    def _fitting(self, messages: Sequence[StoredMessage]) -> Sequence[StoredMessage]:
+        """The last of ``messages`` that fit the server's learned context beside the prompt
+        (a session is summarized from its end: what it came to)."""
+        fixed = self._counter.count(SESSION_PROMPT) + PROMPT_SLACK
+        room, _ = self._room(fixed + sum(m.tokens + 4 for m in messages), SESSION_SUMMARY_TOKENS)
+        used, n = fixed, 0
+        for m in reversed(messages):
+            if n and used + m.tokens + 4 > room:
+                break
+            used += m.tokens + 4
+            n += 1
+        return messages[len(messages) - n :]
+
     async def update_longterm(self, conversation_id: int) -> None:
         """Fold every summarized session the newest version does not cover yet into a new
         version (a call that failed earlier is caught up here). After a ``!reset``, versions
@@ -206,9 +224,13 @@ class SessionKeeper:
             old = None  # a !reset since: start afresh
         after = old.up_to_message_id if old is not None else mark
         new = [s for s in sessions if s.summary and s.first_message_id > after]
+        fixed = self._counter.count(LONGTERM_PROMPT) + (old.tokens if old else 0) + PROMPT_SLACK
+        room, answer = self._room(fixed + sum(s.tokens + 12 for s in new), LONGTERM_TOKENS)
+        while len(new) > 1 and fixed + sum(s.tokens + 12 for s in new) > room:
+            new = new[:-1]  # the oldest that fit; the rest are folded in at the next call
         if not new:
             return
-        words = int(LONGTERM_TOKENS * 0.6)
+        words = int(answer * 0.6)
         listing = "\n".join(
             f"- {time.strftime('%Y-%m-%d', time.gmtime(s.started_at))} {s.title}: {s.summary}"
             for s in new
@@ -222,7 +244,7 @@ class SessionKeeper:
                     f"New sessions:\n{listing}",
                 ),
             ],
-            max_tokens=LONGTERM_TOKENS,
+            max_tokens=answer,
         )
         text = completion.text.strip()
         if text:

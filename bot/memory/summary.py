@@ -12,7 +12,9 @@ Invariants:
   follows starts with the person speaking; a merge covers the union of the chapters it
   replaces (the store deletes the covered rows in the same transaction).
 - Bounded: a chapter's input is at most ``FOLD_INPUT_TOKENS`` of messages (a summarizer that
-  fell behind catches up chapter by chapter) and its output at most ``summary.max_tokens``.
+  fell behind catches up chapter by chapter) and its output at most ``summary.max_tokens``;
+  a standalone chapter or a merge also fits the server's learned context (``room``): fewer
+  messages or chapters per call, each covering exactly what it read.
 - A fold is sent, where it can be, as a *continuation* of the prompt its reply was answered
   from (``FoldBase``: the same messages byte for byte and the answer, then one task message
   at the end), so a one-slot server reuses its cached prefix and evaluates only the task
@@ -37,7 +39,8 @@ Invariants:
   the record, and every skip is logged.
 - A merge or fold-time fact extraction starts only when the gate expects it to fit (never
   holding up the next fold); what is not read for facts at a fold is read at the session's
-  close.
+  close. After a debt fold both run in tasks of their own: ``settle`` waits for the chapter,
+  never for background work (which waits for the very turn that settles).
 - A summary begun before a ``!reset`` is refused by the store at save time.
 - One summary computation per conversation at a time across gateways sharing the store
   (``claim(SUMMARY_CLAIM)``); the one that lost the claim skips, and the winner's summary is
@@ -51,13 +54,14 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 
 from bot.config import SummaryConfig
 from bot.errors import LLMUnavailable
 from bot.llm.gate import BackgroundPreempted, LLMGate, hold_for_debt
 from bot.llm.port import LLM, TRUNCATED_MARK, ChatMessage
+from bot.llm.server_limits import Room, no_limit
 from bot.llm.tokens import TokenCounter
 from bot.memory import chapter_check
 from bot.memory.facts import EXTRACT_TOKENS, FactExtractor
@@ -101,6 +105,8 @@ DEBT_TURNS = 0
 DEBT_WAIT = 1.0  # seconds a debt fold may hold the next reply (the gap aside)
 SETTLE_LIMIT = 30.0  # real seconds a reply waits for a debt fold at most, whatever its size
 DEBT_MAX_SECONDS = 20.0  # the most a debt fold is sized for (a long gap, or none known)
+PROMPT_SLACK = 32  # tokens a standalone prompt adds around its parts (headers, template)
+LINE_TOKENS = 4  # an author and separators per message line
 MIN_CHAPTER_TOKENS = 24  # a fold sized below this is not worth a call
 WORDS_PER_TOKEN = 0.7
 EXTRACT_SIZE = EXTRACT_TOKENS // 2  # a fold's fact extraction: what it usually writes
@@ -142,7 +148,9 @@ class Summarizer:
         clock: Callable[[], float] = time.monotonic,
         extractor: FactExtractor | None = None,
         gate: LLMGate | None = None,
+        room: Room = no_limit,
     ) -> None:
+        self._room = room  # what one standalone request may hold on the server (learned)
         # With a gate: folds are sized to what it expects to fit, and a fold that found no
         # room in the background runs in its debt lane (``DEBT_TURNS``).
         self._gate = gate
@@ -357,12 +365,17 @@ class Summarizer:
             continued = text is not None
         if not continued:
             before = chapters[-1].text if chapters else ""
+            fixed = self._counter.count(CHAPTER_PROMPT + before) + PROMPT_SLACK
+            room, answer = self._room(FOLD_INPUT_TOKENS + fixed, self._config.max_tokens)
+            pending = _bounded(pending, self._counter, limit=room - fixed)
             material = _fold_input(before, pending)
             alone = [ChatMessage("system", CHAPTER_PROMPT), ChatMessage("user", material)]
             if lane == "debt" and self._size(alone, lane) < MIN_CHAPTER_TOKENS:
                 text = self._no_call(conversation.id, pending)
             else:
-                text = await self._write(CHAPTER_PROMPT, material, words, llm=self._lane(lane))
+                text = await self._write(
+                    CHAPTER_PROMPT, material, words, llm=self._lane(lane), max_tokens=answer
+                )
         assert text is not None
         text = chapter_check.vet(  # junk (an echoed instruction ...) becomes a digest
             text, instruction=CHAPTER_PROMPT + "\n" + CONTINUATION_PROMPT,
@@ -389,15 +402,31 @@ class Summarizer:
             self._due.pop(conversation.id, None)
         log.debug("conversation %d: chapter up to message %d", conversation.id, pending[-1].id)
         if self._extractor is not None and self._room_for(EXTRACT_SIZE):
-            task = asyncio.create_task(self._extract_fold(conversation.id, pending))
-            self._extracting.add(task)  # its own task: folds are not held up by it
-            task.add_done_callback(self._extracting.discard)
+            self._aside(self._extract_fold(conversation.id, pending))  # folds are not held up
         total = sum(c.tokens for c in chapters) + self._counter.count(text)
         if total > self._config.max_tokens * MERGE_FACTOR and self._room_for(
             self._config.max_tokens
         ):
-            await self._merge(conversation)
+            if lane == "debt":  # the next turn waits for this task: not for a background merge
+                self._aside(self._merge_aside(conversation))
+            else:
+                await self._merge(conversation)
         return True
+
+    def _aside(self, work: Coroutine[None, None, None]) -> None:
+        """Background work started by a fold in a task of its own (``settle`` waits for the
+        fold only; ``stop`` and ``wait_quiet`` see these too)."""
+        task = asyncio.create_task(work)
+        self._extracting.add(task)
+        task.add_done_callback(self._extracting.discard)
+
+    async def _merge_aside(self, conversation: Conversation) -> None:
+        try:
+            await self.merge(conversation)
+        except (LLMUnavailable, BackgroundPreempted) as exc:
+            log.info("merge of conversation %d postponed: %s", conversation.id, exc)
+        except Exception:  # loop boundary: a merge must never take the bot down
+            log.exception("merge of conversation %d failed", conversation.id)
 
     def _room_for(self, max_tokens: int) -> bool:
         """Whether the gate expects a standalone background call of about this size to fit
@@ -460,10 +489,15 @@ class Summarizer:
 
     async def _merge(self, conversation: Conversation) -> bool:
         chapters = await self._store.summaries(conversation)
+        fixed = self._counter.count(MERGE_PROMPT) + PROMPT_SLACK
+        wanted = fixed + sum(c.tokens + LINE_TOKENS for c in chapters)
+        room, answer = self._room(wanted, self._config.max_tokens)
+        while len(chapters) > 1 and fixed + sum(c.tokens + LINE_TOKENS for c in chapters) > room:
+            chapters = chapters[:-1]  # the oldest that fit: the rest merge at a later call
         if len(chapters) < 2:
             return False
-        words = max(20, int(self._config.max_tokens * 0.6))
-        text = await self._write(MERGE_PROMPT, _merge_input(chapters), words)  # background
+        words = max(20, int(answer * 0.6))
+        text = await self._write(MERGE_PROMPT, _merge_input(chapters), words, max_tokens=answer)
         text = chapter_check.vet(
             text, instruction=MERGE_PROMPT, sources=[("", c.text) for c in chapters],
             counter=self._counter, limit=chapter_check.words_limit(words, self._config.max_tokens),
@@ -480,12 +514,18 @@ class Summarizer:
         return saved
 
     async def _write(
-        self, instruction: str, material: str, words: int, *, llm: LLM | None = None
+        self,
+        instruction: str,
+        material: str,
+        words: int,
+        *,
+        llm: LLM | None = None,
+        max_tokens: int | None = None,
     ) -> str:
         """Ask for a summary of ``words`` words; once more at half if the answer was cut or
         too long; a second cut answer is kept to its last full sentence and marked. The word
         limit closes the request, so the retry re-reads only that line."""
-        limit = self._config.max_tokens
+        limit = max_tokens or self._config.max_tokens
         for attempt in range(2):
             prompt = [
                 ChatMessage("system", instruction),
@@ -520,13 +560,17 @@ class Summarizer:
             await asyncio.wait([*self._tasks.values(), *self._extracting])
 
 
-def _bounded(pending: list[StoredMessage], counter: TokenCounter) -> list[StoredMessage]:
-    """A front part of ``pending`` within the input bounds that ends on a turn boundary."""
+def _bounded(
+    pending: list[StoredMessage], counter: TokenCounter, *, limit: int = FOLD_INPUT_TOKENS
+) -> list[StoredMessage]:
+    """A front part of ``pending`` within the input bounds (``limit`` tokens, each line with
+    its author) that ends on a turn boundary; at least one message."""
     used, n = 0, 0
     for msg in pending[:MAX_FOLD_MESSAGES]:
-        if n and used + msg.tokens > FOLD_INPUT_TOKENS:
+        cost = msg.tokens + LINE_TOKENS
+        if n and used + cost > limit:
             break
-        used += msg.tokens
+        used += cost
         n += 1
     while 1 < n < len(pending) and pending[n].role != USER:
         n -= 1  # the next window must start with the person speaking
