@@ -49,7 +49,8 @@ HOUR = 3600.0
 CHANNEL_WINDOW = 60.0  # the firmware's channelUtilization covers about the last minute
 FIRMWARE_CHANNEL_LIMIT = 40.0  # max_channel_util_percent: above it the node sends nothing itself
 FIRMWARE_POLITE_LIMIT = 25.0  # polite_channel_util_percent: its background sends stop above it
-RESOLUTION = 0.001  # shorter waits are rounding (float32 metrics): go now
+RESOLUTION = 0.001  # shorter waits of the channel rule are rounding (float32 metrics): go now
+CRUMB = 1e-6  # the shortest spacing wait (float sums of times may fall a crumb short)
 PACKET_OVERHEAD = 22  # header (16) + protobuf framing of a text packet (~6)
 METRICS_MAX_AGE = 180.0  # three missed one-minute reports: the figure no longer describes now
 NOTICE_RESERVE = 0.1  # share of the duty cycle kept for one-packet notices (EU: 36 s an hour)
@@ -175,7 +176,9 @@ class Pacer:
         the previous write (module docstring)."""
         self._last_end = last
         base = self.spacing - (now - self._last_end)
-        base = base if base >= RESOLUTION else 0.0
+        # never early (the firmware drops a text within 2 s of the last): a crumb of a wait is
+        # waited out, at least ``CRUMB`` so the clock moves on
+        base = 0.0 if base <= 0 else max(base, CRUMB)
         duty = self._duty_wait(now, airtime, urgent=urgent)
         if duty > 0:
             return Verdict(max(base, duty), "duty")
@@ -197,7 +200,7 @@ class Pacer:
         slow = max(gap - (now - self._last_end), self._window_wait(now, airtime, room))
         if slow > base and slow >= RESOLUTION:
             return Verdict(slow, "slow")
-        return Verdict(base if base >= RESOLUTION else 0.0, "")
+        return Verdict(base, "")
 
     def hold_estimate(self, now: float, airtime: float, *, urgent: bool = False) -> Hold | None:
         """Why a held (non-urgent, unless ``urgent``) packet waits, and roughly how long; None

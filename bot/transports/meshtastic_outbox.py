@@ -70,6 +70,7 @@ from typing import Any
 
 from bot.config import MeshtasticConfig
 from bot.domain import Delivery, DeliveryStatus, Reply
+from bot.transports.mesh_airtime import RESOLUTION
 from bot.transports.mesh_rules import Clock, Cooldown
 from bot.transports.meshtastic_holds import MeshHolds, _Job, _Part
 from bot.transports.meshtastic_link import RadioInterface
@@ -95,7 +96,6 @@ KNOWN_UP_SECONDS = 60.0
 # At stop, how long a part already being written may take to be written and recorded; past
 # it the stop goes on (the restart writes the part again with its stored packet id).
 STOP_WRITE_WAIT = 5.0
-SLOT_PAST = 1e-6  # a slot's wake lands this far past it (float sums may fall short)
 CONFIRMED_KEPT = 4096  # ACKed (outbox row, part) pairs remembered for a row sent again
 NO_ACK = "no ACK"
 LATE_ACKED = frozenset({"missing", "relayed", "failed", "sent"})  # a late ACK still delivers
@@ -284,9 +284,9 @@ class MeshOutbox(MeshHolds):
         are the caller's. A burst is chosen only when its slot opens, so a notice that arrives
         while the radio waits for it goes first."""
         verdict = self._pacer.wait(now, self._airtime(part), last=self._last_tx, urgent=job.urgent)
-        if verdict.reason not in ("", "slow") or verdict.wait <= 0:
-            return 0.0
-        return verdict.wait + SLOT_PAST  # past the slot, never a float rounding short of it
+        if verdict.reason not in ("", "slow") or verdict.wait < RESOLUTION:
+            return 0.0  # (a crumb of a wait: chosen now, ``_pace`` waits it out exactly)
+        return verdict.wait
 
     async def _send_burst(self, job: _Job, parts: list[_Part]) -> bool:
         """Write ``parts`` back to back. False when the link stayed down too long."""
