@@ -114,6 +114,30 @@ async def test_a_duty_cycle_the_radio_reports_spent_holds_answers_and_drops_none
     assert sum("nothing may go on air now" in m for m in said) == 2
 
 
+async def test_a_person_asking_while_nothing_may_go_is_told_first_once_the_radio_may(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """The node reports its hour over the duty cycle (the firmware refuses every packet) for
+    about a minute: the hold notice waits in the person's lane and is the first packet on air
+    once the radio may transmit, before the held answer. Before, no notice was even tried
+    (the answer, later, was the first the person heard)."""
+    async with _held_app(tmp_path, fake_llm, tx=12.0) as (h, app):
+        t0 = h.clock.monotonic()
+        h.radio.inject_text("q1 weather?", frm=ALICE)
+        await h.until(lambda: len(fake_llm.chat_requests()) == 1, "the answer written now")
+        while h.clock.monotonic() < t0 + 30:
+            await h.clock.sleep(10)
+        assert h.radio.sent_texts() == []  # nothing may go on air
+        h.radio.air_util_tx = 9.5  # the next report: a notice may go, answers still may not
+        await h.until(lambda: len(h.radio.shown) == 1, "the notice")
+        [(told_at, notice)] = _shown(h, ALICE)
+        assert notice.startswith("Airtime limit reached. Your answer is saved")
+        assert told_at - t0 <= h.config.busy_max_wait
+        h.radio.air_util_tx = 1.0
+        await _settled(h, app, 1)
+        assert [text for _, text in _shown(h, ALICE)][1:] == ["Answer q1."]
+
+
 async def test_within_the_notice_reserve_people_are_told_then_answered(
     tmp_path: Path, fake_llm: FakeLLM
 ) -> None:
