@@ -182,6 +182,9 @@ class Result:
     left: int = 0
     unmatched: int = 0
     seconds: float = 0.0
+    # Per request (``--trace``): lane, tokens reused and evaluated, and where it first
+    # differs from the request before it (message index and role).
+    trace: list[str] = field(default_factory=list)
 
     def row(self) -> str:
         waits = sorted(self.waits) or [0.0]
@@ -284,7 +287,19 @@ async def play(
         if e is not None and c.background
     ]
     settle = list(stats.settle_waits)
+    previous: list[ChatMessage] = []
     for call, entry in pairs:
+        at = next(
+            (i for i, (a, b) in enumerate(zip(previous, call.messages, strict=False)) if a != b),
+            min(len(previous), len(call.messages)),
+        )
+        role = call.messages[at].role if at < len(call.messages) else "-"
+        where = f"{at}/{len(call.messages)} {role}"
+        result.trace.append(
+            f"{'bg' if call.background else 'reply'}\t{entry.hit if entry else '-'}\t"
+            f"{entry.evaluated if entry else '-'}\t{where}"
+        )
+        previous = call.messages
         if call.background:
             result.bg_calls += 1
             if entry is not None and call.ok:
@@ -374,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--llama-venv", default=default_venv)
     p.add_argument("--gguf")
     p.add_argument("--threads", type=int, default=2, help="server threads (1: less contention)")
+    p.add_argument("--trace", type=Path, help="write each request's reuse and first change here")
     args = p.parse_args(argv)
     venv = Path(args.llama_venv)
     gguf = Path(args.gguf) if args.gguf else find_gguf(venv)
@@ -396,6 +412,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         finally:
             server.stop()
             tail.stop()
+    if args.trace:
+        args.trace.write_text("lane\treused\tevaluated\tfirst change\n" + "\n".join(result.trace))
     print()
     print(HEADER)
     print(result.row())

@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from bot.domain import DM_SPACE
+from bot.domain import DM_SPACE, ConversationKey
+from bot.memory.records import StoredMessage
 from bot.responder import WITHDRAWN
 from bot.transports.discord import EDITED_NOTE
-from tests.fakes.fake_discord import FakeDiscord
+from tests.fakes.fake_discord import ALICE, FakeDiscord
 from tests.fakes.fake_llm import FakeLLM
 from tests.test_discord_app import CHANNEL_SPACE, Rig, running
 
@@ -19,6 +20,11 @@ from tests.test_discord_app import CHANNEL_SPACE, Rig, running
 async def _settle(rig: Rig, sent: int) -> None:
     await rig.discord.wait_sent(sent)
     await rig.app.responder.wait_idle()
+
+
+async def _stored_if_any(rig: Rig) -> list[StoredMessage]:
+    conv = await rig.app.store.find_conversation(ConversationKey("discord", str(ALICE), DM_SPACE))
+    return [] if conv is None else await rig.app.store.all_messages(conv.id)
 
 
 async def test_a_password_edited_out_of_a_dm_leaves_memory_and_is_answered_again(
@@ -85,10 +91,18 @@ async def test_a_question_edited_before_its_answer_is_answered_as_edited(
     tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord
 ) -> None:
     async with running(tmp_path, fake_llm, fake_discord) as rig:
-        fake_llm.script = [("sleep", 1.0)]  # the first answer is still being written
+        fake_llm.script = [("sleep", 1.5)]  # the first answer is still being written
         first = await fake_discord.say(fake_discord.dm_message("one"))
+        for _ in range(300):  # (two events at once may be handled in either order)
+            if fake_llm.chat_requests():
+                break
+            await asyncio.sleep(0.01)
         second = await fake_discord.say(fake_discord.dm_message("tpyo here"))
-        await asyncio.sleep(0.2)
+        for _ in range(300):  # stored and waiting: the slot is busy with the first answer
+            if any(m.text == "tpyo here" for m in await _stored_if_any(rig)):
+                break
+            await asyncio.sleep(0.01)
+        assert len(fake_llm.chat_requests()) == 1
         await fake_discord.edit_by_author(second, "typo fixed")
         await _settle(rig, 2)
         assert first
