@@ -23,6 +23,7 @@ from bot.app import App, build
 from bot.delivery import EXPIRED
 from bot.domain import Inbound
 from bot.responder import ANSWER_NOT_STORED
+from bot.transports.mesh_rules import node_id
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_radio import ALICE, BOB, Later
@@ -351,24 +352,32 @@ async def test_a_full_queue_refuses_at_once_a_question_whose_person_waits_on_an_
         _app(tmp_path, fake_llm, h, "") as app,
     ):
         hold_clock_while_busy(h, app)
-        h.radio.routing = lambda packet, attempt: Later("NONE", delay=90.0)
-        h.radio.inject_text("q1 weather?", frm=ALICE)
-        await h.until(lambda: len(h.radio.sent_texts()) == 1, "Alice's answer on air")
-        for i, node in enumerate(PEOPLE[:2]):  # their answers wait: the queue is full
-            h.radio.inject_text(f"q{10 + i} tides?", frm=node)
-        await h.until(lambda: len(fake_llm.chat_requests()) == 3, "their answers queued")
-        await h.until(lambda: h.transport.busy() is not None, "the queue is full")
-        asked = h.clock.monotonic()
-        handled = asyncio.Event()  # virtual time stands still until q3 reached the responder
+        # Virtual time stands still until q3 reached the responder: the queue stays full.
+        handled = asyncio.Event()
         original = h.transport._on_message
         assert original is not None
 
         async def on_message(inbound: Inbound) -> None:
             await original(inbound)
-            handled.set()
+            if inbound.text.startswith("q3"):
+                handled.set()
 
         h.transport._on_message = on_message
         h.clock.settle_hooks.append(lambda: not handled.is_set())
+        h.radio.routing = lambda packet, attempt: Later("NONE", delay=90.0)
+        asked = h.clock.monotonic()
+        h.radio.inject_text("q1 weather?", frm=ALICE)
+        await h.until(lambda: len(h.radio.sent_texts()) == 1, "Alice's answer on air")
+        for i, node in enumerate(PEOPLE[:2]):  # their answers wait: the queue is full
+            h.radio.inject_text(f"q{10 + i} tides?", frm=node)
+        waiting = {node_id(n) for n in PEOPLE[:2]}  # both queued, Alice's answer started
+
+        def full() -> bool:
+            jobs = {j.person for j in h.transport._jobs if not j.started}
+            return jobs == waiting and h.transport.busy() is not None
+
+        await h.until(full, "the queue is full")
+        assert h.clock.monotonic() == asked
         h.radio.inject_text("q3 wind?", frm=ALICE)
         await h.until(
             lambda: any(text.startswith("Busy") for _, text in _shown(h, ALICE)), "refused"
