@@ -8,9 +8,10 @@ The sending model (docs/reliability.md and docs/meshtastic.md explain it for ope
   ``spacing_seconds`` after the previous packet (measured on the injected clock from the end
   of one write to the start of the next). Two people's parts never interleave inside a burst.
 - Waiting for ACKs does not hold the radio. As soon as a reply's burst is written, the next
-  burst may start: re-sends whose backoff has passed first (oldest reply first), then the next
-  new reply whose person is out of ``cooldown``. A reply's re-send is one burst of its missing
-  parts, started only when none of its parts is still waiting for an answer.
+  burst may start: one-packet notices first (a person waiting to hear why), then re-sends
+  whose backoff has passed (oldest reply first), then the next new reply whose person is out
+  of ``cooldown``. A reply's re-send is one burst of its missing parts, started only when
+  none of its parts is still waiting for an answer.
 - A DM part is *delivered* by an ACK from its destination; an ACK relayed by another node
   (implicit ACK) means "on the mesh": no re-send, reported as SENT. A NAK is re-sent only for
   reasons a re-send can fix (``RESENDABLE``: no route yet, retransmissions exhausted, duty
@@ -223,10 +224,11 @@ class MeshOutbox(MeshHolds):
                 )
 
     async def _next_burst(self) -> tuple[_Job, list[_Part]]:
-        """The next burst: re-sends first, then one-packet notices, then new replies in order.
-        While the pacer holds answers (duty cycle, busy channel), held jobs stay queued and a
-        notice the rules still allow overtakes them; a job held ``busy_max_wait`` ends
-        ``PENDING`` (its outbox row waits for the next round)."""
+        """The next burst: one-packet notices first (a person waiting to hear why), then
+        re-sends (older than any new reply), then new replies in order. While the pacer holds
+        answers (duty cycle, busy channel), held jobs stay queued and a notice the rules still
+        allow overtakes them; a job held ``busy_max_wait`` ends ``PENDING`` (its outbox row
+        waits for the next round)."""
         while True:
             self._jobs_changed.clear()
             now = self._clock.monotonic()
@@ -235,49 +237,71 @@ class MeshOutbox(MeshHolds):
                 self._maybe_finish(job)
             held, recheck = self._hold_state(now, urgent=False)
             wake = min(wake, recheck)
-            budget = self._cfg.airtime_budget
-            for job in list(self._jobs):  # re-sends first: they are older than any new reply
-                missing = job.missing()
-                if not missing or job.waiting():
-                    continue
-                worst = len(missing) * (1 + FIRMWARE_RETRANSMISSIONS)
-                if job.cost + worst > budget:
-                    for part in missing:
-                        part.state, part.reason = "failed", f"{part.reason}; airtime budget spent"
-                    self._maybe_finish(job)
-                    continue
-                if held:
-                    wake = min(wake, self._keep_held(job, now, held))
-                    continue
-                if job.resend_at <= now:
-                    if (slot := self._slot(job, missing[0], now)) > 0:
-                        wake = min(wake, now + slot)
-                        continue
-                    return job, missing
-                wake = min(wake, job.resend_at)
             fresh = [j for j in self._jobs if not j.started]
-            for job in [j for j in fresh if j.urgent] + [j for j in fresh if not j.urgent]:
-                if job.future.done():
-                    continue
-                reason = held
-                if job.urgent and held:
-                    reason, urgent_recheck = self._hold_state(now, urgent=True)
-                    wake = min(wake, urgent_recheck)
-                if reason:
-                    wake = min(wake, self._keep_held(job, now, reason))
-                    continue
-                at = self._reply_cooldown.ready_at(job.person)
-                todo = [p for p in job.parts if p.state == "todo"]
-                if at <= now and todo and (slot := self._slot(job, todo[0], now)) > 0:
-                    wake = min(wake, now + slot)  # chosen when its slot opens: a notice
-                    continue  # arriving meanwhile goes first
-                if at <= now:
-                    return job, todo
-                wake = min(wake, at)
+            notices, wake = self._pick([j for j in fresh if j.urgent], now, held, wake)
+            if notices is not None:
+                return notices
+            resend, wake = self._pick_resend(now, held, wake)
+            if resend is not None:
+                return resend
+            answers, wake = self._pick([j for j in fresh if not j.urgent], now, held, wake)
+            if answers is not None:
+                return answers
             if wake == math.inf:
                 await self._jobs_changed.wait()
             else:
                 await self._wait(self._jobs_changed, max(wake - now, 0.001))
+
+    def _pick_resend(
+        self, now: float, held: str, wake: float
+    ) -> tuple[tuple[_Job, list[_Part]] | None, float]:
+        """The first re-send due (oldest reply first), or None and when to look again."""
+        budget = self._cfg.airtime_budget
+        for job in list(self._jobs):
+            missing = job.missing()
+            if not missing or job.waiting():
+                continue
+            worst = len(missing) * (1 + FIRMWARE_RETRANSMISSIONS)
+            if job.cost + worst > budget:
+                for part in missing:
+                    part.state, part.reason = "failed", f"{part.reason}; airtime budget spent"
+                self._maybe_finish(job)
+                continue
+            if held:
+                wake = min(wake, self._keep_held(job, now, held))
+                continue
+            if job.resend_at <= now:
+                if (slot := self._slot(job, missing[0], now)) > 0:
+                    wake = min(wake, now + slot)
+                    continue
+                return (job, missing), wake
+            wake = min(wake, job.resend_at)
+        return None, wake
+
+    def _pick(
+        self, jobs: list[_Job], now: float, held: str, wake: float
+    ) -> tuple[tuple[_Job, list[_Part]] | None, float]:
+        """The first of ``jobs`` (not started) that may go now, or None and when to look
+        again."""
+        for job in jobs:
+            if job.future.done():
+                continue
+            reason = held
+            if job.urgent and held:
+                reason, urgent_recheck = self._hold_state(now, urgent=True)
+                wake = min(wake, urgent_recheck)
+            if reason:
+                wake = min(wake, self._keep_held(job, now, reason))
+                continue
+            at = self._reply_cooldown.ready_at(job.person)
+            todo = [p for p in job.parts if p.state == "todo"]
+            if at <= now and todo and (slot := self._slot(job, todo[0], now)) > 0:
+                wake = min(wake, now + slot)  # chosen when its slot opens: a notice
+                continue  # arriving meanwhile goes first
+            if at <= now:
+                return (job, todo), wake
+            wake = min(wake, at)
+        return None, wake
 
     def _slot(self, job: _Job, part: _Part, now: float) -> float:
         """Seconds until spacing (or the channel rule's slower pace) lets ``part`` go; holds
