@@ -37,9 +37,10 @@ from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM, ChatMessage, Completion, JsonSchema, OnText
 from bot.llm.tokens import make_counter
 from bot.memory import chapter_check
+from bot.memory.chapter_text import FOLD_INPUT_TOKENS
 from bot.memory.facts import FactExtractor
 from bot.memory.store import SqliteStore
-from bot.memory.summary import FOLD_INPUT_TOKENS, Summarizer
+from bot.memory.summary import Summarizer
 
 
 class WithoutSchema:

@@ -60,7 +60,13 @@ class Summarizer:
         self._retry_at: dict[int, float] = {}
         self._closed = False
 
-    def maybe_schedule(self, conversation: Conversation, *, window_start_id: int | None) -> bool:
+    def maybe_schedule(
+        self,
+        conversation: Conversation,
+        *,
+        window_start_id: int | None,
+        base: object = None,  # today's responder passes its prompt (continuations): unused
+    ) -> bool:
         """Start a background refresh if enough turns left the window; never blocks."""
         if not self._config.enabled or self._closed or window_start_id is None:
             return False
@@ -127,6 +133,17 @@ class Summarizer:
     @property
     def running(self) -> int:
         return len(self._tasks)
+
+    # What today's responder calls besides (not in the old code): the old summarizer has no
+    # fold debts, so nothing waits and no slot is kept.
+    async def settle(self, conversation_id: int) -> float:
+        return 0.0
+
+    def before_reply(self, conversation_id: int, window_start_id: int | None) -> None:
+        return None
+
+    def forget(self, transport: str, person: str, *, space: str | None = None) -> int:
+        return 0
 
 
 def _fold_input(old_summary: str, messages: list[StoredMessage]) -> str:

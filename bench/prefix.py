@@ -33,9 +33,20 @@ fact extraction) is a background call):
   people's replies and every summary call, cancelled or not) costs the tokens after its
   common prefix with the request just before it; the total divided by the number of turns.
 - prompt tokens per turn (mean) and background calls ("summary calls" in the table).
+- ``--why``: for each reply after a person's first, the part of the request it is compared
+  with where it first differs (a part of the system message: prompt, facts, long-term,
+  chapters; a window message; a part of the final message: the recall note, the recall shown
+  once, the older chapter shown once, the message; or nothing: it extends it), how often and
+  how many tokens that re-read; against the person's previous reply and against the request
+  just before (one slot: "after a background call" when that was not a reply).
+- ``--one-slot``: the fake is ``OneSlotLLM`` (one request at a time, a cache of the last
+  prompt and its answer, its own count of 4 characters of its template a token); it adds
+  the prompt tokens it evaluated per reply (issue 27's "reply re-evaluation").
 
-Nothing is timed: the figures are exact counts of what was sent. docs/memory.md's table is rewritten
-only with ``--write-docs``.
+Nothing is timed: the figures are exact counts of what was sent (the number of background
+calls can vary by one or two between runs: fold-time fact extraction starts only when the
+LLM gate expects it to fit, which it learns from real time). docs/memory.md's tables are
+rewritten only with ``--write-docs`` (the ``--why`` table too when given).
 """
 
 from __future__ import annotations
@@ -43,12 +54,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import platform
 import random
 import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -65,9 +78,18 @@ from bot.config import (
 )
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, make_counter
-from bot.memory.context import ContextBuilder
-from bot.memory.layers import LayeredContext
-from bot.memory.summary import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT, Summarizer
+from bot.memory.chapter_text import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
+from bot.memory.context import (
+    CHAPTER_HEADER,
+    FACTS_HEADER,
+    MORE_HEADER,
+    NEW_FACTS_HEADER,
+    RETRIEVED_HEADER,
+    SUMMARY_HEADER,
+    ContextBuilder,
+)
+from bot.memory.layers import LONGTERM_HEADER, LayeredContext
+from bot.memory.summary import Summarizer
 from bot.transports.base import OnMessage
 from bot.transports.mesh_text import fit
 
@@ -75,6 +97,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MEMORY_DOC = ROOT / "docs" / "memory.md"
 MARK_START = "<!-- bench:prefix:start -->"
 MARK_END = "<!-- bench:prefix:end -->"
+WHY_START = "<!-- bench:prefix-why:start -->"
+WHY_END = "<!-- bench:prefix-why:end -->"
 TRANSPORT = "bench"
 CONTEXT_TOKENS = 1536  # meshtastic.context_tokens default
 MAX_TOKENS = 120  # meshtastic.max_tokens default
@@ -255,6 +279,13 @@ class Result:
     reeval_per_turn: float
     reply_reeval_per_turn: float  # of which in reply requests
     prompt_per_turn: float
+    # part that changed first -> (replies, tokens re-read): against the person's previous
+    # reply, and against the request just before (one slot)
+    why: dict[str, tuple[int, float]] = field(default_factory=dict)
+    why_slot: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # ``--one-slot``: prompt tokens the one-slot fake evaluated per reply (its own count: 4
+    # characters of its template a token; its cache holds the last prompt and its answer)
+    slot_reply_eval: float | None = None
 
 
 def is_reply(body: dict[str, Any]) -> bool:
@@ -330,6 +361,87 @@ def measure(
     return shares, (reeval, reply_reeval), prompt, summaries
 
 
+# Where a prompt's parts begin, as the context builder writes them (``where``).
+SYSTEM_PARTS = (
+    ("facts", FACTS_HEADER),
+    ("long-term", LONGTERM_HEADER),
+    ("chapters", SUMMARY_HEADER),
+)
+FINAL_PARTS = (
+    ("new facts", NEW_FACTS_HEADER),
+    ("recall note", RETRIEVED_HEADER),
+    ("recall, once", MORE_HEADER),
+    ("older chapter, once", CHAPTER_HEADER),
+)
+
+
+def where(messages: Sequence[dict[str, Any]], index: int, at: int) -> str:
+    """The part of a prompt (``messages``) that holds character ``at`` of message ``index``:
+    a part of the system message, a window message, or a part of the final message."""
+    content = str(messages[index]["content"])
+    if index == 0:
+        parts = [(content.find(h), name) for name, h in SYSTEM_PARTS if h in content]
+        found = [name for start, name in sorted(parts) if start <= at]
+        return "system: " + (found[-1] if found else "prompt")
+    if index < len(messages) - 1:
+        return "window"
+    parts = [(content.find(h), name) for name, h in FINAL_PARTS if h in content]
+    found = [name for start, name in sorted(parts) if start <= at]
+    return "final: " + (found[-1] if found else "message")
+
+
+def first_break(
+    before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]
+) -> tuple[str, int, int]:
+    """Where ``after`` first differs from ``before``: the part of ``before`` that changed
+    (``where``), the message index and the character offset in it."""
+    for i, (a, b) in enumerate(zip(before, after, strict=False)):
+        x, y = str(a["content"]), str(b["content"])
+        if a["role"] != b["role"]:
+            return where(before, i, 0), i, 0
+        if x != y:
+            at = common_prefix(x, y)
+            return where(before, i, at), i, at
+    return "nothing (extends it)", len(before), 0
+
+
+def breaks(
+    requests: Sequence[dict[str, Any]],
+    owners: Sequence[str | None],
+    counter: TokenCounter,
+    *,
+    one_slot: bool = False,
+    evaluated: Sequence[float] | None = None,
+) -> dict[str, tuple[int, float]]:
+    """For each reply after a person's first: which part of the request compared against
+    (the person's previous reply; ``one_slot``: the request just before, of any kind) changed
+    first, and the tokens of the reply re-read from there on (``evaluated``: what the server
+    evaluated for each request instead). Part -> (replies, tokens)."""
+    out: dict[str, tuple[int, float]] = {}
+    last_of: dict[str, Sequence[dict[str, Any]]] = {}
+    previous: Sequence[dict[str, Any]] = []
+    before_owner: str | None = None
+    for k, (body, owner) in enumerate(zip(requests, owners, strict=True)):
+        messages = body["messages"]
+        against = previous if one_slot else last_of.get(owner or "", [])
+        if owner is not None and against:
+            label, _i, _at = first_break(against, messages)
+            if one_slot and before_owner != owner:
+                after = "a background call" if before_owner is None else "another person"
+                label = f"after {after}: {label}"
+            lost = float(
+                prompt_tokens(messages, counter) - shared_tokens(against, messages, counter)
+            )
+            if evaluated is not None:
+                lost = evaluated[k]
+            n, t = out.get(label, (0, 0.0))
+            out[label] = (n + 1, t + lost)
+        if owner is not None:
+            last_of[owner] = messages
+        previous, before_owner = messages, owner
+    return out
+
+
 async def run(
     layout: str,
     scenario: str,
@@ -337,10 +449,18 @@ async def run(
     seed: int,
     counter: TokenCounter,
     share: float | None = None,
+    *,
+    one_slot: bool = False,
 ) -> Result:
-    from tests.fakes.fake_llm import FakeLLM
+    from tests.fakes.fake_llm import FakeLLM, OneSlotLLM
 
-    fake = FakeLLM()
+    # One slot: a server that caches the last prompt and its answer; its clock runs 1,000
+    # times faster than the real one (the bench waits for background work between turns).
+    fake = (
+        OneSlotLLM(scale=0.001, is_background=lambda body: not is_reply(body))
+        if one_slot
+        else FakeLLM()
+    )
     fake.reply_fn = answer
     await fake.start()
     people = ["alice"] if scenario == "one person" else ["alice", "bob"]
@@ -398,7 +518,45 @@ async def run(
         reeval_per_turn=reeval / replies,
         reply_reeval_per_turn=reply_reeval / replies,
         prompt_per_turn=prompt / replies,
+        why=breaks(fake.requests, owners, counter),
+        why_slot=breaks(
+            fake.requests,
+            owners,
+            counter,
+            one_slot=True,
+            evaluated=(
+                [float(r.evaluated) for r in sorted(fake.served, key=lambda r: r.index)]
+                if isinstance(fake, OneSlotLLM)
+                else None
+            ),
+        ),
+        slot_reply_eval=(
+            statistics.mean(r.evaluated for r in fake.replies())
+            if isinstance(fake, OneSlotLLM)
+            else None
+        ),
     )
+
+
+def why_table(results: Sequence[Result]) -> str:
+    """Which part of the prompt changed first between consecutive replies (``breaks``)."""
+    lines = [
+        "| scenario | layout | compared with | part that changed first | replies "
+        "| tokens re-read (total) | per reply |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for r in results:
+        slot = "request before (tokens: the one-slot fake's count)" if r.slot_reply_eval else ""
+        for against, why in (
+            ("same person's previous reply", r.why),
+            (slot or "request before", r.why_slot),
+        ):
+            for label, (n, t) in sorted(why.items(), key=lambda kv: -kv[1][1]):
+                lines.append(
+                    f"| {r.scenario} | {r.layout} | {against} | {label} | {n} | {t:.0f} "
+                    f"| {t / n:.0f} |"
+                )
+    return "\n".join(lines)
 
 
 def table(results: Sequence[Result]) -> str:
@@ -417,17 +575,18 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(path: Path, command: str, results: Sequence[Result]) -> None:
-    block = "\n".join(
-        [
-            f"Command: `{command}`. Date: {time.strftime('%Y-%m-%d')}. Exact counts of what was "
-            "sent (cl100k tokens as the bot counts them: content + 4 per message), not timings; "
-            "summary calls = every background call (chapters, merges, fact extraction).",
-            "",
-            table(results),
-        ]
+def write_docs(path: Path, command: str, results: Sequence[Result], *, why: bool = False) -> None:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    head = (
+        f"Command: `{command}`. Date: {time.strftime('%Y-%m-%d')}. Load average {load} "
+        f"({platform.machine()}, {os.cpu_count()} cores). Exact counts of what was sent "
+        "(cl100k tokens as the bot counts them: content + 4 per message), not timings; "
+        "summary calls = every background call (chapters, merges, fact extraction)."
     )
-    replace_block(path, MARK_START, MARK_END, block)
+    replace_block(path, MARK_START, MARK_END, "\n".join([head, "", table(results)]))
+    if why:  # the default layout's account of what broke the prefix
+        notes = [r for r in results if r.layout == "new-notes"]
+        replace_block(path, WHY_START, WHY_END, "\n".join([head, "", why_table(notes)]))
 
 
 def replace_block(path: Path, start: str, end: str, block: str) -> None:
@@ -450,6 +609,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     p.add_argument("--share", type=float, default=None, help="memory.retrieval.share")
     p.add_argument("--scenarios", default="one person,two people")
+    p.add_argument(
+        "--one-slot",
+        action="store_true",
+        help="serve from the one-slot fake (OneSlotLLM) and report what it evaluated per reply",
+    )
+    p.add_argument(
+        "--why", action="store_true", help="which part of the prompt changed first, how often"
+    )
     args = p.parse_args(argv)
     counter = make_counter()
     results: list[Result] = []
@@ -458,14 +625,31 @@ def main(argv: Sequence[str] | None = None) -> None:
             if layout not in LAYOUTS:
                 p.error(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
             results.append(
-                asyncio.run(run(layout, scenario, args.turns, args.seed, counter, args.share))
+                asyncio.run(
+                    run(
+                        layout,
+                        scenario,
+                        args.turns,
+                        args.seed,
+                        counter,
+                        args.share,
+                        one_slot=args.one_slot,
+                    )
+                )
             )
             print(table(results[-1:]).splitlines()[-1], flush=True)
+            if results[-1].slot_reply_eval is not None:
+                print(f"one-slot fake: {results[-1].slot_reply_eval:.1f} prompt tokens "
+                      "evaluated per reply (its count)", flush=True)  # fmt: skip
     print()
     print(table(results))
+    if args.why:
+        print()
+        print(why_table(results))
     if args.write_docs:
         command = f"python -m bench.prefix --turns {args.turns} --seed {args.seed}"
-        write_docs(MEMORY_DOC, command, results)
+        command += " --why" * args.why + " --one-slot" * args.one_slot
+        write_docs(MEMORY_DOC, command, results, why=args.why)
         print(f"wrote {MEMORY_DOC}")
 
 

@@ -50,10 +50,10 @@ from bot.app import App, build
 from bot.config import BotConfig, Config, LLMConfig, MemoryConfig, RateLimit
 from bot.domain import Inbound
 from bot.llm.port import ChatMessage, Completion, JsonSchema, OnText
+from bot.memory.chapter_text import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
 from bot.memory.context import AssembledContext
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.sessions import LONGTERM_PROMPT, SESSION_PROMPT
-from bot.memory.summary import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
 
 NAMES = ["alice", "bob", "carol", "dave", "erin"]
 HEADS = tuple(

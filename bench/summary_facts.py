@@ -31,10 +31,10 @@ from openai import OpenAI
 
 from bench.recall import load
 from bot.llm.tokens import make_counter
+from bot.memory.chapter_text import CHAPTER_PROMPT, FOLD_INPUT_TOKENS, fold_input
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.facts import parse_proposals
 from bot.memory.store import StoredMessage
-from bot.memory.summary import CHAPTER_PROMPT, FOLD_INPUT_TOKENS, _fold_input
 
 OLD_PROMPT = (
     "You summarize one stretch of a chat between a person and an assistant, as a chapter "
@@ -102,7 +102,7 @@ def _shared(msgs: Sequence[StoredMessage], tail: str) -> Messages:
 
 
 def chapter_prompts(msgs: Sequence[StoredMessage]) -> dict[str, Messages]:
-    material = _fold_input("", msgs)
+    material = fold_input("", msgs)
     tail = "Earlier chapter (context only): (none yet)\n\n" + SHARED_CHAPTER_TASK
     return {
         "chapter pre-17": [

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from bot.domain import DM_SPACE, Inbound
 from bot.memory.port import MemoryStore
-from bot.memory.records import ChatSetting
+from bot.memory.records import RUNNING_COMMAND, ChatSetting
 
 BOT_SCOPE = "*"
 
@@ -46,7 +46,8 @@ class ChatSettings:
         self._rows = {r.scope: r for r in await self._store.chat_settings()}
 
     async def set(self, scope: str, field: str, value: str | None) -> None:
-        await self._store.set_chat_setting(scope, field, value)
+        # a held !model/!persona: marked done with the change (a replay tells, never redoes)
+        await self._store.set_chat_setting(scope, field, value, done=RUNNING_COMMAND.get())
         self._rows = {r.scope: r for r in await self._store.chat_settings()}
 
     def _first(self, scopes: list[str], field: str) -> tuple[str | None, str | None]:

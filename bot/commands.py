@@ -25,6 +25,13 @@ Invariants:
   7788"). ``!facts`` lists pinned and extracted facts, numbered, each with its provenance in
   brackets ("you, 3 Nov" for ``!remember``; 'inferred today from "..."' for an extracted
   one) and the value it replaced, if any.
+- A command with an effect (``!remember``, ``!unremember``, ``!reset``, ``!link <code>``,
+  ``!unlink``, ``!pin``, ``!model``, ``!persona``) run from ``held_commands`` writes its
+  effect with ``done=`` the held id: the effect and the command's done mark commit in one
+  transaction, and any earlier write of the command is one that a second run repeats
+  harmlessly. A replay after a kill then tells the person instead of running it again
+  (``bot.recovery``). ``!forget yes`` is recognised on replay by nothing of the person
+  being left.
 - ``!unremember`` removes the fact with its history, deletes the finished outbox rows that
   quote it, and does not quote it in its reply.
 - ``!link``/``!unlink`` act only on DMs; a wrong, expired or used code gets one answer that
@@ -43,13 +50,13 @@ from bot.domain import DM_SPACE, Attachment, Inbound
 from bot.errors import MeshsageError
 from bot.llm.tokens import TokenCounter
 from bot.memory import chapter_check
+from bot.memory.chapter_text import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.memory.export import export_person
 from bot.memory.fact_values import change_line, same_value
 from bot.memory.facts import find_duplicate, find_same_subject, history_note, provenance
 from bot.memory.links import LinkCodes
 from bot.memory.port import MemoryStore
-from bot.memory.records import Conversation, Fact
-from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT
+from bot.memory.records import RUNNING_COMMAND, Conversation, Fact
 from bot.text import MESH_COMMAND_BYTES, fit_bytes
 
 FORGET_CONFIRM_SECONDS = 60.0
@@ -148,8 +155,24 @@ class Commands:
         )
 
     async def run(
-        self, inbound: Inbound, name: str, arg: str, *, room: int = MESH_COMMAND_BYTES
+        self,
+        inbound: Inbound,
+        name: str,
+        arg: str,
+        *,
+        room: int = MESH_COMMAND_BYTES,
+        command_id: int | None = None,
     ) -> CommandResult:
+        """Run one command. ``command_id``: its row in ``held_commands``; the write that is
+        the command's effect marks it done in the same transaction (``done=``), so a replay
+        after a kill never applies it twice."""
+        token = RUNNING_COMMAND.set(command_id)
+        try:
+            return await self._run(inbound, name, arg, room)
+        finally:
+            RUNNING_COMMAND.reset(token)
+
+    async def _run(self, inbound: Inbound, name: str, arg: str, room: int) -> CommandResult:
         handler = self._handlers.get(name)
         if handler is None and self.is_operator(inbound):
             handler = self._operator_handlers.get(name)
@@ -179,13 +202,15 @@ class Commands:
 
     async def _reset(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.conversation(inbound.key)
-        await self._store.reset(conv.id)
         # Inferred facts came from what was said before now: they go with it. Pinned facts
-        # are the person's own notes (!remember): they stay, and the reply says so.
+        # are the person's own notes (!remember): they stay, and the reply says so. Dropped
+        # first: the reset is the effect marked done (a replay after a kill between the two
+        # runs both again, and dropping twice is dropping once).
         dropped = 0
         for fact in await self._store.facts(conv.id):
             if not fact.pinned:
                 dropped += await self._store.remove_fact(conv.id, fact.id, extracted_only=True)
+        await self._store.reset(conv.id, done=RUNNING_COMMAND.get())
         n = sum(f.pinned for f in await self._store.facts(conv.id))
         p = self.prefix
         kept = f"{n} fact(s) you asked me to remember ({p}facts)" if n else "no facts (none pinned)"
@@ -292,6 +317,7 @@ class Commands:
             text=fact,
             tokens=self._counter.count(fact),
             source_ids=sorted(m.id for m in recent),
+            done=RUNNING_COMMAND.get(),  # the effect and the command's done mark: one commit
         )
         n = len(await self._store.facts(conv.id))
         return self._say(f"Noted as fact {n} (pinned). I'll keep it in mind in this chat.")
@@ -317,6 +343,7 @@ class Commands:
             tokens=self._counter.count(fact),
             pinned=True,
             source_ids=sorted(m.id for m in recent),
+            done=RUNNING_COMMAND.get(),
         )
         if old is None:
             return self._say("That fact changed meanwhile. Send it again.")
@@ -355,10 +382,11 @@ class Commands:
                 f"(see {self.prefix}facts)"
             )
         fact = facts[number - 1]
-        await self._store.remove_fact(conv.id, fact.id)
         # Its text leaves the outbox too (earlier !facts and !remember replies); this reply
-        # does not quote it, so no new row holds it.
+        # does not quote it, so no new row holds it. Scrubbed first: the removal is the
+        # effect marked done, after which a replay never picks "fact n" again.
         await self._store.scrub_outbox(conv.id, fact.text)
+        await self._store.remove_fact(conv.id, fact.id, done=RUNNING_COMMAND.get())
         left = len(facts) - 1
         return self._say(
             f"Removed fact {number} and its history; {left} left ({self.prefix}facts)."
@@ -432,7 +460,7 @@ class Commands:
                 target = [found]
         if not target:  # no reply: the latest exchange
             target = [m.id for m in await self._store.recent_messages(conv, limit=2)]
-        n = await self._store.mark_important(conv.id, target)
+        n = await self._store.mark_important(conv.id, target, done=RUNNING_COMMAND.get())
         if not n:
             return self._say("Nothing to pin: reply to one of our messages with "
                              f"{self.prefix}pin.")  # fmt: skip
@@ -455,7 +483,7 @@ class Commands:
             return self._say(f"That code does not work. Codes last 10 minutes and work once; "
                              f"send {p}link on your other account for a new one.")  # fmt: skip
         try:
-            moved = await self._store.link_dm(home, inbound.key)
+            moved = await self._store.link_dm(home, inbound.key, done=RUNNING_COMMAND.get())
         except MeshsageError as exc:
             return self._say(f"Not linked: {exc}")
         return self._say(
@@ -466,7 +494,7 @@ class Commands:
     async def _unlink(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         if not inbound.is_dm:
             return self._say(f"Send {self.prefix}unlink in a direct message.")
-        moved = await self._store.unlink_dm(inbound.key)
+        moved = await self._store.unlink_dm(inbound.key, done=RUNNING_COMMAND.get())
         if moved is None:
             return self._say("This account is not linked.")
         return self._say("Unlinked: each account keeps its own messages and facts again.")

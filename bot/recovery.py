@@ -15,8 +15,14 @@ Invariants:
   answering.
 - Commands are held in the store before they run (``_hold_command``) and released once their
   reply is queued or sent (or they failed and the person was told); at start this gateway's
-  held commands run again. A held ``!forget yes`` whose delete had committed (nothing of the
-  person is left) is confirmed instead of run (``FORGOT_AT_RESTART``).
+  held commands run again, except those this process held itself (heard live, e.g. read
+  back by Discord catch-up before recovery ran: queued already). A held command whose effect
+  had committed (``done``: the mark is written in the effect's own transaction,
+  bot.commands) is not run again: its person is told it was done (``DONE_AT_RESTART``). A
+  held ``!forget yes`` whose delete had committed (nothing of the person is left) is
+  confirmed instead of run (``FORGOT_AT_RESTART``).
+- Discord catch-up and this replay agree: catch-up skips every message id held as a command
+  (held or released, ``known_platform_ids``), so a command is run by one of them only.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ FORGOT_AT_RESTART = (
     "Deleted everything I kept about you (your forget finished as I restarted). I no longer "
     "remember you."
 )
+DONE_AT_RESTART = "Your {command} was done just before I restarted; nothing was repeated."
 NOT_ANSWERED = (
     "Sorry, I was offline when you wrote {ago} ago and did not answer. Ask again if you still "
     "need it."
@@ -55,11 +62,17 @@ class Recovery:
     _outbox: OutboxSender
     _max_age: dict[str, float]
     _questions: set[int]  # stored questions queued or being answered in this process
+    _held_here: set[int]  # commands held by this process (queued live; never replayed)
     _accepting: bool
     _wall: Callable[[], float]  # the wall clock that dates answers (a replay's, in benchmarks)
 
     def _enqueue_recovered(
-        self, inbound: Inbound, *, message_id: int | None = None, command_id: int | None = None
+        self,
+        inbound: Inbound,
+        *,
+        message_id: int | None = None,
+        command_id: int | None = None,
+        done: bool = False,
     ) -> None:
         raise NotImplementedError
 
@@ -72,7 +85,11 @@ class Recovery:
         person's order (too old to answer: the person is told, ``_tell_unanswered``)."""
         await self._outbox.release_stale_claims()
         sent = await self.redeliver()
-        commands = await self._store.held_commands(transports=tuple(self._transports))
+        commands = [
+            held
+            for held in await self._store.held_commands(transports=tuple(self._transports))
+            if held.id not in self._held_here  # heard live since start: queued already
+        ]
         for held in commands:  # before the questions: they came first or alongside
             inbound = Inbound(
                 transport=held.key.transport,
@@ -83,7 +100,7 @@ class Recovery:
                 sender_name=held.author,
                 received_at=datetime.fromtimestamp(held.created_at, tz=UTC),
             )
-            self._enqueue_recovered(inbound, command_id=held.id)
+            self._enqueue_recovered(inbound, command_id=held.id, done=held.done)
         if commands:
             log.info("running %d command(s) received before the last shutdown", len(commands))
         return sent + len(commands) + await self._recover(stale_before=None)
@@ -145,16 +162,27 @@ class Recovery:
         row = await self._store.queue_claimed(entry, question_status="expired")
         await self._outbox.deliver_now(inbound, row)
 
+    async def _told_at_restart(self, inbound: Inbound, text: str, command_id: int | None) -> None:
+        """A held command not run again at restart (its effect had committed): its person is
+        told, and it is released in the same write as the notice's outbox row."""
+        transport = self._transports[inbound.transport]
+        entry = OutboxEntry(inbound.key, "command", transport.fit(text),
+                            reply_to=inbound.message_id)  # fmt: skip
+        row = await self._store.queue_claimed(entry, release=command_id)
+        await self._outbox.deliver_now(inbound, row)
+
     async def _hold_command(self, inbound: Inbound) -> int | None:
         """Store a command before it runs (``held_commands``): one lost to a kill is run at
         the next start. A store that fails (disk full) does not stop the command."""
         try:
-            return await self._store.hold_command(
+            held = await self._store.hold_command(
                 inbound.key,
                 inbound.text,
                 platform_id=inbound.message_id,
                 author=inbound.sender_name,
             )
+            self._held_here.add(held)
+            return held
         except (sqlite3.Error, StorageError) as exc:
             log.warning("could not hold a command from %s (%s); running it anyway",
                         inbound.key, exc)  # fmt: skip
@@ -163,6 +191,7 @@ class Recovery:
     async def _release_command(self, command_id: int | None) -> None:
         if command_id is None:
             return
+        self._held_here.discard(command_id)  # released: never listed as held again
         try:
             await self._store.release_command(command_id)
         except (sqlite3.Error, StorageError) as exc:  # run again at the next start: told so

@@ -120,7 +120,7 @@ from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
 from bot.notice_lanes import NoticeIntake, NoticeLanes
 from bot.ops.metrics import Counters
-from bot.recovery import FORGOT_AT_RESTART
+from bot.recovery import DONE_AT_RESTART, FORGOT_AT_RESTART
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import (
     KeepsFiles,
@@ -165,6 +165,7 @@ class _Job:
     # stored before a restart or by a gateway that died: the transport may reread it (images)
     recovered: bool = False
     command_id: int | None = None  # the command as held in the store until answered
+    command_done: bool = False  # held, its effect committed before a kill: told, not re-run
     # The conversation as read at intake, kept only for a job that runs next with no command
     # started, ended or running since the read (commands are what change conversation rows):
     # its turn needs no second read.
@@ -222,6 +223,7 @@ class Responder(NoticeIntake, Answering):
         self._questions: set[int] = set()  # stored questions queued or answered here now
         self._lanes = NoticeLanes()  # a person's notices beside their turns (paced radios)
         self._told: set[int] = set()  # questions told of a hold in their lane (not again)
+        self._held_here: set[int] = set()  # commands this process held (recovery skips them)
 
     def attach(self, transport: Transport) -> None:
         self._transports[transport.name] = transport
@@ -349,10 +351,16 @@ class Responder(NoticeIntake, Answering):
         return self._limits.over(who, queued=queued)
 
     def _enqueue_recovered(
-        self, inbound: Inbound, *, message_id: int | None = None, command_id: int | None = None
+        self,
+        inbound: Inbound,
+        *,
+        message_id: int | None = None,
+        command_id: int | None = None,
+        done: bool = False,
     ) -> None:
         if command_id is not None:
-            self._enqueue(_Job(inbound, command=True, command_id=command_id, recovered=True))
+            held = _Job(inbound, command=True, command_id=command_id, command_done=done)
+            self._enqueue(replace(held, recovered=True))
         else:
             self._enqueue(_Job(inbound, message_id, recovered=True))
 
@@ -394,7 +402,9 @@ class Responder(NoticeIntake, Answering):
                         self._command_events += 1
                         self._commands_running += 1
                         try:
-                            await self._command(job.inbound, recovered=job.recovered)
+                            await self._command(job.inbound, recovered=job.recovered,
+                                                command_id=job.command_id,
+                                                done=job.command_done)  # fmt: skip
                         finally:
                             self._commands_running -= 1
                             self._command_events += 1
@@ -426,19 +436,27 @@ class Responder(NoticeIntake, Answering):
                 self._idle.set()
 
     # --- turns ------------------------------------------------------------------------------
-    async def _command(self, inbound: Inbound, *, recovered: bool = False) -> None:
+    async def _command(
+        self,
+        inbound: Inbound,
+        *,
+        recovered: bool = False,
+        command_id: int | None = None,
+        done: bool = False,
+    ) -> None:
         parsed = self._commands.parse(inbound.text)
         assert parsed is not None
+        if done:  # its effect committed before a kill (bot.commands): told, never applied twice
+            text = DONE_AT_RESTART.format(command=self._commands.prefix + parsed[0])
+            await self._told_at_restart(inbound, text, command_id)
+            return
         confirm = parsed[0] == "forget" and parsed[1].lower() == "yes"
         if (  # killed during or after the delete: nothing of the person is left
             recovered
             and confirm
             and not await self._store.conversations_of(inbound.transport, inbound.sender)
         ):
-            transport = self._transports[inbound.transport]
-            entry = OutboxEntry(inbound.key, "command", transport.fit(FORGOT_AT_RESTART),
-                                reply_to=inbound.message_id)  # fmt: skip
-            await self._outbox.deliver_now(inbound, await self._store.queue_claimed(entry))
+            await self._told_at_restart(inbound, FORGOT_AT_RESTART, command_id)
             return
         if parsed[0] in ENDS_INCOGNITO:  # here at once, and for every gateway in the store
             everywhere = parsed[0] == "forget"
@@ -457,7 +475,9 @@ class Responder(NoticeIntake, Answering):
             return
         if busy is not None:  # a hold: run it, its reply waits in the outbox
             await self._outbox.tell_held(inbound, busy)
-        result = await self._commands.run(inbound, *parsed, room=_command_room(transport))
+        result = await self._commands.run(
+            inbound, *parsed, room=_command_room(transport), command_id=command_id
+        )
         if result.forgot and isinstance(transport, KeepsFiles):
             removed = transport.forget(inbound.sender)
             if removed:
@@ -481,7 +501,8 @@ class Responder(NoticeIntake, Answering):
             reply_to=inbound.message_id,
             rest=rest,
         )
-        row = await self._store.queue_claimed(entry)
+        # released in the same write: a kill never leaves the reply queued and the command held
+        row = await self._store.queue_claimed(entry, release=command_id)
         delivery = await self._outbox.deliver_now(inbound, row)
         self._after_delivery(result, delivery)
 

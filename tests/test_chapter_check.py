@@ -9,8 +9,9 @@ from bot.domain import ConversationKey
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.tokens import make_counter
 from bot.memory import chapter_check
+from bot.memory.chapter_text import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.memory.store import SqliteStore
-from bot.memory.summary import CHAPTER_PROMPT, MERGE_PROMPT, Summarizer
+from bot.memory.summary import Summarizer
 from tests.conftest import Harness
 from tests.fakes.fake_llm import FakeLLM
 

@@ -143,3 +143,21 @@ async def test_huge_message_is_cut_and_flagged(store: SqliteStore) -> None:
         conv, new_text="word " * 50_000, new_message_id=None, budget=500
     )
     assert ctx.trimmed and _prompt_tokens(ctx.messages) <= 500
+
+
+async def test_the_newest_chapter_over_its_share_is_cut_not_left_out(store: SqliteStore) -> None:
+    """At a small budget one long chapter (a merge) is over the summary's share: it is shown
+    cut to the share, marked, because the window starts after it and its turns would
+    otherwise be in neither (it was left out whole)."""
+    cid = await _chat(store, [(f"question {i} about the mast", f"answer {i}") for i in range(12)])
+    conv = await store.conversation(KEY)
+    long = "Alice set the north mast to 12 metres on 3 May and chose the 5/8 whip. " * 12
+    await store.save_summary(cid, text=long, first_message_id=1, last_message_id=16,
+                             tokens=COUNTER.count(long))  # fmt: skip
+    ctx = await _builder(store).build(conv, new_text="and the mast?", new_message_id=None,
+                                      budget=500)  # fmt: skip
+    system = ctx.messages[0].content
+    assert "Alice set the north mast to 12 metres" in system and "[…]" in system
+    assert [c.last_message_id for c in ctx.chapters] == [16]
+    assert ctx.window[0].id > 16
+    assert _prompt_tokens(ctx.messages) <= 500

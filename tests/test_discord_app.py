@@ -477,10 +477,11 @@ async def test_images_reach_a_vision_model_as_image_parts(
         [sent] = await fake_discord.wait_sent(1)
         await app.responder.wait_idle()
         last = fake_llm.chat_requests()[-1]["messages"][-1]
-        assert last["content"][0] == {
-            "type": "text",
-            "text": "what is in this picture?\n\n[image: cat.png]",
-        }
+        # (after the date line a day's first message opens with)
+        assert last["content"][0]["type"] == "text"
+        assert last["content"][0]["text"].split("\n", 1)[1] == (
+            "what is in this picture?\n\n[image: cat.png]"
+        )
         url = "data:image/png;base64," + base64.b64encode(png).decode()
         assert last["content"][1] == {"type": "image_url", "image_url": {"url": url}}
         assert "images are not read" not in sent.content

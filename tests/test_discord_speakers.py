@@ -3,6 +3,7 @@ stable id), the prompt's earlier turns never change (cache-stable), DMs are unch
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tests.fakes.fake_discord import ALICE, BOB, THREAD_ID, FakeDiscord, user
@@ -11,9 +12,11 @@ from tests.test_discord_app import CHANNEL_SPACE, running
 
 
 def _user_texts(request: dict[str, object]) -> list[str]:
+    """The person's messages, without the date line a day's first message opens with."""
     messages = request["messages"]
     assert isinstance(messages, list)
-    return [m["content"] for m in messages if m["role"] == "user"]
+    return [re.sub(r"^\[\d+ \w+ \d+\]\n", "", m["content"]) for m in messages
+            if m["role"] == "user"]  # fmt: skip
 
 
 async def test_two_people_in_a_channel_are_told_apart(

@@ -19,8 +19,9 @@ from bot.llm.gate import LLMGate, hold_for_debt
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import TRUNCATED_MARK, ChatMessage
 from bot.llm.tokens import make_counter
+from bot.memory.chapter_text import CHAPTER_PROMPT, CONTINUATION_MARK
 from bot.memory.store import SqliteStore
-from bot.memory.summary import CHAPTER_PROMPT, CONTINUATION_MARK, FoldBase, Summarizer
+from bot.memory.summary import FoldBase, Summarizer
 from tests.conftest import start_harness
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,13 @@ async def _start(config: Path) -> asyncio.subprocess.Process:
     )  # fmt: skip
 
 
+def words(content: str) -> str:
+    """A prompt's final message without the date line a day's first message opens with."""
+    return re.sub(r"^\[\d+ \w+ \d+\]\n", "", content)
+
+
 def _echo(body: dict[str, Any]) -> str:
-    return "answer to " + str(body["messages"][-1]["content"])
+    return "answer to " + words(str(body["messages"][-1]["content"]))
 
 
 async def test_same_person_on_two_gateways_one_answer_each_in_order(
@@ -75,9 +81,9 @@ async def test_same_person_on_two_gateways_one_answer_each_in_order(
     assert out_two.decode().strip() == "answer to second question"
     assert fake_llm.peak_in_flight == 1  # never both at once: the turn lock held across them
     first, second = fake_llm.chat_requests()
-    assert first["messages"][-1]["content"] == "first question"
-    assert second["messages"][-1]["content"] == "second question"
-    earlier = [m["content"] for m in second["messages"][:-1]]
+    assert words(first["messages"][-1]["content"]) == "first question"
+    assert words(second["messages"][-1]["content"]) == "second question"
+    earlier = [words(m["content"]) for m in second["messages"][:-1]]
     assert "first question" in earlier and "answer to first question" in earlier  # in order
 
 

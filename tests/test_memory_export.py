@@ -52,7 +52,9 @@ async def _populate(store: SqliteStore) -> None:
                              tokens=1)  # fmt: skip
     await store.add_fact(dm.id, text="Cat named Miso", tokens=3, pinned=False, source_ids=[q],
                          created_at=T0 + 2)  # fmt: skip
-    await store.add_fact(dm.id, text="pinned one", tokens=2, created_at=T0 + 3)
+    pinned = await store.add_fact(dm.id, text="pinned one", tokens=2, created_at=T0 + 3)
+    await store.revise_fact(dm.id, pinned, text="pinned two", tokens=2, pinned=True,
+                            source_ids=[a], updated_at=T0 + 4)  # fmt: skip
     await store.mark_important(dm.id, [a])
     await store.note_retrieved([q])
     await store.note_retrieved([q])
@@ -88,6 +90,10 @@ async def test_export_import_export_is_byte_identical_in_every_format(tmp_path: 
     assert dm["facts"][0]["source_ids"] == [dm["messages"][0]["id"]]  # provenance
     assert dm["facts"][0]["created_at"] == T0 + 2  # dates kept exactly
     assert dm["sessions"][0]["title"] == "Cats"
+    assert dm["facts"][0]["history"] == []
+    assert dm["facts"][1]["history"] == [  # the value it replaced, with its provenance
+        {"text": "pinned one", "until": T0 + 4, "pinned": True, "source_ids": []}
+    ]
 
     path = tmp_path / "alice.json"
     path.write_text(first["json"], encoding="utf-8")
@@ -110,6 +116,26 @@ async def test_export_import_export_is_byte_identical_in_every_format(tmp_path: 
     ]
     assert "m1 --> m2" in first["mermaid"] and "#quot;quote#quot;" in first["mermaid"]
     assert "### " in first["md"] and "Cats" in first["md"] and "Cat named Miso" in first["md"]
+    assert "  - before: pinned one (yours, until 2023-11-14T22:13:24+00:00)" in first["md"]
+
+
+async def test_an_export_written_before_fact_history_still_imports(tmp_path: Path) -> None:
+    one = await SqliteStore.open(tmp_path / "one.db")
+    await _populate(one)
+    doc = await person_document(one, "discord", "1001")
+    await one.close()
+    for conv in doc["conversations"]:
+        for fact in conv["facts"]:
+            del fact["history"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    two = await SqliteStore.open(tmp_path / "two.db")
+    try:
+        await import_document(two, read_import(path))
+        conv = await two.conversation(ALICE)
+        assert [f.history for f in await two.facts(conv.id)] == [(), ()]
+    finally:
+        await two.close()
 
 
 def _bad_docs(doc: dict[str, Any]) -> dict[str, Any]:
@@ -138,6 +164,9 @@ def _bad_docs(doc: dict[str, Any]) -> dict[str, Any]:
         "dangling reply": edit(lambda d: msgs(d)[1].update(parent_id=123456)),
         "not a list": edit(lambda d: d.update(conversations={"a": 1})),
         "space not a string": edit(lambda d: d["conversations"][0].update(space=1)),
+        "bad fact history": edit(
+            lambda d: d["conversations"][0]["facts"][1]["history"][0].update(until="then")
+        ),
     }
 
 

@@ -232,3 +232,32 @@ async def test_export_and_import_carry_a_link_and_linking_keeps_the_longterm_sum
         "discord one",
         "discord after link",
     }
+
+
+async def test_export_carries_each_fact_history_and_forget_removes_it(rig: Rig) -> None:
+    """A fact updated by ``!remember`` keeps its earlier value in its history (migration
+    018): ``!export`` carries it, with when it stopped holding, whose it was and the
+    messages it came from (JSON) and says it (Markdown); ``!forget`` leaves none of it."""
+    who = {"sender": DISCORD.person}
+    await rig.say(rig.discord, "hello there", **who)
+    await rig.say(rig.discord, "!remember my door code is 4521", **who)
+    changed = await rig.say(rig.discord, "!remember my door code is 7788", **who)
+    assert "4521 -> 7788" in changed, changed
+    await rig.say(rig.discord, "!export", **who)
+    files = {a.filename: a.data for a in rig.discord.sent[-1].attachments}
+    doc = json.loads(files["meshsage-export-discord.json"])
+    [fact] = doc["conversations"][0]["facts"]
+    assert fact["text"] == "my door code is 7788"
+    [old] = fact["history"]
+    messages = {m["id"]: m["text"] for m in doc["conversations"][0]["messages"]}
+    assert old["text"] == "my door code is 4521" and old["pinned"] is True
+    assert old["until"] >= fact["created_at"]
+    assert old["source_ids"] and {messages[i] for i in old["source_ids"]} >= {"hello there"}
+    assert "before: my door code is 4521 (yours, until " in files[
+        "meshsage-export-discord.md"
+    ].decode("utf-8")
+    store = rig.app.store
+    assert await _marker_anywhere(store, "4521")  # the test can fail: the value is stored
+    await rig.say(rig.discord, "!forget", **who)
+    assert (await rig.say(rig.discord, "!forget yes", **who)).startswith("Deleted everything")
+    assert await _marker_anywhere(store, "4521") == []

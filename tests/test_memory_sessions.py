@@ -16,8 +16,9 @@ from bot.domain import ConversationKey
 from bot.errors import LLMUnavailable
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.tokens import make_counter
-from bot.memory.sessions import SessionKeeper, split_sessions
+from bot.memory.sessions import SESSION_PROMPT, SessionKeeper, split_sessions
 from bot.memory.store import SqliteStore
+from bot.memory.window import day_line
 from tests.conftest import Harness, make_config, start_harness
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
@@ -76,6 +77,10 @@ async def test_session_closes_after_the_gap_on_an_injected_clock(
     assert (session.title, session.summary) == (script.title, script.summary)
     longterm = await store.longterm_summary(conv.id)
     assert longterm is not None and longterm.text == script.longterm and longterm.sessions == 1
+    # The session's input is dated as the window is (a summary can keep when it was said).
+    [asked] = [r["messages"][1]["content"] for r in fake_llm.chat_requests()
+               if r["messages"][0]["content"] == SESSION_PROMPT]  # fmt: skip
+    assert asked.startswith(day_line(T0) + "\n") and asked.count("\n[") == 0
 
     # A later burst after a long pause is a second session; the long-term summary is rebuilt
     # from the previous one plus the new session summary (its cost does not grow).

@@ -15,9 +15,9 @@ from typing import Any
 from bot.config import LLMConfig
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import ChatMessage
+from bot.memory.chapter_text import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.sessions import LONGTERM_PROMPT, SESSION_PROMPT
-from bot.memory.summary import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
 from tests.conftest import Harness, start_harness
 from tests.fakes.fake_llm import OneSlotLLM, SlotRecord
 from tests.fakes.fake_transport import FakeTransport

@@ -23,6 +23,7 @@ from bot.memory.context import (
 from bot.memory.layers import LayeredContext
 from bot.memory.port import MemoryStore
 from bot.memory.retrieval import Retriever
+from bot.memory.window import day_line
 from tests.conftest import STORES
 
 COUNTER = make_counter()
@@ -152,7 +153,12 @@ async def test_a_large_recall_is_shown_once_its_note_stays_and_leads(memory: Mem
     assert "varnished the hull" in rest and question in rest
     nxt, _ = await _ask(memory, builder, "thanks!")
     asked = next(m.content for m in nxt if m.role == "user" and question in m.content)
-    assert asked == note + "\n\n" + question  # the note stays with its turn, the rest is gone
+    # The note stays with its turn, the rest is gone; the turn's date line (its day is not
+    # the previous turn's) follows the note in both prompts, as the final message had it.
+    [stored] = await memory.messages_by_ids([mid])
+    dated = day_line(stored.created_at) + "\n" + question
+    assert final.endswith("\n\n" + dated)
+    assert asked == note + "\n\n" + dated
     assert MORE_HEADER not in "\n".join(m.content for m in nxt)
 
 

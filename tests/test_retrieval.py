@@ -17,14 +17,8 @@ from bot.domain import ConversationKey
 from bot.llm.tokens import make_counter
 from bot.memory.embeddings import OpenAICompatEmbedder
 from bot.memory.indexer import Indexer
-from bot.memory.retrieval import (
-    Outline,
-    Retriever,
-    bm25_rank,
-    is_repeat,
-    partners,
-    query_terms,
-)
+from bot.memory.ranking import Outline, bm25_rank, partners
+from bot.memory.retrieval import Retriever, is_repeat, query_terms
 from bot.memory.store import ASSISTANT, USER, SqliteStore
 from tests.fakes.fake_llm import FakeLLM
 

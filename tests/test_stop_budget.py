@@ -87,7 +87,8 @@ async def _until(check: object, what: str) -> None:
 async def test_close_keeps_one_deadline_and_the_restart_answers_each_once(
     tmp_path: Path, fake_llm: FakeLLM, storage: tuple[str, dict[str, str]], stubborn: bool
 ) -> None:
-    fake_llm.reply_fn = lambda body: "answer to " + body["messages"][-1]["content"]
+    # (the words of the message, after the date line a first message opens with)
+    fake_llm.reply_fn = lambda body: "answer to " + body["messages"][-1]["content"].split("\n")[-1]
     side = HangingTransport(stubborn=stubborn)
     app = await _app(tmp_path, fake_llm, storage, side)
     try:
@@ -126,7 +127,7 @@ async def test_close_keeps_one_deadline_and_the_restart_answers_each_once(
         assert await app.store.undelivered(transports=["mesh"]) == []
     finally:
         await app.close()
-    asked = [r["messages"][-1]["content"] for r in fake_llm.chat_requests()]
+    asked = [r["messages"][-1]["content"].split("\n")[-1] for r in fake_llm.chat_requests()]
     # bob's answer came from the outbox (the model asked once); alice's question stayed
     # pending (the model was cut) and was asked again
     assert asked.count("bob question") == 1

@@ -6,9 +6,10 @@ first byte that differs from the previous request is reused from the KV cache):
     system   system prompt + the transport's style hint
              + pinned facts that are older than the window ("stable" facts)
              + summary chapters, oldest first
-    window   user/assistant turns since the last fold, verbatim, strictly alternating
+    window   user/assistant turns since the last fold, verbatim, strictly alternating, with
+             date lines where the person's day changes (``bot.memory.window``)
     final    [facts added since the window began] [recall note: the best recalled turns]
-             [more recalled turns, this once] the new message
+             [more recalled turns, this once] [its date line, on a new day] the new message
 
 The fold rule (what keeps the prefix stable):
 - The window starts right after the newest summary chapter (or the reset mark) and is cut only
@@ -68,14 +69,27 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
-from bot.llm.port import ChatMessage, Role, merge_system
+from bot.llm.port import ChatMessage, merge_system
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
 from bot.memory.facts import INFERRED_TOKENS, fact_line
 from bot.memory.port import MemoryStore
 from bot.memory.reads import at_once
 from bot.memory.records import Session
 from bot.memory.retrieval import RetrievedBlock, Retriever, day_label, query_terms
-from bot.memory.store import ASSISTANT, USER, Conversation, Fact, StoredMessage, Summary
+from bot.memory.store import Conversation, Fact, StoredMessage, Summary
+from bot.memory.window import (
+    FOLD_SHARE,
+    anchor,
+    date_cost,
+    date_lines,
+    day_line,
+    fold_start,
+    group_turns,
+    join_final,
+    last_day,
+    render,
+    turn_costs,
+)
 from bot.text import fill_prompt
 
 # Says exactly whose each note is (bot.memory.facts.fact_line marks the inferred ones).
@@ -96,10 +110,10 @@ JOIN_OVERHEAD = 2  # tokens a "\n\n" join and header line break may add
 MIN_NEW_MESSAGE_TOKENS = 16
 FACTS_MAX_SHARE = 0.15  # of the budget left after the system prompt
 SUMMARY_MAX_SHARE = 0.25
+MIN_CHAPTER_CUT = 16  # tokens: a newest chapter over its share is cut to it, if this much fits
 MIN_WINDOW_SHARE = (
     0.1  # the window's cap is (1 - retrieval.share) of what chapters leave, at least this
 )
-FOLD_SHARE = 0.95  # a fold moves at least this share of the window's cap into a chapter
 FOLD_MARGIN = 16  # tokens a held window leaves spare (joins; recall may get nothing that turn)
 FETCH_ANCHOR = 500  # a lagging summarizer: fold points restart every this many messages
 THREAD_HOPS = 4  # how far up a reply chain the context follows (answer, question, ...)
@@ -119,7 +133,15 @@ LATE_ANSWERS = 16  # answers stored after the message being answered that may be
 RecallMode = Literal["inline", "notes"]
 # (folded_up_to, newest chapter's written time) -> the long-term block as shown, or ""
 LongtermRead = Callable[[int, float | None], Awaitable[str]]
-__all__ = ["AssembledContext", "Block", "ContextBuilder", "group_turns", "merge_system"]
+__all__ = [
+    "FOLD_SHARE",
+    "AssembledContext",
+    "Block",
+    "ContextBuilder",
+    "fold_start",
+    "group_turns",
+    "merge_system",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +154,7 @@ class _Reads:
     late: list[StoredMessage]
     chain: list[StoredMessage]
     longterm: bool
+    new_at: float | None  # when the new message was stored (its date line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,41 +193,6 @@ class AssembledContext:
         return self.window[0].id if self.window else None
 
 
-def group_turns(messages: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
-    """Chronological messages -> turns (user run + the assistant run answering it).
-
-    Leading assistant messages with no user message before them are dropped (their question is
-    outside the range), so every turn starts with the person speaking.
-    """
-    turns: list[list[StoredMessage]] = []
-    for msg in messages:
-        if msg.role == USER and (not turns or turns[-1][-1].role == ASSISTANT):
-            turns.append([msg])
-        elif turns:
-            turns[-1].append(msg)
-    return turns
-
-
-def fold_start(costs: Sequence[int], *, cap: int, min_turns: int = 1) -> int:
-    """Index of the first turn of the window: the first fold point from which ``costs`` fit
-    ``cap``. Fold points are found from the front in blocks of at least ``FOLD_SHARE * cap``;
-    a block only counts once a turn follows it, and holds at least ``min_turns`` turns (the
-    summarizer writes a chapter only for enough messages). So fold points never move when
-    turns are appended (the window is stable between folds) and a fold always keeps the newest
-    turn."""
-    block = max(1, int(cap * FOLD_SHARE))
-    start, total = 0, sum(costs)
-    while total > cap:
-        moved, end = 0, start
-        while end < len(costs) and (moved < block or end - start < min_turns):
-            moved += costs[end]
-            end += 1
-        if end >= len(costs):
-            break  # the block is not complete yet
-        start, total = end, total - moved
-    return start
-
-
 def recall_weight(score: float) -> float:
     """Share (0-1) of the recall budget a message whose best older turn scores ``score`` gets."""
     return min(1.0, max(0.0, (score - WEAK_MATCH) / (STRONG_MATCH - WEAK_MATCH)))
@@ -231,6 +219,10 @@ class ContextBuilder:
         self._share = retrieval_share
         self._min_fold_turns = max(1, (min_fold_messages + 1) // 2)  # summary.min_evicted
         self.recall: RecallMode = recall
+        # The most a date line costs (``[28 Sep 2026]``: day, month and year tokens vary).
+        self._date_allowance = max(
+            counter.count(day_line(86400 * d)) + 1 for d in range(0, 366 * 60, 7)
+        )
         self._header_tokens = {
             h: counter.count(h) + JOIN_OVERHEAD
             for h in (FACTS_HEADER, NEW_FACTS_HEADER, SUMMARY_HEADER, RETRIEVED_HEADER, MORE_HEADER)
@@ -274,7 +266,10 @@ class ContextBuilder:
         chapters, chapter_text, chapter_tokens = self._chapters(reads.chapters, free)
         # Chapters change only at a fold, so the cap (and the fold points) stay put between.
         # The rest of the cap (retrieval.share) is kept for the new message, facts and recall.
+        # (less the date line the window's first turn always shows: a constant, so the fold
+        # points do not depend on where the window starts, bot.memory.window)
         window_cap = int((free - chapter_tokens) * max(MIN_WINDOW_SHARE, 1.0 - self._share))
+        window_cap = max(1, window_cap - self._date_allowance)
         base = chapters[-1].last_message_id if chapters else conversation.reset_after
         base = max(base, conversation.reset_after)
         turns, notes, fold, anchored = await self._window(
@@ -303,23 +298,32 @@ class ContextBuilder:
         room = free - chapter_tokens - fact_tokens - FOLD_MARGIN
         room -= self._counter.count(new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
         room -= self._counter.count(speaker) + 2 if speaker is not None else 0
+        # A new message on another day than the window's last turn opens with its date line,
+        # as the window will show it from the next prompt on (bot.memory.window).
+        new_day = day_line(self._wall() if reads.new_at is None else reads.new_at)
+        new_dated = not turns or last_day(turns) != new_day
+        room -= self._counter.count(new_day) + 1 if new_dated else 0
         # The fold point this turn completes (a block is complete once a turn follows it): its
         # chapter is written right after this answer, so the next prompt changes once (a new
         # chapter and a shorter window) instead of dropping turns before the chapter exists.
-        ahead = fold_start(
-            [*(self._cost(t, notes, named=named) for t in turns), window_cap + 1],
-            cap=window_cap,
-            min_turns=self._min_fold_turns,
-        )
+        costs = self._costs(turns, notes, named)
+        ahead = fold_start([*costs, window_cap + 1], cap=window_cap, min_turns=self._min_fold_turns)
         pending_fold = None
         if 0 < ahead < len(turns):
             pending_fold = turns[ahead][0].id
         elif ahead and ahead == len(turns) and new_message_id is not None and not anchored:
             pending_fold = new_message_id
-        costs = [self._cost(t, notes, named=named) for t in turns]
-        if fold and not anchored and sum(costs) <= room:
+        dated = date_lines(turns)  # as counted in ``costs``; the window's first turn has one
+
+        def need(start: int) -> int:
+            first = turns[start][0]
+            return sum(costs[start:]) + (
+                0 if first.id in dated else date_cost(first, self._counter)
+            )
+
+        if fold and not anchored and need(0) <= room:
             fold = 0
-        while fold < len(turns) and sum(costs[fold:]) > room:
+        while fold < len(turns) and need(fold) > room:
             fold += 1  # no complete fold block yet and no room: drop the oldest turns (rare)
         window = turns[fold:]
         folded = anchored or fold > 0
@@ -339,7 +343,8 @@ class ContextBuilder:
             blocks.append(Block("summary", chapter_tokens, chapter_text))
         system_text = "\n\n".join(b.text for b in blocks)
         messages = [ChatMessage("system", system_text)]
-        window_msgs = _alternate(flat, notes=notes, named=named)
+        dates = date_lines(window)
+        window_msgs = render(flat, notes=notes, dates=dates, named=named)
         window_tokens = sum(self._counter.count(m.content) + MESSAGE_OVERHEAD for m in window_msgs)
         blocks.append(Block("window", window_tokens, f"{len(flat)} messages"))
         fixed = sum(b.tokens for b in blocks) + JOIN_OVERHEAD * len(blocks)
@@ -356,10 +361,13 @@ class ContextBuilder:
                 extras.append(fresh_text)
         extra_tokens = self._measure(fresh_text) if fresh_text else 0
         said = f"{speaker}: " if speaker is not None else ""
+        if not window or last_day(window) != new_day:
+            said = f"{new_day}\n{said}"
         new_tokens = self._counter.count(said + new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
         room = left - extra_tokens
         if new_tokens > room:
-            new_text = self._cut(new_text, max(room - MESSAGE_OVERHEAD - JOIN_OVERHEAD - 4, 0))
+            keep = room - MESSAGE_OVERHEAD - JOIN_OVERHEAD - 4 - self._counter.count(said)
+            new_text = self._cut(new_text, max(keep, 0))
             new_text += " […]"
             new_tokens = self._counter.count(said + new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
             trimmed = True
@@ -439,7 +447,7 @@ class ContextBuilder:
                 extras.append(chapter)
                 note = "\n\n".join(extras)
         final = f"{note}\n\n{said}{new_text}" if note else said + new_text
-        messages.extend(_join_final(window_msgs, final))
+        messages.extend(join_final(window_msgs, final))
         tail.append(Block("new", new_tokens, new_text))
         blocks.extend(tail)
         total = fixed + sum(b.tokens for b in blocks[len(blocks) - len(tail) :])
@@ -475,13 +483,15 @@ class ContextBuilder:
             chapters = reads.create_task(store.summaries(conversation))
             facts = reads.create_task(store.facts(conversation.id))
             sessions = reads.create_task(store.sessions(conversation.id, limit=CHAPTER_SESSIONS))
-            late = chain = None
+            late = chain = new = None
             if new_message_id is not None:  # answers stored after it to ones before it
                 newest = store.recent_messages(
                     conversation, limit=LATE_ANSWERS, before_id=new_message_id
                 )
                 late = reads.create_task(newest)
                 chain = reads.create_task(store.ancestors(new_message_id, limit=THREAD_HOPS))
+                new = reads.create_task(store.messages_by_ids([new_message_id]))
+        stored = new.result() if new is not None else []
         return _Reads(
             chapters=chapters.result(),
             facts=facts.result(),
@@ -489,6 +499,7 @@ class ContextBuilder:
             late=late.result() if late is not None else [],
             chain=chain.result() if chain is not None else [],
             longterm=has_longterm.result() if has_longterm is not None else False,
+            new_at=stored[0].created_at if stored else None,
         )
 
     def _older_chapter(
@@ -542,7 +553,7 @@ class ContextBuilder:
             )
         msgs += [m for m in late if m.id > up_to and base < (m.parent_id or 0)]
         # Each answer right after its question, so a late answer keeps the order stable.
-        msgs.sort(key=lambda m: (_anchor(m), m.id))
+        msgs.sort(key=lambda m: (anchor(m), m.id))
         anchored = len(msgs) > 2 * FETCH_ANCHOR
         if anchored:  # summaries far behind (or off): a nearer anchor keeps this cheap
             msgs = msgs[(len(msgs) // FETCH_ANCHOR - 1) * FETCH_ANCHOR :]
@@ -550,33 +561,37 @@ class ContextBuilder:
         if anchored:
             kept = {m.id for m in msgs}
             notes = {i: note for i, note in notes.items() if i in kept}
-        costs = [self._cost(t, notes, named=named) for t in turns]
+        costs = self._costs(turns, notes, named)
         return turns, notes, fold_start(costs, cap=cap, min_turns=self._min_fold_turns), anchored
 
-    def _cost(
-        self, turn: Sequence[StoredMessage], notes: dict[int, str], *, named: bool = False
-    ) -> int:
-        """A turn's tokens in the window, its recall note (and, ``named``, its speakers)
-        included."""
-        own = sum(m.tokens + MESSAGE_OVERHEAD for m in turn)
-        if named:
-            own += sum(self._counter.count(m.author) + 2 for m in turn if m.role == USER)
-        return own + sum(self._measure(notes[m.id]) for m in turn if m.id in notes)
+    def _costs(
+        self, turns: Sequence[Sequence[StoredMessage]], notes: dict[int, str], named: bool
+    ) -> list[int]:
+        return turn_costs(turns, notes, counter=self._counter, measure=self._measure, named=named)
 
     def _chapters(self, chapters: list[Summary], free: int) -> tuple[list[Summary], str, int]:
-        """The newest chapters that fit their share, oldest first, and their rendered text."""
+        """The newest chapters that fit their share, oldest first, and their rendered text.
+        The newest chapter is shown even when it alone is over the share, cut to it with a
+        visible "[…]": the window starts after it, so leaving it out would leave its turns
+        in neither (a small budget, a long merged chapter)."""
         cap = int(free * SUMMARY_MAX_SHARE)
         used = self._header_tokens[SUMMARY_HEADER]
         kept: list[Summary] = []
+        texts: list[str] = []
         for chapter in reversed(chapters):
             cost = chapter.tokens + JOIN_OVERHEAD
             if used + cost > cap:
+                if not kept and cap - used - JOIN_OVERHEAD >= MIN_CHAPTER_CUT:
+                    text = self._cut(chapter.text, cap - used - JOIN_OVERHEAD - 4) + " […]"
+                    kept, texts = [chapter], [text]
+                    used += self._counter.count(text) + JOIN_OVERHEAD
                 break
             kept.insert(0, chapter)
+            texts.insert(0, chapter.text)
             used += cost
         if not kept:
             return [], "", 0
-        return kept, SUMMARY_HEADER + "\n" + "\n\n".join(c.text for c in kept), used
+        return kept, SUMMARY_HEADER + "\n" + "\n\n".join(texts), used
 
     def _measure(self, text: str) -> int:
         return self._counter.count(text) + JOIN_OVERHEAD
@@ -591,33 +606,3 @@ class ContextBuilder:
             else:
                 hi = mid - 1
         return text[:lo]
-
-
-def _anchor(msg: StoredMessage) -> int:
-    return msg.parent_id if msg.role == ASSISTANT and msg.parent_id else msg.id
-
-
-def _alternate(
-    window: Sequence[StoredMessage], *, notes: dict[int, str], named: bool = False
-) -> list[ChatMessage]:
-    """The window as strictly alternating user/assistant messages, user first (some chat
-    templates reject anything else): runs of one role are joined; a user message that carried
-    a recall note is shown with it again."""
-    out: list[tuple[Role, str]] = []
-    for msg in window:
-        role: Role = "user" if msg.role == USER else "assistant"
-        text = f"{msg.author}: {msg.text}" if named and role == "user" else msg.text
-        if role == "user" and msg.id in notes:
-            text = f"{notes[msg.id]}\n\n{text}"
-        if out and out[-1][0] == role:
-            out[-1] = (role, out[-1][1] + "\n\n" + text)
-        else:
-            out.append((role, text))
-    return [ChatMessage(role, text) for role, text in out]
-
-
-def _join_final(window: list[ChatMessage], final: str) -> list[ChatMessage]:
-    """Append the final user message (joined to a trailing user run: strict alternation)."""
-    if window and window[-1].role == "user":
-        return [*window[:-1], ChatMessage("user", window[-1].content + "\n\n" + final)]
-    return [*window, ChatMessage("user", final)]

@@ -1,9 +1,11 @@
 """Export and import of one person's memory on one transport.
 
 Formats: ``json`` (everything: messages with ids, dates, platform ids, reply links, use counts;
-summaries; sessions; facts with provenance; the newest long-term summary; the document ``import``
-reads), ``jsonl`` (the OpenAI chat fine-tuning format: one line per session), ``md`` (a
-transcript by session) and ``mermaid`` (the reply-thread graph).
+summaries; sessions; facts with provenance and their history (each earlier value, until when
+it held, whose it was and the messages it came from); the newest long-term summary; the
+document ``import`` reads), ``jsonl`` (the OpenAI chat fine-tuning format: one line per
+session), ``md`` (a transcript by session, each fact with its earlier values) and ``mermaid``
+(the reply-thread graph).
 
 Invariants:
 - An export contains only rows of the requesting person, and ``!export`` sends it to that
@@ -116,6 +118,9 @@ def _markdown(doc: dict[str, Any]) -> str:
             for f in conv["facts"]:
                 kind = "pinned" if f["pinned"] else f"from messages {f['source_ids']}"
                 md.append(f"- {f['text']} ({kind}, {_iso(f['updated_at'] or f['created_at'])})")
+                for h in reversed(f["history"]):  # the value it replaced first
+                    was = "yours" if h["pinned"] else f"inferred from messages {h['source_ids']}"
+                    md.append(f"  - before: {h['text']} ({was}, until {_iso(h['until'])})")
             md.append("")
         if conv["longterm_summary"]:
             md += [f"Long-term summary: {conv['longterm_summary']['text']}", ""]
@@ -237,6 +242,8 @@ def validate(doc: Any, *, source: str = "the file") -> dict[str, Any]:
                 raise bad(f'{where}: "{table}" must be a list')
             for ri, row in enumerate(rows):
                 rwhere = f"{where}.{table}[{ri}]"
+                if table == "facts" and isinstance(row, dict):
+                    row.setdefault("history", [])  # written before facts had a history
                 _fields(row, fields, rwhere, bad)
                 _typed(row, rwhere, bad, **spec)
                 _unique(seen[table], row["id"], rwhere, bad)
@@ -251,6 +258,8 @@ def validate(doc: Any, *, source: str = "the file") -> dict[str, Any]:
                     isinstance(i, int) and not isinstance(i, bool) for i in row["source_ids"]
                 ):
                     raise bad(f"{rwhere}: source_ids must be message ids")
+                if table == "facts":
+                    _check_history(row["history"], rwhere, bad)
                 if "first_message_id" in row and row["first_message_id"] > row["last_message_id"]:
                     raise bad(f"{rwhere}: first_message_id is after last_message_id")
         link = conv.get("link")
@@ -296,8 +305,19 @@ _FACT_TYPES: dict[str, tuple[str, ...]] = {
     "opt_floats": ("updated_at",),
     "strs": ("text",),
     "bools": ("pinned",),
-    "lists": ("source_ids",),
+    "lists": ("source_ids", "history"),
 }
+
+
+def _check_history(items: list[Any], where: str, bad: Callable[[str], ImportFileError]) -> None:
+    """A fact's history: earlier values, each ``{"text", "until", "pinned", "source_ids"}``."""
+    for i, item in enumerate(items):
+        hwhere = f"{where}.history[{i}]"
+        _fields(item, ("text", "until", "pinned", "source_ids"), hwhere, bad)
+        _typed(item, hwhere, bad, strs=("text",), floats=("until",), bools=("pinned",),
+               lists=("source_ids",))  # fmt: skip
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in item["source_ids"]):
+            raise bad(f"{hwhere}: source_ids must be message ids")
 
 
 def _fields(

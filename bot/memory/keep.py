@@ -11,6 +11,8 @@ Invariants:
   words: the other side's rolling summaries and long-term summary, its session summaries
   (rebuilt from what is left), the facts whose sources were this side's messages, and the
   other side's outbox rows (replies there may quote this side, e.g. a ``!history`` reply).
+- A held command's reply once queued, the command's row keeps only its platform id and times
+  (no text) for ``COMMAND_TOMBSTONE_SECONDS``: catch-up never runs it again from history.
 - A pending question is taken over only by compare-and-set: its claim is empty, already
   ours, or older than ``CLAIM_STALE_SECONDS`` (its gateway is gone: a live gateway renews
   the claim when its turn starts). Every pending question is answered on its own, in order
@@ -25,6 +27,9 @@ from collections.abc import Iterable
 
 OUTBOX_KEEP_SECONDS = 3600.0  # as HEARD_WINDOW_SECONDS: long enough for dedup and !more
 CLAIM_STALE_SECONDS = 300.0  # longer than a turn (default read_timeout 120 s x 2 tries)
+# A released held command stays (without its text) this long: Discord catch-up reads back at
+# most ``catch_up.max_age`` (14 days at most), and must see that the command already ran.
+COMMAND_TOMBSTONE_SECONDS = 14 * 86_400.0
 
 
 def outbox_cutoff(now: float) -> float:

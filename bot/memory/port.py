@@ -106,7 +106,7 @@ class MemoryStore(Protocol):
 
     async def conversations_of(self, transport: str, person: str) -> list[Conversation]: ...
 
-    async def reset(self, conversation_id: int) -> int: ...
+    async def reset(self, conversation_id: int, *, done: int | None = None) -> int: ...
 
     async def reset_mark(self, conversation_id: int) -> int: ...
 
@@ -142,7 +142,9 @@ class MemoryStore(Protocol):
 
     async def chat_settings(self, scopes: Sequence[str] | None = None) -> list[ChatSetting]: ...
 
-    async def set_chat_setting(self, scope: str, field: str, value: str | None) -> None: ...
+    async def set_chat_setting(
+        self, scope: str, field: str, value: str | None, *, done: int | None = None
+    ) -> None: ...
 
     def turn_lock(self, conversation_id: int) -> AbstractAsyncContextManager[None]: ...
 
@@ -260,6 +262,7 @@ class MemoryStore(Protocol):
         pinned: bool = True,
         source_ids: Sequence[int] = (),
         created_at: float | None = None,
+        done: int | None = None,
     ) -> int: ...
 
     async def update_fact(
@@ -283,10 +286,16 @@ class MemoryStore(Protocol):
         pinned: bool,
         source_ids: Sequence[int],
         updated_at: float | None = None,
+        done: int | None = None,
     ) -> Fact | None: ...
 
     async def remove_fact(
-        self, conversation_id: int, fact_id: int, *, extracted_only: bool = False
+        self,
+        conversation_id: int,
+        fact_id: int,
+        *,
+        extracted_only: bool = False,
+        done: int | None = None,
     ) -> bool: ...
 
     # --- sessions and long-term summaries ---------------------------------------------------
@@ -351,13 +360,17 @@ class MemoryStore(Protocol):
 
     async def recall_notes(self, message_ids: Sequence[int]) -> dict[int, str]: ...
 
-    async def mark_important(self, conversation_id: int, message_ids: Sequence[int]) -> int: ...
+    async def mark_important(
+        self, conversation_id: int, message_ids: Sequence[int], *, done: int | None = None
+    ) -> int: ...
 
     async def prune_by_use(self, max_per_conversation: int, *, batch: int = 500) -> int: ...
 
-    async def link_dm(self, home: ConversationKey, other: ConversationKey) -> int: ...
+    async def link_dm(
+        self, home: ConversationKey, other: ConversationKey, *, done: int | None = None
+    ) -> int: ...
 
-    async def unlink_dm(self, key: ConversationKey) -> int | None: ...
+    async def unlink_dm(self, key: ConversationKey, *, done: int | None = None) -> int | None: ...
 
     async def set_incognito(self, conversation_id: int, on: bool) -> None: ...
 
@@ -403,6 +416,7 @@ class MemoryStore(Protocol):
         *,
         answer: StoredAnswer | None = None,
         question_status: str | None = None,
+        release: int | None = None,
     ) -> OutboxRow: ...
 
     @property

@@ -6,6 +6,7 @@ Invariants: frozen and platform-free; a ``StoredMessage`` is one row of the raw 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,9 @@ from bot.domain import ConversationKey
 
 USER = "user"
 ASSISTANT = "assistant"
+# The held command (``held_commands`` id) being run in this task, if any: its effect's write
+# passes it as ``done=`` so the mark commits with the effect (``bot.commands``).
+RUNNING_COMMAND: ContextVar[int | None] = ContextVar("running_command", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +164,16 @@ SESSION_FIELDS = (
     "id", "first_message_id", "last_message_id", "started_at", "ended_at", "messages", "title",
     "summary", "tokens",
 )  # fmt: skip
-FACT_FIELDS = ("id", "text", "tokens", "created_at", "updated_at", "pinned", "source_ids")
+FACT_FIELDS = (
+    "id",
+    "text",
+    "tokens",
+    "created_at",
+    "updated_at",
+    "pinned",
+    "source_ids",
+    "history",  # earlier values with provenance (migration 018); absent in older exports
+)
 LONGTERM_FIELDS = ("text", "tokens", "sessions", "up_to_message_id", "updated_at")
 DUMP_TABLES = {
     "messages": MESSAGE_FIELDS,
@@ -247,3 +260,4 @@ class HeldCommand:
     platform_id: str | None
     author: str | None
     created_at: float
+    done: bool = False  # its effect committed before the kill: told, never run again

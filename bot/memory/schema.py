@@ -246,6 +246,7 @@ MIGRATIONS: list[Migration] = [
     *ddl.commands_held(ddl.SQLITE),
     *ddl.fact_changes(ddl.SQLITE),
     *ddl.chat_settings(ddl.SQLITE),
+    *ddl.commands_marked(ddl.SQLITE),
 ]
 
 

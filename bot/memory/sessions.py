@@ -32,6 +32,7 @@ from bot.memory.facts import FactExtractor
 from bot.memory.port import MemoryStore
 from bot.memory.records import FACTS_CLAIM, Session, SessionSpan, StoredMessage
 from bot.memory.schema import FTS_STRIDE
+from bot.memory.window import date_lines, dated_transcript, group_turns
 
 log = logging.getLogger("bot.memory.sessions")
 
@@ -51,6 +52,7 @@ SESSION_SUMMARY_TOKENS = 160
 TITLE_MAX_CHARS = 80
 LONGTERM_TOKENS = 250
 PROMPT_SLACK = 32  # tokens a prompt adds around its parts (headers, the chat template)
+DATE_LINE_TOKENS = 10  # the most a date line of the input costs ([28 Sep 2026]: 8 with cl100k)
 TICK_CONVERSATIONS = 20
 TICK_SUMMARIES = 4
 REBUILD_BATCH = 8
@@ -183,7 +185,7 @@ class SessionKeeper:
             )
             return False
         shown = self._fitting(messages[-SESSION_MAX_MESSAGES:])
-        chat = "\n".join(f"{m.author}: {m.text}" for m in shown)
+        chat = dated_transcript(shown)  # dated as the window is: the summary keeps when
         _, answer = self._room(0, SESSION_SUMMARY_TOKENS)
         completion = await self._llm.complete(
             [ChatMessage("system", SESSION_PROMPT), ChatMessage("user", chat)],
@@ -203,13 +205,16 @@ class SessionKeeper:
     def _fitting(self, messages: Sequence[StoredMessage]) -> Sequence[StoredMessage]:
         """The last of ``messages`` that fit the server's learned context beside the prompt
         (a session is summarized from its end: what it came to)."""
-        fixed = self._counter.count(SESSION_PROMPT) + PROMPT_SLACK
-        room, _ = self._room(fixed + sum(m.tokens + 4 for m in messages), SESSION_SUMMARY_TOKENS)
+        # Date lines (``dated_transcript``): where the day changes, and the first one shown.
+        dates = date_lines(group_turns(messages))
+        fixed = self._counter.count(SESSION_PROMPT) + PROMPT_SLACK + DATE_LINE_TOKENS
+        costs = [m.tokens + 4 + (DATE_LINE_TOKENS if m.id in dates else 0) for m in messages]
+        room, _ = self._room(fixed + sum(costs), SESSION_SUMMARY_TOKENS)
         used, n = fixed, 0
-        for m in reversed(messages):
-            if n and used + m.tokens + 4 > room:
+        for cost in reversed(costs):
+            if n and used + cost > room:
                 break
-            used += m.tokens + 4
+            used += cost
             n += 1
         return messages[len(messages) - n :]
 
@@ -247,7 +252,9 @@ class SessionKeeper:
             max_tokens=answer,
         )
         text = completion.text.strip()
-        if text:
+        if not text:
+            return
+        try:
             await self._store.save_longterm_summary(
                 conversation_id,
                 text=text,
@@ -255,6 +262,12 @@ class SessionKeeper:
                 sessions=(old.sessions if old else 0) + len(new),
                 up_to_message_id=new[-1].last_message_id,
             )
+        except Exception:
+            if not await self._store.sessions(conversation_id):  # a !forget during the call
+                log.debug("conversation %d forgotten during its long-term summary",
+                          conversation_id)  # fmt: skip
+                return
+            raise
 
     # --- the background loop ------------------------------------------------------------------
     async def tick(self) -> TickReport:
@@ -295,7 +308,7 @@ class SessionKeeper:
                     after_id=session.first_message_id - 1,
                     up_to_id=session.last_message_id,
                 )
-                chat = "\n".join(f"{m.author}: {m.text}" for m in messages[-SESSION_MAX_MESSAGES:])
+                chat = dated_transcript(messages[-SESSION_MAX_MESSAGES:])
                 completion = await self._llm.complete(
                     [ChatMessage("system", SESSION_PROMPT), ChatMessage("user", chat)],
                     max_tokens=SESSION_SUMMARY_TOKENS,

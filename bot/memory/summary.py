@@ -1,4 +1,5 @@
 """Summary chapters: each fold of the context window becomes one chapter, appended.
+(What a chapter is asked with and made of, prompts and input, is ``bot.memory.chapter_text``.)
 
 The context builder (``bot.memory.context``) folds a large block of the oldest window turns at
 once; this module writes that block as a chapter covering exactly those messages, after the
@@ -42,6 +43,12 @@ Invariants:
   close. After a debt fold both run in tasks of their own: ``settle`` waits for the chapter,
   never for background work (which waits for the very turn that settles).
 - A summary begun before a ``!reset`` is refused by the store at save time.
+- Nothing forgotten is sent: before every model call of a fold or a merge (the continuation,
+  the standalone chapter, its "shorter" retry, the merge) the conversation is read again
+  (``bot.memory.forgotten``); one a ``!forget`` on any gateway deleted meanwhile ends the fold
+  quietly (a debug line, no ERROR, no retry). A save that fails because the conversation
+  went meanwhile ends the same way. (``!reset``/``!forget`` on this gateway also cancel the
+  fold in flight, ``forget``.)
 - One summary computation per conversation at a time across gateways sharing the store
   (``claim(SUMMARY_CLAIM)``); the one that lost the claim skips, and the winner's summary is
   what the next turn reads.
@@ -52,7 +59,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -64,38 +70,27 @@ from bot.llm.port import LLM, TRUNCATED_MARK, ChatMessage
 from bot.llm.server_limits import Room, no_limit
 from bot.llm.tokens import TokenCounter
 from bot.memory import chapter_check
+from bot.memory.chapter_text import (
+    CHAPTER_PROMPT,
+    CONTINUATION_PROMPT,
+    FOLD_INPUT_TOKENS,
+    LIMIT_LINE,
+    LINE_TOKENS,
+    MERGE_PROMPT,
+    bounded,
+    fold_input,
+    last_sentence,
+    merge_input,
+    own_lines,
+)
 from bot.memory.facts import EXTRACT_TOKENS, FactExtractor
+from bot.memory.forgotten import Forgotten, gone, still_there
 from bot.memory.port import MemoryStore
 from bot.memory.records import FACTS_CLAIM, SUMMARY_CLAIM
-from bot.memory.store import USER, Conversation, StoredMessage, Summary
+from bot.memory.store import Conversation, StoredMessage
 
 log = logging.getLogger("bot.memory.summary")
 
-# What people ask about later is concrete: who, when, where, how many, what was decided. The
-# prompts ask for those first and verbatim (a paraphrased date or number cannot be recalled).
-CHAPTER_PROMPT = (
-    "You summarize one stretch of a chat between a person and an assistant, as a chapter "
-    "that follows the earlier ones. First keep every name, date, time, place, number and "
-    "decision exactly as written, with who said or did it; then preferences and open "
-    "questions. Drop small talk and anything the earlier chapters already say. Write plain "
-    "sentences, no preamble."
-)
-MERGE_PROMPT = (
-    "Merge these consecutive summary chapters of one chat into a single summary. Keep every "
-    "name, date, time, place, number and decision exactly as written, with who said or did "
-    "it; then preferences and open questions. Drop only what later chapters superseded. "
-    "Write plain sentences, no preamble."
-)
-# The task message a continuation fold ends with (after the reply's prompt and answer).
-CONTINUATION_MARK = "(Not a message to answer: a summary task.)"
-CONTINUATION_PROMPT = (
-    CONTINUATION_MARK + ' Summarize the chat above up to my message "{until}" (not '
-    "included) as a chapter: names, dates, places, numbers and decisions exactly as written, "
-    "who said them; then open questions. Plain sentences."
-)
-LIMIT_LINE = "(At most {words} words.)"  # always last: a retry "shorter" changes only this
-MAX_FOLD_MESSAGES = 60
-FOLD_INPUT_TOKENS = 1500
 CHAPTER_WORDS_SHARE = 0.3  # words per chapter = this share of summary.max_tokens
 MERGE_FACTOR = 1.5  # chapters merge when together over this many times summary.max_tokens
 # Turns a due fold may wait for the background before it runs as a debt. 0: at once, after
@@ -106,12 +101,11 @@ DEBT_WAIT = 1.0  # seconds a debt fold may hold the next reply (the gap aside)
 SETTLE_LIMIT = 30.0  # real seconds a reply waits for a debt fold at most, whatever its size
 DEBT_MAX_SECONDS = 20.0  # the most a debt fold is sized for (a long gap, or none known)
 PROMPT_SLACK = 32  # tokens a standalone prompt adds around its parts (headers, template)
-LINE_TOKENS = 4  # an author and separators per message line
+DATE_SLACK = 30  # a chapter input's date lines (``_fold_input``): three days, 8-10 tokens each
 MIN_CHAPTER_TOKENS = 24  # a fold sized below this is not worth a call
 WORDS_PER_TOKEN = 0.7
 EXTRACT_SIZE = EXTRACT_TOKENS // 2  # a fold's fact extraction: what it usually writes
 UNTIL_WORDS = 8  # words of the first kept message quoted in the continuation task
-_SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +291,9 @@ class Summarizer:
             self._retry_at[conversation.id] = self._clock() + self._config.retry_seconds
             log.info("summary for conversation %d postponed: %s", conversation.id, exc)
         except Exception:  # loop boundary: a summary must never take the bot down
+            if await gone(self._store, conversation):  # e.g. its save met the !forget: quiet
+                log.debug("conversation %d forgotten during its fold", conversation.id)
+                return
             self._retry_at[conversation.id] = self._clock() + self._config.retry_seconds
             log.exception("summary for conversation %d failed", conversation.id)
 
@@ -309,7 +306,11 @@ class Summarizer:
         async with self._store.claim(SUMMARY_CLAIM, conversation.id) as mine:
             if not mine:
                 return False
-            return await self._refresh(conversation, window_start_id=window_start_id, lane=lane)
+            try:
+                return await self._refresh(conversation, window_start_id=window_start_id, lane=lane)
+            except Forgotten:
+                log.debug("conversation %d forgotten during its fold", conversation.id)
+                return False
 
     def _lane(self, lane: str) -> LLM:
         if self._gate is None:
@@ -342,7 +343,7 @@ class Summarizer:
         log.info("conversation %d: no room for the model at this fold; chapter kept from "
                  "the person's own lines", conversation_id)  # fmt: skip
         words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
-        return _own_lines(pending, words)
+        return own_lines(pending, words)
 
     async def _refresh(
         self, conversation: Conversation, *, window_start_id: int, lane: str = "background"
@@ -355,7 +356,7 @@ class Summarizer:
         if len(pending) < self._config.min_evicted:
             return False
         whole = len(pending)
-        pending = _bounded(pending, self._counter)
+        pending = bounded(pending, self._counter)
         base = self._bases.get(conversation.id)
         continued = False
         extractive = self.stats.extractive
@@ -365,16 +366,21 @@ class Summarizer:
             continued = text is not None
         if not continued:
             before = chapters[-1].text if chapters else ""
-            fixed = self._counter.count(CHAPTER_PROMPT + before) + PROMPT_SLACK
+            fixed = self._counter.count(CHAPTER_PROMPT + before) + PROMPT_SLACK + DATE_SLACK
             room, answer = self._room(FOLD_INPUT_TOKENS + fixed, self._config.max_tokens)
-            pending = _bounded(pending, self._counter, limit=room - fixed)
-            material = _fold_input(before, pending)
+            pending = bounded(pending, self._counter, limit=room - fixed)
+            material = fold_input(before, pending)
             alone = [ChatMessage("system", CHAPTER_PROMPT), ChatMessage("user", material)]
             if lane == "debt" and self._size(alone, lane) < MIN_CHAPTER_TOKENS:
                 text = self._no_call(conversation.id, pending)
             else:
                 text = await self._write(
-                    CHAPTER_PROMPT, material, words, llm=self._lane(lane), max_tokens=answer
+                    CHAPTER_PROMPT,
+                    material,
+                    words,
+                    conversation,
+                    llm=self._lane(lane),
+                    max_tokens=answer,
                 )
         assert text is not None
         text = chapter_check.vet(  # junk (an echoed instruction ...) becomes a digest
@@ -426,6 +432,9 @@ class Summarizer:
         except (LLMUnavailable, BackgroundPreempted) as exc:
             log.info("merge of conversation %d postponed: %s", conversation.id, exc)
         except Exception:  # loop boundary: a merge must never take the bot down
+            if await gone(self._store, conversation):  # its save met a !forget: quiet
+                log.debug("conversation %d forgotten during its merge", conversation.id)
+                return
             log.exception("merge of conversation %d failed", conversation.id)
 
     def _room_for(self, max_tokens: int) -> bool:
@@ -459,20 +468,25 @@ class Summarizer:
         words = max(10, int(tokens * WORDS_PER_TOKEN))
         task = CONTINUATION_PROMPT.format(until=until) + "\n" + LIMIT_LINE.format(words=words)
         messages = [*base.messages, ChatMessage("user", task)]
+        await still_there(self._store, conversation)
         completion = await self._lane(lane).complete(messages, max_tokens=tokens)
         text = completion.text.removesuffix(TRUNCATED_MARK).strip()
         if completion.truncated and text:
-            cut = _last_sentence(text)
+            cut = last_sentence(text)
             log.info("conversation %d: chapter cut at %d tokens; kept what it has",
                      conversation.id, tokens)  # fmt: skip
             return (cut or text) + TRUNCATED_MARK
-        return text or _own_lines(pending, words)
+        return text or own_lines(pending, words)
 
     async def merge(self, conversation: Conversation) -> bool:
         """Merge every chapter into one longer-term summary (session end, idle, or too long);
         one gateway at a time, as ``refresh``."""
         async with self._store.claim(SUMMARY_CLAIM, conversation.id) as mine:
-            return mine and await self._merge(conversation)
+            try:
+                return mine and await self._merge(conversation)
+            except Forgotten:
+                log.debug("conversation %d forgotten during its merge", conversation.id)
+                return False
 
     async def _extract_fold(self, conversation_id: int, pending: list[StoredMessage]) -> None:
         """Facts from a folded chapter's messages (the chapter stands whatever happens here;
@@ -497,7 +511,9 @@ class Summarizer:
         if len(chapters) < 2:
             return False
         words = max(20, int(answer * 0.6))
-        text = await self._write(MERGE_PROMPT, _merge_input(chapters), words, max_tokens=answer)
+        text = await self._write(
+            MERGE_PROMPT, merge_input(chapters), words, conversation, max_tokens=answer
+        )
         text = chapter_check.vet(
             text, instruction=MERGE_PROMPT, sources=[("", c.text) for c in chapters],
             counter=self._counter, limit=chapter_check.words_limit(words, self._config.max_tokens),
@@ -518,15 +534,18 @@ class Summarizer:
         instruction: str,
         material: str,
         words: int,
+        conversation: Conversation,
         *,
         llm: LLM | None = None,
         max_tokens: int | None = None,
     ) -> str:
         """Ask for a summary of ``words`` words; once more at half if the answer was cut or
         too long; a second cut answer is kept to its last full sentence and marked. The word
-        limit closes the request, so the retry re-reads only that line."""
+        limit closes the request, so the retry re-reads only that line. Before each attempt
+        the conversation is read again (``Forgotten``: a ``!forget`` meanwhile)."""
         limit = max_tokens or self._config.max_tokens
         for attempt in range(2):
+            await still_there(self._store, conversation)
             prompt = [
                 ChatMessage("system", instruction),
                 ChatMessage("user", material + "\n\n" + LIMIT_LINE.format(words=words)),
@@ -537,7 +556,7 @@ class Summarizer:
                 return text
             log.info("summary cut or too long (attempt %d); asking for a shorter one", attempt + 1)
             words = max(10, words // 2)
-        text = _last_sentence(text.removesuffix(TRUNCATED_MARK).rstrip())
+        text = last_sentence(text.removesuffix(TRUNCATED_MARK).rstrip())
         log.warning("summary still cut by max_tokens; saved up to its last full sentence")
         return text + TRUNCATED_MARK
 
@@ -558,41 +577,3 @@ class Summarizer:
         """Until no summary task runs (benchmarks and tests pacing a conversation)."""
         while self._tasks or self._extracting:
             await asyncio.wait([*self._tasks.values(), *self._extracting])
-
-
-def _bounded(
-    pending: list[StoredMessage], counter: TokenCounter, *, limit: int = FOLD_INPUT_TOKENS
-) -> list[StoredMessage]:
-    """A front part of ``pending`` within the input bounds (``limit`` tokens, each line with
-    its author) that ends on a turn boundary; at least one message."""
-    used, n = 0, 0
-    for msg in pending[:MAX_FOLD_MESSAGES]:
-        cost = msg.tokens + LINE_TOKENS
-        if n and used + cost > limit:
-            break
-        used += cost
-        n += 1
-    while 1 < n < len(pending) and pending[n].role != USER:
-        n -= 1  # the next window must start with the person speaking
-    return pending[:n]
-
-
-def _last_sentence(text: str) -> str:
-    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
-    return text[: ends[-1]] if ends else text
-
-
-def _own_lines(messages: Sequence[StoredMessage], words: int) -> str:
-    """A chapter with no model text: the person's own lines of the block, cut to ``words``."""
-    said = " ".join(f"{m.author}: {m.text}" for m in messages if m.role == USER).split()
-    return " ".join(said[:words]) + (TRUNCATED_MARK if len(said) > words else "")
-
-
-def _fold_input(before: str, messages: Sequence[StoredMessage]) -> str:
-    lines = [f"Earlier chapter (context only): {before or '(none yet)'}", "", "New messages:"]
-    lines += [f"{m.author}: {m.text}" for m in messages]
-    return "\n".join(lines)
-
-
-def _merge_input(chapters: Sequence[Summary]) -> str:
-    return "\n\n".join(f"Chapter {i}: {c.text}" for i, c in enumerate(chapters, 1))

@@ -30,10 +30,13 @@ Invariants:
   changes (PostgreSQL runs them on one snapshot).
 - Only fragments that really differ live in ``Dialect``; anything both engines accept
   (``RETURNING``, ``INSERT ... ON CONFLICT DO NOTHING``, ``coalesce``) is written once.
+- A write that is a held command's effect (``done=<held command id>``) marks the command done
+  in its own transaction (``_command_done``): effect and mark commit together or not at all.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -155,6 +158,15 @@ class CoreBase:
             for sql, params in steps:
                 n = await tx.exec(sql, params)
             return n
+
+    async def _command_done(self, tx: Tx, command_id: int | None) -> None:
+        """In the transaction that writes a held command's effect: mark it done, so a replay
+        after a kill tells its person instead of running it twice."""
+        if command_id is not None:
+            await tx.exec(
+                "UPDATE held_commands SET done_at = ? WHERE id = ? AND done_at IS NULL",
+                (time.time(), command_id),
+            )
 
     def _insert_rows(
         self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]

@@ -175,6 +175,24 @@ def commands_held(t: Types) -> list[Migration]:
     return _named(t, ("017_held_commands", held_commands))
 
 
+def command_marks(t: Types) -> str:
+    # ``done_at``: the command's effect committed (written in the effect's own transaction),
+    # so a replay after a kill tells instead of running it again. ``released_at``: its reply
+    # was queued; the row stays, without its text, as a tombstone that Discord catch-up checks
+    # (``known_platform_ids``), so a command read back from history never runs twice. Pruned
+    # with the outbox once older than the longest catch-up window (bot.memory.keep).
+    return f"""
+        ALTER TABLE held_commands ADD COLUMN done_at {t.real};
+        ALTER TABLE held_commands ADD COLUMN released_at {t.real};
+        CREATE INDEX held_commands_platform ON held_commands (transport, platform_id);
+        """
+
+
+def commands_marked(t: Types) -> list[Migration]:
+    """Migration 021, the same on both backends."""
+    return _named(t, ("021_command_marks", command_marks))
+
+
 def fact_history(t: Types) -> str:
     # A fact's earlier values, newest last (JSON list of {"text", "until", "pinned",
     # "source_ids"}): a new value for the same subject replaces the text and keeps the old one

@@ -106,13 +106,19 @@ class DerivedMixin(CoreBase):
         pinned: bool = True,
         source_ids: Sequence[int] = (),
         created_at: float | None = None,
+        done: int | None = None,
     ) -> int:
         now = time.time() if created_at is None else created_at
-        value = await self._val(
+        sql = (
             "INSERT INTO facts (conversation_id, text, tokens, created_at, pinned, source_ids,"
-            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-            (conversation_id, text, tokens, now, int(pinned), _ids(source_ids), now),
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
         )
+        args = (conversation_id, text, tokens, now, int(pinned), _ids(source_ids), now)
+        if done is None:
+            return int(await self._val(sql, args))
+        async with self._atomic() as tx:  # a held command's effect: marked done with it
+            value = await tx.val(sql, args)
+            await self._command_done(tx, done)
         return int(value)
 
     async def update_fact(
@@ -155,6 +161,7 @@ class DerivedMixin(CoreBase):
         pinned: bool,
         source_ids: Sequence[int],
         updated_at: float | None = None,
+        done: int | None = None,
     ) -> Fact | None:
         """Give a fact a new value (pinned or not): the old text, whose it was and its sources
         go to the history; the sources become ``source_ids``. Returns the fact as it was (None
@@ -174,15 +181,24 @@ class DerivedMixin(CoreBase):
                 "updated_at = ?, history = ? WHERE id = ?",
                 (text, tokens, int(pinned), _ids(source_ids), now, history, fact_id),
             )
+            await self._command_done(tx, done)
             return _fact(row)
 
     async def remove_fact(
-        self, conversation_id: int, fact_id: int, *, extracted_only: bool = False
+        self,
+        conversation_id: int,
+        fact_id: int,
+        *,
+        extracted_only: bool = False,
+        done: int | None = None,
     ) -> bool:
-        removed = await self._exec(
-            "DELETE FROM facts WHERE conversation_id = ? AND id = ? AND (? = 0 OR pinned = 0)",
-            (conversation_id, fact_id, int(extracted_only)),
-        )
+        sql = "DELETE FROM facts WHERE conversation_id = ? AND id = ? AND (? = 0 OR pinned = 0)"
+        args = (conversation_id, fact_id, int(extracted_only))
+        if done is None:
+            return await self._exec(sql, args) > 0
+        async with self._atomic() as tx:  # a held command's effect: marked done with it
+            removed = await tx.exec(sql, args)
+            await self._command_done(tx, done)
         return removed > 0
 
     async def facts_through(self, conversation_id: int) -> int:

@@ -48,7 +48,9 @@ class LinkError(MemoryRefused):
 
 
 class IdentityMixin(CoreBase):
-    async def link_dm(self, home: ConversationKey, other: ConversationKey) -> int:
+    async def link_dm(
+        self, home: ConversationKey, other: ConversationKey, *, done: int | None = None
+    ) -> int:
         """Join ``other``'s DM memory into ``home``'s; returns the number of messages moved."""
         if home.space != DM_SPACE or other.space != DM_SPACE:
             raise LinkError("only direct messages can be linked; channel spaces never merge.")
@@ -120,10 +122,11 @@ class IdentityMixin(CoreBase):
                 "ORDER BY up_to_message_id DESC, id DESC LIMIT 1",
                 (home_id, other_id, home_id),
             )
+            await self._command_done(tx, done)
         self._vectors.drop([home_id, other_id])
         return moved
 
-    async def unlink_dm(self, key: ConversationKey) -> int | None:
+    async def unlink_dm(self, key: ConversationKey, *, done: int | None = None) -> int | None:
         """Separate the link ``key`` belongs to (from either side); returns the number of
         messages given back, or None when ``key`` is not linked."""
         d = self.dialect
@@ -149,6 +152,7 @@ class IdentityMixin(CoreBase):
             for other_id in absorbed:
                 moved += await give_back(tx, d, other_id)
             await drop_stale_notes(tx, d, [int(row[0]), *absorbed, *([row[1]] if row[1] else [])])
+            await self._command_done(tx, done)
         self._vectors.clear()
         return moved
 

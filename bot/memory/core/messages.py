@@ -95,8 +95,10 @@ class MessagesMixin(CoreBase):
         )
         return [Conversation(r[0], ConversationKey(transport, person, r[1]), r[2]) for r in rows]
 
-    async def reset(self, conversation_id: int) -> int:
-        """Start a fresh conversation: everything so far leaves the context. Returns the mark."""
+    async def reset(self, conversation_id: int, *, done: int | None = None) -> int:
+        """Start a fresh conversation: everything so far leaves the context. Returns the mark.
+        ``done``: the held ``!reset`` this is the effect of, marked done in the same
+        transaction."""
         async with self._atomic() as tx:
             # PostgreSQL: the row lock waits for messages being stored in this conversation
             # (their foreign key holds a share lock on it), so the mark covers them.
@@ -114,6 +116,7 @@ class MessagesMixin(CoreBase):
                 "UPDATE conversations SET reset_after = ? WHERE id = ? AND reset_after < ?",
                 (mark, conversation_id, mark),
             )
+            await self._command_done(tx, done)
         return mark
 
     async def reset_mark(self, conversation_id: int) -> int:
@@ -231,15 +234,19 @@ class MessagesMixin(CoreBase):
         self, transport: str, platform_ids: Sequence[str], *, since: float
     ) -> set[str]:
         """Which of ``platform_ids`` are stored for ``transport`` in messages created at or
-        after ``since`` (the window bounds the scan: created_at is indexed)."""
+        after ``since`` (the window bounds the scan: created_at is indexed), or were heard as
+        commands (held, or released and kept as tombstones: a command read back from
+        history after a restart is never run a second time; a held one is run by recovery)."""
         if not platform_ids:
             return set()
         among, among_args = self.dialect.in_texts("m.platform_id", platform_ids)
+        held, held_args = self.dialect.in_texts("platform_id", platform_ids)
         rows = await self._all(
             "SELECT m.platform_id FROM messages m JOIN conversations c "
             "ON c.id = m.conversation_id WHERE m.created_at >= ? AND c.transport = ? "
-            f"AND {among}",
-            (since, transport, *among_args),
+            f"AND {among} UNION SELECT platform_id FROM held_commands "
+            f"WHERE transport = ? AND {held}",
+            (since, transport, *among_args, transport, *held_args),
         )
         return {str(r[0]) for r in rows}
 

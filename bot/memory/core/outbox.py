@@ -66,6 +66,14 @@ _ANSWER_COLS = (
 )  # fmt: skip
 
 
+# A held command answered: never run again; kept as a tombstone (021) that names no one and
+# holds none of its words: the platform's message id, for catch-up, and when.
+RELEASE = (
+    "UPDATE held_commands SET released_at = ?, text = '', author = NULL, person = '', "
+    "space = '' WHERE id = ?"
+)
+
+
 class OutboxMixin(CoreBase):
     _owner: str | None = None
 
@@ -98,11 +106,14 @@ class OutboxMixin(CoreBase):
         *,
         answer: StoredAnswer | None = None,
         question_status: str | None = None,
+        release: int | None = None,
     ) -> OutboxRow:
         """``queue_delivery(..., claim=True)``, returning the new row as ``outbox_row`` would
         read it (no parts yet; the parts its question's stream showed), from the same
-        statement (PostgreSQL) or transaction (SQLite): no second read."""
-        return await self._queued(entry, answer, question_status, True)
+        statement (PostgreSQL) or transaction (SQLite): no second read. ``release``: the held
+        command this row answers, released in the same write (``release_command``), so a
+        kill can never leave a queued reply with its command still held (run twice)."""
+        return await self._queued(entry, answer, question_status, True, release)
 
     async def _queued(
         self,
@@ -110,6 +121,7 @@ class OutboxMixin(CoreBase):
         answer: StoredAnswer | None,
         question_status: str | None,
         claim: bool,
+        release: int | None = None,
     ) -> OutboxRow:
         if entry.kind not in OUTBOX_KINDS:
             raise ValueError(f"unknown outbox kind {entry.kind!r}")
@@ -121,11 +133,11 @@ class OutboxMixin(CoreBase):
                 )
                 if home != answer.conversation_id:  # !unlink during the turn
                     answer = replace(answer, conversation_id=answer.origin_id, origin_id=None)
-                return await self._queue(tx, entry, answer, question_status, claim, now)
+                return await self._queue(tx, entry, answer, question_status, claim, now, release)
         if self.dialect.name == "postgres":  # one statement: the writes as WITH parts
-            return await self._queue(None, entry, answer, question_status, claim, now)
+            return await self._queue(None, entry, answer, question_status, claim, now, release)
         async with self._atomic() as tx:
-            return await self._queue(tx, entry, answer, question_status, claim, now)
+            return await self._queue(tx, entry, answer, question_status, claim, now, release)
 
     async def _queue(
         self,
@@ -135,6 +147,7 @@ class OutboxMixin(CoreBase):
         question_status: str | None,
         claim: bool,
         now: float,
+        release: int | None = None,
     ) -> OutboxRow:
         """``queue_delivery``'s writes: in ``tx`` one statement after the other, or (``tx``
         None, PostgreSQL) as one statement whose outbox row takes the answer's id from the
@@ -152,6 +165,8 @@ class OutboxMixin(CoreBase):
         if question_status is not None and entry.question_id is not None:
             update = "UPDATE messages SET status = ? WHERE id = ?"
             steps.append((update, (question_status, entry.question_id)))
+        if release is not None:
+            steps.append((RELEASE, (now, release)))
         if tx is not None:  # one statement after the other; the answer's id for the row
             if answer is not None:
                 answer_id = int(await tx.val(*steps[0]))
@@ -396,7 +411,10 @@ class OutboxMixin(CoreBase):
         )
 
     async def release_command(self, command_id: int) -> None:
-        await self._exec("DELETE FROM held_commands WHERE id = ?", (command_id,))
+        """The command's reply is queued (or it failed and its person was told): it is never
+        run again; the row stays as a tombstone for catch-up with neither its text nor its
+        person (migration 021, pruned by ``prune_outbox``)."""
+        await self._exec(RELEASE, (time.time(), command_id))
 
     async def held_commands(self, *, transports: Sequence[str]) -> list[HeldCommand]:
         """This gateway's commands stored and never answered (a kill), oldest first."""
@@ -404,11 +422,20 @@ class OutboxMixin(CoreBase):
             return []
         among, among_args = self.dialect.in_texts("transport", transports)
         rows = await self._all(
-            "SELECT id, transport, person, space, text, platform_id, author, created_at FROM "
-            f"held_commands WHERE gateway = ? AND {among} ORDER BY id",
+            "SELECT id, transport, person, space, text, platform_id, author, created_at, "
+            f"done_at FROM held_commands WHERE gateway = ? AND released_at IS NULL AND {among} "
+            "ORDER BY id",
             (self._claim_gateway(), *among_args),
         )
         return [
-            HeldCommand(int(r[0]), ConversationKey(r[1], r[2], r[3]), r[4], r[5], r[6], float(r[7]))
+            HeldCommand(
+                int(r[0]),
+                ConversationKey(r[1], r[2], r[3]),
+                r[4],
+                r[5],
+                r[6],
+                float(r[7]),
+                done=r[8] is not None,
+            )
             for r in rows
         ]

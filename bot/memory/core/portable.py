@@ -118,13 +118,24 @@ def _out(table: str, row: dict[str, Any]) -> dict[str, Any]:
     if table == "facts":
         row["pinned"] = bool(row["pinned"])
         row["source_ids"] = json.loads(row["source_ids"])
+        row["history"] = _history(row["history"])
     elif table == "messages":
         row["important"] = bool(row["important"])
     return row
 
 
+def _history(raw: str | None) -> list[dict[str, Any]]:
+    """A fact's history as stored (JSON, oldest first), each earlier value with when it
+    stopped holding, whose it was and the messages it came from."""
+    try:
+        items = json.loads(raw or "[]")
+    except ValueError:
+        return []
+    return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+
 def _in(table: str, field: str, value: Any) -> Any:
-    if table == "facts" and field == "source_ids":
+    if table == "facts" and field in ("source_ids", "history"):
         return json.dumps(value, separators=(",", ":"))
     if isinstance(value, bool):
         return int(value)

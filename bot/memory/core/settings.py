@@ -32,7 +32,9 @@ class SettingsMixin(CoreBase):
             )
         return [ChatSetting(str(r[0]), r[1], r[2]) for r in rows]
 
-    async def set_chat_setting(self, scope: str, field: str, value: str | None) -> None:
+    async def set_chat_setting(
+        self, scope: str, field: str, value: str | None, *, done: int | None = None
+    ) -> None:
         """Set ``field`` ("model" or "persona") of ``scope`` to ``value`` (None: unset)."""
         if field not in ("model", "persona"):
             raise ValueError(f"not a chat setting: {field!r}")
@@ -50,3 +52,4 @@ class SettingsMixin(CoreBase):
                     "VALUES (?, ?, ?, ?)",
                     (scope, model, persona, time.time()),
                 )
+            await self._command_done(tx, done)

@@ -28,7 +28,12 @@ from bot.memory.core.db import CoreBase, Dialect, Tx
 from bot.memory.core.identity import give_back
 from bot.memory.core.notes import drop_stale_notes, quoted_json, quotes_missing
 from bot.memory.core.versions import COPY_MARK
-from bot.memory.keep import facts_touching, outbox_cutoff
+from bot.memory.keep import (
+    COMMAND_TOMBSTONE_SECONDS,
+    OUTBOX_KEEP_SECONDS,
+    facts_touching,
+    outbox_cutoff,
+)
 from bot.memory.records import ForgetReport
 
 
@@ -177,15 +182,21 @@ class UpkeepMixin(CoreBase):
         )
         return {int(r[0]): str(r[1]) for r in rows}
 
-    async def mark_important(self, conversation_id: int, message_ids: Sequence[int]) -> int:
-        """``!pin``: these messages are never pruned by use."""
+    async def mark_important(
+        self, conversation_id: int, message_ids: Sequence[int], *, done: int | None = None
+    ) -> int:
+        """``!pin``: these messages are never pruned by use. ``done``: the held command, marked
+        done in the same transaction."""
         if not message_ids:
             return 0
         where, params = self.dialect.in_ids("id", message_ids)
-        return await self._exec(
-            f"UPDATE messages SET important = 1 WHERE conversation_id = ? AND {where}",
-            (conversation_id, *params),
-        )
+        sql = f"UPDATE messages SET important = 1 WHERE conversation_id = ? AND {where}"
+        if done is None:
+            return await self._exec(sql, (conversation_id, *params))
+        async with self._atomic() as tx:
+            n = await tx.exec(sql, (conversation_id, *params))
+            await self._command_done(tx, done)
+        return n
 
     async def prune_by_use(self, max_per_conversation: int, *, batch: int = 500) -> int:
         """Keep at most ``max_per_conversation`` messages in each conversation: delete the
@@ -226,7 +237,13 @@ class UpkeepMixin(CoreBase):
 
     async def prune_outbox(self, before: float, *, batch: int = 500) -> int:
         """Delete finished outbox rows last touched before ``before`` (their parts cascade),
-        in small batches; pending rows stay (bot.memory.keep)."""
+        in small batches; pending rows stay (bot.memory.keep). Released held commands older
+        than ``COMMAND_TOMBSTONE_SECONDS`` go too (catch-up reads back no further)."""
+        await self._exec(
+            "DELETE FROM held_commands WHERE released_at < ?",
+            (before + OUTBOX_KEEP_SECONDS - COMMAND_TOMBSTONE_SECONDS,),
+            durable=False,
+        )
         total = 0
         while True:
             n = await self._exec(

@@ -379,6 +379,7 @@ MIGRATIONS: list[Migration] = [
     *ddl.commands_held(ddl.POSTGRES),
     *ddl.fact_changes(ddl.POSTGRES),
     *ddl.chat_settings(ddl.POSTGRES),
+    *ddl.commands_marked(ddl.POSTGRES),
 ]
 
 # What a migration does in Python after its SQL, in the same transaction.
