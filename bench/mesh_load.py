@@ -53,13 +53,14 @@ import statistics
 import sys
 import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bot.app import App, build
-from bot.delivery import HELD
-from bot.transports.mesh_airtime import lora_airtime
+from bot.delivery import EXPIRED, HELD
+from bot.transports.mesh_airtime import FIRMWARE_CHANNEL_LIMIT, lora_airtime
+from bot.transports.meshtastic_holds import NOTICE_BYTES
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_radio import Later
@@ -92,7 +93,8 @@ class Result:
 @contextlib.asynccontextmanager
 async def _app(tmp: Path, llm: FakeLLM, h: Harness) -> AsyncIterator[App]:
     extra = "bot:\n  rate_limit: {messages: 1000, per_seconds: 60}\n"
-    app = await build(make_config(tmp, llm.base_url, extra), env={}, transports=[h.transport])
+    config = make_config(tmp, llm.base_url, extra)  # limit windows and outbox ages: virtual
+    app = await build(config, env={}, transports=[h.transport], clock=h.clock.monotonic)
     try:
         await app.start()
         await h.connected()
@@ -223,12 +225,19 @@ class Soak:
     every: float  # seconds between one person's questions
     stop_metrics_at: float | None = None  # the radio reports a busy channel, then stops
     tx_spike: tuple[float, float, float] | None = None  # (from, to, airUtilTx percent)
+    others_spike: tuple[float, float, float] | None = None  # (from, to, others' channel %)
 
 
 SOAKS = (
     Soak("metrics every 60 s", 50, 120.0),
     Soak("metrics stop after a busy-channel report at 2 min", 50, 120.0, stop_metrics_at=120.0),
     Soak("duty cycle spent 10 min (airUtilTx 12%)", 10, 120.0, tx_spike=(120.0, 720.0, 12.0)),
+    Soak(
+        "channel busy 70 min (others 30%), longer than max_age (1 h)",
+        10,
+        120.0,
+        others_spike=(120.0, 4320.0, 30.0),
+    ),
     Soak("50 people, one question a minute", 50, 60.0),
 )
 TAG = re.compile(r"\[q(\d+)\]")
@@ -240,15 +249,20 @@ class Fates:
     people: int
     questions: int = 0
     answered: int = 0  # within busy_max_wait
-    later: int = 0  # answered, later than busy_max_wait
-    told: int = 0  # a notice displayed, no answer
+    later: int = 0  # answered, later than busy_max_wait (held, or queued behind others)
+    told: int = 0  # a notice displayed as the final word, no answer (busy, limits)
+    expired: int = 0  # the answer waited past max_age: not sent, the person told
+    expiry_notices: int = 0  # "could not send ... in time" notices displayed
     waiting: int = 0  # still in the outbox at the end
     covered: int = 0  # limited within a window whose one notice the person already had
     dropped: int = 0
     twice: int = 0  # answer packets displayed more than once
-    first_median: float = 0.0
+    first_p50: float = 0.0  # seconds from a question to the first packet its person saw
+    first_p95: float = 0.0
     first_max: float = 0.0
-    first_late: int = 0  # first packet after busy_max_wait (or never)
+    late: int = 0  # first packet after busy_max_wait although the radio could transmit
+    impossible: dict[str, int] = field(default_factory=dict)  # ... while it could not: why
+    after_room_max: float = 0.0  # those: from the radio able again to their first packet
     in_hold: int = 0  # questions asked while the bot held answers (duty cycle, busy channel)
     hold_told: int = 0  # of those, the person saw a first packet within busy_max_wait
     minutes: float = 0.0  # virtual minutes the scenario ran
@@ -261,12 +275,22 @@ def _tagged(body: dict[str, Any]) -> str:
     return f"[q{found[-1] if found else '?'}] {ANSWER}"
 
 
+# Why the radio could not put even a notice on air (the world, not the bot's rules):
+WHY_NOT = {
+    "duty": "the node's hour at its duty cycle: no room for one more notice (the firmware "
+    "refuses every packet over it)",
+    "channel": f"other nodes over {FIRMWARE_CHANNEL_LIMIT:.0f}% of the channel: the firmware's "
+    "own limit (courtesy, not physics)",
+}
+
+
 async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
     """Run one soak scenario (module docstring) and classify every question's fate."""
     nodes = [0xD0000001 + i for i in range(s.people)]
     llm.reply_fn = _tagged
     fates = Fates(s.name, s.people)
     asked: list[tuple[int, int, float, bool]] = []  # (node, number, time asked, in a hold)
+    world: list[tuple[float, str]] = []  # (time, "" or why nothing may go on air then)
     with tempfile.TemporaryDirectory() as tmp:
         async with (
             mesh_harness(start=False, spacing_seconds=SPACING, cooldown=0.0, metrics_every=60) as h,
@@ -274,10 +298,18 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
             every(h.clock, 10.0, app.responder.redeliver),
         ):
             hold_clock_while_busy(h, app)
-            app.responder._limits._clock = h.clock.monotonic  # limit windows: virtual time too
             fates.rss_start = rss_kb()
             t0 = h.clock.monotonic()
             radio = h.radio
+            duty = h.config.duty_cycle
+            notice_share = 100.0 * lora_airtime(NOTICE_BYTES) / 3600.0  # of the hour, percent
+
+            async def sample() -> None:
+                _, tx = radio.device_metrics()
+                why = "duty" if tx + notice_share > duty else ""
+                if not why and radio.others_util > FIRMWARE_CHANNEL_LIMIT:
+                    why = "channel"
+                world.append((h.clock.monotonic(), why))
 
             async def weather() -> None:  # the radio's side of the scenario
                 if s.stop_metrics_at is not None:  # its last report: others fill the channel
@@ -291,8 +323,15 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
                     radio.report_metrics()
                     await h.clock.sleep(end - start)
                     radio.air_util_tx = None  # back to what the node really sent
+                if s.others_spike is not None:
+                    start, end, percent = s.others_spike
+                    await h.clock.sleep(start)
+                    radio.inject_channel_utilization(percent)
+                    await h.clock.sleep(end - start)
+                    radio.inject_channel_utilization(0.0)
 
             side = asyncio.ensure_future(weather())
+            sampler = asyncio.ensure_future(_repeat(h.clock, 5.0, sample))
             schedule = sorted(
                 (i * s.every / s.people + k * s.every, node)
                 for i, node in enumerate(nodes)
@@ -320,6 +359,7 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
                     and unanswered[0][0] == 0
                     and app.responder.idle
                     and not h.transport._jobs
+                    and side.done()
                 ):
                     break
                 await h.clock.sleep(10.0)
@@ -327,6 +367,7 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
                     print(f"  {s.name}: {(h.clock.monotonic() - t0) / 60:.0f} virtual min, "
                           f"{open_rows[0][0]} waiting", file=sys.stderr)  # fmt: skip
             side.cancel()
+            sampler.cancel()
             fates.minutes = (h.clock.monotonic() - t0) / 60.0
             fates.rss_end = rss_kb()
             waiting_people = {
@@ -335,16 +376,34 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
             }
             shown = [(t, p.to, p.decoded.payload.decode("utf-8", "replace")) for t, p in
                      radio.shown]  # fmt: skip
-            limited = {
-                int(m.group(1))
-                for (text,) in await app.store._all(
+            limited = _numbers(
+                await app.store._all(
                     "SELECT text FROM messages WHERE role = 'user' AND status = 'limited'"
                 )
-                if (m := re.match(r"q(\d+) ", text))
-            }
+            )
+            expired = _numbers(
+                await app.store._all(
+                    "SELECT m.text FROM outbox o JOIN messages m ON m.id = o.question_id"
+                    " WHERE o.kind = 'answer' AND o.state = 'expired'"
+                )
+            )
             limit = h.config.busy_max_wait
-    _classify(fates, asked, shown, waiting_people, limited, limit)
+    for task in (side, sampler):
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    _classify(fates, asked, shown, waiting_people, limited, limit, expired)
+    _world(fates, asked, shown, world, limit)
     return fates
+
+
+async def _repeat(clock: Any, seconds: float, step: Any) -> None:
+    while True:
+        await step()
+        await clock.sleep(seconds)
+
+
+def _numbers(rows: list[Any]) -> set[int]:
+    return {int(m.group(1)) for (text,) in rows if (m := re.match(r"q(\d+) ", str(text)))}
 
 
 def _classify(
@@ -354,6 +413,7 @@ def _classify(
     waiting_people: set[str],
     limited: set[int],
     limit: float,
+    expired: set[int],
 ) -> None:
     answers: dict[int, list[float]] = {}
     seen: dict[tuple[int, str], int] = {}
@@ -380,6 +440,11 @@ def _classify(
                 fates.answered += 1
             else:
                 fates.later += 1
+        elif n in expired:  # the answer waited past max_age: not sent; an expiry notice
+            fates.expired += 1
+            said = [u for u, to, text in shown if to == node and u >= t and text == EXPIRED]
+            if said and said[0] in notices.get(node, []):
+                notices[node].remove(said[0])
         elif (notice := next((u for u in notices.get(node, []) if u >= t), None)) is not None:
             notices[node].remove(notice)  # one notice tells one question
             fates.told += 1
@@ -389,29 +454,62 @@ def _classify(
             fates.covered += 1
         else:
             fates.dropped += 1
-    finite = [f for f in firsts if f < math.inf]
-    fates.first_median = statistics.median(finite) if finite else math.nan
+    finite = sorted(f for f in firsts if f < math.inf)
+    fates.first_p50 = statistics.median(finite) if finite else math.nan
+    fates.first_p95 = finite[min(len(finite) - 1, int(0.95 * len(finite)))] if finite else math.nan
     fates.first_max = max(firsts) if firsts else math.nan
-    fates.first_late = sum(1 for f in firsts if f > limit)
+    fates.expiry_notices = sum(1 for _, _, text in shown if text == EXPIRED)
+
+
+def _world(
+    fates: Fates,
+    asked: list[tuple[int, int, float, bool]],
+    shown: list[tuple[float, int, str]],
+    world: list[tuple[float, str]],
+    limit: float,
+) -> None:
+    """A first packet later than ``limit`` after asking: late (the radio could transmit at
+    some point in that window), or impossible (it could not, all along: ``WHY_NOT``)."""
+    for node, _, t, _ in asked:
+        after = [u for u, to, _ in shown if to == node and u >= t]
+        first = min(after) if after else math.inf
+        if first - t <= limit:
+            continue
+        window = [why for u, why in world if t <= u <= t + limit]
+        if window and all(window) and len(set(window)) == 1:
+            why = window[0]
+            fates.impossible[why] = fates.impossible.get(why, 0) + 1
+            able = next((u for u, w in world if u > t and not w), math.inf)
+            fates.after_room_max = max(fates.after_room_max, first - able)
+        else:
+            fates.late += 1
 
 
 def soak_table(results: list[Fates]) -> str:
     head = (
-        "| scenario | people | questions | answered <= 120 s | answered later | told (notice) |"
-        " still in outbox | limited, covered by the window's notice | dropped | shown twice |"
-        " first packet median / max (s) |"
-        " first packet > 120 s | asked in a hold: first packet <= 120 s | virtual min |"
-        " RSS start / end (MiB) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| scenario | people | questions | answered <= 120 s | held, answered later |"
+        " told (notice, no answer) | expired: told (notices) | still in outbox |"
+        " limited, covered by the window's notice | dropped | shown twice |"
+        " first packet p50 / p95 / max (s) | first packet > 120 s: radio could |"
+        " ... radio could not (why; then told within) | asked in a hold: told <= 120 s |"
+        " virtual min | RSS start / end (MiB) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
-    rows = [
-        f"| {r.name} | {r.people} | {r.questions} | {r.answered} | {r.later} | {r.told} | "
-        f"{r.waiting} | {r.covered} | {r.dropped} | {r.twice} | "
-        f"{r.first_median:.0f} / {r.first_max:.0f} | "
-        f"{r.first_late} | {r.hold_told} of {r.in_hold} | {r.minutes:.0f} | "
-        f"{r.rss_start / 1024:.0f} / {r.rss_end / 1024:.0f} |"
-        for r in results
-    ]
+    rows = []
+    for r in results:
+        impossible = (
+            "; ".join(f"{n} ({WHY_NOT[k].split(':')[0]})" for k, n in r.impossible.items())
+            + f"; then told within {r.after_room_max:.0f} s"
+            if r.impossible
+            else "0"
+        )
+        rows.append(
+            f"| {r.name} | {r.people} | {r.questions} | {r.answered} | {r.later} | {r.told} | "
+            f"{r.expired} ({r.expiry_notices}) | {r.waiting} | {r.covered} | {r.dropped} | "
+            f"{r.twice} | {r.first_p50:.0f} / {r.first_p95:.0f} / {r.first_max:.0f} | "
+            f"{r.late} | {impossible} | {r.hold_told} of {r.in_hold} | {r.minutes:.0f} | "
+            f"{r.rss_start / 1024:.0f} / {r.rss_end / 1024:.0f} |"
+        )
     return head + "\n".join(rows) + "\n"
 
 
@@ -421,7 +519,10 @@ async def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--minutes", type=float, default=10.0, help="soak: virtual minutes of questions"
     )
-    parser.add_argument("--soak", action="store_true", help="every question's fate, 4 scenarios")
+    parser.add_argument("--soak", action="store_true", help="every question's fate, 5 scenarios")
+    parser.add_argument(
+        "--only", type=int, nargs="+", help="soak: run only these scenarios (1-based)"
+    )
     parser.add_argument(
         "--write-docs", action="store_true", help="update docs/benchmarks.md's table"
     )
@@ -432,7 +533,8 @@ async def main(argv: list[str] | None = None) -> None:
     try:
         if args.soak:
             fates = []
-            for scenario_ in SOAKS:
+            chosen = [SOAKS[i - 1] for i in args.only] if args.only else SOAKS
+            for scenario_ in chosen:
                 fates.append(await soak(scenario_, args.minutes, llm))
                 print(soak_table(fates[-1:]).splitlines()[-1], file=sys.stderr)
             text = soak_table(fates)

@@ -72,11 +72,15 @@ class Answering(Recovery):
     _commands: Commands
     _stretches: HeldStretches
     _counter: TokenCounter
+    _told: set[int]  # questions told of a hold in their notice lane at intake
 
     def _persona(self, inbound: Inbound) -> str | None:
         raise NotImplementedError
 
     async def _notice(self, inbound: Inbound, text: str) -> None:
+        raise NotImplementedError
+
+    def _tell_early(self, inbound: Inbound, message_id: int) -> None:
         raise NotImplementedError
 
     @staticmethod
@@ -121,8 +125,11 @@ class Answering(Recovery):
             log.warning("outbox of %s full; %s is told to try again", transport.name, inbound.key)
             await self._outbox.busy_notice(inbound, _busy(busy.seconds), question_id=message_id)
             return
-        if busy is not None:  # a hold: answered now, sent when there is room
-            await self._outbox.tell_held(inbound, busy)
+        if busy is not None and message_id not in self._told:  # a hold (not told at intake)
+            if busy.notice_now:
+                await self._outbox.tell_held(inbound, busy)
+            else:  # nothing may go on air now: told in the lane as soon as the radio may
+                self._tell_early(inbound, message_id)
         limits = transport.limits
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
         async with transport.working(inbound):

@@ -314,11 +314,13 @@ async def build(
     transports: list[Transport] | None = None,
     only: list[str] | None = None,
     wall: Callable[[], float] = time.time,
+    clock: Callable[[], float] = time.monotonic,
 ) -> App:
     """Wire the app. ``llm``/``transports`` let tests substitute their own; ``only`` limits
     which configured transports are built (``meshsage chat`` uses ["console"]); ``wall`` is
     the clock that dates answers, closes sessions and fills ``{date}`` (a replay at a
-    conversation's own dates passes its own)."""
+    conversation's own dates passes its own); ``clock`` is the monotonic clock of rate-limit
+    windows and outbox ages (the mesh soak passes its virtual clock)."""
     if config.storage.url is not None:  # sqlite:///file or postgresql:// (several gateways)
         store: SqliteStore | PostgresStore = await open_url(
             config.storage.url,
@@ -457,6 +459,7 @@ async def build(
                 if section is not None
             },
             wall=wall,
+            clock=clock,
         )
         app = App(
             config=config,

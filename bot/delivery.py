@@ -28,9 +28,10 @@ Invariants:
   down) never ends the row: the row stays ``pending`` and its claim is given back by a later
   round (``waiting`` retries it first), so the row is sent again, still only under a claim.
 - On a paced transport (``Congested``: the mesh) a person's replies go out in order even across
-  holds: a row given back for a later round (``PENDING``) keeps that person's later rows
-  waiting behind it (they are given back too, and each round queues them oldest first); the
-  set is refreshed from the store every round, so a row finished elsewhere never blocks.
+  holds (notices excepted: they go first, never behind a held answer): a row given back for a
+  later round (``PENDING``) keeps that person's later rows waiting behind it (they are given
+  back too, and each round queues them oldest first); the set is refreshed from the store
+  every round, so a row finished elsewhere never blocks.
 - ``delivering`` names the conversations whose worker is waiting on a transport right now, so a
   shutdown can cut them at once (the row stays pending and goes out after the restart).
 - A transport that raises from ``send`` (a bug: trouble is reported in ``Delivery``) yields a
@@ -40,6 +41,10 @@ Invariants:
   like an answer by a later round (``keep=False``: a notice whose question's answer is in the
   outbox already, which tells the person anyway). A notice the store cannot take either (disk
   full) is kept in memory (bounded) and stored by a later round.
+- A row's age is the larger of its age on the wall clock (``created_at``, stored: it survives
+  restarts) and how long this process has known it on the injected monotonic ``clock`` (immune
+  to wall-clock jumps; the virtual clock of the mesh soak, which can so hold a row past
+  ``max_age``).
 - A row that expires (older than ``max_age``) tells its person once: one "could not send in
   time, please ask again" notice per person while an earlier one is still waiting; expiry
   notices themselves (a notice with no question and no message it replies to) never spawn
@@ -52,7 +57,7 @@ import logging
 import math
 import sqlite3
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
@@ -66,6 +71,7 @@ log = logging.getLogger("bot.responder")
 DEFAULT_MAX_AGE = 3600.0
 EXPIRED = "Sorry, I could not send my reply to your earlier message in time. Please ask again."
 UNSTORED_KEPT = 256  # notices the store could not take, kept in memory for a later round
+SEEN_KEPT = 65_536  # rows whose first sighting on the monotonic clock is remembered
 HELD = {  # a hold: the answer is stored and goes out when there is room (short: airtime)
     "duty": "Airtime limit reached. Your answer is saved; it comes in about {minutes} min.",
     "channel": "Channel busy. Your answer is saved; it comes in about {minutes} min.",
@@ -94,12 +100,15 @@ class OutboxSender:
         store: MemoryStore,
         transports: Mapping[str, Transport],
         max_age: Mapping[str, float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
+        self._clock = clock
+        self._seen: dict[int, float] = {}  # row id -> first sighting on ``clock`` (ages)
         self._transports = transports  # the responder's table: attached transports appear here
         self._max_age = dict(max_age or {})
         self.in_flight: set[int] = set()  # outbox rows queued or being sent
-        self.delivering: set[tuple[str, str, str]] = set()  # workers waiting on a transport
+        self._delivering: Counter[tuple[str, str, str]] = Counter()  # sends on a transport
         # Told the seconds from a message to its answer's first part accepted (operator's view).
         self.first_part: Callable[[float], None] | None = None
         self._unreleased: set[int] = set()  # own claims a store error kept us from giving back
@@ -108,6 +117,10 @@ class OutboxSender:
         # Rows of a person on a paced transport given back for a later round (refreshed from
         # the store every round): a later reply of that person waits behind them.
         self._behind: dict[tuple[str, str, str], set[int]] = {}
+
+    @property
+    def store(self) -> MemoryStore:
+        return self._store
 
     async def open_stream(self, inbound: Inbound, question_id: int) -> AnswerStream | None:
         """A stream for the answer to ``question_id`` (None when the transport does not
@@ -164,9 +177,10 @@ class OutboxSender:
                 log.debug("outbox row %d is claimed or finished already; not sent again", row.id)
                 return Delivery(DeliveryStatus.PENDING, detail="claimed or finished elsewhere")
             row = fresh
-        age = time.time() - row.created_at
+        age = self._age(row)
         max_age = self._max_age.get(row.entry.key.transport, DEFAULT_MAX_AGE)
         if age > max_age:
+            self._seen.pop(row.id, None)
             log.warning(
                 "outbox row %d for %s expired (%.0f s old, max_age %.0f s)",
                 row.id,
@@ -194,13 +208,13 @@ class OutboxSender:
         qkey = (row.entry.key.transport, row.entry.key.person, row.entry.key.space)
         behind = self._behind.get(qkey, set())
         behind.discard(row.id)
-        if stream is None and any(i < row.id for i in behind):
+        if stream is None and row.entry.kind != "notice" and any(i < row.id for i in behind):
             # an earlier reply of this person waits for a later round: in order, this one after
             log.info("outbox row %d for %s goes after the person's earlier reply (row %d)",
                      row.id, row.entry.key, min(behind))  # fmt: skip
             await self._give_back(row, Delivery(DeliveryStatus.PENDING, detail="in order"))
             return Delivery(DeliveryStatus.PENDING, detail="an earlier reply goes first")
-        self.delivering.add(qkey)
+        self._delivering[qkey] += 1
         try:
             reply = Reply(
                 inbound=inbound,
@@ -216,9 +230,24 @@ class OutboxSender:
             )
             delivery = await (stream.finish(reply) if stream is not None else self.send(reply))
         finally:
-            self.delivering.discard(qkey)
+            self._delivering[qkey] -= 1
+            if self._delivering[qkey] <= 0:
+                del self._delivering[qkey]
         await self._give_back(row, delivery)
         return delivery
+
+    def _age(self, row: OutboxRow) -> float:
+        """Seconds since ``row`` was written (module docstring: the larger of two clocks)."""
+        first = self._seen.setdefault(row.id, self._clock())
+        while len(self._seen) > SEEN_KEPT:
+            self._seen.pop(next(iter(self._seen)))
+        return max(time.time() - row.created_at, self._clock() - first)
+
+    @property
+    def delivering(self) -> set[tuple[str, str, str]]:
+        """The conversations with a send waiting on a transport now (a person's turn worker,
+        or their notice lane beside it)."""
+        return set(self._delivering)
 
     async def _give_back(self, row: OutboxRow, delivery: Delivery) -> None:
         """Record the outcome: a ``PENDING`` row is released for a later round (and, on a paced
@@ -237,6 +266,7 @@ class OutboxSender:
                 await self._store.finish_delivery(
                     row.id, delivery.status.value, detail=delivery.detail
                 )
+                self._seen.pop(row.id, None)
         except STORE_ERRORS as exc:
             # The row stays pending under our claim (nobody else sends it); a later round gives
             # the claim back and sends what is still missing (recorded parts never again).
@@ -311,14 +341,18 @@ class OutboxSender:
             return
         await self.deliver_now(inbound, row)
 
-    async def tell_held(self, inbound: Inbound, busy: Busy) -> None:
+    async def tell_held(self, inbound: Inbound, busy: Busy, *, wait: bool = False) -> None:
         """A hold: tell the person why and that the answer is saved, if a notice can still go
-        out; the stored answer is what reaches them either way (so this one is not stored)."""
+        out (``wait``: also when it cannot now; the transport sends it first as soon as the
+        radio may transmit, within its ``busy_max_wait``); the stored answer is what reaches
+        them either way (so this one is not stored)."""
         why = "the duty cycle is spent" if busy.cause == "duty" else "the channel is busy"
         if not busy.notice_now:
-            log.info("%s (about %.0f s); nothing may go on air now, so %s hears nothing until "
-                     "the answer goes out", why, busy.seconds, inbound.key)  # fmt: skip
-            return
+            log.info("%s (about %.0f s); nothing may go on air now: %s is told as soon as the "
+                     "radio may transmit%s", why, busy.seconds, inbound.key,
+                     "" if wait else ", by the answer")  # fmt: skip
+            if not wait:
+                return
         minutes = max(1, math.ceil(busy.seconds / 60))
         text = HELD.get(busy.cause, HELD["channel"]).format(minutes=minutes)
         delivery = await self.notice(inbound, text, keep=False)

@@ -45,19 +45,21 @@ Invariants:
   their person's jobs; ``recover_pending`` first releases the claims a dead process left.
 - Notices (rate limited, busy, not stored) are never stored as something the model said.
   They are sent straight away, never behind the LLM; on a paced radio (``Congested``) intake
-  notices are outbox rows queued behind the person's jobs, so the radio's receive loop never
-  waits for airtime, and any notice that could not go out is stored and sent by a later round
-  (``bot.delivery``). "LLM unavailable" is an outbox row
-  (it settles the question as ``failed`` in the same transaction). Command replies are outbox
-  rows too (except exports, whose files cannot be stored there); commands and their replies
-  are not part of the conversation log.
+  notices are outbox rows sent in the person's notice lane (``bot.notice_lanes``), beside
+  their turns, so the radio's receive loop never waits for airtime and a notice never waits
+  behind the person's held answer; any notice that could not go out is stored and sent by a
+  later round (``bot.delivery``). A question that arrives during a hold while the person's
+  worker is busy is told of the hold at once, in the lane (its turn then does not tell
+  again). "LLM unavailable" is an outbox row (it settles the question as ``failed`` in the
+  same transaction). Command replies are outbox rows too (except exports, whose files cannot
+  be stored there); commands and their replies are not part of the conversation log.
 - Streaming (transports with ``Streams``, Discord): the growing answer is shown while the LLM
   writes; once the outbox row exists, the stream finishes it instead of a second send
   (``bot.delivery``). An LLM failure aborts the stream (what was shown is removed) before the
   notice. Images (``Inbound.images``) go to the model with the new message only; they are
   never stored.
-- Every background task is owned (``self._workers``) and ``drain`` waits for them with a
-  timeout.
+- Every background task is owned (``self._workers``, the notice lanes) and ``drain`` waits
+  for them with a timeout.
 - Incognito (``!incognito``): the person's new messages and the answers are not stored; the
   bot answers from the stored memory plus the incognito turns it holds in memory (at most
   ``INCOGNITO_TURNS``), which are dropped when incognito ends (any ``!incognito``, ``!reset``
@@ -116,12 +118,11 @@ from bot.memory.records import (
 from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches
 from bot.memory.summary import Summarizer
+from bot.notice_lanes import NoticeIntake, NoticeLanes
 from bot.ops.metrics import Counters
 from bot.recovery import DONE_AT_RESTART, FORGOT_AT_RESTART
 from bot.text import MESH_COMMAND_BYTES, clean_inbound
 from bot.transports.base import (
-    AwaitsAnswer,
-    Congested,
     KeepsFiles,
     Rereads,
     Transport,
@@ -171,7 +172,7 @@ class _Job:
     conv: Conversation | None = None
 
 
-class Responder(Answering):
+class Responder(NoticeIntake, Answering):
     def __init__(
         self,
         *,
@@ -205,7 +206,9 @@ class Responder(Answering):
         self._config = config
         self._limits = PersonLimits(config=config, clock=clock)
         self._transports: dict[str, Transport] = {}
-        self._outbox = OutboxSender(store=store, transports=self._transports, max_age=max_age)
+        self._outbox = OutboxSender(
+            store=store, transports=self._transports, max_age=max_age, clock=clock
+        )
         self._outbox.first_part = self.counters.first_part_sent
         self._queues: dict[tuple[str, str, str], deque[_Job]] = {}
         self._workers: dict[tuple[str, str, str], asyncio.Task[None]] = {}
@@ -218,6 +221,8 @@ class Responder(Answering):
         self._stretches = HeldStretches()
         self._max_age = dict(max_age or {})
         self._questions: set[int] = set()  # stored questions queued or answered here now
+        self._lanes = NoticeLanes()  # a person's notices beside their turns (paced radios)
+        self._told: set[int] = set()  # questions told of a hold in their lane (not again)
         self._held_here: set[int] = set()  # commands this process held (recovery skips them)
 
     def attach(self, transport: Transport) -> None:
@@ -284,6 +289,11 @@ class Responder(Answering):
         idle = (key.transport, key.person, key.space) not in self._workers
         quiet = commands_before == self._command_events and not self._commands_running
         fresh = idle and quiet
+        if not idle:  # the worker may wait on a held answer: told now, in the lane
+            if await self._refuse_early(inbound, message_id):
+                self.counters.add("limited")
+                return
+            self._tell_early(inbound, message_id)
         self._enqueue(_Job(inbound, message_id, conv=conv if fresh else None))
 
     async def _edited(self, inbound: Inbound) -> None:
@@ -339,28 +349,6 @@ class Responder(Answering):
             if key[:2] == who
         )
         return self._limits.over(who, queued=queued)
-
-    async def _notice_once(self, inbound: Inbound, text: str) -> None:
-        who = (inbound.transport, inbound.sender)
-        transport = self._transports.get(inbound.transport)
-        waiting = isinstance(transport, AwaitsAnswer) and transport.awaits_answer(inbound)
-        # one per window: a flood must not make us flood back (a slash command waits for one)
-        if self._limits.may_notice(who) or waiting:
-            await self._intake_notice(inbound, text)
-
-    async def _intake_notice(self, inbound: Inbound, text: str) -> None:
-        """A notice from intake: a paced radio (``Congested``) gets it as an outbox row sent by
-        the person's worker next, so its receive loop never waits for airtime; others at once."""
-        if isinstance(self._transports[inbound.transport], Congested):
-            row = await self._outbox.notice_later(inbound, text)
-            if row is not None and self._accepting:  # else the next round (or start) sends it
-                self._enqueue(_Job(inbound, outbox=row))
-                key = inbound.key
-                queue = self._queues[(key.transport, key.person, key.space)]
-                if len(queue) > 2:  # next after the running job, not after all they queued
-                    queue.insert(1, queue.pop())
-        else:
-            await self._notice(inbound, text)
 
     def _enqueue_recovered(
         self,
@@ -438,6 +426,7 @@ class Responder(Answering):
                     queue.popleft()
                     if job.message_id is not None:
                         self._questions.discard(job.message_id)
+                        self._told.discard(job.message_id)
                     if job.outbox is not None:
                         self._outbox.in_flight.discard(job.outbox.id)
         finally:
@@ -570,15 +559,18 @@ class Responder(Answering):
 
     @property
     def idle(self) -> bool:
-        return self._idle.is_set()
+        return self._idle.is_set() and self._lanes.idle
 
     async def wait_idle(self) -> None:
-        await self._idle.wait()
+        while not self.idle:
+            await self._idle.wait()
+            await self._lanes.wait_idle()
 
     async def drain(self, *, timeout: float) -> None:
         """Stop taking new turns; finish the ones in flight (up to ``timeout``). Replies cut
         off here stay in the outbox and go out after the restart."""
         self._accepting = False
+        await self._lanes.stop()  # notices only: a stored one goes out after the restart
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         # Wait for LLM calls and stores in flight; a worker only waiting for its transport

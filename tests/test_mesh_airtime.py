@@ -58,8 +58,12 @@ def test_others_leave_less_room_and_fill_it_to_a_hold() -> None:
     p.note_metrics(Metrics(channel_utilization=22.0 + 3.33, air_util_tx=0.1), at=110.0)
     held = p.wait(110.0, 2.0, last=100.0)
     assert (held.reason, held.wait) == ("hold", 10.0)  # re-checked every poll
-    # a one-packet notice still goes below the firmware's 25%, counting the bot's own minute:
-    # 3% of room (1.8 s a minute) is taken by the 2 s part until it leaves the minute
+    # a one-packet notice goes at once: others 22% + the bot's minute are far under 40%
+    assert p.wait(110.0, 0.4, last=100.0, urgent=True).wait == 0.0
+    # it still goes below the firmware's 40% (max_channel_util_percent), counting the bot's own
+    # minute: with others at 37%, 3% of room (1.8 s a minute) is taken by the 2 s part until
+    # it leaves the minute
+    p.note_metrics(Metrics(channel_utilization=37.0 + 3.33, air_util_tx=0.1), at=110.0)
     urgent = p.wait(110.0, 0.4, last=100.0, urgent=True)
     assert urgent.reason == "slow" and urgent.wait == pytest.approx(50.0)
     assert p.wait(160.5, 0.4, last=100.0, urgent=True).wait == 0.0
@@ -89,6 +93,17 @@ def test_the_radios_own_hourly_figure_counts_too() -> None:
     )  # relays, firmware ACKs
     v = p.wait(50.0, 1.0, last=0.0)
     assert (v.reason, v.wait) == ("duty", 10.0)
+    assert p.wait(50.0, 1.0, last=0.0, urgent=True).reason == "duty"  # the firmware refuses
+
+
+def test_a_notice_goes_until_the_node_is_over_its_duty_cycle_as_the_firmware_rules() -> None:
+    """The firmware refuses a packet only when the node's hourly TX share is *over* the
+    region's duty cycle (Router::send): at exactly 10% a notice still goes, answers do not."""
+    p = _pacer(duty_cycle=10.0)
+    p.note_metrics(Metrics(channel_utilization=1.0, air_util_tx=10.0), at=50.0)
+    assert p.wait(50.0, 0.9, last=0.0).reason == "duty"
+    assert p.wait(50.0, 0.9, last=0.0, urgent=True).wait == 0.0
+    assert p.hold_estimate(50.0, 0.9, urgent=True) is None
 
 
 def test_notices_have_a_reserve_of_the_duty_cycle_and_count_against_it() -> None:

@@ -8,6 +8,7 @@ saying what happened, or (on a hold) an answer kept in the outbox and sent when 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
@@ -19,10 +20,13 @@ from typing import Any
 import pytest
 
 from bot.app import App, build
+from bot.delivery import EXPIRED
+from bot.domain import Inbound
 from bot.responder import ANSWER_NOT_STORED
+from bot.transports.mesh_rules import node_id
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
-from tests.fakes.fake_radio import ALICE, BOB
+from tests.fakes.fake_radio import ALICE, BOB, Later
 from tests.fakes.mesh_harness import Harness, every, hold_clock_while_busy, mesh_harness
 
 PEOPLE = [0xC0000001 + i for i in range(30)]
@@ -37,7 +41,8 @@ def _tagged(body: dict[str, Any]) -> str:
 
 @contextlib.asynccontextmanager
 async def _app(tmp_path: Path, llm: FakeLLM, h: Harness, extra: str) -> AsyncIterator[App]:
-    app = await build(make_config(tmp_path, llm.base_url, extra), env={}, transports=[h.transport])
+    config = make_config(tmp_path, llm.base_url, extra)  # limits and ages on the fake clock:
+    app = await build(config, env={}, transports=[h.transport], clock=h.clock.monotonic)
     try:
         await app.start()
         await h.connected()
@@ -108,6 +113,30 @@ async def test_a_duty_cycle_the_radio_reports_spent_holds_answers_and_drops_none
     said = [r.getMessage() for r in caplog.records]
     assert not any("try later" in m or "try again" in m for m in said)  # the old lie
     assert sum("nothing may go on air now" in m for m in said) == 2
+
+
+async def test_a_person_asking_while_nothing_may_go_is_told_first_once_the_radio_may(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """The node reports its hour over the duty cycle (the firmware refuses every packet) for
+    about a minute: the hold notice waits in the person's lane and is the first packet on air
+    once the radio may transmit, before the held answer. Before, no notice was even tried
+    (the answer, later, was the first the person heard)."""
+    async with _held_app(tmp_path, fake_llm, tx=12.0) as (h, app):
+        t0 = h.clock.monotonic()
+        h.radio.inject_text("q1 weather?", frm=ALICE)
+        await h.until(lambda: len(fake_llm.chat_requests()) == 1, "the answer written now")
+        while h.clock.monotonic() < t0 + 30:
+            await h.clock.sleep(10)
+        assert h.radio.sent_texts() == []  # nothing may go on air
+        h.radio.air_util_tx = 9.5  # the next report: a notice may go, answers still may not
+        await h.until(lambda: len(h.radio.shown) == 1, "the notice")
+        [(told_at, notice)] = _shown(h, ALICE)
+        assert notice.startswith("Airtime limit reached. Your answer is saved")
+        assert told_at - t0 <= h.config.busy_max_wait
+        h.radio.air_util_tx = 1.0
+        await _settled(h, app, 1)
+        assert [text for _, text in _shown(h, ALICE)][1:] == ["Answer q1."]
 
 
 async def test_within_the_notice_reserve_people_are_told_then_answered(
@@ -218,8 +247,12 @@ async def test_a_limit_notice_that_must_wait_never_holds_up_other_peoples_messag
         h.radio.air_util_tx = 1.0
         await _settled(h, app, 2)
         texts = [text for _, text in _shown(h, ALICE)]
-        assert texts[0] == "Answer q1." and len(texts) == 2 and "q2" not in texts[1]
-        assert [text for _, text in _shown(h, BOB)] == ["Answer q3."]
+        # q1's answer once, the limit notice once; and the hold notice of q1, which went as
+        # soon as the radio could transmit again (within busy_max_wait of asking)
+        assert [t for t in texts if t.startswith("Answer")] == ["Answer q1."]
+        assert sum(t.startswith("Slow down") for t in texts) == 1
+        assert all(t.startswith(("Answer", "Slow down", "Airtime limit")) for t in texts)
+        assert [text for _, text in _shown(h, BOB)][-1:] == ["Answer q3."]
 
 
 async def test_a_limit_notice_goes_next_not_after_everything_the_person_queued(
@@ -240,3 +273,118 @@ async def test_a_limit_notice_goes_next_not_after_everything_the_person_queued(
         await _settled(h, app, 3)
         answers = [text for _, text in _shown(h, ALICE) if text.startswith("Answer")]
         assert answers == ["Answer q1.", "Answer q2.", "Answer q3."]
+
+
+async def test_a_hold_notice_never_waits_behind_the_persons_own_held_answer(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """30 people ask during a duty-cycle hold (answers held, one-packet notices allowed), then
+    each asks again while their first answer is still held. Before, the second notice waited
+    behind the person's held answer (their worker sat on it up to busy_max_wait, then on each
+    outbox round's re-offer), so people heard nothing for over busy_max_wait."""
+    async with _held_app(tmp_path, fake_llm, tx=9.5) as (h, app):
+        t0 = h.clock.monotonic()
+        for i, node in enumerate(PEOPLE):
+            h.radio.inject_text(f"q{i} what now?", frm=node)
+        await h.until(lambda: len(h.radio.shown) == len(PEOPLE), "30 first notices")
+        while h.clock.monotonic() < t0 + 150:  # every first answer held in the radio's outbox
+            await h.clock.sleep(10)
+        asked = h.clock.monotonic()
+        for i, node in enumerate(PEOPLE):
+            h.radio.inject_text(f"q{100 + i} and now?", frm=node)
+        while h.clock.monotonic() < asked + h.config.busy_max_wait:
+            await h.clock.sleep(5)
+        late = [
+            i
+            for i, node in enumerate(PEOPLE)
+            if not [t for t, _ in _shown(h, node) if asked <= t <= asked + h.config.busy_max_wait]
+        ]
+        assert late == []  # every person told within busy_max_wait of asking again
+        h.radio.air_util_tx = 1.0
+        await _settled(h, app, 2 * len(PEOPLE))
+        for i, node in enumerate(PEOPLE):
+            answers = [text for _, text in _shown(h, node) if text.startswith("Answer")]
+            assert answers == [f"Answer q{i}.", f"Answer q{100 + i}."]
+
+
+async def test_a_hold_longer_than_max_age_tells_the_person_once_that_it_expired(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """Other nodes fill the channel (30%: answers held, notices still go) for longer than the
+    mesh's ``delivery.max_age``: the held answer is never sent, and the person hears why, once.
+    Before, outbox ages were wall-clock only, so on the virtual clock nothing ever expired (and
+    in the soak the answer went out long after max_age)."""
+    fake_llm.reply_fn = _tagged
+    mesh = "meshtastic:\n  connection: tcp\n  host: 127.0.0.1\n  delivery: {max_age: 600}\n"
+    async with (
+        mesh_harness(start=False, spacing_seconds=3.0, metrics_every=60) as h,
+        _app(tmp_path, fake_llm, h, mesh) as app,
+        every(h.clock, 10.0, app.responder.redeliver),
+    ):
+        hold_clock_while_busy(h, app)
+        h.radio.inject_channel_utilization(30.0)
+        await h.until(lambda: h.transport.busy() is not None, "the hold")
+        t0 = h.clock.monotonic()
+        h.radio.inject_text("q1 weather?", frm=ALICE)
+        while h.clock.monotonic() < t0 + 600 + 180:
+            await h.clock.sleep(10)
+        h.radio.inject_channel_utilization(2.0)  # room again: nothing old may go out now
+        while h.clock.monotonic() < t0 + 600 + 600:
+            await h.clock.sleep(10)
+        await app.responder.wait_idle()
+        texts = [text for _, text in _shown(h, ALICE)]
+        assert texts[0].startswith("Channel busy. Your answer is saved")
+        assert texts[1:] == [EXPIRED]  # told once; the stale answer never shown
+        rows = await app.store._all("SELECT kind, state FROM outbox ORDER BY id")
+        assert [tuple(r) for r in rows] == [("answer", "expired"), ("notice", "delivered")]
+
+
+async def test_a_full_queue_refuses_at_once_a_question_whose_person_waits_on_an_answer(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """The radio's queue is full (``outbox_limit`` 2, 30 s spacing, two answers waiting) and
+    Alice's worker waits on her first answer's slow ACK: her second question is refused at
+    once ("Busy ... try again", stored ``limited``), in her notice lane. Before, it waited
+    behind her first answer, and the refusal came only after that answer's delivery."""
+    fake_llm.reply_fn = _tagged
+    async with (
+        mesh_harness(start=False, spacing_seconds=30.0, outbox_limit=2) as h,
+        _app(tmp_path, fake_llm, h, "") as app,
+    ):
+        hold_clock_while_busy(h, app)
+        # Virtual time stands still until q3 reached the responder: the queue stays full.
+        handled = asyncio.Event()
+        original = h.transport._on_message
+        assert original is not None
+
+        async def on_message(inbound: Inbound) -> None:
+            await original(inbound)
+            if inbound.text.startswith("q3"):
+                handled.set()
+
+        h.transport._on_message = on_message
+        h.clock.settle_hooks.append(lambda: not handled.is_set())
+        h.radio.routing = lambda packet, attempt: Later("NONE", delay=90.0)
+        asked = h.clock.monotonic()
+        h.radio.inject_text("q1 weather?", frm=ALICE)
+        await h.until(lambda: len(h.radio.sent_texts()) == 1, "Alice's answer on air")
+        for i, node in enumerate(PEOPLE[:2]):  # their answers wait: the queue is full
+            h.radio.inject_text(f"q{10 + i} tides?", frm=node)
+        waiting = {node_id(n) for n in PEOPLE[:2]}  # both queued, Alice's answer started
+
+        def full() -> bool:
+            jobs = {j.person for j in h.transport._jobs if not j.started}
+            return jobs == waiting and h.transport.busy() is not None
+
+        await h.until(full, "the queue is full")
+        assert h.clock.monotonic() == asked
+        h.radio.inject_text("q3 wind?", frm=ALICE)
+        await h.until(
+            lambda: any(text.startswith("Busy") for _, text in _shown(h, ALICE)), "refused"
+        )
+        [told] = [t for t, text in _shown(h, ALICE) if text.startswith("Busy")]
+        assert told - asked <= 35.0  # the next packet slot, not after the first answer's ACK
+        await app.responder.wait_idle()
+        rows = await app.store._all("SELECT text, status FROM messages WHERE role = 'user'")
+        assert ("q3 wind?", "limited") in [tuple(r) for r in rows]
+        assert len(fake_llm.chat_requests()) == 3  # q3 never reached the model

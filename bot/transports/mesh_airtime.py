@@ -16,18 +16,22 @@ Invariants:
   never reported: old firmware) can never freeze the bot.
 - ``Pacer.wait`` never returns less than ``spacing`` after the previous write. Above that:
   * duty cycle: answers stop at ``duty_cycle`` minus a reserve (``NOTICE_RESERVE`` of it) and
-    one-packet notices ("urgent") stop at ``duty_cycle`` itself, so a person asking while
-    answers are held can still be told why; nothing is written until the ledger frees room
-    (or ``poll`` later, when the radio's figure is used). Notices are in the ledger like
-    answers;
+    one-packet notices ("urgent") stop only where the firmware itself refuses every packet
+    (``Router::send``: the node's hourly TX share *over* the region's duty cycle, answered with
+    a ``DUTY_CYCLE_LIMIT`` NAK), so a person asking while answers are held can still be told
+    why; nothing is written until the ledger frees room (or ``poll`` later, when the radio's
+    figure is used). Notices are in the ledger like answers;
   * channel: with the radio's ``channelUtilization`` (its last minute, the bot's own packets
     included) the others' part is estimated as reported - the bot's own last-minute share;
     the bot then spaces its packets so its own share stays within ``channel_limit`` - others
     (longer spacing: packets ``airtime / room`` apart, and no minute holding more); when
     the others alone reach ``channel_limit``, non-urgent parts are held (re-checked every
     ``poll``); urgent ones go whenever others + the bot's own last minute (every packet,
-    answers and notices, this one included) stay within the firmware's own limit
-    (``FIRMWARE_CHANNEL_LIMIT``): people asking while answers are held hear why promptly;
+    answers and notices, this one included) stay within ``FIRMWARE_CHANNEL_LIMIT`` (the
+    firmware's ``max_channel_util_percent``, 40: above it even the firmware's own replies to
+    other nodes stop; its background sends stop at the polite 25). The firmware does not gate
+    a client's text by channel use at all; 40 is courtesy, the point where the node itself
+    goes quiet: people asking while answers are held hear why promptly;
   * without fresh device metrics the channel rule is off: spacing and the bot's own duty cycle
     (from its ledger) still apply; the transport says so.
 - ``hold_estimate`` says how long a hold will likely last and why (``Hold``): for a reported
@@ -43,8 +47,10 @@ from dataclasses import dataclass
 
 HOUR = 3600.0
 CHANNEL_WINDOW = 60.0  # the firmware's channelUtilization covers about the last minute
-FIRMWARE_CHANNEL_LIMIT = 25.0  # the firmware defers its own non-essential sends above this
-RESOLUTION = 0.001  # shorter waits are rounding (float32 metrics): go now
+FIRMWARE_CHANNEL_LIMIT = 40.0  # max_channel_util_percent: above it the node sends nothing itself
+FIRMWARE_POLITE_LIMIT = 25.0  # polite_channel_util_percent: its background sends stop above it
+RESOLUTION = 0.001  # shorter waits of the channel rule are rounding (float32 metrics): go now
+CRUMB = 1e-6  # the shortest spacing wait (float sums of times may fall a crumb short)
 PACKET_OVERHEAD = 22  # header (16) + protobuf framing of a text packet (~6)
 METRICS_MAX_AGE = 180.0  # three missed one-minute reports: the figure no longer describes now
 NOTICE_RESERVE = 0.1  # share of the duty cycle kept for one-packet notices (EU: 36 s an hour)
@@ -170,7 +176,9 @@ class Pacer:
         the previous write (module docstring)."""
         self._last_end = last
         base = self.spacing - (now - self._last_end)
-        base = base if base >= RESOLUTION else 0.0
+        # never early (the firmware drops a text within 2 s of the last): a crumb of a wait is
+        # waited out, at least ``CRUMB`` so the clock moves on
+        base = 0.0 if base <= 0 else max(base, CRUMB)
         duty = self._duty_wait(now, airtime, urgent=urgent)
         if duty > 0:
             return Verdict(max(base, duty), "duty")
@@ -192,7 +200,7 @@ class Pacer:
         slow = max(gap - (now - self._last_end), self._window_wait(now, airtime, room))
         if slow > base and slow >= RESOLUTION:
             return Verdict(slow, "slow")
-        return Verdict(base if base >= RESOLUTION else 0.0, "")
+        return Verdict(base, "")
 
     def hold_estimate(self, now: float, airtime: float, *, urgent: bool = False) -> Hold | None:
         """Why a held (non-urgent, unless ``urgent``) packet waits, and roughly how long; None
@@ -219,7 +227,8 @@ class Pacer:
         share = self._share_limit(urgent)
         limit = share * HOUR / 100.0  # seconds on air per hour
         reported = self.fresh(now).air_util_tx
-        if reported is not None and reported >= share:
+        # answers stop at their share; notices only over the duty cycle (the firmware's rule)
+        if reported is not None and (reported > share if urgent else reported >= share):
             # the radio's own hourly figure: re-check when it updates (or expires)
             return min(self.poll, self.expires_in(now))
         self._prune(now)

@@ -3,13 +3,15 @@
 ``MeshtasticTransport`` mixes it in with the link (``meshtastic_link.py``).
 
 The sending model (docs/reliability.md and docs/meshtastic.md explain it for operators):
-- The unit on air is a *burst*: consecutive parts of ONE reply, each at least
+- The unit on air is a *burst*: consecutive parts of ONE reply, chosen when the radio's next
+  slot opens (so a notice that arrives meanwhile goes first), each at least
   ``spacing_seconds`` after the previous packet (measured on the injected clock from the end
   of one write to the start of the next). Two people's parts never interleave inside a burst.
 - Waiting for ACKs does not hold the radio. As soon as a reply's burst is written, the next
-  burst may start: re-sends whose backoff has passed first (oldest reply first), then the next
-  new reply whose person is out of ``cooldown``. A reply's re-send is one burst of its missing
-  parts, started only when none of its parts is still waiting for an answer.
+  burst may start: one-packet notices first (a person waiting to hear why), then re-sends
+  whose backoff has passed (oldest reply first), then the next new reply whose person is out
+  of ``cooldown``. A reply's re-send is one burst of its missing parts, started only when
+  none of its parts is still waiting for an answer.
 - A DM part is *delivered* by an ACK from its destination; an ACK relayed by another node
   (implicit ACK) means "on the mesh": no re-send, reported as SENT. A NAK is re-sent only for
   reasons a re-send can fix (``RESENDABLE``: no route yet, retransmissions exhausted, duty
@@ -69,6 +71,7 @@ from typing import Any
 
 from bot.config import MeshtasticConfig
 from bot.domain import Delivery, DeliveryStatus, Reply
+from bot.transports.mesh_airtime import RESOLUTION
 from bot.transports.mesh_rules import Clock, Cooldown
 from bot.transports.meshtastic_holds import MeshHolds, _Job, _Part
 from bot.transports.meshtastic_link import RadioInterface
@@ -96,6 +99,7 @@ KNOWN_UP_SECONDS = 60.0
 STOP_WRITE_WAIT = 5.0
 CONFIRMED_KEPT = 4096  # ACKed (outbox row, part) pairs remembered for a row sent again
 NO_ACK = "no ACK"
+LATE_ACKED = frozenset({"missing", "relayed", "failed", "sent"})  # a late ACK still delivers
 UNCONFIRMED_REPEAT = frozenset({NO_ACK, "MAX_RETRANSMIT"})
 
 
@@ -131,22 +135,31 @@ class MeshOutbox(MeshHolds):
 
     def _apply_routing(self, job: _Job, part: _Part, frm: int | None, reason: str) -> None:
         if part.state != "flying":
+            # Every send of a part carries its one packet id: the destination's ACK for any of
+            # them, even one that came after its timeout, says the part arrived.
+            if reason == "NONE" and frm == job.dest and part.state in LATE_ACKED:
+                log.info("part %d to %s: a late ACK (after %s); delivered", part.index + 1,
+                         job.person, part.reason or "its timeout")  # fmt: skip
+                self._acked(job, part)
+                self._maybe_finish(job)
             return
         if reason != "NONE":
             if reason == "MAX_RETRANSMIT":
                 job.cost += FIRMWARE_RETRANSMISSIONS
             self._miss(job, part, reason)
         elif frm == job.dest:
-            part.state = "ack"
-            if job.reply.outbox_id is not None:  # a later send of the row skips it
-                self._confirmed[(job.reply.outbox_id, part.index)] = None
-                while len(self._confirmed) > CONFIRMED_KEPT:
-                    self._confirmed.popitem(last=False)
+            self._acked(job, part)
         else:
             part.relayed = True  # implicit ACK: a neighbour rebroadcast it; keep waiting
             return
-        if part.pid is not None:
-            self._acks.pop(part.pid, None)
+        self._jobs_changed.set()  # (the part stays in ``_acks``: a late ACK still counts)
+
+    def _acked(self, job: _Job, part: _Part) -> None:
+        part.state = "ack"
+        if job.reply.outbox_id is not None:  # a later send of the row skips it
+            self._confirmed[(job.reply.outbox_id, part.index)] = None
+            while len(self._confirmed) > CONFIRMED_KEPT:
+                self._confirmed.popitem(last=False)
         self._jobs_changed.set()
 
     def _miss(self, job: _Job, part: _Part, reason: str) -> None:
@@ -165,6 +178,9 @@ class MeshOutbox(MeshHolds):
                      job.person, reason)  # fmt: skip
             return
         part.state = "missing" if part.sends <= self._cfg.ack_retries else "failed"
+        if part.state == "failed" and part.sends > 1 and reason in UNCONFIRMED_REPEAT:
+            part.reason = (f"{reason} after {part.sends} sends with one packet id (it may "
+                           "have arrived: firmware before 2.6 does not ACK a repeat)")  # fmt: skip
         backoff = self._cfg.ack_backoff * 2 ** max(0, part.sends - 1)
         job.resend_at = max(job.resend_at, self._clock.monotonic() + backoff)
 
@@ -179,8 +195,7 @@ class MeshOutbox(MeshHolds):
                 if now < deadline:
                     wake = min(wake, deadline)
                     continue
-                if part.pid is not None:
-                    self._acks.pop(part.pid, None)
+                # (the part stays in ``_acks`` until its job ends: a late ACK still counts)
                 if part.relayed:
                     part.state = "relayed"
                 else:
@@ -209,10 +224,11 @@ class MeshOutbox(MeshHolds):
                 )
 
     async def _next_burst(self) -> tuple[_Job, list[_Part]]:
-        """The next burst: re-sends first, then one-packet notices, then new replies in order.
-        While the pacer holds answers (duty cycle, busy channel), held jobs stay queued and a
-        notice the rules still allow overtakes them; a job held ``busy_max_wait`` ends
-        ``PENDING`` (its outbox row waits for the next round)."""
+        """The next burst: one-packet notices first (a person waiting to hear why), then
+        re-sends (older than any new reply), then new replies in order. While the pacer holds
+        answers (duty cycle, busy channel), held jobs stay queued and a notice the rules still
+        allow overtakes them; a job held ``busy_max_wait`` ends ``PENDING`` (its outbox row
+        waits for the next round)."""
         while True:
             self._jobs_changed.clear()
             now = self._clock.monotonic()
@@ -221,42 +237,80 @@ class MeshOutbox(MeshHolds):
                 self._maybe_finish(job)
             held, recheck = self._hold_state(now, urgent=False)
             wake = min(wake, recheck)
-            budget = self._cfg.airtime_budget
-            for job in list(self._jobs):  # re-sends first: they are older than any new reply
-                missing = job.missing()
-                if not missing or job.waiting():
-                    continue
-                worst = len(missing) * (1 + FIRMWARE_RETRANSMISSIONS)
-                if job.cost + worst > budget:
-                    for part in missing:
-                        part.state, part.reason = "failed", f"{part.reason}; airtime budget spent"
-                    self._maybe_finish(job)
-                    continue
-                if held:
-                    wake = min(wake, self._keep_held(job, now, held))
-                    continue
-                if job.resend_at <= now:
-                    return job, missing
-                wake = min(wake, job.resend_at)
             fresh = [j for j in self._jobs if not j.started]
-            for job in [j for j in fresh if j.urgent] + [j for j in fresh if not j.urgent]:
-                if job.future.done():
-                    continue
-                reason = held
-                if job.urgent and held:
-                    reason, urgent_recheck = self._hold_state(now, urgent=True)
-                    wake = min(wake, urgent_recheck)
-                if reason:
-                    wake = min(wake, self._keep_held(job, now, reason))
-                    continue
-                at = self._reply_cooldown.ready_at(job.person)
-                if at <= now:
-                    return job, [p for p in job.parts if p.state == "todo"]
-                wake = min(wake, at)
+            notices, wake = self._pick([j for j in fresh if j.urgent], now, held, wake)
+            if notices is not None:
+                return notices
+            resend, wake = self._pick_resend(now, held, wake)
+            if resend is not None:
+                return resend
+            answers, wake = self._pick([j for j in fresh if not j.urgent], now, held, wake)
+            if answers is not None:
+                return answers
             if wake == math.inf:
                 await self._jobs_changed.wait()
             else:
                 await self._wait(self._jobs_changed, max(wake - now, 0.001))
+
+    def _pick_resend(
+        self, now: float, held: str, wake: float
+    ) -> tuple[tuple[_Job, list[_Part]] | None, float]:
+        """The first re-send due (oldest reply first), or None and when to look again."""
+        budget = self._cfg.airtime_budget
+        for job in list(self._jobs):
+            missing = job.missing()
+            if not missing or job.waiting():
+                continue
+            worst = len(missing) * (1 + FIRMWARE_RETRANSMISSIONS)
+            if job.cost + worst > budget:
+                for part in missing:
+                    part.state, part.reason = "failed", f"{part.reason}; airtime budget spent"
+                self._maybe_finish(job)
+                continue
+            if held:
+                wake = min(wake, self._keep_held(job, now, held))
+                continue
+            if job.resend_at <= now:
+                if (slot := self._slot(job, missing[0], now)) > 0:
+                    wake = min(wake, now + slot)
+                    continue
+                return (job, missing), wake
+            wake = min(wake, job.resend_at)
+        return None, wake
+
+    def _pick(
+        self, jobs: list[_Job], now: float, held: str, wake: float
+    ) -> tuple[tuple[_Job, list[_Part]] | None, float]:
+        """The first of ``jobs`` (not started) that may go now, or None and when to look
+        again."""
+        for job in jobs:
+            if job.future.done():
+                continue
+            reason = held
+            if job.urgent and held:
+                reason, urgent_recheck = self._hold_state(now, urgent=True)
+                wake = min(wake, urgent_recheck)
+            if reason:
+                wake = min(wake, self._keep_held(job, now, reason))
+                continue
+            at = self._reply_cooldown.ready_at(job.person)
+            todo = [p for p in job.parts if p.state == "todo"]
+            if at <= now and todo and (slot := self._slot(job, todo[0], now)) > 0:
+                wake = min(wake, now + slot)  # chosen when its slot opens: a notice
+                continue  # arriving meanwhile goes first
+            if at <= now:
+                return (job, todo), wake
+            wake = min(wake, at)
+        return None, wake
+
+    def _slot(self, job: _Job, part: _Part, now: float) -> float:
+        """Seconds until spacing (or the channel rule's slower pace) lets ``part`` go; holds
+        are the caller's. A burst is chosen only when its slot opens, so a notice that arrives
+        while the radio waits for it goes first."""
+        verdict = self._pacer.wait(now, self._airtime(part), last=self._last_tx, urgent=job.urgent)
+        if verdict.reason not in ("", "slow") or verdict.wait < RESOLUTION:
+            return 0.0  # (a crumb of a wait: chosen now, ``_pace`` waits it out exactly)
+        return verdict.wait
 
     async def _send_burst(self, job: _Job, parts: list[_Part]) -> bool:
         """Write ``parts`` back to back. False when the link stayed down too long."""

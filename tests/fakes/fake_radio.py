@@ -17,11 +17,16 @@ What it does:
 - records every ToRadio with the time of ``clock`` when it was read (``log``), so tests measure
   packet spacing on the same virtual clock the transport uses;
 - the receiving firmware drops a packet whose (sender, packet id) it has already received
-  (``FloodingRouter::shouldFilterReceived``) and does not ACK it again ("resending real ACKs
-  is omitted"): a text the destination got before (an ACKed DM, a broadcast) and written again
-  with the same id goes on air (``on_air``, airtime) but is not shown (``shown`` lists what
-  people's radios display, ``repeats`` what they dropped); a DM repeat gets the local
-  firmware's ``MAX_RETRANSMIT`` after its own retransmissions went unanswered;
+  (``NextHopRouter::shouldFilterReceived``): a text the destination got before (a DM, a
+  broadcast) and written again with the same id goes on air (``on_air``, airtime) but is not
+  shown (``shown`` lists what people's radios display, ``repeats`` what they dropped). For a
+  want_ack DM repeat, ``repeat_ack`` says what comes back: ``"destination"`` (default; firmware
+  2.6+, the repeat heard directly from its sender: the destination sends its ACK again, hop
+  limit 0), ``"relay"`` (heard through a relay, which rebroadcasts it: an implicit ACK from
+  ``RELAY``), or ``None`` (firmware before 2.6, "resending real ACKs is omitted": the local
+  firmware reports ``MAX_RETRANSMIT`` after its own retransmissions went unanswered);
+- ``routing`` may also answer ``ACK_LOST``: the destination shows the DM but its ACK never
+  reaches us (the local firmware reports ``MAX_RETRANSMIT``);
 - reports the local node's device metrics as the firmware does, computed from what is on air:
   ``channelUtilization`` = the bot's own text packets' LoRa time on air in the last minute
   (``lora_airtime``, ``preset``) + ``others_util`` (other nodes' traffic, a knob tests turn
@@ -69,6 +74,8 @@ STRANGER = 0x5EC12E7  # not in the node DB: fromId is None
 KNOWN = {ALICE: ("Alice", "ALC"), BOB: ("Bob", "BOB")}
 MAX_TEXT_BYTES = 200  # what the official apps send; the transport's chunk_bytes ceiling
 FIRMWARE_SPACING = 2.1  # the firmware drops a client's second text within 2 s (config floor)
+RELAY = 0x0E1A7001  # a neighbour that relays (implicit ACKs)
+ACK_LOST = "ACK_LOST"  # a routing answer: the destination shows the DM, its ACK is lost
 
 
 class _Clock(Protocol):
@@ -127,7 +134,7 @@ def _delivered(answer: str | Later | None, dest: int) -> bool:
     """Whether a DM's routing answer says its destination received it (its own ACK)."""
     if isinstance(answer, Later):
         return answer.answer == "NONE" and answer.frm in (None, dest)
-    return answer == "NONE"
+    return answer in ("NONE", ACK_LOST)
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,7 @@ class _Radio:
         )
         self.scheduled: list[tuple[int, int, Later]] = []  # (packet id, dest, answer) to schedule
         self.answer_probes = True
+        self.repeat_ack: str | None = "destination"  # who ACKs a DM repeat (module docstring)
         self.frozen = False
         self.metrics = True  # False: an old firmware without device metrics
         self.others_util = 0.0  # percent of the channel other nodes' packets take
@@ -279,8 +287,13 @@ class _Radio:
             seen = (MY_NUM, packet.id)  # a client's packet carries from=0: the node fills it in
             if packet.id and seen in self._received:
                 self.repeats.append((now, packet))  # the receiving firmware ignores a dupe
-                if packet.to != BROADCAST and packet.want_ack:  # no ACK comes back for it
-                    self.inject_routing(packet.id, "MAX_RETRANSMIT")
+                if packet.to != BROADCAST and packet.want_ack:
+                    if self.repeat_ack == "destination":  # firmware 2.6+: ACKed again
+                        self.inject_routing(packet.id, "NONE", frm=packet.to)
+                    elif self.repeat_ack == "relay":  # a relay rebroadcasts it: implicit ACK
+                        self.inject_routing(packet.id, "NONE", frm=RELAY)
+                    else:  # before 2.6: no ACK comes back for it
+                        self.inject_routing(packet.id, "MAX_RETRANSMIT")
                 return
             if packet.to == BROADCAST:
                 self._received.add(seen)
@@ -296,6 +309,8 @@ class _Radio:
             if isinstance(answer, Later):
                 with self._lock:
                     self.scheduled.append((packet.id, packet.to, answer))
+            elif answer == ACK_LOST:  # shown, but the local firmware never hears the ACK
+                self.inject_routing(packet.id, "MAX_RETRANSMIT")
             elif answer is not None:
                 self.inject_routing(packet.id, answer, frm=packet.to)
 

@@ -68,7 +68,9 @@ async def test_a_written_part_that_never_reached_the_radio_is_sent_again(restart
                 progress=progress,
             )
         )
-        assert again.status is DeliveryStatus.SENT
+        # restarted: part 1's repeat is ACKed again by the recipient (firmware 2.6+), part 2
+        # by its first send; else part 1 was confirmed earlier and not written again
+        assert again.status is (DeliveryStatus.DELIVERED if restarted else DeliveryStatus.SENT)
         # every part shown exactly once, each with its planned id
         assert sorted(p.id for _, p in h.radio.shown) == sorted(planned.values())
         assert {p.id for _, p in h.radio.sent_texts()} == set(planned.values())
