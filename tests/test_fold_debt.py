@@ -214,7 +214,9 @@ class _HeldFolds(FakeLLM):
         return await super()._answer(request, body)
 
 
-async def test_reset_and_forget_cancel_a_fold_in_flight(tmp_path: Path) -> None:
+async def test_reset_and_forget_cancel_a_fold_in_flight(tmp_path: Path, monkeypatch: Any) -> None:
+    # The server holds every fold open: the turn after one waits SETTLE_LIMIT for it.
+    monkeypatch.setattr("bot.memory.summary.SETTLE_LIMIT", 2.0)
     fake = _HeldFolds()
     await fake.start()
     fake.reply = "a fairly long answer about boats and radios " * 4

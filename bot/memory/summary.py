@@ -248,8 +248,15 @@ class Summarizer:
         # the reply then goes on without its chapter and the debt keeps running.
         done, _ = await asyncio.wait({task}, timeout=SETTLE_LIMIT)
         if not done:
-            log.warning("the fold of conversation %d is still running after %.0f s; the reply "
-                        "goes on without its chapter", conversation_id, SETTLE_LIMIT)  # fmt: skip
+            # It holds the slot the reply needs (a debt is never preempted): stop it (closing
+            # its request stops the generation) and try the fold again after retry_seconds.
+            log.warning("the fold of conversation %d is still running after %.0f s; it is "
+                        "stopped and tried again in %.0f s, and the reply goes on without its "
+                        "chapter. Fix, if it repeats: a faster model or a second server slot",
+                        conversation_id, SETTLE_LIMIT, self._config.retry_seconds)  # fmt: skip
+            self._retry_at[conversation_id] = self._clock() + self._config.retry_seconds
+            task.cancel()
+            await asyncio.wait({task}, timeout=SETTLE_LIMIT)
         waited = self._clock() - start
         self.stats.settle_waits.append(waited)
         return waited
