@@ -283,3 +283,46 @@ async def test_a_merge_that_does_not_fit_at_its_fold_runs_at_the_next_idle_tick(
     assert len(merged) == 1 and merged[0].first_message_id == ids[0]
     assert await summ.merge_waiting() == 0  # done once
     await llm.close()
+
+
+async def test_a_fold_still_running_when_its_turn_stops_waiting_is_stopped_and_frees_the_slot(
+    store: SqliteStore, monkeypatch: Any
+) -> None:
+    """A debt fold the server never finishes: the next turn waits ``SETTLE_LIMIT`` for it,
+    then the fold is stopped (its request closed) and tried again later, so the reply gets the
+    slot at once instead of waiting behind it until the LLM read timeout."""
+    monkeypatch.setattr("bot.memory.summary.SETTLE_LIMIT", 0.5)
+    fake = _HeldFolds()
+    await fake.start()
+    llm = _llm(fake)
+    try:
+        ids = await _log(store, 12)
+        conv = await store.conversation(KEY)
+        gate = LLMGate(llm=llm, limit=1)
+        summ = Summarizer(store=store, llm=gate.background, counter=make_counter(), gate=gate,
+                          config=SummaryConfig(min_evicted=6))  # fmt: skip
+        base = _base(ids[0], 12)
+        summ.before_reply(conv.id, ids[8])
+        await gate.foreground.complete(list(base.messages[:-1]), max_tokens=5)
+        assert summ.maybe_schedule(conv, window_start_id=ids[8], base=base)
+        for _ in range(300):  # the fold's request is at the server, which holds it
+            if any(_is_fold(r) for r in fake.chat_requests()):
+                break
+            await asyncio.sleep(0.01)
+        await summ.settle(conv.id)
+        assert summ.running == 0  # stopped
+        for _ in range(200):  # the server sees its request closed
+            if fake.disconnected:
+                break
+            await asyncio.sleep(0.01)
+        assert fake.disconnected
+        fake.reply = "the next answer"
+        reply = await asyncio.wait_for(
+            gate.foreground.complete([ChatMessage("user", "next")], max_tokens=5), 10
+        )
+        assert reply.text == "the next answer"
+        # Not tried again at once: the next reply does not keep its slot for it.
+        assert not summ.maybe_schedule(conv, window_start_id=ids[8], base=base)
+    finally:
+        await llm.close()
+        await fake.stop()
