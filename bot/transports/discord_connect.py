@@ -132,15 +132,23 @@ class Link:
 
 
 ClientFactory = Callable[[discord.Intents], discord.Client]
+# discord.py waits this long after the last GUILD_CREATE before ``on_ready`` (its default).
+GUILD_READY_TIMEOUT = 2.0
 Sleep = Callable[[float], Awaitable[None]]
 
 
-def default_client(intents: discord.Intents) -> discord.Client:
+def default_client(
+    intents: discord.Intents, *, guild_ready_timeout: float = GUILD_READY_TIMEOUT
+) -> discord.Client:
+    """``guild_ready_timeout``: discord.py's own default (tests against the loopback Discord,
+    which sends every guild in READY, pass a shorter one)."""
     # meshsage uses no voice: silence discord.py's one-time "PyNaCl/davey not installed"
     # warnings, which would only send operators looking for a problem they do not have.
     discord.VoiceClient.warn_nacl = False
     discord.VoiceClient.warn_dave = False
-    return discord.Client(intents=intents, allowed_mentions=NO_MENTIONS)
+    return discord.Client(
+        intents=intents, allowed_mentions=NO_MENTIONS, guild_ready_timeout=guild_ready_timeout
+    )
 
 
 def intents_for(config: DiscordConfig) -> discord.Intents:

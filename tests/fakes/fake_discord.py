@@ -26,6 +26,7 @@ with ``threads_allowed = False``); GET of one message; and slash commands
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import time
@@ -41,6 +42,8 @@ import pytest
 import yarl
 from aiohttp import WSMsgType, web
 
+from bot.transports import discord as discord_transport
+from bot.transports import discord_connect
 from tests.fakes.fake_discord_interactions import FakeInteractions
 
 TOKEN = "fake-bot-token"
@@ -57,6 +60,7 @@ ROLE_MUTED = 940_000_000_000_000_002
 ALICE = 930_000_000_000_000_001
 BOB = 930_000_000_000_000_002
 OTHER_BOT = 930_000_000_000_000_003
+READY_WAIT = 0.05  # discord.py's wait for more guilds after READY (``patch``)
 
 Json = dict[str, Any]
 
@@ -201,12 +205,20 @@ class FakeDiscord:
             await self._runner.cleanup()
 
     def patch(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Point discord.py's REST base and default gateway at this server."""
+        """Point discord.py's REST base and default gateway at this server, and let the
+        transport's default client (``build_discord`` without a factory) wait ``READY_WAIT``
+        instead of discord.py's 2 s for guilds after READY: this server sends no GUILD_CREATE
+        (its guild is in READY), so the wait only ever ran out, costing every test 2 s."""
         monkeypatch.setattr(discord.http.Route, "BASE", f"http://127.0.0.1:{self.port}/api/v10")
         monkeypatch.setattr(
             discord.gateway.DiscordWebSocket,
             "DEFAULT_GATEWAY",
             yarl.URL(f"ws://127.0.0.1:{self.port}/gateway"),
+        )
+        monkeypatch.setattr(
+            discord_transport,
+            "default_client",
+            functools.partial(discord_connect.default_client, guild_ready_timeout=READY_WAIT),
         )
 
     def snowflake(self) -> int:
