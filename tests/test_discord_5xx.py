@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import discord.http
 import pytest
 
 from bot.app import App
@@ -52,15 +54,41 @@ async def test_a_post_refused_before_the_write_is_sent_once_later(
     await _refused_then_sent(tmp_path, fake_llm, fake_discord, backend, 503)
 
 
+class _HttpAsyncio:
+    """``discord.http``'s view of ``asyncio``: every ``sleep`` it asks for is recorded and
+    waited ``SCALE`` of; everything else is asyncio itself."""
+
+    SCALE = 0.01
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    async def sleep(self, delay: float, result: Any = None) -> Any:
+        self.waits.append(delay)
+        return await asyncio.sleep(delay * self.SCALE, result)
+
+
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 async def test_a_post_refused_past_discord_py_retries_is_sent_once_later(
-    tmp_path: Path, fake_llm: FakeLLM, fake_discord: FakeDiscord, backend: Backend
+    tmp_path: Path,
+    fake_llm: FakeLLM,
+    fake_discord: FakeDiscord,
+    backend: Backend,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """502 five times: past discord.py's own retries (it waits 1, 3, 5, 7 and 9 s between
-    its five tries: 25 s of idle time), then the outbox's round sends it once. On SQLite only:
-    what the store does (the row kept, then delivered once) is the 503 test's path, which runs
-    on both backends; this test adds discord.py's retries, which no backend changes."""
+    its five tries; those waits are recorded and run at 1/100 here: 25 s of idle time), then
+    the outbox's round sends it once. On SQLite only: what the store does (the row kept, then
+    delivered once) is the 503 test's path, which runs on both backends; this test adds
+    discord.py's retries, which no backend changes."""
+    http_asyncio = _HttpAsyncio()
+    monkeypatch.setattr(discord.http, "asyncio", http_asyncio)
     await _refused_then_sent(tmp_path, fake_llm, fake_discord, backend, 502)
+    # every one of discord.py's 5xx retries ran (its rate-limit waits are 0 s here)
+    assert [w for w in http_asyncio.waits if w] == [1, 3, 5, 7, 9]
 
 
 async def _refused_then_sent(

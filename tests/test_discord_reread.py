@@ -35,6 +35,9 @@ async def test_an_image_question_cut_by_a_restart_is_answered_with_its_image(
 ) -> None:
     fake_llm.script = [("sleep", 60)]  # the model is still thinking when the bot stops
     app = await _app(tmp_path, fake_llm)
+    # The stop cuts the call off either way (after 60% of the budget: 18 s by default); a
+    # 3 s budget (as tests/test_stop_budget.py) cuts it after 1.8 s.
+    app.stop_seconds = 3.0
     try:
         await asyncio.wait_for(fake_discord.ready.wait(), 30)
         data = fake_discord.dm_message("what is in this picture?")

@@ -13,15 +13,17 @@ from tests.conftest import start_harness
 from tests.fakes.fake_llm import FakeLLM
 
 HUNG = ("sleep", 60)  # far beyond the read timeout: the server accepted and never answers
-# Its own read timeout (the suite's default is 30 s): short enough to keep the test quick, long
-# enough for the healthy answers on a loaded machine.
-READ_TIMEOUT = 8
+# Their own read timeouts (the suite's default is 30 s), each test waits one out: short to keep
+# them quick; where healthy answers follow, long enough for them on a loaded machine (the fake
+# answers in milliseconds).
+READ_TIMEOUT = 4
+HUNG_ONLY_TIMEOUT = 2  # no call is answered: nothing to wait for but the timeout
 
 
 async def test_people_waiting_behind_a_hung_call_get_their_notice_with_it(
     tmp_path: Path, fake_llm: FakeLLM
 ) -> None:
-    h = await start_harness(tmp_path, fake_llm, read_timeout=READ_TIMEOUT)
+    h = await start_harness(tmp_path, fake_llm, read_timeout=HUNG_ONLY_TIMEOUT)
     try:
         fake_llm.script = [HUNG, HUNG, HUNG]
         for person in ("ann", "bob", "cat"):
