@@ -48,8 +48,11 @@ postgres-bin:
 browser-bin:
 	bash .ci/ensure-browser
 
-# Test workers (pytest-xdist); JOBS=0 runs in this process (pdb, -x ordering).
-JOBS ?= 2
+# Test workers (pytest-xdist); JOBS=0 runs in this process (pdb, -x ordering). Four on two
+# cores: the long tests mostly wait (radio airtime, real processes started and stopped), so
+# two more workers run short tests beside them; each test goes to the next free worker, the
+# long ones first (--dist loadgroup in pyproject.toml, LONG_FIRST in tests/conftest.py).
+JOBS ?= 4
 unit: $(STAMP) postgres-bin browser-bin
 	$(BIN)/pytest $(if $(filter 0,$(JOBS)),,-n $(JOBS))
 

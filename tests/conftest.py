@@ -24,6 +24,54 @@ if TYPE_CHECKING:
     from tests.fakes.fake_discord import FakeDiscord
 
 
+# Tests that take several seconds (mostly waiting: radio airtime, real processes started and
+# stopped), longest first; ``pytest_collection_modifyitems`` runs them before all others, so
+# that with ``--dist loadgroup`` (pyproject.toml: each test sent to the next free worker) they
+# start early and spread over the workers, and the short tests fill in around them: no worker
+# ends the run alone on a long one. A stale entry only changes the order. Refresh from
+# ``pytest -n 2 --durations=60`` (docs/development.md, "Test suite time").
+LONG_FIRST = (
+    "tests/test_crash_harness.py::test_no_answer_shown_twice_or_lost",
+    "tests/test_crash_harness.py::test_kill_with_questions_waiting",
+    "tests/test_crash_commands.py",
+    "tests/test_one_slot.py::test_several_people_keeping_the_slot_busy",
+    "tests/test_cli.py::test_memory_show_prints_blocks",
+    "tests/test_crash_harness.py",
+    "tests/test_bench_memory_e2e.py::test_a_dated_replay",
+    "tests/test_migrate_store.py::test_cli_killed_mid_copy",
+    "tests/test_install_script.py",
+    "tests/test_pg_search_plan.py",
+    "tests/test_web_browser.py::test_an_open_page_reconnects",
+    "tests/test_bad_input.py::test_hanging_llm",
+    "tests/test_gateways_once.py",
+    "tests/test_one_slot.py",
+    "tests/test_cli_manners.py::test_output_to_a_closed_pipe",
+    "tests/test_discord_transport.py::test_reconnect_that_cannot_resume",
+    "tests/test_discord_app.py::test_meshsage_run",
+    "tests/test_meshtastic_e2e.py",
+    "tests/test_bench_memory_e2e.py",
+    "tests/test_mesh_holds.py",
+    "tests/regressions/test_hung_llm_notices_do_not_queue.py",
+    "tests/test_health_truth.py::test_an_unexpected_failure_in_discord_py",
+    "tests/test_stop_budget.py",
+    "tests/test_cli.py",
+    "tests/test_migrate_store.py",
+    "tests/test_sdnotify.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``LONG_FIRST`` tests first, in its order; the rest after them, in collection order."""
+
+    def rank(item: pytest.Item) -> int:
+        for i, prefix in enumerate(LONG_FIRST):
+            if item.nodeid.startswith(prefix):
+                return i
+        return len(LONG_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a rank stays pytest's
+
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for var in list(os.environ):
