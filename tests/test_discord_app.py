@@ -395,7 +395,11 @@ async def test_messages_sent_while_stopped_are_answered_once_after_start(
         )
 
     monkeypatch.setattr(transport_module, "default_client", quick_ready)
-    config = make_config(tmp_path, fake_llm.base_url, f"discord:\n  channels: [{CHANNEL_ID}]\n")
+    config = make_config(  # streaming on, but quick between edits (as ``running``)
+        tmp_path,
+        fake_llm.base_url,
+        f"discord:\n  channels: [{CHANNEL_ID}]\n  stream_edit_seconds: 0.2\n",
+    )
 
     async def run_once() -> App:
         app = await build(config, env={"DISCORD_TOKEN": TOKEN})

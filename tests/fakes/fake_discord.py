@@ -131,6 +131,7 @@ class FakeDiscord:
         self.nonce_window = 300.0  # Discord: "the past few minutes"
         self.nonces: dict[str, tuple[float, int]] = {}  # nonce -> (when, message id)
         self.deduped = 0
+        self.identifies_waived = 0  # IDENTIFYs after the first, sent without the 5 s wait
         self.sent: list[Sent] = []
         self.typing: list[int] = []
         self.dm_opened: list[int] = []
@@ -220,6 +221,14 @@ class FakeDiscord:
             "default_client",
             functools.partial(discord_connect.default_client, guild_ready_timeout=READY_WAIT),
         )
+        monkeypatch.setattr(discord.Client, "before_identify_hook", self._before_identify)
+
+    async def _before_identify(self, shard_id: int | None, *, initial: bool = False) -> None:
+        """``Client.before_identify_hook`` (a bound method of this server, so ``self`` is the
+        server): discord.py sleeps 5 s before each IDENTIFY after the first (Discord allows
+        one per 5 s); this server has no such limit. Counted in ``identifies_waived``."""
+        if not initial:
+            self.identifies_waived += 1
 
     def snowflake(self) -> int:
         self._next_id += 1
