@@ -185,6 +185,7 @@ class Result:
     # Per request (``--trace``): lane, tokens reused and evaluated, and where it first
     # differs from the request before it (message index and role).
     trace: list[str] = field(default_factory=list)
+    why_uncovered: list[str] = field(default_factory=list)  # each turn left uncovered, where
 
     def row(self) -> str:
         waits = sorted(self.waits) or [0.0]
@@ -243,6 +244,7 @@ async def play(
     }
     arrivals: dict[str, list[tuple[str, float]]] = {p: [] for p in names}
     prompts: dict[str, list[AssembledContext]] = {p: [] for p in names}
+    by_final: dict[str, AssembledContext] = {}  # a reply's last message -> its context
     with tempfile.TemporaryDirectory() as d:
         config = Config(
             state_dir=Path(d),
@@ -262,7 +264,7 @@ async def play(
         app = await build(config, env={}, transports=[transport])
         recorder = Recorder(app.gate._llm)
         app.gate._llm = recorder
-        _record_prompts(app, prompts)
+        _record_prompts(app, prompts, by_final)
         t0 = time.monotonic()
         stop_at = t0 + minutes * 60 if minutes else float("inf")
         try:
@@ -295,9 +297,17 @@ async def play(
         )
         role = call.messages[at].role if at < len(call.messages) else "-"
         where = f"{at}/{len(call.messages)} {role}"
+        ctx = by_final.get(call.messages[-1].content) if call.messages else None
+        parts = (
+            ""
+            if ctx is None
+            else " ".join(
+                f"{b.name}={b.tokens}" for b in ctx.blocks if b.name not in ("system", "new")
+            )
+        )
         result.trace.append(
             f"{'bg' if call.background else 'reply'}\t{entry.hit if entry else '-'}\t"
-            f"{entry.evaluated if entry else '-'}\t{where}"
+            f"{entry.evaluated if entry else '-'}\t{where}\t{parts}"
         )
         previous = call.messages
         if call.background:
@@ -327,11 +337,23 @@ async def play(
                 in_chapter = any(
                     c.first_message_id <= i <= c.last_message_id for c in after.chapters
                 )
-                result.uncovered += not (in_chapter or i in recalled)
+                if not (in_chapter or i in recalled):
+                    result.uncovered += 1
+                    result.why_uncovered.append(
+                        f"message {i}: window {before.window[0].id}-{before.window[-1].id} "
+                        f"(pending fold {before.pending_fold}) -> "
+                        f"{after.window[0].id if after.window else '-'}-"
+                        f"{after.window[-1].id if after.window else '-'} (folded up to "
+                        f"{after.folded_up_to}, chapters "
+                        f"{[(c.first_message_id, c.last_message_id) for c in after.chapters]}, "
+                        f"{after.tokens} of {after.budget} tokens)"
+                    )
     return result
 
 
-def _record_prompts(app: App, prompts: dict[str, list[AssembledContext]]) -> None:
+def _record_prompts(
+    app: App, prompts: dict[str, list[AssembledContext]], by_final: dict[str, AssembledContext]
+) -> None:
     context: Any = app.context
     inner_build = context.build
 
@@ -339,6 +361,8 @@ def _record_prompts(app: App, prompts: dict[str, list[AssembledContext]]) -> Non
         ctx: AssembledContext = await inner_build(conversation, **kw)
         if kw.get("new_message_id") is not None:
             prompts[conversation.key.person].append(ctx)
+            if ctx.messages:
+                by_final[ctx.messages[-1].content] = ctx
         return ctx
 
     context.build = build_and_keep
@@ -413,7 +437,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             server.stop()
             tail.stop()
     if args.trace:
-        args.trace.write_text("lane\treused\tevaluated\tfirst change\n" + "\n".join(result.trace))
+        args.trace.write_text(
+            "lane\treused\tevaluated\tfirst change\tprompt parts (tokens)\n"
+            + "\n".join(result.trace)
+        )
+    for line in result.why_uncovered:
+        print("uncovered:", line)
     print()
     print(HEADER)
     print(result.row())

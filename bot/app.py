@@ -383,6 +383,7 @@ async def build(
                 retrieval_share=config.memory.retrieval.share,
                 min_fold_messages=config.memory.summary.min_evicted,
                 wall=wall,
+                recall_room=lambda: gate.tokens_in(config.memory.retrieval.recall_seconds),
             ),
             store=store,
             counter=counter,
