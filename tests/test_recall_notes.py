@@ -17,6 +17,7 @@ from bot.memory.context import (
     MORE_HEADER,
     NOTE_SHARE,
     RETRIEVED_HEADER,
+    AssembledContext,
     ContextBuilder,
     recall_weight,
 )
@@ -343,9 +344,10 @@ async def test_a_slow_server_gets_only_the_recall_it_reads_in_recall_seconds(
         recall_room=lambda: room,
     )
     held = await slow.build(conv, new_text=question, new_message_id=mid, budget=BUDGET)
-    recalled = lambda ctx: sum(  # noqa: E731
-        b.tokens for b in ctx.blocks if b.name.startswith(("retrieved", "chapter"))
-    )
+
+    def recalled(ctx: AssembledContext) -> int:
+        return sum(b.tokens for b in ctx.blocks if b.name.startswith(("retrieved", "chapter")))
+
     assert recalled(free) > 3 * room  # without a limit this question recalls far more
     headers = COUNTER.count(RETRIEVED_HEADER) + COUNTER.count(MORE_HEADER) + 8
     assert 0 < recalled(held) <= room + headers
