@@ -186,6 +186,7 @@ class Result:
     # differs from the request before it (message index and role).
     trace: list[str] = field(default_factory=list)
     why_uncovered: list[str] = field(default_factory=list)  # each turn left uncovered, where
+    learned: str = ""  # the gate's prompt speed at the end, and the recall room it gives
 
     def row(self) -> str:
         waits = sorted(self.waits) or [0.0]
@@ -279,7 +280,14 @@ async def play(
             await app.close()
         seconds = time.monotonic() - t0
         stats = app.summarizer.stats
+        rate = app.gate.prompt_rate
+        recall_room = app.gate.tokens_in(config.memory.retrieval.recall_seconds)
     result = Result(label=label, seconds=seconds)
+    result.learned = (
+        f"learned prompt speed {rate:.0f} tokens/s: recall held to {recall_room} tokens"
+        if rate is not None and recall_room is not None
+        else "no prompt speed learned: recall bounded by the budget only"
+    )
     result.folds = {k: getattr(stats, k) for k in ("due", "completed", "late", "extractive")}
     pairs = _match(recorder.calls, list(tail.entries))
     result.unmatched = sum(1 for _, e in pairs if e is None)
@@ -441,6 +449,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "lane\treused\tevaluated\tfirst change\tprompt parts (tokens)\n"
             + "\n".join(result.trace)
         )
+    print(result.learned)
     for line in result.why_uncovered:
         print("uncovered:", line)
     print()
