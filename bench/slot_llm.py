@@ -237,6 +237,7 @@ def _overlap(a: float, b: float, c: float, d: float) -> float:
 async def play(
     server: Server, tail: LogTail, *, label: str, people: int, turns: int, gap: float,
     max_tokens: int, seed: int, context_tokens: int | None = None, minutes: float = 0.0,
+    recall_seconds: float | None = 2.0,
 ) -> Result:  # fmt: skip
     names = NAMES[:people]
     scripts = {
@@ -257,7 +258,7 @@ async def play(
                 read_timeout=600,
             ),
             bot=BotConfig(rate_limit=RateLimit(messages=10_000, per_seconds=1.0), queue_limit=100),
-            memory=MemoryConfig(),
+            memory=MemoryConfig.model_validate({"retrieval": {"recall_seconds": recall_seconds}}),
         )
         transport = MeshLikeTransport(max_tokens=max_tokens)
         if context_tokens is not None:  # a smaller budget: folds sooner (a short busy run)
@@ -421,6 +422,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--llama-venv", default=default_venv)
     p.add_argument("--gguf")
     p.add_argument("--threads", type=int, default=2, help="server threads (1: less contention)")
+    p.add_argument(
+        "--recall-seconds",
+        type=float,
+        default=2.0,
+        help="memory.retrieval.recall_seconds (0: null, recall bounded by the budget only)",
+    )
     p.add_argument("--trace", type=Path, help="write each request's reuse and first change here")
     args = p.parse_args(argv)
     venv = Path(args.llama_venv)
@@ -429,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.context_tokens:
         label += f", {args.context_tokens}-token budget"
     label += f", {args.gap:g} s gap, {'RAM cache' if args.cache else 'no cache'}"
+    label += f", recall {f'{args.recall_seconds:g} s' if args.recall_seconds else 'by budget'}"
     with tempfile.TemporaryDirectory() as d:
         log = Path(d) / "server.log"
         extra = ["--cache", "true", "--cache_type", "ram"] if args.cache else []
@@ -439,7 +447,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             result = asyncio.run(
                 play(server, tail, label=label, people=args.people, turns=args.turns,
                      gap=args.gap, max_tokens=args.max_tokens, seed=args.seed,
-                     context_tokens=args.context_tokens, minutes=args.minutes)
+                     context_tokens=args.context_tokens, minutes=args.minutes,
+                     recall_seconds=args.recall_seconds or None)
             )  # fmt: skip
         finally:
             server.stop()
@@ -463,6 +472,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         + (f" --context-tokens {args.context_tokens}" if args.context_tokens else "")
         + (f" --minutes {args.minutes:g}" if args.minutes else "")
         + (f" --threads {args.threads}" if args.threads != 2 else "")
+        + (f" --recall-seconds {args.recall_seconds:g}" if args.recall_seconds != 2.0 else "")
     )
     print(
         f"command: {command}; {time.strftime('%Y-%m-%d %H:%M')} UTC; load "
