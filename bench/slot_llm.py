@@ -355,9 +355,14 @@ async def play(
                         f"{after.window[-1].id if after.window else '-'} (folded up to "
                         f"{after.folded_up_to}, chapters "
                         f"{[(c.first_message_id, c.last_message_id) for c in after.chapters]}, "
-                        f"{after.tokens} of {after.budget} tokens)"
+                        f"{after.tokens} of {after.budget} tokens; parts before "
+                        f"{_parts(before)}, after {_parts(after)})"
                     )
     return result
+
+
+def _parts(ctx: AssembledContext) -> str:
+    return " ".join(f"{b.name}={b.tokens}" for b in ctx.blocks)
 
 
 def _record_prompts(
