@@ -362,7 +362,8 @@ async def play(
 
 
 def _parts(ctx: AssembledContext) -> str:
-    return " ".join(f"{b.name}={b.tokens}" for b in ctx.blocks)
+    held = f" long-term reserve={ctx.reserved}" if ctx.reserved else ""
+    return " ".join(f"{b.name}={b.tokens}" for b in ctx.blocks) + held
 
 
 def _record_prompts(
