@@ -61,7 +61,7 @@ HEADS = tuple(
     for p in (CHAPTER_PROMPT, MERGE_PROMPT, FACTS_PROMPT, SESSION_PROMPT, LONGTERM_PROMPT)
 )
 _GEN = re.compile(r"Llama\.generate: (\d+) prefix-match hit, remaining (\d+) prompt tokens")
-_EVAL = re.compile(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens")
+_EVAL = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 _TOTAL = re.compile(r"total time =\s*([\d.]+) ms")
 
 
@@ -87,6 +87,7 @@ class LogTail:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.entries: list[Entry] = []
+        self.evals: list[tuple[int, float]] = []  # (prompt tokens, seconds) as the server timed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -110,8 +111,9 @@ class LogTail:
                 self.entries[-1].end = now  # abandoned while evaluating: no timings logged
             self.entries.append(Entry(now, int(m.group(1)), int(m.group(2))))
         elif m := _EVAL.search(line):
+            self.evals.append((int(m.group(2)), float(m.group(1)) / 1000))
             if not self.entries or self.entries[-1].end is not None:  # no prefix hit at all
-                self.entries.append(Entry(now, 0, int(m.group(1))))
+                self.entries.append(Entry(now, 0, int(m.group(2))))
         elif (m := _TOTAL.search(line)) and self.entries:
             last = self.entries[-1]
             last.end = now
@@ -464,6 +466,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             "lane\treused\tevaluated\tfirst change\tprompt parts (tokens)\n"
             + "\n".join(result.trace)
         )
+    timed = [(n, t) for n, t in tail.evals if n >= 32]  # a few tokens time mostly overhead
+    if timed:
+        speed = sum(n for n, _ in timed) / max(1e-9, sum(t for _, t in timed))
+        print(f"the server's own prompt speed: {speed:.0f} tokens/s over {len(timed)} prompts")
     print(result.learned)
     for line in result.why_uncovered:
         print("uncovered:", line)
