@@ -359,12 +359,20 @@ async def started(
     *,
     wall: ReplayClock | None = None,
     llm: LLM | None = None,
+    prompt_speed: float | None = None,
 ) -> tuple[App, MeshLikeTransport]:
     """A started app over ``state``. With ``wall`` (a dated replay) its session loop is
-    stopped: the bench drives the same keeper's ticks (``upkeep``) when recorded time passes."""
+    stopped: the bench drives the same keeper's ticks (``upkeep``) when recorded time passes.
+    ``prompt_speed``: the gate reports this many prompt tokens a second as learned (a slow
+    server), so recall is held to ``memory.retrieval.recall_seconds`` of it."""
     transport = MeshLikeTransport()
     config = bench_config(state, base_url, share=share)
     app = await build(config, env={}, transports=[transport], llm=llm, wall=wall or time.time)
+    if prompt_speed is not None:
+        speed = prompt_speed
+        setattr(  # noqa: B010 (the fake answers too fast for the gate to time it)
+            app.gate, "tokens_in", lambda s: None if s is None else int(s * speed)
+        )
     await app.start()
     if wall is not None and app.sessions is not None:
         await app.sessions.stop()
@@ -391,6 +399,7 @@ async def run_dialogue(
     counter: TokenCounter,
     tallies: dict[str, Tally],
     share: float | None = None,
+    prompt_speed: float | None = None,
     dated_replay: bool = True,
     memory_llm: LLMConfig | None = None,
     memory: Kept | None = None,
@@ -422,7 +431,9 @@ async def run_dialogue(
     try:
         with tempfile.TemporaryDirectory(prefix="meshsage-e2e-") as tmp:
             state = Path(tmp) / "state"
-            app, transport = await started(state, fake.base_url, share, wall=clock, llm=router())
+            app, transport = await started(
+                state, fake.base_url, share, wall=clock, llm=router(), prompt_speed=prompt_speed
+            )
             t0 = time.perf_counter()
             try:
                 await replay(app, transport, fake, script, exs, clock, name=dlg.sample_id, log=log)
@@ -459,8 +470,9 @@ async def run_dialogue(
                     copy.mkdir()
                     shutil.copy(snapshot, copy / app.config.database_path.name)
                     app, transport = await started(
-                        copy, fake.base_url, share, wall=clock, llm=router()
-                    )
+                        copy, fake.base_url, share, wall=clock, llm=router(),
+                        prompt_speed=prompt_speed,
+                    )  # fmt: skip
                     try:
                         asked = ask(
                             app,
@@ -502,6 +514,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--categories", default="1,2,3,4")
     p.add_argument("--share", type=float, default=None, help="memory.retrieval.share")
+    p.add_argument(
+        "--prompt-speed",
+        type=float,
+        help="prompt tokens a second the bot learned its server reads (a Pi: recall is held to "
+        "memory.retrieval.recall_seconds of it); default: the fake's, too fast to limit recall",
+    )
     p.add_argument(
         "--dated",
         action=argparse.BooleanOptionalAction,
@@ -546,6 +564,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 counter=counter,
                 tallies=tallies,
                 share=args.share,
+                prompt_speed=args.prompt_speed,
                 dated_replay=args.dated,
                 memory_llm=memory_llm,
                 memory=held,

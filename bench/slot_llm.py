@@ -61,7 +61,7 @@ HEADS = tuple(
     for p in (CHAPTER_PROMPT, MERGE_PROMPT, FACTS_PROMPT, SESSION_PROMPT, LONGTERM_PROMPT)
 )
 _GEN = re.compile(r"Llama\.generate: (\d+) prefix-match hit, remaining (\d+) prompt tokens")
-_EVAL = re.compile(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens")
+_EVAL = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 _TOTAL = re.compile(r"total time =\s*([\d.]+) ms")
 
 
@@ -87,6 +87,7 @@ class LogTail:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.entries: list[Entry] = []
+        self.evals: list[tuple[int, float]] = []  # (prompt tokens, seconds) as the server timed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -110,8 +111,9 @@ class LogTail:
                 self.entries[-1].end = now  # abandoned while evaluating: no timings logged
             self.entries.append(Entry(now, int(m.group(1)), int(m.group(2))))
         elif m := _EVAL.search(line):
+            self.evals.append((int(m.group(2)), float(m.group(1)) / 1000))
             if not self.entries or self.entries[-1].end is not None:  # no prefix hit at all
-                self.entries.append(Entry(now, 0, int(m.group(1))))
+                self.entries.append(Entry(now, 0, int(m.group(2))))
         elif (m := _TOTAL.search(line)) and self.entries:
             last = self.entries[-1]
             last.end = now
@@ -185,6 +187,8 @@ class Result:
     # Per request (``--trace``): lane, tokens reused and evaluated, and where it first
     # differs from the request before it (message index and role).
     trace: list[str] = field(default_factory=list)
+    why_uncovered: list[str] = field(default_factory=list)  # each turn left uncovered, where
+    learned: str = ""  # the gate's prompt speed at the end, and the recall room it gives
 
     def row(self) -> str:
         waits = sorted(self.waits) or [0.0]
@@ -235,6 +239,7 @@ def _overlap(a: float, b: float, c: float, d: float) -> float:
 async def play(
     server: Server, tail: LogTail, *, label: str, people: int, turns: int, gap: float,
     max_tokens: int, seed: int, context_tokens: int | None = None, minutes: float = 0.0,
+    recall_seconds: float | None = 2.0,
 ) -> Result:  # fmt: skip
     names = NAMES[:people]
     scripts = {
@@ -243,6 +248,7 @@ async def play(
     }
     arrivals: dict[str, list[tuple[str, float]]] = {p: [] for p in names}
     prompts: dict[str, list[AssembledContext]] = {p: [] for p in names}
+    by_final: dict[str, AssembledContext] = {}  # a reply's last message -> its context
     with tempfile.TemporaryDirectory() as d:
         config = Config(
             state_dir=Path(d),
@@ -254,7 +260,7 @@ async def play(
                 read_timeout=600,
             ),
             bot=BotConfig(rate_limit=RateLimit(messages=10_000, per_seconds=1.0), queue_limit=100),
-            memory=MemoryConfig(),
+            memory=MemoryConfig.model_validate({"retrieval": {"recall_seconds": recall_seconds}}),
         )
         transport = MeshLikeTransport(max_tokens=max_tokens)
         if context_tokens is not None:  # a smaller budget: folds sooner (a short busy run)
@@ -262,7 +268,7 @@ async def play(
         app = await build(config, env={}, transports=[transport])
         recorder = Recorder(app.gate._llm)
         app.gate._llm = recorder
-        _record_prompts(app, prompts)
+        _record_prompts(app, prompts, by_final)
         t0 = time.monotonic()
         stop_at = t0 + minutes * 60 if minutes else float("inf")
         try:
@@ -277,7 +283,14 @@ async def play(
             await app.close()
         seconds = time.monotonic() - t0
         stats = app.summarizer.stats
+        rate = app.gate.prompt_rate
+        recall_room = app.gate.tokens_in(config.memory.retrieval.recall_seconds)
     result = Result(label=label, seconds=seconds)
+    result.learned = (
+        f"learned prompt speed {rate:.0f} tokens/s: recall held to {recall_room} tokens"
+        if rate is not None and recall_room is not None
+        else "no prompt speed learned: recall bounded by the budget only"
+    )
     result.folds = {k: getattr(stats, k) for k in ("due", "completed", "late", "extractive")}
     pairs = _match(recorder.calls, list(tail.entries))
     result.unmatched = sum(1 for _, e in pairs if e is None)
@@ -295,9 +308,17 @@ async def play(
         )
         role = call.messages[at].role if at < len(call.messages) else "-"
         where = f"{at}/{len(call.messages)} {role}"
+        ctx = by_final.get(call.messages[-1].content) if call.messages else None
+        parts = (
+            ""
+            if ctx is None
+            else " ".join(
+                f"{b.name}={b.tokens}" for b in ctx.blocks if b.name not in ("system", "new")
+            )
+        )
         result.trace.append(
             f"{'bg' if call.background else 'reply'}\t{entry.hit if entry else '-'}\t"
-            f"{entry.evaluated if entry else '-'}\t{where}"
+            f"{entry.evaluated if entry else '-'}\t{where}\t{parts}"
         )
         previous = call.messages
         if call.background:
@@ -327,11 +348,29 @@ async def play(
                 in_chapter = any(
                     c.first_message_id <= i <= c.last_message_id for c in after.chapters
                 )
-                result.uncovered += not (in_chapter or i in recalled)
+                if not (in_chapter or i in recalled):
+                    result.uncovered += 1
+                    result.why_uncovered.append(
+                        f"message {i}: window {before.window[0].id}-{before.window[-1].id} "
+                        f"(pending fold {before.pending_fold}) -> "
+                        f"{after.window[0].id if after.window else '-'}-"
+                        f"{after.window[-1].id if after.window else '-'} (folded up to "
+                        f"{after.folded_up_to}, chapters "
+                        f"{[(c.first_message_id, c.last_message_id) for c in after.chapters]}, "
+                        f"{after.tokens} of {after.budget} tokens; parts before "
+                        f"{_parts(before)}, after {_parts(after)})"
+                    )
     return result
 
 
-def _record_prompts(app: App, prompts: dict[str, list[AssembledContext]]) -> None:
+def _parts(ctx: AssembledContext) -> str:
+    held = f" long-term reserve={ctx.reserved}" if ctx.reserved else ""
+    return " ".join(f"{b.name}={b.tokens}" for b in ctx.blocks) + held
+
+
+def _record_prompts(
+    app: App, prompts: dict[str, list[AssembledContext]], by_final: dict[str, AssembledContext]
+) -> None:
     context: Any = app.context
     inner_build = context.build
 
@@ -339,6 +378,8 @@ def _record_prompts(app: App, prompts: dict[str, list[AssembledContext]]) -> Non
         ctx: AssembledContext = await inner_build(conversation, **kw)
         if kw.get("new_message_id") is not None:
             prompts[conversation.key.person].append(ctx)
+            if ctx.messages:
+                by_final[ctx.messages[-1].content] = ctx
         return ctx
 
     context.build = build_and_keep
@@ -389,6 +430,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--llama-venv", default=default_venv)
     p.add_argument("--gguf")
     p.add_argument("--threads", type=int, default=2, help="server threads (1: less contention)")
+    p.add_argument(
+        "--recall-seconds",
+        type=float,
+        default=2.0,
+        help="memory.retrieval.recall_seconds (0: null, recall bounded by the budget only)",
+    )
     p.add_argument("--trace", type=Path, help="write each request's reuse and first change here")
     args = p.parse_args(argv)
     venv = Path(args.llama_venv)
@@ -397,6 +444,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.context_tokens:
         label += f", {args.context_tokens}-token budget"
     label += f", {args.gap:g} s gap, {'RAM cache' if args.cache else 'no cache'}"
+    label += f", recall {f'{args.recall_seconds:g} s' if args.recall_seconds else 'by budget'}"
     with tempfile.TemporaryDirectory() as d:
         log = Path(d) / "server.log"
         extra = ["--cache", "true", "--cache_type", "ram"] if args.cache else []
@@ -407,13 +455,24 @@ def main(argv: Sequence[str] | None = None) -> None:
             result = asyncio.run(
                 play(server, tail, label=label, people=args.people, turns=args.turns,
                      gap=args.gap, max_tokens=args.max_tokens, seed=args.seed,
-                     context_tokens=args.context_tokens, minutes=args.minutes)
+                     context_tokens=args.context_tokens, minutes=args.minutes,
+                     recall_seconds=args.recall_seconds or None)
             )  # fmt: skip
         finally:
             server.stop()
             tail.stop()
     if args.trace:
-        args.trace.write_text("lane\treused\tevaluated\tfirst change\n" + "\n".join(result.trace))
+        args.trace.write_text(
+            "lane\treused\tevaluated\tfirst change\tprompt parts (tokens)\n"
+            + "\n".join(result.trace)
+        )
+    timed = [(n, t) for n, t in tail.evals if n >= 32]  # a few tokens time mostly overhead
+    if timed:
+        speed = sum(n for n, _ in timed) / max(1e-9, sum(t for _, t in timed))
+        print(f"the server's own prompt speed: {speed:.0f} tokens/s over {len(timed)} prompts")
+    print(result.learned)
+    for line in result.why_uncovered:
+        print("uncovered:", line)
     print()
     print(HEADER)
     print(result.row())
@@ -425,6 +484,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         + (f" --context-tokens {args.context_tokens}" if args.context_tokens else "")
         + (f" --minutes {args.minutes:g}" if args.minutes else "")
         + (f" --threads {args.threads}" if args.threads != 2 else "")
+        + (f" --recall-seconds {args.recall_seconds:g}" if args.recall_seconds != 2.0 else "")
     )
     print(
         f"command: {command}; {time.strftime('%Y-%m-%d %H:%M')} UTC; load "

@@ -159,9 +159,20 @@ class App:
             latencies=self.latencies,
             last_error=self.last_error,
             relay=self._relay_counters if self.bridge is not None else None,
-            llm_limits=self.server_limits.describe if self.server_limits is not None else None,
+            llm_limits=self._llm_limits,
         )
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
+
+    def _llm_limits(self) -> str:
+        """What the server holds (learned at start) and how fast it reads a prompt (learned
+        from the bot's own calls), for doctor-like lines in the status."""
+        parts = [self.server_limits.describe()] if self.server_limits is not None else []
+        rate = self.gate.prompt_rate
+        if rate is not None:
+            room = self.gate.tokens_in(self.config.memory.retrieval.recall_seconds)
+            held = f" (a reply's recall is held to {room} tokens)" if room is not None else ""
+            parts.append(f"reads {rate:.0f} prompt tokens/s{held}")
+        return "; ".join(parts)
 
     async def status_now(self) -> Status:
         """A report as ``meshsage status`` reads it, collected now by the monitor (its file
@@ -383,6 +394,7 @@ async def build(
                 retrieval_share=config.memory.retrieval.share,
                 min_fold_messages=config.memory.summary.min_evicted,
                 wall=wall,
+                recall_room=lambda: gate.tokens_in(config.memory.retrieval.recall_seconds),
             ),
             store=store,
             counter=counter,

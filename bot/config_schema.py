@@ -120,6 +120,10 @@ class RetrievalConfig(_Strict):
     k1: float = Field(1.2, ge=0, le=5)  # BM25 term-frequency saturation
     b: float = Field(0.4, ge=0, le=1)  # BM25 length normalisation (low: chat turns are short)
     neighbour: float = Field(0.6, ge=0, le=1)  # share of the better adjacent turn's score
+    # Seconds of prompt evaluation a reply's recall may cost on the server, at the speed the
+    # bot measures (a Pi reads tens of tokens a second); null: recall is bounded by the budget
+    # only.
+    recall_seconds: float | None = Field(2.0, gt=0, le=600)
 
 
 class SummaryConfig(_Strict):

@@ -161,3 +161,45 @@ async def test_the_newest_chapter_over_its_share_is_cut_not_left_out(store: Sqli
     assert [c.last_message_id for c in ctx.chapters] == [16]
     assert ctx.window[0].id > 16
     assert _prompt_tokens(ctx.messages) <= 500
+
+
+async def test_facts_that_grow_between_folds_never_push_turns_out_uncovered(
+    store: SqliteStore,
+) -> None:
+    """A small budget (1,024, share 0.2) where facts arrive between folds (extracted at a
+    fold, or !remember): every turn that leaves the window is in a chapter of the next prompt
+    (the summarizer writes the chapter each prompt asks for before the next message). The
+    facts' room is what the window's share leaves, so they never make the window drop turns
+    that no chapter holds."""
+    conv = await store.conversation(KEY)
+    builder = _builder(store, share=0.2)
+    before = None
+    lost: list[int] = []
+    answer = "That depends on the weather and the hardware; test one change at a time. " * 2
+    for n in range(60):
+        text = f"Question {n}: how should I set up node {n} on the ridge this week?"
+        mid = await store.add_message(conv.id, role="user", author="alice", text=text,
+                                      tokens=COUNTER.count(text), status="pending")  # fmt: skip
+        if n % 2 == 1:  # a fact every few turns, the newest riding in the final message
+            fact = f"Alice keeps node {n} on the ridge powered by a 20 W solar panel."
+            await store.add_fact(conv.id, text=fact, tokens=COUNTER.count(fact))
+        ctx = await builder.build(conv, new_text=text, new_message_id=mid, budget=1024)
+        assert _prompt_tokens(ctx.messages) <= 1024
+        if before is not None:
+            gone = {m.id for m in before.window} - {m.id for m in ctx.window}
+            lost += [
+                i for i in gone
+                if not any(c.first_message_id <= i <= c.last_message_id for c in ctx.chapters)
+            ]  # fmt: skip
+        await store.add_message(conv.id, role="assistant", author="bot", text=answer,
+                                tokens=COUNTER.count(answer), status="delivered",
+                                parent_id=mid)  # fmt: skip
+        start = ctx.window_start_id
+        if start is not None:  # the summarizer writes what the prompt folds away
+            first = ctx.folded_up_to + 1
+            chapter = f"Alice asked about setting up nodes up to message {start - 1}."
+            await store.save_summary(conv.id, text=chapter, first_message_id=first,
+                                     last_message_id=start - 1,
+                                     tokens=COUNTER.count(chapter))  # fmt: skip
+        before = ctx
+    assert lost == []

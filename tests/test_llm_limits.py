@@ -481,3 +481,26 @@ async def test_chapters_merges_facts_and_sessions_fit_a_small_server(
     finally:
         await llm.close()
         await store.close()
+
+
+async def test_status_shows_the_prompt_speed_and_the_recall_it_allows(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    """A slow server (each answer starts after 0.2 s): the status names the prompt speed the
+    bot measured and the recall room it gives (``memory.retrieval.recall_seconds``)."""
+    h = await start_harness(tmp_path, fake_llm, extra=NO_SUMMARIES)
+    try:
+        assert h.app.monitor is not None
+        assert "prompt tokens/s" not in (await h.app.monitor.collect()).llm_limits
+        for text in ("hi", "tell me about antennas and cables " * 8, "and solar?"):
+            fake_llm.script = [("sleep", 0.2)]
+            await h.say(text)
+        rate = h.app.gate.prompt_rate
+        assert rate is not None
+        limits = (await h.app.monitor.collect()).llm_limits
+        room = h.app.gate.tokens_in(2.0)
+        assert f"reads {rate:.0f} prompt tokens/s (a reply's recall is held to {room} tokens)" in (
+            limits
+        )
+    finally:
+        await h.app.close()

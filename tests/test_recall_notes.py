@@ -17,6 +17,7 @@ from bot.memory.context import (
     MORE_HEADER,
     NOTE_SHARE,
     RETRIEVED_HEADER,
+    AssembledContext,
     ContextBuilder,
     recall_weight,
 )
@@ -318,3 +319,41 @@ async def test_a_fold_on_the_same_turn_as_a_large_recall(memory: MemoryStore) ->
     notes = await memory.recall_notes([m.id for m in after.window])
     window = "\n".join(m.content for m in after.messages[1:])
     assert all(n in window for n in notes.values())  # the notes ride with their turns
+
+
+async def test_a_slow_server_gets_only_the_recall_it_reads_in_recall_seconds(
+    memory: MemoryStore,
+) -> None:
+    """The person waits for every recalled token the server reads: with a learned room of 100
+    tokens the whole recall (note, the part shown once, an older chapter) stays within it, the
+    best turn still comes, and the window is the same as without a limit (fold points never
+    depend on recall)."""
+    await _history(memory)
+    question = "Where is Osprey moored, and how many coats of varnish did the hull get?"
+    conv = await memory.conversation(KEY)
+    mid = await memory.add_message(conv.id, role="user", author="alice", text=question,
+                                   tokens=COUNTER.count(question), status="pending")  # fmt: skip
+    free = await _builder(memory).build(conv, new_text=question, new_message_id=mid, budget=BUDGET)
+    room = 100
+    slow = ContextBuilder(
+        store=memory,
+        retriever=Retriever(store=memory, counter=COUNTER, config=RetrievalConfig()),
+        counter=COUNTER,
+        system_prompt="You are a test bot.",
+        retrieval_share=0.4,
+        recall_room=lambda: room,
+    )
+    held = await slow.build(conv, new_text=question, new_message_id=mid, budget=BUDGET)
+
+    def recalled(ctx: AssembledContext) -> int:
+        return sum(b.tokens for b in ctx.blocks if b.name.startswith(("retrieved", "chapter")))
+
+    assert recalled(free) > 3 * room  # without a limit this question recalls far more
+    headers = COUNTER.count(RETRIEVED_HEADER) + COUNTER.count(MORE_HEADER) + 8
+    assert 0 < recalled(held) <= room + headers
+    assert "varnished the hull" in _recalled(held.messages)  # the best turns still come
+    assert [m.id for m in held.window] == [m.id for m in free.window]
+    # The learned room is never below a turn or two, however slow the server.
+    room = 1
+    tiny = await slow.build(conv, new_text=question, new_message_id=mid, budget=BUDGET)
+    assert 0 < recalled(tiny) <= MIN_RECALL_TOKENS + headers

@@ -171,6 +171,13 @@ class LLMGate:
             return None
         return self.latency + self.uncached_tokens(messages) / self.prompt_rate
 
+    def tokens_in(self, seconds: float | None) -> int | None:
+        """Prompt tokens the server evaluates in ``seconds`` at the learned rate (None: the
+        rate is not known yet, or no limit)."""
+        if seconds is None or self.prompt_rate is None:
+            return None
+        return int(seconds * self.prompt_rate)
+
     def fit_tokens(self, messages: Sequence[ChatMessage], *, seconds: float) -> int | None:
         """Completion tokens that fit in ``seconds`` after evaluating ``messages``' uncached
         part; None while the rates are not known yet (or no limit: ``seconds`` is inf)."""

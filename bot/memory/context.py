@@ -46,7 +46,9 @@ The fold rule (what keeps the prefix stable):
   message (a complete match), only the ranked turns scoring at least ``RELATIVE_SCORE`` of it
   come (and their question/answer partners); a partial match casts the wide net, up to the
   budget. A turn already in the window, in a note in the window, or in a pinned fact is not
-  recalled again.
+  recalled again. On a slow server (``recall_room``: the learned prompt speed times
+  ``retrieval.recall_seconds``) everything recalled this turn, the older chapter included, is
+  also held to what the server reads in those seconds (never under ``MIN_RECALL_TOKENS``).
 
 Invariants:
 - The assembled prompt never exceeds the budget as counted by the injected counter (each
@@ -210,8 +212,12 @@ class ContextBuilder:
         recall: RecallMode = "notes",
         min_fold_messages: int = 6,
         wall: Callable[[], float] = time.time,
+        recall_room: Callable[[], int | None] = lambda: None,
     ) -> None:
         self._store = store
+        # Tokens a reply's recall may add (the server's learned prompt speed times
+        # ``retrieval.recall_seconds``); None: no limit but the budget.
+        self._recall_room = recall_room
         self._wall = wall  # the date ``{date}`` in the system prompt says
         self._retriever = retriever
         self._counter = counter
@@ -325,6 +331,8 @@ class ContextBuilder:
             fold = 0
         while fold < len(turns) and need(fold) > room:
             fold += 1  # no complete fold block yet and no room: drop the oldest turns (rare)
+        if pending_fold is None and not anchored and fold < len(turns):
+            pending_fold = self._squeezed(turns, costs, fold, room - max(costs[-2:]))
         window = turns[fold:]
         folded = anchored or fold > 0
         flat = [m for turn in window for m in turn]
@@ -384,6 +392,14 @@ class ContextBuilder:
         # (at least MIN_RECALL_TOKENS of turns, headers aside: a small budget still recalls)
         retrieve_budget = min(left - headers, max(recall_cap - headers, MIN_RECALL_TOKENS))
         spare = max(0, left - headers - retrieve_budget)
+        # What the server reads for recall this once is what the person waits for: on a slow
+        # server recall takes only what it evaluates in ``recall_seconds`` (at least a turn or
+        # two), the spare room last.
+        limit = self._recall_room()
+        if limit is not None:
+            limit = max(limit, MIN_RECALL_TOKENS)
+            retrieve_budget = min(retrieve_budget, limit)
+            spare = min(spare, max(0, limit - retrieve_budget))
         older = folded or base > conversation.reset_after  # anything older than the window
         if retrieve_budget > 0 and older:
             before = flat[0].id if flat else (new_message_id or 1 << 62)
@@ -438,7 +454,10 @@ class ContextBuilder:
             note = "\n\n".join(extras)
         # Budget still free after recall: the older session summary that best matches the
         # message (the system block's chapters stay as they are), this once, like the rest.
-        room = left - sum(b.tokens for b in tail if b.name.startswith("retrieved"))
+        recalled = sum(b.tokens for b in tail if b.name.startswith("retrieved"))
+        room = left - recalled
+        if limit is not None:
+            room = min(room, limit - recalled)
         if older and room >= MIN_RECALL_TOKENS:
             before = flat[0].id if flat else (new_message_id or 1 << 62)
             chapter = self._older_chapter(conversation, reads.sessions, new_text, before=before)
@@ -563,6 +582,25 @@ class ContextBuilder:
             notes = {i: note for i, note in notes.items() if i in kept}
         costs = self._costs(turns, notes, named)
         return turns, notes, fold_start(costs, cap=cap, min_turns=self._min_fold_turns), anchored
+
+    def _squeezed(
+        self, turns: Sequence[Sequence[StoredMessage]], costs: Sequence[int], fold: int, room: int
+    ) -> int | None:
+        """Where the window folds now because the next prompt will have less room than the
+        cap assumes (facts that arrived since the fold, a long message): ``room`` is what the
+        next window may take, one turn like the last ones aside. None when it fits. The fold
+        moves a block of the room's size, so its chapter is written after this answer, before
+        any turn has to leave the prompt uncovered."""
+        if sum(costs[fold:]) <= room:
+            return None
+        ahead = fold_start(
+            [*costs[fold:], room + 1], cap=max(1, room), min_turns=self._min_fold_turns
+        )
+        if ahead == 0:
+            return None  # not even one fold block (a small budget): the oldest turns drop
+        if fold + ahead < len(turns):
+            return turns[fold + ahead][0].id
+        return None
 
     def _costs(
         self, turns: Sequence[Sequence[StoredMessage]], notes: dict[int, str], named: bool
