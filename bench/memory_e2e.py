@@ -92,8 +92,8 @@ from bot.errors import LLMUnavailable
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM, ChatMessage, Completion
 from bot.llm.tokens import TokenCounter, make_counter
-from bot.memory.context import CHAPTER_HEADER
 from bot.memory.layers import LONGTERM_HEADER
+from bot.memory.older_chapter import CHAPTER_HEADER
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY_DOC = ROOT / "docs" / "memory.md"

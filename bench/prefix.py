@@ -80,7 +80,6 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, make_counter
 from bot.memory.chapter_text import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
 from bot.memory.context import (
-    CHAPTER_HEADER,
     FACTS_HEADER,
     MORE_HEADER,
     NEW_FACTS_HEADER,
@@ -89,6 +88,7 @@ from bot.memory.context import (
     ContextBuilder,
 )
 from bot.memory.layers import LONGTERM_HEADER, LayeredContext
+from bot.memory.older_chapter import CHAPTER_HEADER
 from bot.memory.summary import Summarizer
 from bot.transports.base import OnMessage
 from bot.transports.mesh_text import fit

@@ -239,7 +239,7 @@ def _overlap(a: float, b: float, c: float, d: float) -> float:
 async def play(
     server: Server, tail: LogTail, *, label: str, people: int, turns: int, gap: float,
     max_tokens: int, seed: int, context_tokens: int | None = None, minutes: float = 0.0,
-    recall_seconds: float | None = 2.0,
+    recall_seconds: float | None = 5.0,
 ) -> Result:  # fmt: skip
     names = NAMES[:people]
     scripts = {
@@ -433,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--recall-seconds",
         type=float,
-        default=2.0,
+        default=5.0,
         help="memory.retrieval.recall_seconds (0: null, recall bounded by the budget only)",
     )
     p.add_argument("--trace", type=Path, help="write each request's reuse and first change here")
@@ -484,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         + (f" --context-tokens {args.context_tokens}" if args.context_tokens else "")
         + (f" --minutes {args.minutes:g}" if args.minutes else "")
         + (f" --threads {args.threads}" if args.threads != 2 else "")
-        + (f" --recall-seconds {args.recall_seconds:g}" if args.recall_seconds != 2.0 else "")
+        + (f" --recall-seconds {args.recall_seconds:g}" if args.recall_seconds != 5.0 else "")
     )
     print(
         f"command: {command}; {time.strftime('%Y-%m-%d %H:%M')} UTC; load "

@@ -123,7 +123,7 @@ class RetrievalConfig(_Strict):
     # Seconds of prompt evaluation a reply's recall may cost on the server, at the speed the
     # bot measures (a Pi reads tens of tokens a second); null: recall is bounded by the budget
     # only.
-    recall_seconds: float | None = Field(2.0, gt=0, le=600)
+    recall_seconds: float | None = Field(5.0, gt=0, le=600)
 
 
 class SummaryConfig(_Strict):

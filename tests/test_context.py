@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -163,28 +164,40 @@ async def test_the_newest_chapter_over_its_share_is_cut_not_left_out(store: Sqli
     assert _prompt_tokens(ctx.messages) <= 500
 
 
-async def test_facts_that_grow_between_folds_never_push_turns_out_uncovered(
-    store: SqliteStore,
+@pytest.mark.parametrize("grows", ["facts", "notes"])
+async def test_what_grows_between_folds_never_pushes_turns_out_uncovered(
+    store: SqliteStore, grows: str
 ) -> None:
-    """A small budget (1,024, share 0.2) where facts arrive between folds (extracted at a
-    fold, or !remember): every turn that leaves the window is in a chapter of the next prompt
-    (the summarizer writes the chapter each prompt asks for before the next message). The
-    facts' room is what the window's share leaves, so they never make the window drop turns
-    that no chapter holds."""
+    """A small budget (1,024 or 800, share 0.2) where the prompt grows between folds by more
+    than its turns: facts that arrive (extracted at a fold, or !remember), or a recall note
+    that stays with its turn (a turn larger than the room the cap leaves spare). Every turn
+    that leaves the window is in a chapter of the next prompt (the summarizer writes the
+    chapter each prompt asks for before the next message): the fold comes a turn early
+    instead of the window dropping turns no chapter holds."""
     conv = await store.conversation(KEY)
     builder = _builder(store, share=0.2)
     before = None
     lost: list[int] = []
-    answer = "That depends on the weather and the hardware; test one change at a time. " * 2
+    budget = 1024 if grows == "facts" else 800
+    answer = "That depends on the weather and the hardware; test one change at a time. " * (
+        2 if grows == "facts" else 4
+    )
     for n in range(60):
         text = f"Question {n}: how should I set up node {n} on the ridge this week?"
+        if grows == "notes":  # details first, then questions that recall them
+            k = n % 8
+            text = (
+                f"My mast number {k} is called Kestrel{k} and stands on hill {k}."
+                if n < 8
+                else f"Where does the mast Kestrel{k} stand, on which hill?"
+            )
         mid = await store.add_message(conv.id, role="user", author="alice", text=text,
                                       tokens=COUNTER.count(text), status="pending")  # fmt: skip
-        if n % 2 == 1:  # a fact every few turns, the newest riding in the final message
+        if grows == "facts" and n % 2 == 1:  # a fact every other turn, riding in the final message
             fact = f"Alice keeps node {n} on the ridge powered by a 20 W solar panel."
             await store.add_fact(conv.id, text=fact, tokens=COUNTER.count(fact))
-        ctx = await builder.build(conv, new_text=text, new_message_id=mid, budget=1024)
-        assert _prompt_tokens(ctx.messages) <= 1024
+        ctx = await builder.build(conv, new_text=text, new_message_id=mid, budget=budget)
+        assert _prompt_tokens(ctx.messages) <= budget
         if before is not None:
             gone = {m.id for m in before.window} - {m.id for m in ctx.window}
             lost += [

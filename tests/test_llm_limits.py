@@ -498,7 +498,7 @@ async def test_status_shows_the_prompt_speed_and_the_recall_it_allows(
         rate = h.app.gate.prompt_rate
         assert rate is not None
         limits = (await h.app.monitor.collect()).llm_limits
-        room = h.app.gate.tokens_in(2.0)
+        room = h.app.gate.tokens_in(5.0)  # the default recall_seconds
         assert f"reads {rate:.0f} prompt tokens/s (a reply's recall is held to {room} tokens)" in (
             limits
         )

@@ -13,8 +13,9 @@ import pytest
 
 from bot.llm.port import ChatMessage
 from bot.llm.tokens import MESSAGE_OVERHEAD
-from bot.memory.context import CHAPTER_HEADER, MORE_HEADER, RETRIEVED_HEADER
+from bot.memory.context import MORE_HEADER, RETRIEVED_HEADER
 from bot.memory.layers import LayeredContext
+from bot.memory.older_chapter import CHAPTER_HEADER
 from bot.memory.port import MemoryStore
 from bot.memory.records import SessionSpan
 from tests.test_recall_notes import (

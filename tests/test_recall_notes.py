@@ -12,7 +12,6 @@ from bot.domain import ConversationKey
 from bot.llm.port import ChatMessage
 from bot.llm.tokens import MESSAGE_OVERHEAD, make_counter
 from bot.memory.context import (
-    CHAPTER_HEADER,
     MIN_RECALL_TOKENS,
     MORE_HEADER,
     NOTE_SHARE,
@@ -22,6 +21,7 @@ from bot.memory.context import (
     recall_weight,
 )
 from bot.memory.layers import LayeredContext
+from bot.memory.older_chapter import CHAPTER_HEADER
 from bot.memory.port import MemoryStore
 from bot.memory.retrieval import Retriever
 from bot.memory.window import day_line

