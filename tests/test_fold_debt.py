@@ -326,3 +326,30 @@ async def test_a_fold_still_running_when_its_turn_stops_waiting_is_stopped_and_f
     finally:
         await llm.close()
         await fake.stop()
+
+
+async def test_messages_back_to_back_never_wait_for_a_slot_kept_for_a_debt_that_wrote_nothing(
+    tmp_path: Path,
+) -> None:
+    """A person (or a pasted file) writing at once after each answer at a small budget: every
+    few turns a reply keeps the slot for its debt fold. A debt that takes no model call (too
+    few messages to write, the chapter from the person's own lines, an error) lets the slot go
+    at once: before, the next reply waited the whole ``HOLD_SECONDS`` (2 s) four times in 26
+    turns."""
+    fake = FakeLLM()
+    await fake.start()
+    fake.reply = "Noted, that is a good plan for the garden this year."
+    h = await start_harness(
+        tmp_path, fake, extra=UNLIMITED, transport=FakeTransport(context_tokens=300)
+    )
+    try:
+        await h.say("I planted tomatoes in April")
+        for i in range(25):
+            await h.say(f"unrelated chat number {i}")
+        await h.app.summarizer.wait_quiet()
+        assert h.app.summarizer.stats.completed >= 3  # folds came due and were written
+        assert h.app.gate.stats.debt_calls + h.app.summarizer.stats.extractive >= 1
+        assert h.app.gate.stats.holds_expired == 0
+    finally:
+        await h.app.close()
+        await fake.stop()

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import math
 import time
 from collections import deque
@@ -59,6 +60,7 @@ MIN_MEASURED_SECONDS = 0.05
 IDLE_FACTOR = 2.0
 IDLE_AFTER = 5.0
 
+log = logging.getLogger(__name__)
 HOLD_SECONDS = 2.0  # real seconds a slot kept for a debt waits for it before it is let go
 
 Lane = Literal["foreground", "debt", "background"]
@@ -87,6 +89,7 @@ class GateStats:
     background_completed: int = 0
     debt_calls: int = 0
     preempted: int = 0
+    holds_expired: int = 0  # slots kept for a debt that never called, let go after HOLD_SECONDS
     # Per reply: seconds it waited at the gate while background or debt work held the slot.
     reply_waits: list[float] = field(default_factory=list)
 
@@ -320,6 +323,9 @@ class LLMGate:
 
         def let_go() -> None:
             if self._held and self._hold_id == hold_id:
+                log.debug("a slot kept for a debt fold was let go: none came in %.0f s",
+                          HOLD_SECONDS)  # fmt: skip
+                self.stats.holds_expired += 1
                 self._held = False
                 self._running -= 1
 

@@ -164,6 +164,7 @@ class Summarizer:
         self._clock = clock
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._retry_at: dict[int, float] = {}
+        self._holding: int | None = None  # whose reply kept a slot for its debt (the gate's)
         self._closed = False
 
     def maybe_schedule(
@@ -185,7 +186,7 @@ class Summarizer:
             return False
         if window_start_id - 1 <= self._written.get(cid, 0):
             self._due.pop(cid, None)  # built before its chapter was saved: nothing to write
-            self._let_go()
+            self._let_go(cid)
             return False
         point, turns = self._due.get(cid, (window_start_id, 0))
         if point != window_start_id:
@@ -197,11 +198,11 @@ class Summarizer:
         running = self._tasks.get(cid)
         if running is not None:
             if not (debt and self._lanes.get(cid) == "background"):
-                self._let_go()
+                self._let_go(cid)
                 return False
             running.cancel()  # still waiting for room in the background: it is a debt now
         if self._retry_at.get(cid, 0.0) > self._clock():
-            self._let_go()
+            self._let_go(cid)
             return False
         lane = "debt" if debt else "background"
         task = asyncio.create_task(self._guarded(conversation, window_start_id, lane, running))
@@ -216,9 +217,11 @@ class Summarizer:
         task.add_done_callback(done)
         return True
 
-    def _let_go(self) -> None:
-        """No debt follows: a slot kept for one (``before_reply``) is let go at once."""
-        if self._gate is not None:
+    def _let_go(self, conversation_id: int) -> None:
+        """No debt call follows for this conversation: the slot its reply kept for one
+        (``before_reply``) is let go at once (not one another conversation's reply kept)."""
+        if self._gate is not None and self._holding == conversation_id:
+            self._holding = None
             self._gate.drop_hold()
 
     def before_reply(self, conversation_id: int, window_start_id: int | None) -> None:
@@ -234,6 +237,7 @@ class Summarizer:
         if point != window_start_id:
             turns = 0
         if turns + 1 > DEBT_TURNS and conversation_id not in self._tasks:
+            self._holding = conversation_id  # the gate keeps one slot at most: the newest
             hold_for_debt()
 
     async def settle(self, conversation_id: int) -> float:
@@ -305,6 +309,10 @@ class Summarizer:
                 return
             self._retry_at[conversation.id] = self._clock() + self._config.retry_seconds
             log.exception("summary for conversation %d failed", conversation.id)
+        finally:
+            # A debt that wrote nothing (too few messages, another gateway's claim, an
+            # error) or wrote without the model never took the slot its reply kept.
+            self._let_go(conversation.id)
 
     async def refresh(
         self, conversation: Conversation, *, window_start_id: int, lane: str = "background"
@@ -347,7 +355,7 @@ class Summarizer:
     def _no_call(self, conversation_id: int, pending: list[StoredMessage]) -> str:
         """A debt with no room for the model: the chapter is the person's own lines (nothing
         waits for it; the slot its reply kept is let go)."""
-        self._let_go()
+        self._let_go(conversation_id)
         self.stats.extractive += 1
         log.info("conversation %d: no room for the model at this fold; chapter kept from "
                  "the person's own lines", conversation_id)  # fmt: skip
