@@ -25,7 +25,15 @@ from bot.memory.port import MemoryStore
 from tests import pg_server
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_radio import FakeTcpRadio
-from tests.test_crash_harness import KILLS, _Backend, _Bot, _connected, _until, backend
+from tests.test_crash_harness import (
+    KILLS,
+    _Backend,
+    _Bot,
+    _connected,
+    _crash_config,
+    _until,
+    backend,
+)
 
 __all__ = ["backend"]  # the fixture, shared with tests/test_crash_harness.py
 
@@ -44,13 +52,7 @@ async def test_each_held_command_runs_once_across_kills(
     seed = int(os.environ.get("CRASH_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     radio = FakeTcpRadio()
-    config = tmp_path / "meshsage.yaml"
-    config.write_text(
-        "bot: {rate_limit: {messages: 100, per_seconds: 60}, queue_limit: 50}\n"
-        f"meshtastic: {{connection: tcp, host: 127.0.0.1, port: {radio.port}, "
-        "spacing_seconds: 2.6, cooldown: 0, stale_after: 0, reconnect_initial: 0.2, "
-        "busy_threshold: 90, duty_cycle: 100}\n" + backend.yaml()
-    )
+    config = _crash_config(tmp_path, radio, backend)
     bot = _Bot(config, backend.env(tmp_path, fake_llm), tmp_path)
     what = f"kill -9 during commands on {backend.name}, seed {seed}"
     total = len(FACTS) * len(PEOPLE)

@@ -391,6 +391,19 @@ async def _more_on_air(radio: FakeTcpRadio, n: int) -> bool:
     return len(radio.on_air) > n
 
 
+def _crash_config(tmp_path: Path, radio: FakeTcpRadio, backend: _Backend) -> Path:
+    """The bot's config for a run against ``radio``: limits high enough that pacing, not the
+    rate limit, decides what is on air when the process dies."""
+    config = tmp_path / "meshsage.yaml"
+    config.write_text(
+        "bot: {rate_limit: {messages: 100, per_seconds: 60}, queue_limit: 50}\n"
+        f"meshtastic: {{connection: tcp, host: 127.0.0.1, port: {radio.port}, "
+        "spacing_seconds: 2.6, cooldown: 0, stale_after: 0, reconnect_initial: 0.2, "
+        "busy_threshold: 90, duty_cycle: 100}\n" + backend.yaml()
+    )
+    return config
+
+
 @pytest.mark.parametrize("disruption", ["kill -9", "SIGTERM", "link loss"])
 async def test_no_answer_shown_twice_or_lost(
     disruption: str, backend: _Backend, tmp_path: Path, fake_llm: FakeLLM
@@ -399,13 +412,7 @@ async def test_no_answer_shown_twice_or_lost(
     rng = random.Random(seed)
     fake_llm.reply_fn = _answer
     radio = FakeTcpRadio()
-    config = tmp_path / "meshsage.yaml"
-    config.write_text(
-        "bot: {rate_limit: {messages: 100, per_seconds: 60}, queue_limit: 50}\n"
-        f"meshtastic: {{connection: tcp, host: 127.0.0.1, port: {radio.port}, "
-        "spacing_seconds: 2.6, cooldown: 0, stale_after: 0, reconnect_initial: 0.2, "
-        "busy_threshold: 90, duty_cycle: 100}\n" + backend.yaml()
-    )
+    config = _crash_config(tmp_path, radio, backend)
     bot = _Bot(config, backend.env(tmp_path, fake_llm), tmp_path)
     what = f"{disruption} on {backend.name}, seed {seed}"
     rounds = {"kill -9": KILLS, "SIGTERM": TERMS, "link loss": DROPS}[disruption]

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from bot.app import App, build
-from bot.config import MeshtasticConfig, load_config
+from bot.config import Config, MeshtasticConfig, load_config
 from bot.domain import DM_SPACE, ConversationKey
 from bot.errors import MeshsageError
 from bot.memory.store import SqliteStore, StoredMessage
@@ -99,6 +99,19 @@ async def running(
         yield Rig(app, fake_discord, llm)
     finally:
         await app.close()
+
+
+async def started_caught_up(config: Config, fake_discord: FakeDiscord) -> App:
+    """A started app on the loopback Discord, once it is ready and has caught up with what
+    was said while it was down (a restart)."""
+    fake_discord.ready.clear()
+    app = await build(config, env={"DISCORD_TOKEN": TOKEN})
+    await app.start()
+    await asyncio.wait_for(fake_discord.ready.wait(), 30)
+    [transport] = app.transports
+    await asyncio.wait_for(transport.caught_up.wait(), 30)  # type: ignore[attr-defined]
+    await app.responder.wait_idle()
+    return app
 
 
 async def test_dm_content_never_reaches_a_channel_reply(
@@ -401,16 +414,7 @@ async def test_messages_sent_while_stopped_are_answered_once_after_start(
         f"discord:\n  channels: [{CHANNEL_ID}]\n  stream_edit_seconds: 0.2\n",
     )
 
-    async def run_once() -> App:
-        app = await build(config, env={"DISCORD_TOKEN": TOKEN})
-        await app.start()
-        await asyncio.wait_for(fake_discord.ready.wait(), 30)
-        [transport] = app.transports
-        await asyncio.wait_for(transport.caught_up.wait(), 30)  # type: ignore[attr-defined]
-        await app.responder.wait_idle()
-        return app
-
-    app = await run_once()
+    app = await started_caught_up(config, fake_discord)
     try:
         before = len(fake_discord.sent)
         await fake_discord.say(fake_discord.dm_message("hello before"))
@@ -421,8 +425,7 @@ async def test_messages_sent_while_stopped_are_answered_once_after_start(
     fake_discord.post_offline(fake_discord.dm_message("sent while stopped"))
     fake_discord.post_offline(fake_discord.guild_message("also while stopped", mention_bot=True))
     for _ in range(2):  # a second start answers nothing again
-        fake_discord.ready.clear()
-        app = await run_once()
+        app = await started_caught_up(config, fake_discord)
         await app.close()
     answered = [s for s in fake_discord.sent if s.content == "Hello from fake"]
     assert len(answered) == 3

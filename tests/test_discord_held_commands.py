@@ -17,15 +17,16 @@ from pathlib import Path
 import discord
 import pytest
 
-from bot.app import App, build
+from bot.app import App
 from bot.domain import DM_SPACE, ConversationKey
 from bot.memory.store import SqliteStore
 from bot.responder import Responder, _Job
 from bot.transports import discord as transport_module
 from bot.transports.discord_catchup import SeenMarks
 from tests.conftest import make_config
-from tests.fakes.fake_discord import ALICE, CHANNEL_ID, TOKEN, FakeDiscord
+from tests.fakes.fake_discord import ALICE, CHANNEL_ID, FakeDiscord
 from tests.fakes.fake_llm import FakeLLM
+from tests.test_discord_app import started_caught_up
 
 
 def _quick_ready(intents: discord.Intents) -> discord.Client:
@@ -42,23 +43,13 @@ async def test_a_command_held_at_a_kill_runs_once_though_catch_up_reads_it_again
     monkeypatch.setattr(transport_module, "default_client", _quick_ready)
     config = make_config(tmp_path, fake_llm.base_url, f"discord:\n  channels: [{CHANNEL_ID}]\n")
 
-    async def run_once() -> App:
-        fake_discord.ready.clear()
-        app = await build(config, env={"DISCORD_TOKEN": TOKEN})
-        await app.start()
-        await asyncio.wait_for(fake_discord.ready.wait(), 30)
-        [transport] = app.transports
-        await asyncio.wait_for(transport.caught_up.wait(), 30)  # type: ignore[attr-defined]
-        await app.responder.wait_idle()
-        return app
-
     async def said(app: App, text: str) -> None:
         before = len(fake_discord.sent)
         await fake_discord.say(fake_discord.dm_message(text))
         await fake_discord.wait_sent(before + 1)
         await app.responder.wait_idle()
 
-    app = await run_once()
+    app = await started_caught_up(config, fake_discord)
     try:
         await said(app, "!remember my door code is 4521")
         await said(app, "!remember my boat is the Heron")
@@ -82,7 +73,7 @@ async def test_a_command_held_at_a_kill_runs_once_though_catch_up_reads_it_again
     finally:
         await app.close()
     for _ in range(2):  # the restart runs it once; a second start runs nothing
-        app = await run_once()
+        app = await started_caught_up(config, fake_discord)
         await asyncio.sleep(0.3)
         await app.responder.wait_idle()
         await app.close()
