@@ -164,15 +164,10 @@ class App:
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
 
     def _llm_limits(self) -> str:
-        """What the server holds (learned at start) and how fast it reads a prompt (learned
-        from the bot's own calls), for doctor-like lines in the status."""
-        parts = [self.server_limits.describe()] if self.server_limits is not None else []
-        rate = self.gate.prompt_rate
-        if rate is not None:
-            room = self.gate.tokens_in(self.config.memory.retrieval.recall_seconds)
-            held = f" (a reply's recall is held to {room} tokens)" if room is not None else ""
-            parts.append(f"reads {rate:.0f} prompt tokens/s{held}")
-        return "; ".join(parts)
+        """What the server holds (learned at start) and how fast it reads a prompt."""
+        limits = self.server_limits.describe() if self.server_limits is not None else ""
+        speed = self.gate.describe_speed(self.config.memory.retrieval.recall_seconds)
+        return "; ".join(part for part in (limits, speed) if part)
 
     async def status_now(self) -> Status:
         """A report as ``meshsage status`` reads it, collected now by the monitor (its file

@@ -181,6 +181,15 @@ class LLMGate:
             return None
         return int(seconds * self.prompt_rate)
 
+    def describe_speed(self, recall_seconds: float | None) -> str:
+        """The learned prompt speed and the recall room it gives, for the status ("" while
+        not known)."""
+        if self.prompt_rate is None:
+            return ""
+        room = self.tokens_in(recall_seconds)
+        held = f" (a reply's recall is held to {room} tokens)" if room is not None else ""
+        return f"reads {self.prompt_rate:.0f} prompt tokens/s{held}"
+
     def fit_tokens(self, messages: Sequence[ChatMessage], *, seconds: float) -> int | None:
         """Completion tokens that fit in ``seconds`` after evaluating ``messages``' uncached
         part; None while the rates are not known yet (or no limit: ``seconds`` is inf)."""
