@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,10 +19,12 @@ from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.transports.mesh_airtime import HOUR, lora_airtime
 from bot.transports.mesh_rules import node_id
 from bot.transports.mesh_strangers import Allowance, Standing, known_node, standing
+from bot.web.prom import exposition
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_radio import ALICE, GHOST_GIVE_UP, Later
 from tests.fakes.mesh_harness import Harness, hold_clock_while_busy, mesh_harness
+from tests.test_web_security import snapshot
 
 GHOSTS = [0xF0000001 + i for i in range(30)]
 FIRMWARE_RETRIES = 3
@@ -123,7 +126,25 @@ async def test_a_flood_of_forged_strangers_costs_at_most_their_share_of_the_hour
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING and
                     "unconfirmed senders" in r.getMessage()]  # fmt: skip
         assert len(warnings) == 1  # once per episode, not per refused reply
-        assert h.transport._strangers.refused == len(refused)
+        view = h.transport.mesh_view()  # the operator's view (web page, /metrics)
+        assert view.strangers_refused == len(refused) > 0
+        assert view.stranger_allowance == ALLOWANCE
+        assert 0 < view.stranger_airtime <= _on_air(h, GHOSTS) + 1e-6
+        snap = snapshot()
+        assert snap.mesh is not None
+        text = exposition(
+            dataclasses.replace(
+                snap,
+                mesh=dataclasses.replace(
+                    snap.mesh,
+                    **{
+                        "stranger_airtime": view.stranger_airtime,
+                        "strangers_refused": len(refused),
+                    },
+                ),
+            )
+        )
+        assert f"meshsage_mesh_strangers_refused_total {len(refused)}" in text
 
 
 async def test_notices_to_strangers_are_charged_too_and_never_spam() -> None:

@@ -586,6 +586,9 @@ class MeshtasticTransport(MeshOutbox):
             holds=dict(self._holds),
             outbox_waiting=len(self._jobs),
             nodes=tuple(nodes_seen(table, self._nodes, my_id=me)),
+            stranger_airtime=self._strangers.allowance.used(now),
+            stranger_allowance=self._strangers.allowance.seconds_per_hour,
+            strangers_refused=self._strangers.refused,
         )
 
 
