@@ -132,18 +132,8 @@ async def test_a_flood_of_forged_strangers_costs_at_most_their_share_of_the_hour
         assert 0 < view.stranger_airtime <= _on_air(h, GHOSTS) + 1e-6
         snap = snapshot()
         assert snap.mesh is not None
-        text = exposition(
-            dataclasses.replace(
-                snap,
-                mesh=dataclasses.replace(
-                    snap.mesh,
-                    **{
-                        "stranger_airtime": view.stranger_airtime,
-                        "strangers_refused": len(refused),
-                    },
-                ),
-            )
-        )
+        mesh = dataclasses.replace(snap.mesh, strangers_refused=len(refused))
+        text = exposition(dataclasses.replace(snap, mesh=mesh))
         assert f"meshsage_mesh_strangers_refused_total {len(refused)}" in text
 
 
