@@ -121,7 +121,7 @@ def table(results: list[Flood], *, label: str) -> str:
 async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--forged", type=int, nargs="+", default=[20, 30])
-    parser.add_argument("--label", default="this branch", help="the first column of the table")
+    parser.add_argument("--label", default="this code", help="the first column of the table")
     parser.add_argument(
         "--write-docs", action="store_true", help="update docs/benchmarks.md's table"
     )
