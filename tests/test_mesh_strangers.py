@@ -18,7 +18,14 @@ from bot.app import App, build
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.transports.mesh_airtime import HOUR, lora_airtime
 from bot.transports.mesh_rules import node_id
-from bot.transports.mesh_strangers import Allowance, Standing, known_node, standing
+from bot.transports.mesh_strangers import (
+    STRANGER_WAIT,
+    Allowance,
+    Standing,
+    known_node,
+    rank,
+    standing,
+)
 from bot.web.prom import exposition
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
@@ -162,18 +169,26 @@ async def test_known_people_are_served_before_strangers() -> None:
         assert order.index(ALICE) <= 1  # at most the one write already chosen goes first
 
 
-async def test_a_node_that_acked_is_confirmed_and_no_longer_charged() -> None:
+async def test_a_node_that_acked_is_confirmed_and_costs_the_allowance_nothing() -> None:
     newcomer = 0xC0FFEE01  # not in the node DB, but its radio exists and ACKs
     async with mesh_harness(spacing_seconds=3.0) as h:
         strangers = h.transport._strangers
-        await _reply_all(h, [newcomer], "Hello there.")
-        charged = strangers.allowance.used(h.clock.monotonic())
-        assert 0 < charged < 2.0  # its one write, no retransmissions: it ACKed
+        h.radio.routing = lambda p, attempt: Later("NONE", delay=10.0)
+        task = asyncio.ensure_future(_reply_all(h, [newcomer], "Hello there."))
+        await h.until(lambda: len(h.radio.sent_texts()) == 1, "the first write")
+        assert strangers.allowance.used(h.clock.monotonic()) > 0  # charged while unanswered
+        await task
+        assert strangers.allowance.used(h.clock.monotonic()) == 0  # the ACK forgave it
         assert strangers.acked(newcomer)
         h.radio.routing = lambda p, attempt: "MAX_RETRANSMIT" if attempt <= 1 else "NONE"
         [delivery] = await _reply_all(h, [newcomer], "Hello again.")
         assert delivery.status is DeliveryStatus.DELIVERED  # re-sent as for anyone known
-        assert strangers.allowance.used(h.clock.monotonic()) == charged
+        assert strangers.allowance.used(h.clock.monotonic()) == 0
+
+
+def test_a_strangers_reply_waits_behind_the_others_only_for_a_while() -> None:
+    assert rank(Standing.STRANGER, 0.0) > rank(Standing.KNOWN, 0.0) == 0
+    assert rank(Standing.STRANGER, STRANGER_WAIT) == rank(Standing.CONFIRMED, 0.0)
 
 
 async def test_refused_strangers_do_not_fill_the_queue() -> None:

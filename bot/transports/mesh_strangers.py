@@ -9,19 +9,23 @@ every packet, and per-person limits cost such a flood nothing. Invariants:
 - ``Standing``: ``CONFIRMED`` (the packet was authenticated, or the node ACKed a packet of the
   bot: a radio that exists and hears us), ``KNOWN`` (the radio holds its NodeInfo or public
   key, never confirmed), ``STRANGER`` (neither: the radio never heard who it is). The outbox
-  serves them in that order (stable within one standing) and decides the standing in ONE
-  place (``MeshOutbox._standing``).
+  decides the standing in ONE place (``MeshOutbox._standing``) and serves a stranger's reply
+  after everyone else's (``rank``) until it has waited ``STRANGER_WAIT``, then in its turn:
+  a burst of invented senders cannot delay a known person, and a real newcomer is not
+  starved by a busy hour.
 - A ``STRANGER`` gets ``stranger_retries`` re-sends (default 0: its first write only, with
   the firmware's own retransmissions), the others ``ack_retries``.
 - Every reply to an unconfirmed sender (``KNOWN`` or ``STRANGER``; notices too: a notice is
   airtime) is charged to one shared ``Allowance``: ``stranger_share`` percent of the hour's
-  duty-cycle airtime. A write is charged its time on air, and the firmware's retransmissions
-  are added when the write ends without an ACK (``MAX_RETRANSMIT``, no answer), as the
-  per-reply ``airtime_budget`` counts them. A reply (or re-send) the allowance cannot cover at
-  its worst (every write unanswered) is not sent: it ends FAILED, without a notice to its
-  sender (that would spend the airtime the flood is after). Confirmed people are never
-  charged, so a flood takes at most ``stranger_share`` of the bot's hour, plus the
-  retransmissions of the writes still waiting for their answer when it was reached.
+  duty-cycle airtime, counting the airtime spent on writes nobody confirmed. A write is
+  charged its time on air; the firmware's retransmissions are added when it ends without an
+  ACK (``MAX_RETRANSMIT``, no answer), as the per-reply ``airtime_budget`` counts them; an ACK
+  from its destination forgives the charge (the node exists: a real newcomer costs the
+  allowance nothing). A reply (or re-send) the allowance cannot cover at its worst (every
+  write unanswered) is not sent: it ends FAILED, without a notice to its sender (that would
+  spend the airtime the flood is after). Confirmed people are never charged, so a flood takes
+  at most ``stranger_share`` of the bot's hour, plus the retransmissions of the writes still
+  waiting for their answer when it was reached.
 - ``confirmed`` is bounded (``CONFIRMED_NODES``, least recently confirmed dropped first) and
   lives in memory: after a restart a person is confirmed again by their first ACK.
 """
@@ -39,6 +43,7 @@ log = logging.getLogger("bot.transport.meshtastic")
 
 HOUR = 3600.0
 CONFIRMED_NODES = 4096
+STRANGER_WAIT = 120.0  # a stranger's reply waits behind everyone else's at most this long
 
 
 class Standing(enum.IntEnum):
@@ -54,6 +59,12 @@ def standing(*, authenticated: bool, acked: bool, known: bool) -> Standing:
     if authenticated or acked:
         return Standing.CONFIRMED
     return Standing.KNOWN if known else Standing.STRANGER
+
+
+def rank(who: Standing, waited: float) -> int:
+    """The outbox's order: 0 first (everyone, and a stranger's reply that waited
+    ``STRANGER_WAIT``), then 1 (a stranger's younger reply); FIFO within each."""
+    return 1 if who is Standing.STRANGER and waited < STRANGER_WAIT else 0
 
 
 def known_node(table: Any, num: int) -> bool:
@@ -105,6 +116,12 @@ class Allowance:
         charge = self._charges.get(token)
         if charge is not None:
             self._charges[token] = (charge[0], charge[1] + seconds)
+
+    def forgive(self, token: int) -> None:
+        """The write ``token`` was confirmed: it costs the allowance nothing."""
+        charge = self._charges.get(token)
+        if charge is not None:
+            self._charges[token] = (charge[0], 0.0)
 
     def room(self, now: float) -> float:
         return max(0.0, self.seconds_per_hour - self.used(now))

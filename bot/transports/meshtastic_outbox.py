@@ -25,7 +25,7 @@ The sending model (docs/reliability.md and docs/meshtastic.md explain it for ope
   covers it at its worst (each re-sent part again 1 + firmware retransmissions), and each part
   is re-sent at most ``ack_retries`` times, after ``ack_backoff`` doubling per attempt.
 - Senders the bot cannot confirm (``mesh_strangers`` states the rule; ``_standing`` alone
-  decides who is confirmed): served after confirmed and known people, ``stranger_retries``
+  decides who is confirmed): served after the others (for ``STRANGER_WAIT``), ``stranger_retries``
   re-sends, one shared hourly allowance; a reply it cannot cover ends FAILED, no notice.
 - Broadcasts (channel replies) get no ACK, so they are written only on a link *known* to be up:
   a packet from the node within ``KNOWN_UP_SECONDS``, else a probe answered first.
@@ -76,7 +76,7 @@ from bot.config import MeshtasticConfig
 from bot.domain import Delivery, DeliveryStatus, Reply
 from bot.transports.mesh_airtime import RESOLUTION
 from bot.transports.mesh_rules import BROADCAST_NUM, Clock, Cooldown, node_num
-from bot.transports.mesh_strangers import Standing, Strangers, known_node, standing
+from bot.transports.mesh_strangers import Standing, Strangers, known_node, rank, standing
 from bot.transports.meshtastic_holds import FIRMWARE_RETRANSMISSIONS, MeshHolds, _Job, _Part
 from bot.transports.meshtastic_link import RadioInterface
 
@@ -148,10 +148,10 @@ class MeshOutbox(MeshHolds):
         if reason != "NONE":
             if reason == "MAX_RETRANSMIT":
                 job.cost += FIRMWARE_RETRANSMISSIONS
-            self._settle(job, part, acked=False)
+            self._settle(job, part, "lost" if reason == "MAX_RETRANSMIT" else "relayed")
             self._miss(job, part, reason)
         elif frm == job.dest:
-            self._settle(job, part, acked=True)
+            self._settle(job, part, "ack")
             self._acked(job, part)
         else:
             part.relayed = True  # implicit ACK: a neighbour rebroadcast it; keep waiting
@@ -206,7 +206,7 @@ class MeshOutbox(MeshHolds):
                     wake = min(wake, deadline)
                     continue
                 # (the part stays in ``_acks`` until its job ends: a late ACK still counts)
-                self._settle(job, part, acked=part.relayed)
+                self._settle(job, part, "relayed" if part.relayed else "lost")
                 if part.relayed:
                     part.state = "relayed"
                 else:
@@ -248,7 +248,7 @@ class MeshOutbox(MeshHolds):
                 self._maybe_finish(job)
             held, recheck = self._hold_state(now, urgent=False)
             wake = min(wake, recheck)
-            fresh = sorted((j for j in self._jobs if not j.started), key=self._standing)
+            fresh = sorted((j for j in self._jobs if not j.started), key=self._order)
             notices, wake = self._pick([j for j in fresh if j.urgent], now, held, wake)
             if notices is not None:
                 return notices
@@ -268,7 +268,7 @@ class MeshOutbox(MeshHolds):
     ) -> tuple[tuple[_Job, list[_Part]] | None, float]:
         """The first re-send due (oldest reply first), or None and when to look again."""
         budget = self._cfg.airtime_budget
-        for job in sorted(self._jobs, key=self._standing):
+        for job in sorted(self._jobs, key=self._order):
             missing = job.missing()
             if not missing or job.waiting():
                 continue
@@ -329,6 +329,9 @@ class MeshOutbox(MeshHolds):
         known = known_node(getattr(self._iface, "nodesByNum", None), num)
         return standing(authenticated=False, acked=self._strangers.acked(num), known=known)
 
+    def _order(self, job: _Job) -> int:
+        return rank(self._standing(job), self._clock.monotonic() - job.enqueued_at)
+
     def _affordable(self, job: _Job, parts: list[_Part], now: float) -> bool:
         """Whether the allowance for unconfirmed senders covers writing ``parts`` at their
         worst. A reply it cannot cover ends FAILED, with no notice (one would spend the
@@ -343,9 +346,13 @@ class MeshOutbox(MeshHolds):
         self._maybe_finish(job)
         return False
 
-    def _settle(self, job: _Job, part: _Part, *, acked: bool) -> None:
-        """The write of ``part`` ended: unanswered, the firmware retransmitted it."""
-        if part.charge and not acked:
+    def _settle(self, job: _Job, part: _Part, outcome: str) -> None:
+        """The write of ``part`` ended: ``"ack"`` from its destination (the charge is
+        forgiven), ``"relayed"`` or NAKed at once (its one write stays), ``"lost"`` (the
+        firmware retransmitted it unanswered)."""
+        if part.charge and outcome == "ack":
+            self._strangers.allowance.forgive(part.charge)
+        elif part.charge and outcome == "lost":
             cost = self._airtime(part) * FIRMWARE_RETRANSMISSIONS
             self._strangers.allowance.add(part.charge, cost)
         part.charge = 0
