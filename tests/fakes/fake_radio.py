@@ -6,7 +6,8 @@ against it: ``TCPInterface("127.0.0.1", portNumber=radio.port)`` (``FakeTcpRadio
 
 What it does:
 - frames are 0x94 0xC3 + 16-bit big-endian length + ToRadio/FromRadio protobuf;
-- answers ``want_config_id`` with my_info, node infos (itself and ``KNOWN``), lora config
+- answers ``want_config_id`` with my_info, node infos (itself and ``nodes``: ``KNOWN`` unless a
+  test adds more), lora config
   (hop_limit 3), a PRIMARY channel and a secondary one, then ``config_complete_id``;
 - acks every MeshPacket with a QueueStatus; ``report_tx_queue(0)`` announces a full TX queue
   (the library then blocks its next send forever); answers an admin metadata request (the probe);
@@ -172,6 +173,7 @@ class _Radio:
         )
         self.scheduled: list[tuple[int, int, Later]] = []  # (packet id, dest, answer) to schedule
         self.ghosts: set[int] = set()  # node ids no radio has (forged senders)
+        self.nodes: dict[int, tuple[str, str]] = dict(KNOWN)  # node DB: (long, short) names
         self.answer_probes = True
         self.repeat_ack: str | None = "destination"  # who ACKs a DM repeat (module docstring)
         self.frozen = False
@@ -246,7 +248,7 @@ class _Radio:
         fr = mesh_pb2.FromRadio()
         fr.my_info.my_node_num = MY_NUM
         self.send(fr)
-        for num, (long, short) in [(MY_NUM, ("Bot", "BOT")), *KNOWN.items()]:
+        for num, (long, short) in [(MY_NUM, ("Bot", "BOT")), *self.nodes.items()]:
             fr = mesh_pb2.FromRadio()
             fr.node_info.num = num
             fr.node_info.user.id = f"!{num:08x}"
