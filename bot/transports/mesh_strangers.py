@@ -39,15 +39,16 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+from bot.transports.mesh_airtime import HOUR
+
 log = logging.getLogger("bot.transport.meshtastic")
 
-HOUR = 3600.0
 CONFIRMED_NODES = 4096
 STRANGER_WAIT = 120.0  # a stranger's reply waits behind everyone else's at most this long
 
 
 class Standing(enum.IntEnum):
-    """How far the bot trusts a sender; lower is served first."""
+    """How far the bot trusts a sender (the outbox's order is ``rank``)."""
 
     CONFIRMED = 0
     KNOWN = 1
