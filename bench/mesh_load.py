@@ -9,6 +9,8 @@ the fake LLM on 127.0.0.1) with the real Meshtastic transport and the unmodified
 radio stamps every packet with that clock, so airtime and latency are exact and a 45 s ACK
 timeout costs milliseconds. Scenarios: ``people`` nodes send one DM each at the same moment;
 ACKs instant or delayed (20 s, as on a multi-hop mesh); optionally one node that never ACKs.
+Every person's node is in the radio's node DB (real radios announce their NodeInfo); senders
+the radio never heard of are ``bench.forged_flood``'s subject.
 
 Each scenario runs with the airtime limit (the radio reports device metrics, so the bot keeps
 its channel share under ``busy_threshold``, 20% by default) and, for comparison, without it (a
@@ -116,7 +118,13 @@ async def scenario(
 
     with tempfile.TemporaryDirectory() as tmp:
         async with (
-            mesh_harness(start=False, spacing_seconds=SPACING, cooldown=0.0, metrics=limit) as h,
+            mesh_harness(
+                start=False,
+                spacing_seconds=SPACING,
+                cooldown=0.0,
+                metrics=limit,
+                known=tuple(nodes),
+            ) as h,
             _app(Path(tmp), llm, h) as app,
         ):
             h.radio.routing = routing
@@ -293,7 +301,13 @@ async def soak(s: Soak, minutes: float, llm: FakeLLM) -> Fates:
     world: list[tuple[float, str]] = []  # (time, "" or why nothing may go on air then)
     with tempfile.TemporaryDirectory() as tmp:
         async with (
-            mesh_harness(start=False, spacing_seconds=SPACING, cooldown=0.0, metrics_every=60) as h,
+            mesh_harness(
+                start=False,
+                spacing_seconds=SPACING,
+                cooldown=0.0,
+                metrics_every=60,
+                known=tuple(nodes),  # people's radios announced their NodeInfo
+            ) as h,
             _app(Path(tmp), llm, h) as app,
             every(h.clock, 10.0, app.responder.redeliver),
         ):

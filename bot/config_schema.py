@@ -260,6 +260,11 @@ class MeshtasticConfig(TransportBase):
         "SHORT_SLOW",
     ] = "LONG_FAST"  # fmt: skip
     outbox_limit: int = Field(20, ge=1, le=1000)  # replies not started; more get "busy"
+    # Senders the bot cannot confirm (never ACKed, not authenticated; docs/meshtastic.md):
+    # replies to them share this % of the duty cycle's hourly airtime, and a node the radio
+    # never heard a NodeInfo or key from gets this many re-sends.
+    stranger_share: float = Field(25.0, ge=0, le=100)
+    stranger_retries: int = Field(0, ge=0, le=10)
     queue_wait: float = Field(600.0, gt=0, le=86_400)  # then the reply waits in the database
 
     @field_validator("channels")

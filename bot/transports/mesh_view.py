@@ -47,6 +47,11 @@ class MeshView:
     holds: Mapping[str, int]  # holds started since start, by cause ("channel", "duty")
     outbox_waiting: int
     nodes: tuple[NodeSeen, ...] = field(default_factory=tuple)
+    # replies to senders the bot cannot confirm (mesh_strangers): seconds on air of the last
+    # hour against their allowance, and how many were not sent since start
+    stranger_airtime: float = 0.0
+    stranger_allowance: float = 0.0
+    strangers_refused: int = 0
 
 
 class NodeBook:

@@ -47,7 +47,7 @@ from bot.domain import (
 )
 from bot.errors import TransportError
 from bot.transports.base import OnMessage, Transport, TransportHealth
-from bot.transports.mesh_airtime import Pacer
+from bot.transports.mesh_airtime import HOUR, Pacer
 from bot.transports.mesh_rules import (
     BROADCAST_NUM,
     Accepted,
@@ -62,6 +62,7 @@ from bot.transports.mesh_rules import (
     node_num,
     space_channel,
 )
+from bot.transports.mesh_strangers import Allowance, Strangers
 from bot.transports.mesh_text import (
     MARKER,
     fit,
@@ -168,6 +169,12 @@ class MeshtasticTransport(MeshOutbox):
             channel_limit=config.busy_threshold,
             duty_cycle=config.duty_cycle,
             poll=config.busy_poll,
+        )
+        self._strangers = Strangers(
+            allowance=Allowance(
+                seconds_per_hour=HOUR * config.duty_cycle / 100 * config.stranger_share / 100
+            ),
+            stranger_retries=config.stranger_retries,
         )
         self._metrics_said = False  # "no device metrics" is logged once
         self._held = ""  # why the outbox is holding replies now ("" when it is not)
@@ -579,6 +586,9 @@ class MeshtasticTransport(MeshOutbox):
             holds=dict(self._holds),
             outbox_waiting=len(self._jobs),
             nodes=tuple(nodes_seen(table, self._nodes, my_id=me)),
+            stranger_airtime=self._strangers.allowance.used(now),
+            stranger_allowance=self._strangers.allowance.seconds_per_hour,
+            strangers_refused=self._strangers.refused,
         )
 
 

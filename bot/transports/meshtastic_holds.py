@@ -6,7 +6,9 @@ states the sending model) together with the link (``meshtastic_link.py``).
 Invariants:
 - ``busy()`` names the true cause first: a hold of answers by the pacer (``"duty"``: the hourly
   airtime is spent; ``"channel"``: the others fill the channel) before a full queue
-  (``outbox_limit`` replies not started, one-packet notices not counted), with an estimate and
+  (``outbox_limit`` replies not started, one-packet notices not counted, nor replies to
+  unconfirmed senders the allowance no longer covers: those end without airtime), with an
+  estimate and
   whether a one-packet notice may still go out (the pacer's rule for urgent packets).
 - A job held by the pacer keeps the time it was first held (``_Job.held_since``); it ends
   ``PENDING`` ``busy_max_wait`` later, wherever it waits (queued or between its parts).
@@ -28,11 +30,15 @@ from bot.domain import Delivery, DeliveryStatus, Reply, ReplyKind
 from bot.transports.base import Busy
 from bot.transports.mesh_airtime import Metrics, Pacer, lora_airtime
 from bot.transports.mesh_rules import Clock
+from bot.transports.mesh_strangers import Standing, Strangers
 from bot.transports.meshtastic_link import MeshLink
 
 log = logging.getLogger("bot.transport.meshtastic")
 
 NOTICE_BYTES = 80  # a typical one-packet notice, for "can a notice still go out?"
+# The firmware retransmits a want_ack packet that gets no ACK up to 3 times (NUM_RELIABLE_RETX
+# in the firmware's ReliableRouter) before it reports MAX_RETRANSMIT.
+FIRMWARE_RETRANSMISSIONS = 3
 
 
 @dataclass
@@ -48,6 +54,7 @@ class _Part:
     packet_id: int | None = None  # planned before the first write; every send repeats it
     repeat: bool = False  # the id was planned by an earlier run: it may be on air already
     writing: bool = False  # from the library write until the part is recorded (see _send_burst)
+    charge: int = 0  # the stranger allowance's token for its last write (0: none pending)
 
 
 @dataclass
@@ -97,9 +104,33 @@ class MeshHolds(MeshLink):
     _stale_said: bool
     _holds: Counter[str]  # holds started, by cause (the operator's view)
     _holding: str  # why a part is held right now ("" when none is)
+    _strangers: Strangers
 
     def _finish(self, job: _Job, delivery: Delivery) -> None:
         raise NotImplementedError
+
+    def _standing(self, job: _Job) -> Standing:
+        raise NotImplementedError
+
+    def _worst(self, job: _Job, part: _Part) -> float:
+        """Seconds on air one write of ``part`` costs at its worst (never ACKed)."""
+        return self._airtime(part) * (1 + (FIRMWARE_RETRANSMISSIONS if job.want_ack else 0))
+
+    def _queued(self, now: float) -> list[_Job]:
+        """Replies not started that will go on air (``busy``): those to unconfirmed senders
+        only as far as the allowance still covers them (the rest end without airtime)."""
+        room = self._strangers.allowance.room(now)
+        out = []
+        for job in self._jobs:
+            if job.started or job.urgent:
+                continue
+            if self._standing(job) is not Standing.CONFIRMED:
+                worst = sum(self._worst(job, p) for p in job.parts if p.state == "todo")
+                if worst > room:
+                    continue
+                room -= worst
+            out.append(job)
+        return out
 
     # --- capacity ------------------------------------------------------------------------------
     def busy(self) -> Busy | None:
@@ -119,7 +150,7 @@ class MeshHolds(MeshLink):
                 seconds=hold.seconds,
                 notice_now=notice is None,
             )
-        waiting = [j for j in self._jobs if not j.started and not j.urgent]
+        waiting = self._queued(now)
         if len(waiting) < self._cfg.outbox_limit:
             return None
         packets = sum(len(j.parts) for j in waiting)

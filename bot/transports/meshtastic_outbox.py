@@ -24,6 +24,9 @@ The sending model (docs/reliability.md and docs/meshtastic.md explain it for ope
   firmware's own ``FIRMWARE_RETRANSMISSIONS``. A re-send burst goes out only if the budget
   covers it at its worst (each re-sent part again 1 + firmware retransmissions), and each part
   is re-sent at most ``ack_retries`` times, after ``ack_backoff`` doubling per attempt.
+- Senders the bot cannot confirm (``mesh_strangers`` states the rule; ``_standing`` alone
+  decides who is confirmed): served after the others (for ``STRANGER_WAIT``), ``stranger_retries``
+  re-sends, one shared hourly allowance; a reply it cannot cover ends FAILED, no notice.
 - Broadcasts (channel replies) get no ACK, so they are written only on a link *known* to be up:
   a packet from the node within ``KNOWN_UP_SECONDS``, else a probe answered first.
 - Every part carries a packet id chosen here and stored with the part (``reply.plan``)
@@ -72,15 +75,13 @@ from typing import Any
 from bot.config import MeshtasticConfig
 from bot.domain import Delivery, DeliveryStatus, Reply
 from bot.transports.mesh_airtime import RESOLUTION
-from bot.transports.mesh_rules import Clock, Cooldown
-from bot.transports.meshtastic_holds import MeshHolds, _Job, _Part
+from bot.transports.mesh_rules import BROADCAST_NUM, Clock, Cooldown, node_num
+from bot.transports.mesh_strangers import Standing, Strangers, known_node, rank, standing
+from bot.transports.meshtastic_holds import FIRMWARE_RETRANSMISSIONS, MeshHolds, _Job, _Part
 from bot.transports.meshtastic_link import RadioInterface
 
 log = logging.getLogger("bot.transport.meshtastic")
 
-# The firmware retransmits a want_ack packet that gets no ACK up to 3 times (NUM_RELIABLE_RETX
-# in the firmware's ReliableRouter) before it reports MAX_RETRANSMIT.
-FIRMWARE_RETRANSMISSIONS = 3
 RESENDABLE = frozenset(
     {
         "MAX_RETRANSMIT",
@@ -115,6 +116,7 @@ class MeshOutbox(MeshHolds):
     _confirmed: OrderedDict[tuple[int, int], None]  # (outbox id, part) ACKed in this run
     _last_tx: float
     _reply_cooldown: Cooldown
+    _strangers: Strangers
 
     # --- ACK bookkeeping (loop thread) ------------------------------------------------------
     def _routing_in(self, packet: Mapping[str, Any], decoded: Mapping[str, Any]) -> None:
@@ -146,8 +148,10 @@ class MeshOutbox(MeshHolds):
         if reason != "NONE":
             if reason == "MAX_RETRANSMIT":
                 job.cost += FIRMWARE_RETRANSMISSIONS
+            self._settle(job, part, "lost" if reason == "MAX_RETRANSMIT" else "relayed")
             self._miss(job, part, reason)
         elif frm == job.dest:
+            self._settle(job, part, "ack")
             self._acked(job, part)
         else:
             part.relayed = True  # implicit ACK: a neighbour rebroadcast it; keep waiting
@@ -156,6 +160,8 @@ class MeshOutbox(MeshHolds):
 
     def _acked(self, job: _Job, part: _Part) -> None:
         part.state = "ack"
+        if job.dest != BROADCAST_NUM:
+            self._strangers.confirm(job.dest)  # a radio that exists and hears the bot
         if job.reply.outbox_id is not None:  # a later send of the row skips it
             self._confirmed[(job.reply.outbox_id, part.index)] = None
             while len(self._confirmed) > CONFIRMED_KEPT:
@@ -177,7 +183,11 @@ class MeshOutbox(MeshHolds):
             log.info("part %d to %s failed: %s (a re-send cannot fix it)", part.index + 1,
                      job.person, reason)  # fmt: skip
             return
-        part.state = "missing" if part.sends <= self._cfg.ack_retries else "failed"
+        retries = self._strangers.retries(self._standing(job), self._cfg.ack_retries)
+        part.state = "missing" if part.sends <= retries else "failed"
+        if part.state == "failed" and retries < self._cfg.ack_retries:
+            part.reason = (f"{reason}; no re-send to a node the radio never heard a NodeInfo "
+                           "or key from (stranger_retries)")  # fmt: skip
         if part.state == "failed" and part.sends > 1 and reason in UNCONFIRMED_REPEAT:
             part.reason = (f"{reason} after {part.sends} sends with one packet id (it may "
                            "have arrived: firmware before 2.6 does not ACK a repeat)")  # fmt: skip
@@ -196,6 +206,7 @@ class MeshOutbox(MeshHolds):
                     wake = min(wake, deadline)
                     continue
                 # (the part stays in ``_acks`` until its job ends: a late ACK still counts)
+                self._settle(job, part, "relayed" if part.relayed else "lost")
                 if part.relayed:
                     part.state = "relayed"
                 else:
@@ -237,7 +248,7 @@ class MeshOutbox(MeshHolds):
                 self._maybe_finish(job)
             held, recheck = self._hold_state(now, urgent=False)
             wake = min(wake, recheck)
-            fresh = [j for j in self._jobs if not j.started]
+            fresh = sorted((j for j in self._jobs if not j.started), key=self._order)
             notices, wake = self._pick([j for j in fresh if j.urgent], now, held, wake)
             if notices is not None:
                 return notices
@@ -257,7 +268,7 @@ class MeshOutbox(MeshHolds):
     ) -> tuple[tuple[_Job, list[_Part]] | None, float]:
         """The first re-send due (oldest reply first), or None and when to look again."""
         budget = self._cfg.airtime_budget
-        for job in list(self._jobs):
+        for job in sorted(self._jobs, key=self._order):
             missing = job.missing()
             if not missing or job.waiting():
                 continue
@@ -273,6 +284,8 @@ class MeshOutbox(MeshHolds):
             if job.resend_at <= now:
                 if (slot := self._slot(job, missing[0], now)) > 0:
                     wake = min(wake, now + slot)
+                    continue
+                if not self._affordable(job, missing, now):
                     continue
                 return (job, missing), wake
             wake = min(wake, job.resend_at)
@@ -299,9 +312,50 @@ class MeshOutbox(MeshHolds):
                 wake = min(wake, now + slot)  # chosen when its slot opens: a notice
                 continue  # arriving meanwhile goes first
             if at <= now:
+                if not self._affordable(job, todo, now):
+                    continue
                 return (job, todo), wake
             wake = min(wake, at)
         return None, wake
+
+    # --- senders the bot cannot confirm (mesh_strangers) ----------------------------------------
+    def _standing(self, job: _Job) -> Standing:
+        """How far the bot trusts the sender ``job`` answers: the ONE place that decides it
+        (issue 44's PKI check joins here as ``authenticated=``). Relayed bridge text is no
+        mesh sender's."""
+        if job.relay:
+            return Standing.CONFIRMED
+        num = node_num(job.person)
+        known = known_node(getattr(self._iface, "nodesByNum", None), num)
+        return standing(authenticated=False, acked=self._strangers.acked(num), known=known)
+
+    def _order(self, job: _Job) -> int:
+        return rank(self._standing(job), self._clock.monotonic() - job.enqueued_at)
+
+    def _affordable(self, job: _Job, parts: list[_Part], now: float) -> bool:
+        """Whether the allowance for unconfirmed senders covers writing ``parts`` at their
+        worst. A reply it cannot cover ends FAILED, with no notice (one would spend the
+        airtime a flood of invented senders is after); the operator is told once."""
+        if self._standing(job) is Standing.CONFIRMED or self._strangers.admit(
+            now, sum(self._worst(job, p) for p in parts)
+        ):
+            return True
+        for part in parts:
+            part.state = "failed"
+            part.reason = "not sent: the hour's airtime for unconfirmed senders is spent"
+        self._maybe_finish(job)
+        return False
+
+    def _settle(self, job: _Job, part: _Part, outcome: str) -> None:
+        """The write of ``part`` ended: ``"ack"`` from its destination (the charge is
+        forgiven), ``"relayed"`` or NAKed at once (its one write stays), ``"lost"`` (the
+        firmware retransmitted it unanswered)."""
+        if part.charge and outcome == "ack":
+            self._strangers.allowance.forgive(part.charge)
+        elif part.charge and outcome == "lost":
+            cost = self._airtime(part) * FIRMWARE_RETRANSMISSIONS
+            self._strangers.allowance.add(part.charge, cost)
+        part.charge = 0
 
     def _slot(self, job: _Job, part: _Part, now: float) -> float:
         """Seconds until spacing (or the channel rule's slower pace) lets ``part`` go; holds
@@ -363,6 +417,8 @@ class MeshOutbox(MeshHolds):
         part.pid, part.sent_at = pid, self._clock.monotonic()
         part.sends += 1
         job.cost += 1
+        if self._standing(job) is not Standing.CONFIRMED:
+            part.charge = self._strangers.allowance.charge(part.sent_at, self._airtime(part))
         job.ids.append(str(pid))
         if job.want_ack:
             part.state = "flying"

@@ -174,6 +174,11 @@ def airtime_fragments(snap: Snapshot, history: History) -> dict[str, str]:
             f"{m.holds.get('hold', 0)} channel busy, {m.holds.get('duty', 0)} duty cycle spent",
         ),
         ("outbox", f"{m.outbox_waiting} repl(ies) waiting to go on air"),
+        (
+            "unconfirmed senders, last hour",
+            f"{m.stranger_airtime:.0f} of {m.stranger_allowance:.0f} s on air; "
+            f"{m.strangers_refused} repl(ies) not sent since start",
+        ),
     ]
     limits = [Limit("channel limit", m.channel_limit), Limit("duty cycle", m.duty_cycle)]
     charts = {}

@@ -226,6 +226,18 @@ def exposition(snap: Snapshot) -> str:
             [({}, m.outbox_waiting)],
         )
         o.metric(
+            "meshsage_mesh_stranger_airtime_seconds",
+            "gauge",
+            "Seconds on air of the last hour spent on replies to unconfirmed senders.",
+            [({}, round(m.stranger_airtime, 3))],
+        )
+        o.metric(
+            "meshsage_mesh_strangers_refused_total",
+            "counter",
+            "Replies to unconfirmed senders not sent: their hourly allowance was spent.",
+            [({}, m.strangers_refused)],
+        )
+        o.metric(
             "meshsage_mesh_nodes_heard",
             "gauge",
             "Nodes in the radio's node table.",

@@ -6,7 +6,8 @@ against it: ``TCPInterface("127.0.0.1", portNumber=radio.port)`` (``FakeTcpRadio
 
 What it does:
 - frames are 0x94 0xC3 + 16-bit big-endian length + ToRadio/FromRadio protobuf;
-- answers ``want_config_id`` with my_info, node infos (itself and ``KNOWN``), lora config
+- answers ``want_config_id`` with my_info, node infos (itself and ``nodes``: ``KNOWN`` unless a
+  test adds more), lora config
   (hop_limit 3), a PRIMARY channel and a secondary one, then ``config_complete_id``;
 - acks every MeshPacket with a QueueStatus; ``report_tx_queue(0)`` announces a full TX queue
   (the library then blocks its next send forever); answers an admin metadata request (the probe);
@@ -27,6 +28,11 @@ What it does:
   firmware reports ``MAX_RETRANSMIT`` after its own retransmissions went unanswered);
 - ``routing`` may also answer ``ACK_LOST``: the destination shows the DM but its ACK never
   reaches us (the local firmware reports ``MAX_RETRANSMIT``);
+- ``ghosts`` are node ids no radio on the mesh has (a forged ``from``: ``forge_text``): a
+  want_ack DM to one is shown to nobody and, whatever ``routing`` says, the local firmware
+  reports ``MAX_RETRANSMIT`` ``GHOST_GIVE_UP`` seconds later, after its own three
+  retransmissions went unanswered (as ``ReliableRouter`` does); a forged packet adds no
+  NodeInfo to the node DB (the library shows a placeholder user for its sender);
 - reports the local node's device metrics as the firmware does, computed from what is on air:
   ``channelUtilization`` = the bot's own text packets' LoRa time on air in the last minute
   (``lora_airtime``, ``preset``) + ``others_util`` (other nodes' traffic, a knob tests turn
@@ -76,6 +82,9 @@ MAX_TEXT_BYTES = 200  # what the official apps send; the transport's chunk_bytes
 FIRMWARE_SPACING = 2.1  # the firmware drops a client's second text within 2 s (config floor)
 RELAY = 0x0E1A7001  # a neighbour that relays (implicit ACKs)
 ACK_LOST = "ACK_LOST"  # a routing answer: the destination shows the DM, its ACK is lost
+# The firmware's three retransmissions of an unanswered want_ack packet and its wait for the
+# last one take about this long on LongFast before it reports MAX_RETRANSMIT.
+GHOST_GIVE_UP = 20.0
 
 
 class _Clock(Protocol):
@@ -163,6 +172,8 @@ class _Radio:
             ack_from_destination
         )
         self.scheduled: list[tuple[int, int, Later]] = []  # (packet id, dest, answer) to schedule
+        self.ghosts: set[int] = set()  # node ids no radio has (forged senders)
+        self.nodes: dict[int, tuple[str, str]] = dict(KNOWN)  # node DB: (long, short) names
         self.answer_probes = True
         self.repeat_ack: str | None = "destination"  # who ACKs a DM repeat (module docstring)
         self.frozen = False
@@ -237,7 +248,7 @@ class _Radio:
         fr = mesh_pb2.FromRadio()
         fr.my_info.my_node_num = MY_NUM
         self.send(fr)
-        for num, (long, short) in [(MY_NUM, ("Bot", "BOT")), *KNOWN.items()]:
+        for num, (long, short) in [(MY_NUM, ("Bot", "BOT")), *self.nodes.items()]:
             fr = mesh_pb2.FromRadio()
             fr.node_info.num = num
             fr.node_info.user.id = f"!{num:08x}"
@@ -303,6 +314,10 @@ class _Radio:
             attempt = self._attempts.get(key, 0)
             self._attempts[key] = attempt + 1
             answer = self.routing(packet, attempt)
+            if packet.to in self.ghosts:  # nobody hears it; the firmware gives up
+                answer = (
+                    Later("MAX_RETRANSMIT", GHOST_GIVE_UP, frm=MY_NUM) if packet.want_ack else None
+                )
             if not packet.want_ack or _delivered(answer, packet.to):  # the destination shows it
                 self._received.add(seen)
                 self.shown.append((now, packet))
@@ -382,6 +397,11 @@ class _Radio:
         return self._inject(
             frm=frm, to=to, port=port, payload=payload, channel=channel, pid=pid, **kw
         )
+
+    def forge_text(self, text: str, *, frm: int, **kw: Any) -> int:
+        """A DM whose ``from`` names a node that does not exist (``ghosts``)."""
+        self.ghosts.add(frm)
+        return self.inject_text(text, frm=frm, **kw)
 
     def inject_routing(self, request_id: int, error: str = "NONE", *, frm: int = MY_NUM) -> None:
         """Routing ACK (error 'NONE') or NAK (e.g. 'MAX_RETRANSMIT') for ``request_id``."""

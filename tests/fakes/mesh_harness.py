@@ -135,6 +135,7 @@ async def mesh_harness(
     after_connect: Callable[[int], None] | None = None,
     metrics: bool = True,
     metrics_every: float | None = None,
+    known: tuple[int, ...] = (),
     **overrides: Any,
 ) -> AsyncIterator[Harness]:
     """``start=False``: the transport is built but not started (a test hands it to the app,
@@ -143,7 +144,8 @@ async def mesh_harness(
     its interface, before the transport gets it (a slow handshake). ``metrics=False``: a radio
     without device metrics (old firmware; the transport paces by spacing alone).
     ``metrics_every``: the radio reports its device metrics on the fake clock this often (60:
-    the firmware), besides after each text it sends."""
+    the firmware), besides after each text it sends. ``known``: more nodes in the radio's node
+    DB (their NodeInfo announced, as real radios do), besides Alice and Bob."""
     clock = FakeClock()
     radio: FakeTcpRadio | FakePtyRadio = (
         FakePtyRadio(clock=clock) if serial else FakeTcpRadio(clock=clock)
@@ -157,6 +159,7 @@ async def mesh_harness(
         settings.update(connection="tcp", host="127.0.0.1", port=radio.port)
     config = MeshtasticConfig.model_validate(settings)
     radio.min_spacing = config.spacing_seconds
+    radio.nodes.update({num: (f"Node {num:08x}", f"{num & 0xFFFF:04x}") for num in known})
     radio.metrics = metrics
     interfaces: list[Any] = []
     attempts: list[float] = []
