@@ -39,8 +39,8 @@ from typing import IO, TYPE_CHECKING
 
 from bot.bridge import Bridge
 from bot.chat_settings import ChatSettings
-from bot.commands import COMMAND_NAMES, Commands
 from bot.clock import CLOCK_FILE, ClockWatch, SyncState, SystemSync
+from bot.commands import COMMAND_NAMES, Commands
 from bot.commands_settings import SettingsCommands
 from bot.config import Config
 from bot.domain import ConversationKey
@@ -355,9 +355,7 @@ async def build(
     else:
         store = await SqliteStore.open(config.database_path)
     try:
-        trust = ClockWatch(
-            sync=sync or SystemSync(), path=config.database_path.parent / CLOCK_FILE
-        )
+        trust = ClockWatch(sync=sync or SystemSync(), path=config.database_path.parent / CLOCK_FILE)
         counter = make_counter()
         real_llm = None
         server_limits = None

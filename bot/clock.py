@@ -193,7 +193,7 @@ class ClockWatch:
         waiting = self._sync.synchronized is False and self._sync.ntp_active is not False
         return not (waiting and m - self._started < UNSYNCED_WAIT)
 
-    # --- dates written before a step -------------------------------------------------------------
+    # --- dates written before a step ---------------------------------------------------------
     def age(self, stamp: float) -> float:
         """Seconds since ``stamp`` (a stored wall-clock date), counted from its corrected date
         when a clock that ran behind wrote it; never negative."""
@@ -212,7 +212,7 @@ class ClockWatch:
                 cutoff = min(cutoff, max(era.start, cutoff - era.behind))
         return cutoff
 
-    # --- across restarts ---------------------------------------------------------------------------
+    # --- across restarts ------------------------------------------------------------------
     def _load(self, now: float, m: float) -> None:
         if self._path is None:
             return
