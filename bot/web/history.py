@@ -9,6 +9,10 @@ Invariants:
   from zero).
 - Buckets are aligned on wall-clock time; empty buckets (nothing sampled: bot stopped, no
   radio) draw as gaps, never as zeros.
+- A wall clock stepped back (a Pi's NTP correction) drops the buckets dated after the new
+  time: they lie in a future the chart's axis cannot show, and keeping them would hold every
+  new sample in the last of them (before, a day back drew 0 of 60 buckets for the next day).
+  A step forward leaves its gap.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class Ring:
 
     def _bucket(self, at: float) -> Bucket:
         start = math.floor(at / self.width) * self.width
+        while self._buckets and self._buckets[-1].start > start:  # the clock stepped back
+            self._buckets.pop()
         if not self._buckets or self._buckets[-1].start < start:
             self._buckets.append(Bucket(start))
         return self._buckets[-1]
