@@ -144,7 +144,7 @@ def render(
     now = time.time() if now is None else now
     age = now - status.written_at
     future = age < -FUTURE_SLACK
-    fresh = STALE_AFTER > age and not future
+    fresh = age < STALE_AFTER and not future
     ok = fresh and status.healthy and running is not False
     state = "healthy" if ok else "NOT HEALTHY"
     if future:
