@@ -213,6 +213,8 @@ class App:
         for (``bot.clock``: nothing on a clock not trusted yet, never a row written before a
         step whose corrected date is still within the window)."""
         days = self.config.memory.retention_days
+        if days <= 0:  # 0 keeps everything
+            return 0
         cutoff = self.trust.retention_cutoff(days * 86_400.0)
         if cutoff is None:
             log.info("retention skipped: the wall clock is not trusted yet (bot.clock)")
