@@ -28,6 +28,7 @@ class SteppedWall:
 
     def __init__(self) -> None:
         self._real = time.time
+        self._strftime = time.strftime
         self.offset = 0.0
 
     def __call__(self) -> float:
@@ -35,3 +36,7 @@ class SteppedWall:
 
     def step(self, seconds: float) -> None:
         self.offset += seconds
+
+    def strftime(self, fmt: str, when: time.struct_time | None = None) -> str:
+        """``time.strftime`` on this clock (the C library's "now" does not follow ``time``)."""
+        return self._strftime(fmt, when if when is not None else time.localtime(self()))
