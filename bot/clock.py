@@ -160,7 +160,7 @@ class ClockWatch:
         end = now - step  # where the old clock stood now
         self._eras = [replace(e, behind=e.behind + step) for e in self._eras]
         self._eras.append(Era(start=min(self._since, end), end=end, behind=step))
-        self._eras = [e for e in self._eras if e.behind != 0.0]
+        self._eras = [e for e in self._eras if abs(e.behind) > STEP_SECONDS]  # undone: right
         self._since = now
         self._stepped_at = m
         log.warning(
