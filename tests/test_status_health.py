@@ -19,6 +19,7 @@ from bot.memory.store import SqliteStore
 from bot.ops.backup import ORDER_FILE, newest_first
 from bot.ops.status import STATUS_FILE, Status, write_atomic
 from bot.web.history import History
+from bot.web.model import newest_backup
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_sync import SteppedWall
 from tests.web_harness import web_app
@@ -132,3 +133,5 @@ async def test_backups_made_while_the_clock_was_30_days_behind_are_kept_as_the_n
     assert left == sorted(made[-7:])  # the 7 written last, whatever their names say
     assert [p.name for p in newest_first(target)][:3] == made[-1:-4:-1]
     assert (target / ORDER_FILE).read_text().split() == made[-7:]
+    last = newest_backup(target)  # what the web view shows as the last backup
+    assert last is not None and last[0] == made[-1]

@@ -144,6 +144,14 @@ def newest_first(directory: Path, suffix: str = ".db") -> list[Path]:
     return [p for _, _, p in reversed(dated)]
 
 
+def newest(directory: Path) -> Path | None:
+    """The backup written last into ``directory`` that is still there (None: none recorded)."""
+    for name in reversed(_order(directory)):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
 def prune(directory: Path, *, keep: int, suffix: str = ".db", keeping: Path) -> list[Path]:
     """Record ``keeping`` (the one just written) as the newest, then remove all but the newest
     ``keep`` dated backups in ``directory``; returns what went. Only files named as
