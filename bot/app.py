@@ -39,6 +39,7 @@ from typing import IO, TYPE_CHECKING
 
 from bot.bridge import Bridge
 from bot.chat_settings import ChatSettings
+from bot.clock import CLOCK_FILE, ClockWatch, SyncState, SystemSync
 from bot.commands import COMMAND_NAMES, Commands
 from bot.commands_settings import SettingsCommands
 from bot.config import Config
@@ -112,6 +113,7 @@ class App:
     cut_at_stop: list[str] = field(default_factory=list)  # steps the deadline cut off
     web: WebServer | None = None  # web.enabled: the operator's web view and /metrics
     server_limits: LearnedLimits | None = None  # what the LLM server holds (the real adapter)
+    trust: ClockWatch = field(default_factory=lambda: ClockWatch(sync=SystemSync()))
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -128,6 +130,7 @@ class App:
         if not running:
             raise MeshsageError("no transport could start; see the messages above.")
         self.transports = running
+        await self.trust.refresh()  # before recovery: whether stored dates may be acted on
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="maintenance")
         if self.indexer is not None:
             self.indexer.start()
@@ -182,13 +185,10 @@ class App:
         next_retention = 0.0
         while True:
             try:
+                await self.trust.refresh()
                 if self.config.memory.retention_days > 0 and time.monotonic() >= next_retention:
                     next_retention = time.monotonic() + RETENTION_INTERVAL
-                    keep = self.config.memory.retention_days * 86_400
-                    pruned = await self.store.prune_older_than(time.time() - keep)
-                    if pruned:
-                        log.info("retention: deleted %d message(s) older than %d days", pruned,
-                                 self.config.memory.retention_days)  # fmt: skip
+                    await self.retention()
                 if self.config.memory.max_turns_per_person > 0 and self.responder.idle:
                     forgotten = await self.store.prune_by_use(
                         self.config.memory.max_turns_per_person
@@ -197,8 +197,9 @@ class App:
                         log.info("forgetting by use: deleted %d little-used old message(s)",
                                  forgotten)  # fmt: skip
                 # Finished rows hold answers' text: gone after their hour whatever the
-                # retention settings (bot.memory.keep).
-                await self.store.prune_outbox(outbox_cutoff(time.time()))
+                # retention settings (bot.memory.keep), on a clock the bot trusts.
+                if self.trust.trusted():
+                    await self.store.prune_outbox(outbox_cutoff(time.time()))
                 await self.responder.redeliver()  # replies whose link was down
                 await self.responder.take_over_stale()  # questions of a gateway that died
                 if self.responder.idle:
@@ -206,6 +207,22 @@ class App:
             except Exception:  # loop boundary: upkeep must never stop the bot; try next round
                 log.exception("database maintenance failed")
             await asyncio.sleep(MAINTENANCE_INTERVAL)
+
+    async def retention(self) -> int:
+        """Delete what ``memory.retention_days`` no longer keeps, by a date the clock can vouch
+        for (``bot.clock``: nothing on a clock not trusted yet, never a row written before a
+        step whose corrected date is still within the window)."""
+        days = self.config.memory.retention_days
+        if days <= 0:  # 0 keeps everything
+            return 0
+        cutoff = self.trust.retention_cutoff(days * 86_400.0)
+        if cutoff is None:
+            log.info("retention skipped: the wall clock is not trusted yet (bot.clock)")
+            return 0
+        pruned = await self.store.prune_older_than(cutoff)
+        if pruned:
+            log.info("retention: deleted %d message(s) older than %d days", pruned, days)
+        return pruned
 
     async def run(self, stop: asyncio.Event) -> bool:
         """Start, serve until ``stop`` is set or every transport ends, then shut down.
@@ -321,12 +338,14 @@ async def build(
     only: list[str] | None = None,
     wall: Callable[[], float] = time.time,
     clock: Callable[[], float] = time.monotonic,
+    sync: SyncState | None = None,
 ) -> App:
     """Wire the app. ``llm``/``transports`` let tests substitute their own; ``only`` limits
     which configured transports are built (``meshsage chat`` uses ["console"]); ``wall`` is
     the clock that dates answers, closes sessions and fills ``{date}`` (a replay at a
     conversation's own dates passes its own); ``clock`` is the monotonic clock of rate-limit
-    windows and outbox ages (the mesh soak passes its virtual clock)."""
+    windows and outbox ages (the mesh soak passes its virtual clock); ``sync`` says whether the
+    system's clock is synchronized (``bot.clock``; tests pass a fake)."""
     if config.storage.url is not None:  # sqlite:///file or postgresql:// (several gateways)
         store: SqliteStore | PostgresStore = await open_url(
             config.storage.url,
@@ -338,6 +357,7 @@ async def build(
     else:
         store = await SqliteStore.open(config.database_path)
     try:
+        trust = ClockWatch(sync=sync or SystemSync(), path=config.database_path.parent / CLOCK_FILE)
         counter = make_counter()
         real_llm = None
         server_limits = None
@@ -467,6 +487,7 @@ async def build(
             },
             wall=wall,
             clock=clock,
+            trust=trust,
         )
         app = App(
             config=config,
@@ -485,6 +506,7 @@ async def build(
             _close_llm=real_llm,
             _close_embedder=real_embedder,
             server_limits=server_limits,
+            trust=trust,
         )
         if transports is None:
             names = only if only is not None else config.enabled_transports()

@@ -41,10 +41,11 @@ Invariants:
   like an answer by a later round (``keep=False``: a notice whose question's answer is in the
   outbox already, which tells the person anyway). A notice the store cannot take either (disk
   full) is kept in memory (bounded) and stored by a later round.
-- A row's age is the larger of its age on the wall clock (``created_at``, stored: it survives
-  restarts) and how long this process has known it on the injected monotonic ``clock`` (immune
-  to wall-clock jumps; the virtual clock of the mesh soak, which can so hold a row past
-  ``max_age``).
+- A row's age follows the injected monotonic ``clock`` (the virtual clock of the mesh soak),
+  never a wall-clock step: a row this process wrote is aged from when it wrote it; a row from
+  before (an earlier run, a gateway that died) starts at its stored date's age
+  (``created_at``, corrected by ``bot.clock`` for a clock that ran behind) when this process
+  first sees it on a trusted clock, at 0 on a clock not trusted yet.
 - A row that expires (older than ``max_age``) tells its person once: one "could not send in
   time, please ask again" notice per person while an earlier one is still waiting; expiry
   notices themselves (a notice with no question and no message it replies to) never spawn
@@ -60,6 +61,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
+from bot.clock import ClockWatch, Sync
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import StorageError
 from bot.memory.port import MemoryStore
@@ -101,10 +103,12 @@ class OutboxSender:
         transports: Mapping[str, Transport],
         max_age: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        trust: ClockWatch | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
-        self._seen: dict[int, float] = {}  # row id -> first sighting on ``clock`` (ages)
+        self._trust = trust or ClockWatch(sync=_Unknown())  # whether stored dates count
+        self._seen: dict[int, float] = {}  # row id -> its birth on ``clock`` (ages)
         self._transports = transports  # the responder's table: attached transports appear here
         self._max_age = dict(max_age or {})
         self.in_flight: set[int] = set()  # outbox rows queued or being sent
@@ -121,6 +125,10 @@ class OutboxSender:
     @property
     def store(self) -> MemoryStore:
         return self._store
+
+    @property
+    def trust(self) -> ClockWatch:
+        return self._trust
 
     async def open_stream(self, inbound: Inbound, question_id: int) -> AnswerStream | None:
         """A stream for the answer to ``question_id`` (None when the transport does not
@@ -149,6 +157,7 @@ class OutboxSender:
     ) -> Delivery:
         """Send a row this process created claimed (``queue_delivery(claim=True)``)."""
         self.in_flight.add(row.id)
+        self.written(row.id)  # written by this process just now
         try:
             return await self.deliver(inbound, row, note=note, stream=stream, claimed=True)
         finally:
@@ -237,11 +246,19 @@ class OutboxSender:
         return delivery
 
     def _age(self, row: OutboxRow) -> float:
-        """Seconds since ``row`` was written (module docstring: the larger of two clocks)."""
-        first = self._seen.setdefault(row.id, self._clock())
+        """Seconds since ``row`` was written, on the monotonic clock (module docstring)."""
+        born = self._seen.get(row.id)
+        if born is None:
+            stored = self._trust.age(row.created_at) if self._trust.trusted() else 0.0
+            born = self.written(row.id, ago=stored)
+        return self._clock() - born
+
+    def written(self, row_id: int, *, ago: float = 0.0) -> float:
+        """Remember when ``row_id`` was written on the monotonic clock (``ago`` seconds ago)."""
+        born = self._seen.setdefault(row_id, self._clock() - ago)
         while len(self._seen) > SEEN_KEPT:
             self._seen.pop(next(iter(self._seen)))
-        return max(time.time() - row.created_at, self._clock() - first)
+        return born
 
     @property
     def delivering(self) -> set[tuple[str, str, str]]:
@@ -370,6 +387,7 @@ class OutboxSender:
                       "round", entry.key, exc, why)  # fmt: skip
             return None
         log.info("notice for %s is outbox row %d (%s)", entry.key, row_id, why)  # fmt: skip
+        self.written(row_id)
         return row_id
 
     async def _tell_expired(self, row: OutboxRow) -> None:
@@ -448,3 +466,10 @@ class OutboxSender:
             )
             out.append((inbound, row))
         return out
+
+
+class _Unknown:
+    """A system that does not say whether its clock is synchronized (only steps count)."""
+
+    def read(self) -> Sync:
+        return Sync()

@@ -124,6 +124,7 @@ class NoticeIntake:
         except STORE_ERRORS as exc:  # the turn decides then (and tells)
             log.warning("could not store a busy notice for %s now: %s", inbound.key, exc)
             return False
+        self._outbox.written(row.id)  # aged from now, on the monotonic clock
         log.info("outbox of %s full and %s waits on an earlier reply: told to try again",
                  inbound.transport, inbound.key)  # fmt: skip
         key = inbound.key

@@ -13,6 +13,10 @@ Invariants:
   maintenance tick (``take_over_stale``); questions queued here are never queued twice
   (``_questions``), and the store's compare-and-set claim keeps two gateways from both
   answering.
+- Wall-clock ages count only on a trusted clock (``bot.clock``): on a clock not trusted yet
+  (a step just seen, NTP not synchronized yet) a recovered question is answered, never told
+  it is too old, and nothing is taken over; dates a clock that ran behind wrote count from
+  their corrected date.
 - Commands are held in the store before they run (``_hold_command``) and released once their
   reply is queued or sent (or they failed and the person was told); at start this gateway's
   held commands run again, except those this process held itself (heard live, e.g. read
@@ -33,6 +37,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from bot.clock import ClockWatch
 from bot.delivery import DEFAULT_MAX_AGE, OutboxSender
 from bot.domain import Inbound
 from bot.errors import StorageError
@@ -65,6 +70,7 @@ class Recovery:
     _held_here: set[int]  # commands held by this process (queued live; never replayed)
     _accepting: bool
     _wall: Callable[[], float]  # the wall clock that dates answers (a replay's, in benchmarks)
+    _trust: ClockWatch  # whether wall-clock ages may be acted on (bot.clock)
 
     def _enqueue_recovered(
         self,
@@ -109,7 +115,7 @@ class Recovery:
         """Queue the pending questions whose gateway died (claim older than
         ``CLAIM_STALE_SECONDS``, or never claimed and stored that long ago) and that this
         process does not hold already: a running gateway answers them (or tells)."""
-        if not self._accepting:
+        if not self._accepting or not self._trust.trusted():  # a stepped clock: no take-over
             return 0
         return await self._recover(stale_before=time.time() - CLAIM_STALE_SECONDS)
 
@@ -139,9 +145,15 @@ class Recovery:
         return n
 
     def _too_old(self, inbound: Inbound) -> bool:
-        """An answer now would be older than the transport's ``delivery.max_age`` allows."""
-        age = self._wall() - inbound.received_at.timestamp()
-        return age > self._max_age.get(inbound.transport, DEFAULT_MAX_AGE)
+        """An answer now would be older than the transport's ``delivery.max_age`` allows (on
+        a trusted clock only; a date written behind counts from its corrected date)."""
+        if not self._trust.trusted():
+            return False
+        return self._age(inbound) > self._max_age.get(inbound.transport, DEFAULT_MAX_AGE)
+
+    def _age(self, inbound: Inbound) -> float:
+        stamp = inbound.received_at.timestamp()
+        return min(self._wall() - stamp, self._trust.age(stamp))
 
     async def _tell_unanswered(self, inbound: Inbound, message_id: int) -> None:
         """A recovered question too old to answer (the bot was down longer than the transport's
@@ -149,7 +161,7 @@ class Recovery:
         question as ``expired`` in the same transaction; on Discord it replaces (edits) the half
         answer a crash left on screen for it, never posted below it."""
         transport = self._transports[inbound.transport]
-        age = self._wall() - inbound.received_at.timestamp()
+        age = self._age(inbound)
         log.warning("message %d in %s is %.0f s old; told the person instead of answering",
                     message_id, inbound.key, age)  # fmt: skip
         entry = OutboxEntry(

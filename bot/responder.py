@@ -96,6 +96,7 @@ from bot.answering import (
     _busy,
 )
 from bot.chat_settings import ChatSettings
+from bot.clock import ClockWatch
 from bot.commands import UNLIMITED_ROOM, CommandResult, Commands
 from bot.config import BotConfig
 from bot.delivery import OutboxSender, busy_now
@@ -190,6 +191,7 @@ class Responder(NoticeIntake, Answering):
         server: LearnedLimits | None = None,
         settings: ChatSettings | None = None,
         counters: Counters | None = None,
+        trust: ClockWatch | None = None,
     ) -> None:
         self._settings = settings  # model and persona per channel, server, bot or person
         self.counters = counters or Counters()  # totals for the operator's view (counts only)
@@ -207,8 +209,9 @@ class Responder(NoticeIntake, Answering):
         self._limits = PersonLimits(config=config, clock=clock)
         self._transports: dict[str, Transport] = {}
         self._outbox = OutboxSender(
-            store=store, transports=self._transports, max_age=max_age, clock=clock
+            store=store, transports=self._transports, max_age=max_age, clock=clock, trust=trust
         )
+        self._trust = self._outbox.trust  # whether wall-clock ages may be acted on
         self._outbox.first_part = self.counters.first_part_sent
         self._queues: dict[tuple[str, str, str], deque[_Job]] = {}
         self._workers: dict[tuple[str, str, str], asyncio.Task[None]] = {}

@@ -40,13 +40,22 @@ async def test_an_answer_made_while_the_link_is_down_is_sent_once_when_it_is_bac
     assert len(harness.llm.chat_requests()) == 1  # sent from the outbox, not asked again
 
 
-async def test_an_old_undelivered_answer_expires_instead_of_going_out(harness: Harness) -> None:
+async def _restart(h: Harness, tmp_path: Path, llm: FakeLLM) -> None:
+    """A new run on the same database (``h`` now drives it): rows from before it are aged from
+    their stored date, while a run ages its own rows on the monotonic clock."""
+    await h.app.close()
+    new = await start_harness(tmp_path, llm)
+    h.app, h.transport = new.app, new.transport
+    await h.app.responder.wait_idle()
+
+
+async def test_an_old_undelivered_answer_expires_instead_of_going_out(
+    harness: Harness, tmp_path: Path, fake_llm: FakeLLM
+) -> None:
     harness.transport.link_down = True
     await harness.say("weather?")
     await harness.store._db.execute("UPDATE outbox SET created_at = created_at - 7200")
-    harness.transport.link_down = False
-    await harness.app.responder.redeliver()
-    await harness.app.responder.wait_idle()
+    await _restart(harness, tmp_path, fake_llm)  # the start's round finds it 2 h old
     assert harness.transport.texts() == []
     assert await _outbox(harness) == [("answer", "expired"), ("notice", "pending")]
     await harness.app.responder.redeliver()  # the person is told, once
@@ -55,14 +64,14 @@ async def test_an_old_undelivered_answer_expires_instead_of_going_out(harness: H
     assert await harness.app.responder.redeliver() == 0
 
 
-async def test_several_expired_replies_tell_their_person_once(harness: Harness) -> None:
+async def test_several_expired_replies_tell_their_person_once(
+    harness: Harness, tmp_path: Path, fake_llm: FakeLLM
+) -> None:
     harness.transport.link_down = True
     await harness.say("weather?")
     await harness.say("and tomorrow?")
     await harness.store._db.execute("UPDATE outbox SET created_at = created_at - 7200")
-    harness.transport.link_down = False
-    await harness.app.responder.redeliver()  # both expire; one notice for the person
-    await harness.app.responder.wait_idle()
+    await _restart(harness, tmp_path, fake_llm)  # both expire; one notice for the person
     await harness.app.responder.redeliver()
     await harness.app.responder.wait_idle()
     assert harness.transport.texts() == [EXPIRED]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from bot.app import App, build
 from bot.transports.mesh_text import MARKER, split_parts
@@ -19,9 +20,14 @@ STORY = " ".join(f"Sentence number {i} of a long story goes right here." for i i
 
 
 @contextlib.asynccontextmanager
-async def running_app(tmp_path: Path, llm: FakeLLM, h: Harness) -> AsyncIterator[App]:
-    """The app with the harness's (unstarted) transport; closed before the harness stops."""
-    app = await build(make_config(tmp_path, llm.base_url), env={}, transports=[h.transport])
+async def running_app(
+    tmp_path: Path, llm: FakeLLM, h: Harness, **build_kw: Any
+) -> AsyncIterator[App]:
+    """The app with the harness's (unstarted) transport; closed before the harness stops.
+    ``build_kw`` goes to ``build`` (``clock=h.clock.monotonic``: outbox ages on virtual time)."""
+    app = await build(
+        make_config(tmp_path, llm.base_url), env={}, transports=[h.transport], **build_kw
+    )
     try:
         await app.start()
         await h.connected()

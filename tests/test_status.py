@@ -4,6 +4,7 @@ is fresh and healthy (the container HEALTHCHECK relies on that)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from tests.fakes.fake_llm import FakeLLM
 
 def _status(**kw: object) -> Status:
     base: dict[str, object] = dict(
-        written_at=time.time(), started_at=time.time() - 3700, pid=42, version="0.1.0",
+        written_at=time.time(), started_at=time.time() - 3700, pid=os.getpid(), version="0.1.0",
         healthy=True, transports={"meshtastic": TransportStatus(link="up", ok=True, outbox=1)},
         messages_in_today=5, messages_out_today=4, llm_calls=9, llm_p50_seconds=1.5,
         llm_p95_seconds=4.25, database_bytes=2_500_000,
@@ -50,7 +51,7 @@ def test_fresh_healthy_report(state: Path, capsys: pytest.CaptureFixture[str]) -
     assert "p50 1.5 s, p95 4.2 s over the last 9 call(s)" in out
     assert "database:   2.5 MB" in out
     assert main(["status", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["pid"] == 42
+    assert json.loads(capsys.readouterr().out)["pid"] == os.getpid()
 
 
 def test_stale_or_unhealthy_report_fails(state: Path, capsys: pytest.CaptureFixture[str]) -> None:

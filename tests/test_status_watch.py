@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import os
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from bot.ops.watch import CLEAR, watch
 
 def _status(link: str = "up", ok: bool = True) -> Status:
     return Status(
-        written_at=time.time(), started_at=time.time() - 60, pid=42, version="0.1.0",
+        written_at=time.time(), started_at=time.time() - 60, pid=os.getpid(), version="0.1.0",
         healthy=ok, transports={"meshtastic": TransportStatus(link=link, ok=ok)},
         problems=[] if ok else ["meshtastic: loop link died"],
     )  # fmt: skip

@@ -4,6 +4,11 @@ Invariants:
 - A backup into a directory gets a new dated name (never replacing one) and keeps the newest
   N; to a file path it never overwrites without ``force``; old backups are pruned only after
   the new one is complete, so a full disk loses nothing.
+- "Newest" is the order the backups were written in (``ORDER_FILE`` in the directory, one name
+  a line, appended once a backup is complete), never the date in a name: a Pi whose clock ran
+  30 days behind names its new backups as if they were old, and they are still the newest.
+  Dated files the order does not list (written before it existed, copied in) are older than
+  every listed one, ordered by their names.
 - ``backup`` uses SQLite's online backup API in one step: a consistent snapshot taken while the
   bot keeps writing (WAL readers do not block the writer). The copy is a single self-contained
   file (journal mode DELETE), passes ``integrity_check`` before it is renamed into place, and is
@@ -31,6 +36,7 @@ from pathlib import Path
 
 from bot.errors import DiskFull, StorageError
 from bot.files import private_dir, private_file
+from bot.ops.status import write_atomic
 
 LOCK_FILE = "meshsage.lock"
 
@@ -101,7 +107,7 @@ def resolve_target(target: str | Path, *, suffix: str = ".db", force: bool = Fal
                 f"cannot create the backup directory {path} ({exc.strerror}). Fix: create it "
                 f"as a user who may (sudo install -d -m 700 -o meshsage {path}), or pick another."
             ) from None
-        stamp = time.strftime("%Y%m%d-%H%M%S")
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time()))
         # Two backups in one second: both kept, the later one numbered after every file of
         # that second (even one pruned since, so "newest" by name stays true).
         taken = [n for s, n, _ in _dated(path, suffix) if s == stamp]
@@ -121,15 +127,52 @@ def resolve_target(target: str | Path, *, suffix: str = ".db", force: bool = Fal
     return path
 
 
+ORDER_FILE = ".meshsage-backups"  # the dated backups of a directory, in the order written
+
+
+def written(path: Path) -> None:
+    """Record the complete dated backup ``path`` as the newest of its directory."""
+    order = _order(path.parent)
+    names = [n for n in order if n != path.name] + [path.name]
+    write_atomic(path.parent / ORDER_FILE, "".join(f"{n}\n" for n in names))
+
+
+def newest_first(directory: Path, suffix: str = ".db") -> list[Path]:
+    """The dated backups in ``directory``, newest first (the module docstring's order)."""
+    rank = {name: i for i, name in enumerate(_order(directory))}
+    dated = sorted(_dated(directory, suffix), key=lambda d: (rank.get(d[2].name, -1), d[0], d[1]))
+    return [p for _, _, p in reversed(dated)]
+
+
+def newest(directory: Path) -> Path | None:
+    """The backup written last into ``directory`` that is still there (None: none recorded)."""
+    for name in reversed(_order(directory)):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
 def prune(directory: Path, *, keep: int, suffix: str = ".db", keeping: Path) -> list[Path]:
-    """Remove all but the newest ``keep`` dated backups in ``directory`` (never ``keeping``,
-    the one just written); returns what went. Only files named as ``resolve_target`` names
-    them are touched; "newest" is by the name's time stamp and counter (file times tie)."""
-    dated = [p for _, _, p in sorted(_dated(directory, suffix)) if p != keeping]
-    gone = dated[: max(0, len(dated) + 1 - keep)]
+    """Record ``keeping`` (the one just written) as the newest, then remove all but the newest
+    ``keep`` dated backups in ``directory``; returns what went. Only files named as
+    ``resolve_target`` names them are touched."""
+    written(keeping)
+    older = [p for p in newest_first(directory, suffix) if p != keeping]
+    gone = older[max(0, keep - 1) :]
     for old in gone:
         old.unlink(missing_ok=True)
+    if gone:
+        left = {p.name for p in gone}
+        names = [n for n in _order(directory) if n not in left]
+        write_atomic(directory / ORDER_FILE, "".join(f"{n}\n" for n in names))
     return gone
+
+
+def _order(directory: Path) -> list[str]:
+    with contextlib.suppress(OSError):
+        text = (directory / ORDER_FILE).read_text(encoding="utf-8")
+        return [line for line in text.splitlines() if line and "/" not in line]
+    return []
 
 
 def _dated(directory: Path, suffix: str) -> list[tuple[str, int, Path]]:
@@ -177,6 +220,8 @@ def backup(
         raise
     if into_dir and keep is not None:
         prune(target.parent, keep=keep, keeping=target)
+    elif into_dir:
+        written(target)
     return BackupReport(path=target, bytes=target.stat().st_size, messages=messages)
 
 

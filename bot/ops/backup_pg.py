@@ -24,7 +24,14 @@ from pathlib import Path
 
 from bot.errors import StorageError
 from bot.files import private_file
-from bot.ops.backup import BackupReport, RunLock, _write_failed, prune, resolve_target
+from bot.ops.backup import (
+    BackupReport,
+    RunLock,
+    _write_failed,
+    prune,
+    resolve_target,
+    written,
+)
 from bot.urls import redact
 
 SUFFIX = ".dump"
@@ -103,6 +110,8 @@ def dump(
         )
     if into_dir and keep is not None:
         prune(path.parent, keep=keep, suffix=SUFFIX, keeping=path)
+    elif into_dir:
+        written(path)
     return BackupReport(path=path, bytes=path.stat().st_size, messages=-1)
 
 

@@ -32,7 +32,7 @@ def status(config: Config, *, as_json: bool) -> int:
     except (OSError, ValueError) as exc:
         print(f"meshsage: cannot read {path} ({exc})", file=sys.stderr)
         return 1
-    lines, ok = status_file.render(report)
+    lines, ok = status_file.render(report, running=status_file.pid_running(report.pid))
     print(report.to_json() if as_json else "\n".join(lines))
     return 0 if ok else 1
 

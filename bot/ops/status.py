@@ -4,8 +4,10 @@ Invariants:
 - The running bot rewrites ``STATUS_FILE`` in the state dir every ``STATUS_INTERVAL`` seconds by
   writing a private temporary file and renaming it over the old one (atomic: a reader sees the
   old or the new file, never half of one). Mode 0600 like every state file.
-- A report is *fresh* when written less than ``STALE_AFTER`` seconds ago; ``status`` exits 0
-  only for a fresh, healthy report, so a hung or dead bot fails the check.
+- A report is *fresh* when written less than ``STALE_AFTER`` seconds ago and not dated in the
+  future (more than ``FUTURE_SLACK``: the clock went back since, e.g. a dead bot's file from
+  before a Pi's clock was stepped); ``status`` exits 0 only for a fresh, healthy report whose
+  pid is running (``pid_running``), so a hung or dead bot fails the check whatever the clock.
 - The file holds counts, states and timings only; never message text.
 - ``healthy`` is false whenever people are not being served: a store or a loop that failed, a
   transport stopped, restarting or losing messages (``TransportStatus.problem``), the LLM in
@@ -28,6 +30,7 @@ from typing import Any
 STATUS_FILE = "status.json"
 STATUS_INTERVAL = 5.0
 STALE_AFTER = 60.0
+FUTURE_SLACK = 5.0  # a report dated further ahead than this was written on another clock
 
 
 @dataclass(frozen=True)
@@ -120,17 +123,50 @@ def _clock(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
-def render(status: Status, *, now: float | None = None) -> tuple[list[str], bool]:
-    """Human lines and whether the bot is fresh and healthy."""
+def pid_running(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user counts: it exists)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def render(
+    status: Status, *, now: float | None = None, running: bool | None = None
+) -> tuple[list[str], bool]:
+    """Human lines and whether the bot is fresh and healthy. ``running``: whether the report's
+    pid runs (None: not checked, e.g. the bot's own view of itself)."""
     now = time.time() if now is None else now
     age = now - status.written_at
-    fresh = age < STALE_AFTER
-    ok = fresh and status.healthy
+    future = age < -FUTURE_SLACK
+    fresh = age < STALE_AFTER and not future
+    ok = fresh and status.healthy and running is not False
     state = "healthy" if ok else "NOT HEALTHY"
+    if future:
+        report = (
+            f"  report:     dated {-age:.0f} s in the future (the clock went back since it was "
+            "written: a bot that died before the clock was stepped?)"
+        )
+    else:
+        report = f"  report:     written {age:.0f} s ago" + (
+            "" if fresh else f" (stale: older than {STALE_AFTER:.0f} s; is the bot running?)"
+        )
     lines = [
         f"meshsage {status.version} (pid {status.pid}): {state}",
-        f"  report:     written {age:.0f} s ago"
-        + ("" if fresh else f" (stale: older than {STALE_AFTER:.0f} s; is the bot running?)"),
+        report,
+        *(
+            [
+                f"  process:    pid {status.pid} is not running: the bot died without removing "
+                "its report. Fix: sudo systemctl restart meshsage (journalctl -u meshsage says why)"
+            ]
+            if running is False
+            else []
+        ),
         f"  uptime:     {_age(status.written_at - status.started_at)}",
     ]
     for name, t in sorted(status.transports.items()):

@@ -34,7 +34,8 @@ def frame(path: Path, *, interval: float, now: float | None = None) -> list[str]
     except (OSError, ValueError) as exc:
         lines = [f"cannot read {path} ({exc})"]
     else:
-        lines, _ok = status_file.render(report, now=now)
+        running = status_file.pid_running(report.pid)
+        lines, _ok = status_file.render(report, now=now, running=running)
     stamp = time.strftime("%H:%M:%S", time.localtime(now))
     return [*lines, "", f"{stamp}, every {interval:g} s; Ctrl-C to stop"]
 

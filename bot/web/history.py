@@ -9,6 +9,11 @@ Invariants:
   from zero).
 - Buckets are aligned on wall-clock time; empty buckets (nothing sampled: bot stopped, no
   radio) draw as gaps, never as zeros.
+- A wall clock stepped back (a Pi's NTP correction) drops the buckets dated after the new
+  time: they lie in a future the chart's axis cannot show, and keeping them would hold every
+  new sample in the last of them (before, a day back drew 0 of 60 buckets for the next day).
+  Less than a step (``bot.clock.STEP_SECONDS``: a sample a moment out of order) joins the
+  last bucket. A step forward leaves its gap.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from bot.clock import STEP_SECONDS
 from bot.web.model import Snapshot
 
 GAUGES = ("channel", "bot_share", "others", "latency", "first_part")
@@ -44,6 +50,10 @@ class Ring:
 
     def _bucket(self, at: float) -> Bucket:
         start = math.floor(at / self.width) * self.width
+        # The clock stepped back (a sample a moment out of order, two samples collected at
+        # once, is no step: it joins the last bucket).
+        while self._buckets and self._buckets[-1].start > at + STEP_SECONDS:
+            self._buckets.pop()
         if not self._buckets or self._buckets[-1].start < start:
             self._buckets.append(Bucket(start))
         return self._buckets[-1]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from bot.ops import backup as backup_order
 from bot.ops import status as status_file
 from bot.ops.metrics import Counters, LastError, Latencies
 from bot.transports.base import Transport
@@ -187,7 +188,13 @@ async def other_gateways(store: Any, *, now: float) -> tuple[tuple[str, float], 
 
 
 def newest_backup(directory: Path) -> tuple[str, float] | None:
-    """The newest file ``meshsage backup`` wrote into ``directory`` (the timer's), if any."""
+    """The newest file ``meshsage backup`` wrote into ``directory`` (the timer's), if any: the
+    one written last (``bot.ops.backup``'s order, whatever a wrong clock named it), else by
+    modification time."""
+    with contextlib.suppress(OSError):
+        last = backup_order.newest(directory)
+        if last is not None:
+            return last.name, last.stat().st_mtime
     best: tuple[str, float] | None = None
     with contextlib.suppress(OSError):
         for p in directory.iterdir():
