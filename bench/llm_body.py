@@ -61,7 +61,7 @@ def one_case(code: Path, *, mb: int, stream: bool) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(code)}
     done = subprocess.run(
         [sys.executable, "-c", CHILD, flood.base_url], capture_output=True, text=True,
-        env=env, timeout=600, check=True,
+        env=env, timeout=600, check=True, cwd=code,  # cwd: python -c puts it first on the path
     )  # fmt: skip
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     result["sent_mb"] = flood.sent / (1024 * 1024)
