@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,8 +107,10 @@ def one_run(args: argparse.Namespace, llm_url: str) -> dict[str, float]:
             "MESHSAGE_CONFIG": str(config),
             "PYTHONDONTWRITEBYTECODE": "1",
         }
-        if args.runtime_dir:
-            runtime = Path(args.runtime_dir) / f"meshsage-bench-{os.getpid()}"
+        runtime = (
+            Path(args.runtime_dir) / f"meshsage-bench-{os.getpid()}" if args.runtime_dir else None
+        )
+        if runtime is not None:
             runtime.mkdir(mode=0o700, exist_ok=True)
             env["RUNTIME_DIRECTORY"] = str(runtime)
         cmd = [sys.executable, "-m", "bot.cli", "run", "--config", str(config)]
@@ -147,6 +150,8 @@ def one_run(args: argparse.Namespace, llm_url: str) -> dict[str, float]:
             os.kill(pid, signal.SIGTERM)  # the bot itself (under strace: its child)
             proc.wait(60)
             radio.stop()
+            if runtime is not None:
+                shutil.rmtree(runtime, ignore_errors=True)
 
     def per(a: dict[str, int], b: dict[str, int], key: str, n: float) -> float:
         return (b[key] - a[key]) / n
