@@ -35,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from bot.bridge import Bridge
@@ -65,7 +66,7 @@ from bot.memory.summary import Summarizer
 from bot.ops.metrics import Counters, LastError, Latencies, TimedLLM
 from bot.ops.monitor import Monitor
 from bot.ops.sdnotify import Notifier
-from bot.ops.status import STATUS_FILE, Status
+from bot.ops.status import STATUS_FILE, Status, report_path
 from bot.responder import Responder
 from bot.transports.base import Transport
 
@@ -114,6 +115,7 @@ class App:
     web: WebServer | None = None  # web.enabled: the operator's web view and /metrics
     server_limits: LearnedLimits | None = None  # what the LLM server holds (the real adapter)
     trust: ClockWatch = field(default_factory=lambda: ClockWatch(sync=SystemSync()))
+    status_path: Path | None = None  # None: in the state dir (bot.ops.status.report_path)
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -158,13 +160,16 @@ class App:
             notifier=self.notifier,
             store=self.store,
             transports=lambda: self.transports,
-            status_path=self.config.database_path.parent / STATUS_FILE,
+            status_path=self._status_path(),
             latencies=self.latencies,
             last_error=self.last_error,
             relay=self._relay_counters if self.bridge is not None else None,
             llm_limits=self._llm_limits,
         )
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
+
+    def _status_path(self) -> Path:
+        return self.status_path or self.config.database_path.parent / STATUS_FILE
 
     def _llm_limits(self) -> str:
         """What the server holds (learned at start) and how fast it reads a prompt."""
@@ -297,7 +302,7 @@ class App:
             await step("the monitor", self._monitor_task)
             logging.getLogger("bot").removeHandler(self.last_error)
             with contextlib.suppress(OSError):  # a stopped bot has no status to report
-                (self.config.database_path.parent / STATUS_FILE).unlink()
+                self._status_path().unlink()
         if self._maintenance is not None:
             self._maintenance.cancel()
             await step("maintenance", self._maintenance)
@@ -507,6 +512,7 @@ async def build(
             _close_embedder=real_embedder,
             server_limits=server_limits,
             trust=trust,
+            status_path=report_path(config.database_path.parent, env),
         )
         if transports is None:
             names = only if only is not None else config.enabled_transports()

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bot import __version__
-from bot.app import DRAIN_SECONDS, build
 from bot.config import Config, load_config
 from bot.domain import DM_SPACE, ConversationKey
 from bot.errors import ConfigError, MeshsageError, TransportError
@@ -229,13 +228,13 @@ def _main(argv: Sequence[str] | None) -> int:
             return _serve_locked(config, env=env, only=only, console=interactive)
         _setup_logging("DEBUG" if args.verbose else config.log_level)
         if args.command == "status" and args.watch is not None:
-            from bot.ops.status import STATUS_FILE
+            from bot.ops.status import find
             from bot.ops.watch import watch
 
-            path = config.database_path.parent / STATUS_FILE
+            path = find(config.database_path.parent, env)
             return watch(path, interval=args.watch, out=sys.stdout, tty=_isatty(sys.stdout))
         if args.command == "status":
-            return cli_ops.status(config, as_json=args.json)
+            return cli_ops.status(config, as_json=args.json, env=env)
         if args.command == "backup":
             return cli_ops.backup(config, args.file, env=env, keep=args.keep, force=args.force,
                                   missing_ok=args.missing_ok)  # fmt: skip
@@ -340,6 +339,8 @@ def _serve_locked(
 async def _serve(
     config: Config, *, env: Mapping[str, str], only: list[str] | None, console: bool
 ) -> int:
+    from bot.app import DRAIN_SECONDS, build
+
     started = time.monotonic()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -433,6 +434,8 @@ async def _starting_pings(env: Mapping[str, str]) -> None:
 async def _memory_show(config: Config, args: argparse.Namespace) -> int:
     """Print the messages a real turn would send now, style hint and template merge included
     (built by the same code as a reply, for a message not stored)."""
+    from bot.app import build
+
     section = getattr(config, args.transport, None) or config.console_config()
     try:  # the transport is built (never started) for its limits: budget and style hint
         app = await build(config, env=os.environ, only=[args.transport])
@@ -477,6 +480,8 @@ async def _memory_show(config: Config, args: argparse.Namespace) -> int:
 
 
 async def _memory_reindex(config: Config, args: argparse.Namespace) -> int:
+    from bot.app import build
+
     if not config.memory.embeddings.enabled:
         raise ConfigError(
             f"memory.embeddings is disabled in {args.config or 'the configuration'}. Fix: set "
@@ -545,6 +550,8 @@ async def _migrate_store(args: argparse.Namespace, env: Mapping[str, str]) -> in
 
 
 async def _memory_rebuild(config: Config, args: argparse.Namespace) -> int:
+    from bot.app import build
+
     app = await build(config, env=os.environ, transports=[])
     try:
         key = ConversationKey(args.transport, args.person, args.space)

@@ -80,7 +80,7 @@ async def test_a_transport_that_ended_makes_status_unhealthy_but_keeps_the_watch
         assert "Fix" in problem
         lines, ok = render(report)
         assert not ok and any("NOT SERVING" in line for line in lines)
-        assert cli_ops.status(app.config, as_json=True) == 1  # the HEALTHCHECK fails
+        assert cli_ops.status(app.config, as_json=True, env={}) == 1  # the HEALTHCHECK fails
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)

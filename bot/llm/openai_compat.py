@@ -37,6 +37,11 @@ Invariants:
   characters (NUL included; newlines and tabs kept) and bidi overrides/isolates are removed.
   Over-long answers are cut to ``MAX_ANSWER_CHARS``; an answer cut by ``max_tokens`` (or here)
   ends with ``TRUNCATED_MARK``.
+- Memory is bounded whatever a server sends: the body is read as it arrives, never whole. A
+  stream stops being read (and the connection is closed, which stops generation) once its
+  text reaches ``MAX_RAW_CHARS`` (the answer is then cut, as by ``max_tokens``); one stream
+  line over ``MAX_LINE_BYTES`` or a plain JSON answer over ``MAX_JSON_BYTES`` is a failed
+  attempt (no chat answer is that large), read no further.
 - ``complete(schema=...)`` asks for structured output in the endpoint's mode
   (bot.llm.structured); a server that refuses a mode is asked in the next one at once (the
   refusal is no failed attempt), down to a plain request.
@@ -54,7 +59,7 @@ import logging
 import random
 import re
 import unicodedata
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +83,10 @@ from bot.llm.port import (
 log = logging.getLogger("bot.llm")
 
 MAX_ANSWER_CHARS = 16_000
+# What is read of one answer: room for reasoning (<think>) before MAX_ANSWER_CHARS of answer.
+MAX_RAW_CHARS = 4 * MAX_ANSWER_CHARS
+MAX_LINE_BYTES = 1 << 20  # one SSE line (a delta is a few hundred bytes)
+MAX_JSON_BYTES = 1 << 20  # a whole non-streamed answer (MAX_RAW_CHARS, JSON-escaped, fits)
 PLACEHOLDER_KEY = "not-needed"
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
@@ -322,10 +331,11 @@ class OpenAICompatLLM:
                 try:
                     if "text/event-stream" in kind:
                         raw, finish, model = await _read_stream(
-                            resp.iter_lines(), on_raw=grown if on_text is not None else None
+                            _lines(resp.iter_bytes()),
+                            on_raw=grown if on_text is not None else None,
                         )
                     else:  # a server that ignores stream=true, or an error page with status 200
-                        raw, finish, model = _read_json(await resp.read())
+                        raw, finish, model = _read_json(await _body(resp.iter_bytes()))
                 except _CutRaw as exc:
                     cut = self._finish_cut(exc.raw, exc.model or target.endpoint.model)
                     raise _Cut(cut) from None
@@ -433,14 +443,45 @@ class _Empty(str):
     """An SSE body with no event at all (llama-cpp-python's over-long streamed prompt)."""
 
 
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of a body as it arrives (LF or CRLF); a line longer than ``MAX_LINE_BYTES``
+    is ``_Unusable``, so a server that never sends a newline cannot fill the memory."""
+    pending = b""
+    async for chunk in chunks:
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            yield line.removesuffix(b"\r").decode("utf-8", errors="replace")
+        if len(pending) > MAX_LINE_BYTES:
+            raise _Unusable(f"a stream line over {MAX_LINE_BYTES} bytes")
+    if pending:
+        yield pending.removesuffix(b"\r").decode("utf-8", errors="replace")
+
+
+async def _body(chunks: AsyncIterator[bytes]) -> bytes:
+    """A whole (non-streamed) body of at most ``MAX_JSON_BYTES``; larger is ``_Unusable``."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > MAX_JSON_BYTES:
+            raise _Unusable(
+                f"an answer over {MAX_JSON_BYTES >> 20} MB, not streamed (the server ignores "
+                "max_tokens and stream)"
+            )
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 async def _read_stream(
-    lines: Any, *, on_raw: Callable[[str], Awaitable[None]] | None = None
+    lines: AsyncIterator[str], *, on_raw: Callable[[str], Awaitable[None]] | None = None
 ) -> tuple[str, str | None, str]:
     """Concatenated content deltas, the finish reason and the model from an SSE stream;
     ``on_raw`` (streamed answers) gets the text so far after each delta. Returns ``_Empty``
     for a body with no line at all; raises ``_CutRaw`` when the body ends before ``[DONE]``
-    or a ``finish_reason`` (a close-delimited connection cut mid-answer)."""
+    or a ``finish_reason`` (a close-delimited connection cut mid-answer). Stops reading at
+    ``MAX_RAW_CHARS`` of text, finish reason ``length`` (the caller closes the stream)."""
     parts: list[str] = []
+    size = 0
     finish: str | None = None
     model = ""
     events = 0
@@ -475,10 +516,15 @@ async def _read_stream(
             delta = choice.get("delta") or {}
             content = delta.get("content") if isinstance(delta, dict) else None
             if isinstance(content, str):
+                content = content[: MAX_RAW_CHARS - size]
                 parts.append(content)
+                size += len(content)
                 if on_raw is not None and content:
                     await on_raw("".join(parts))
             finish = choice.get("finish_reason") or finish
+        if size >= MAX_RAW_CHARS:  # enough: read no more of what the server writes
+            finish, done = "length", True
+            break
     if not seen:
         return _Empty(""), None, model
     if not events:

@@ -10,6 +10,8 @@ Invariants:
   client's own retries are off; a refused connection or a 5xx gets one retry after a short
   jittered pause, a timeout gets none (its time is already spent, and the query is embedded
   on the reply path).
+- Importing this module loads no ``openai`` (about 0.5 s and 45 MB): retrieval imports the
+  port, and the package is imported when the first adapter is built.
 """
 
 from __future__ import annotations
@@ -21,11 +23,8 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
-import openai
-
 from bot.config import EmbeddingsConfig, Endpoint
 from bot.errors import EmbeddingUnavailable
-from bot.llm.openai_compat import describe_error
 
 log = logging.getLogger("bot.memory.embeddings")
 
@@ -64,6 +63,8 @@ class OpenAICompatEmbedder:
         self._config = config
         self._sleep = sleep
         self.base_url, key_env = config.endpoint(llm)
+        import openai  # here: the openai package costs 0.5 s and ~45 MB; retrieval needs none
+
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url,
             api_key=(env.get(key_env) if key_env else None) or PLACEHOLDER_KEY,
@@ -87,6 +88,8 @@ class OpenAICompatEmbedder:
         return out
 
     async def _batch(self, texts: list[str]) -> list[list[float]]:
+        import openai  # loaded by __init__ already
+
         for attempt in range(2):
             if attempt:
                 await self._sleep(RETRY_PAUSE * random.uniform(0.5, 1.0))
@@ -124,6 +127,8 @@ class OpenAICompatEmbedder:
         return vectors
 
     def _unavailable(self, exc: BaseException) -> EmbeddingUnavailable:
+        import openai  # loaded by __init__ already
+
         hint = (
             f"check that the server is running and has the model (`ollama pull {self.model}`)"
             if not isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError)
@@ -142,4 +147,6 @@ class _Malformed(Exception):
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, _Malformed):
         return f"malformed answer ({exc})"
+    from bot.llm.openai_compat import describe_error
+
     return describe_error(exc)

@@ -18,8 +18,8 @@ from bot.config import Config
 from bot.ops import status as status_file
 
 
-def status(config: Config, *, as_json: bool) -> int:
-    path = config.database_path.parent / status_file.STATUS_FILE
+def status(config: Config, *, as_json: bool, env: Mapping[str, str]) -> int:
+    path = status_file.find(config.database_path.parent, env)
     try:
         report = status_file.read(path)
     except FileNotFoundError:

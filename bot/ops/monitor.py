@@ -13,14 +13,18 @@ Invariants:
   status`` (the container HEALTHCHECK) exit non-zero, with the fix in ``problems``. They do not
   stop the watchdog pings (``watchdog_ok``): a restart fixes neither, and would stop the
   transports that still serve people.
-- The status file is rewritten every tick (atomically), healthy or not, so ``meshsage status``
-  can say what is wrong; a failure to write it is logged once per cause and never stops the bot.
+- The status file is rewritten (atomically), healthy or not, so ``meshsage status`` can say
+  what is wrong: at a tick whose report differs from the last one written in anything but
+  ``written_at``, and at least every ``heartbeat`` seconds (``STATUS_HEARTBEAT``: fresh while
+  the bot lives). A failed write is tried again at the next tick; it is logged once per cause
+  and never stops the bot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import logging
 import os
@@ -59,6 +63,7 @@ class Monitor:
         relay: Callable[[], Mapping[str, int]] | None = None,
         llm_limits: Callable[[], str] | None = None,
         interval: float = status_file.STATUS_INTERVAL,
+        heartbeat: float = status_file.STATUS_HEARTBEAT,
         store_timeout: float = STORE_TIMEOUT,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -72,6 +77,9 @@ class Monitor:
         self._llm_limits = llm_limits
         wd = notifier.watchdog_interval
         self.interval = min(interval, wd / 3) if wd else interval
+        self._heartbeat = heartbeat
+        self._written = ""  # the last report written, with written_at zeroed ("": none yet)
+        self._written_at = 0.0
         self._store_timeout = store_timeout
         self._clock = clock
         self.started_at = clock()
@@ -114,9 +122,14 @@ class Monitor:
         if line != self._status_line:
             self._status_line = line
             self._notifier.status(line)
+        same = dataclasses.replace(snapshot, written_at=0.0).to_json()
+        # abs(): a wall clock stepped back (NTP on a Pi) must not hold the heartbeat back
+        if same == self._written and abs(snapshot.written_at - self._written_at) < self._heartbeat:
+            return snapshot
         try:  # (with PostgreSQL only, nothing else creates the state directory)
             private_dir(self._path.parent)
             status_file.write_atomic(self._path, snapshot.to_json())
+            self._written, self._written_at = same, snapshot.written_at
             self._write_failed = ""
         except OSError as exc:
             if str(exc) != self._write_failed:

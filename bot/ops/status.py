@@ -1,9 +1,15 @@
 """The status file: what ``meshsage status`` and the container HEALTHCHECK read.
 
 Invariants:
-- The running bot rewrites ``STATUS_FILE`` in the state dir every ``STATUS_INTERVAL`` seconds by
-  writing a private temporary file and renaming it over the old one (atomic: a reader sees the
-  old or the new file, never half of one). Mode 0600 like every state file.
+- The running bot checks its health every ``STATUS_INTERVAL`` seconds and rewrites
+  ``STATUS_FILE`` only when the report changed, or ``STATUS_HEARTBEAT`` seconds after the last
+  write (so a fresh report proves the bot alive: an idle bot writes twice a minute, not twelve
+  times), by writing a private temporary file and renaming it over the old one (atomic: a
+  reader sees the old or the new file, never half of one). Mode 0600 like every state file.
+- Where: systemd's ``RuntimeDirectory=`` (``$RUNTIME_DIRECTORY``, a tmpfs: no SD-card writes)
+  when it gives one, else the state dir (``report_path``). ``meshsage status`` looks in
+  ``$RUNTIME_DIRECTORY``, then ``/run/meshsage`` (the unit's runtime dir, for an operator's
+  shell), then the state dir (``find``).
 - A report is *fresh* when written less than ``STALE_AFTER`` seconds ago and not dated in the
   future (more than ``FUTURE_SLACK``: the clock went back since, e.g. a dead bot's file from
   before a Pi's clock was stepped); ``status`` exits 0 only for a fresh, healthy report whose
@@ -23,6 +29,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,38 @@ STATUS_FILE = "status.json"
 STATUS_INTERVAL = 5.0
 STALE_AFTER = 60.0
 FUTURE_SLACK = 5.0  # a report dated further ahead than this was written on another clock
+# Half of STALE_AFTER: a heartbeat delayed by a slow tick (up to STORE_TIMEOUT, 20 s) still
+# lands before the report goes stale.
+STATUS_HEARTBEAT = 30.0
+RUNTIME_ENV = "RUNTIME_DIRECTORY"  # set by systemd for RuntimeDirectory=
+SYSTEMD_RUNTIME_DIR = Path("/run/meshsage")  # RuntimeDirectory=meshsage in systemd/
+
+
+def report_path(state_dir: Path, env: Mapping[str, str]) -> Path:
+    """Where the running bot writes its report: the runtime directory systemd gave it (the
+    first, if it lists several), else the state dir."""
+    runtime = env.get(RUNTIME_ENV, "").split(":")[0]
+    return Path(runtime) / STATUS_FILE if runtime else state_dir / STATUS_FILE
+
+
+def find(
+    state_dir: Path, env: Mapping[str, str], *, systemd_dir: Path = SYSTEMD_RUNTIME_DIR
+) -> Path:
+    """Where ``meshsage status`` reads the report: the first that holds one of
+    ``$RUNTIME_DIRECTORY`` (the bot's own environment: the HEALTHCHECK), the systemd unit's
+    runtime dir (an operator's shell) and the state dir; a report it may not read counts (the
+    reader then says why). When none holds one, where this environment's bot would write it."""
+    own, state = report_path(state_dir, env), state_dir / STATUS_FILE
+    order = ([] if own == state else [own]) + [systemd_dir / STATUS_FILE, state]
+    for candidate in order:
+        try:
+            candidate.stat()
+        except PermissionError:
+            return candidate
+        except OSError:
+            continue
+        return candidate
+    return own
 
 
 @dataclass(frozen=True)
