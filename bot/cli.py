@@ -138,6 +138,11 @@ def _parser() -> argparse.ArgumentParser:
         "import", parents=[cfg], help="load a JSON export (one transaction; all or nothing)"
     )
     imp.add_argument("file")
+    pins = sub.add_parser(
+        "pins", parents=[cfg], help="mesh key pins (ids, fingerprints); --repin a reset radio"
+    )
+    pins.add_argument("--repin", metavar="NODE", help="drop NODE's pin: its next PKI DM pins it")
+    pins.add_argument("--key", metavar="BASE64", help="with --repin: pin this public key instead")
     move = sub.add_parser(
         "migrate-store",
         parents=[common, envf],
@@ -249,6 +254,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return asyncio.run(_export(config, args))
         if args.command == "import":
             return asyncio.run(_import(config, args))
+        if args.command == "pins":
+            return asyncio.run(_pins(config, args))
         if args.command == "memory":
             return asyncio.run(_memory_show(config, args))
     except MeshsageError as exc:
@@ -581,6 +588,16 @@ async def _export(config: Config, args: argparse.Namespace) -> int:
             return 1
         sys.stdout.write(render(doc, args.format))
         return 0
+    finally:
+        await store.close()
+
+
+async def _pins(config: Config, args: argparse.Namespace) -> int:
+    from bot.identity import pins_command
+
+    store = await _open_store(config)
+    try:
+        return await pins_command(store, config, repin=args.repin, key=args.key, out=print)
     finally:
         await store.close()
 

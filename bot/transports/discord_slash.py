@@ -290,6 +290,7 @@ class SlashCommands:
             message_id=key,
             sender_name=interaction.user.display_name,
             received_at=interaction.created_at,
+            authenticated=True,  # Discord's login (bot.trust)
         )
         await handle(inbound)
 

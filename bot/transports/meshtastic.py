@@ -19,6 +19,10 @@ Invariants:
   as a ``MeshText``, before the answer rules and dedup (the bridge dedups itself);
   ``broadcast`` queues relayed text in the same fair, paced outbox as replies (refused while
   the outbox is busy: answers come first).
+- Who speaks (``mesh_keys``): a DM is handed on ``authenticated`` only when it arrived
+  PKI-encrypted with the key pinned for its node (``key_pins``, wired by app.py); a DM for a
+  pinned node without that key is refused before the responder sees it (one notice per node
+  per ``REFUSAL_NOTICE_SECONDS``, a WARNING, a count); channel texts are never authenticated.
 - Message text is never logged above DEBUG.
 """
 
@@ -32,6 +36,7 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from typing import Any
 
 from bot.bridge import MeshText
@@ -48,6 +53,7 @@ from bot.domain import (
 from bot.errors import TransportError
 from bot.transports.base import OnMessage, Transport, TransportHealth
 from bot.transports.mesh_airtime import Pacer
+from bot.transports.mesh_keys import Identity, KeyPins, identify, packet_key
 from bot.transports.mesh_rules import (
     BROADCAST_NUM,
     Accepted,
@@ -91,6 +97,9 @@ INBOUND_LIMIT = 64  # messages waiting for on_message; beyond that the radio is 
 INBOUND_DRAIN_SECONDS = 5.0
 HARD_LIMIT_FACTOR = 4  # beyond outbox_limit * this, send() answers PENDING (the outbox waits)
 QUIET_DROPS = frozenset({"no trigger"})  # plus "channel N not enabled": everyday chatter
+REFUSAL_NOTICE_SECONDS = 600.0  # one "not that person" notice per node id in this time
+REFUSED = ("This DM did not come with the radio key I know for this node, so I did not act on "
+           "it. Reset or replaced your radio? Ask the operator to re-pin it.")  # fmt: skip
 
 __all__ = ["MeshtasticTransport", "build_meshtastic", "default_interface_factory", "running"]
 
@@ -153,7 +162,12 @@ class MeshtasticTransport(MeshOutbox):
         self._stopping = False
         self._closed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._inbound: asyncio.Queue[Inbound] = asyncio.Queue(maxsize=INBOUND_LIMIT)
+        # each message with the PKI key it arrived with (None: no PKI), identified in order
+        self._inbound: asyncio.Queue[tuple[Inbound, bytes | None]] = asyncio.Queue(
+            maxsize=INBOUND_LIMIT
+        )
+        self.key_pins: KeyPins | None = None  # who speaks (mesh_keys); app.py wires the store
+        self._refusals = Cooldown(seconds=REFUSAL_NOTICE_SECONDS)
         self._jobs: list[_Job] = []
         self._jobs_changed = asyncio.Event()
         self._acks: dict[int, tuple[_Job, _Part]] = {}
@@ -333,7 +347,7 @@ class MeshtasticTransport(MeshOutbox):
             sender_name=self._sender_name(msg.sender_num),
         )
         try:
-            self._inbound.put_nowait(inbound)
+            self._inbound.put_nowait((inbound, packet_key(packet)))
         except asyncio.QueueFull:
             log.warning("inbound queue full; dropping a message from %s", msg.sender)
             return
@@ -466,14 +480,39 @@ class MeshtasticTransport(MeshOutbox):
 
     async def _inbound_loop(self) -> None:
         while True:
-            inbound = await self._inbound.get()
+            inbound, key = await self._inbound.get()
             assert self._on_message is not None
             try:
-                await self._on_message(inbound)
+                who = await identify(self.key_pins, inbound.sender, key, dm=inbound.is_dm)
+                if who.refused:
+                    self._refuse(inbound, who)
+                else:
+                    authenticated = who is Identity.AUTHENTICATED
+                    await self._on_message(replace(inbound, authenticated=authenticated))
             except Exception:  # loop boundary: one bad message must not stop the radio
                 log.exception("storing a message from %s failed", inbound.sender)
             finally:
                 self._inbound.task_done()
+
+    def _refuse(self, inbound: Inbound, who: Identity) -> None:
+        """A DM claiming a pinned node without its key: not that person (``mesh_keys``)."""
+        why = "another public key" if who is Identity.KEY_CHANGED else "no PKI"
+        log.warning(
+            "refused a DM claiming to be %s: it came with %s, not the key pinned for that node "
+            "(a forged sender, or a reset radio: `meshsage pins --repin %s` if the owner "
+            "confirms)", inbound.sender, why, inbound.sender,
+        )  # fmt: skip
+        assert self.key_pins is not None
+        self.key_pins.refused(inbound.sender, who)
+        now = self._clock.monotonic()
+        if now < self._refusals.ready_at(inbound.sender):
+            return
+        self._refusals.note(inbound.sender, now)
+
+        async def tell() -> None:
+            await self.send(Reply(inbound=inbound, text=self.fit(REFUSED), kind=ReplyKind.NOTICE))
+
+        self._spawn(tell())
 
     # --- sending ------------------------------------------------------------------------------
     def _make_job(self, reply: Reply) -> _Job:
