@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 import sqlite3
 import time
+from collections import deque
 
 from bot.commands import Commands
 from bot.config import BotConfig

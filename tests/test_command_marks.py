@@ -106,8 +106,9 @@ async def test_a_released_command_stays_known_to_catch_up_without_its_text(
     memory: MemoryStore,
 ) -> None:
     now = time.time()
-    held = await memory.hold_command(ON_DISCORD, "!remember my pin is 1234",
-                                     platform_id="1001", author="al", authenticated=True)  # fmt: skip
+    held = await memory.hold_command(
+        ON_DISCORD, "!remember my pin is 1234", platform_id="1001", author="al", authenticated=True
+    )
     await memory.hold_command(
         ON_DISCORD, "!facts", platform_id="1002", author="al", authenticated=True
     )

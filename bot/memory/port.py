@@ -12,8 +12,8 @@ Invariants every implementation keeps:
 - Summaries are chapters: a saved summary replaces only the rows whose message range it
   covers, so folds append chapters and a merge (one row over several ranges) replaces them.
 - ``forget_person`` removes every row about the person, search-index rows, vectors, outbox
-  rows and the person's key pin included; the physical erase is crash-safe (finished when the store next opens) and a
-  repeated call erases again even when nothing is left to delete.
+  rows and the person's key pin included; the physical erase is crash-safe (finished when
+  the store next opens) and a repeated call erases again even when nothing is left to delete.
 - ``recent_messages(before_id=Q)`` is the conversation as it stands for message Q: everything
   before Q plus the assistant answers to those messages, even when an answer was stored after
   Q (a second question sent before the first was answered).

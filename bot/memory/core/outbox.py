@@ -431,8 +431,8 @@ class OutboxMixin(CoreBase):
         among, among_args = self.dialect.in_texts("transport", transports)
         rows = await self._all(
             "SELECT id, transport, person, space, text, platform_id, author, created_at, "
-            f"done_at, authenticated FROM held_commands WHERE gateway = ? AND released_at IS NULL AND {among} "
-            "ORDER BY id",
+            "done_at, authenticated FROM held_commands "
+            f"WHERE gateway = ? AND released_at IS NULL AND {among} ORDER BY id",
             (self._claim_gateway(), *among_args),
         )
         return [
