@@ -36,7 +36,13 @@ class PinStore(Protocol):
     async def key_pin(self, transport: str, person: str) -> KeyPin | None: ...
 
     async def pin_key(
-        self, transport: str, person: str, key: bytes, *, replace: bool = False
+        self,
+        transport: str,
+        person: str,
+        key: bytes,
+        *,
+        replace: bool = False,
+        pinned_at: float | None = None,
     ) -> bytes: ...
 
     async def unpin_key(self, transport: str, person: str) -> bool: ...

@@ -258,10 +258,16 @@ class IdentityMixin(CoreBase):
         return None if row is None else _pin(row)
 
     async def pin_key(
-        self, transport: str, person: str, key: bytes, *, replace: bool = False
+        self,
+        transport: str,
+        person: str,
+        key: bytes,
+        *,
+        replace: bool = False,
+        pinned_at: float | None = None,
     ) -> bytes:
         """Pin ``key`` for the person unless one is pinned (``replace``: the operator's
-        re-pin); returns the key pinned now."""
+        re-pin; ``pinned_at``: an import's date); returns the key pinned now."""
         async with self._atomic() as tx:
             if replace:
                 await tx.exec(
@@ -270,7 +276,12 @@ class IdentityMixin(CoreBase):
             await tx.exec(
                 "INSERT INTO key_pins (transport, person, public_key, pinned_at) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (transport, person, base64.b64encode(key).decode("ascii"), time.time()),
+                (
+                    transport,
+                    person,
+                    base64.b64encode(key).decode("ascii"),
+                    pinned_at or time.time(),
+                ),
             )
             held = await tx.val(
                 "SELECT public_key FROM key_pins WHERE transport = ? AND person = ?",
