@@ -309,6 +309,10 @@ def _check_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     config = load_config(path, env=env)
     interactive = not args.service and _isatty(sys.stdin)
     preflight.check(config, env=env, interactive=interactive)
+    from bot.identity import risks
+
+    for risk in risks(config):  # not problems: the bot runs, the operator is told
+        print(f"warning: {risk}", file=sys.stderr)
     print(
         f"{config.source}: OK (transports: {', '.join(config.enabled_transports())}; "
         f"{preflight.describe_store(config)})"
@@ -367,6 +371,10 @@ async def _serve(
     )
     try:
         app = await build(config, env=env, only=only)
+        from bot.identity import risks
+
+        for risk in risks(config) if only is None else ():
+            log.warning("%s", risk)
     except BaseException:
         probe.cancel()
         raise

@@ -61,6 +61,35 @@ def policy_for(config: Config) -> SenderPolicy:
     )
 
 
+def risks(config: Config) -> list[str]:
+    """What a careful operator should know about who is trusted on the mesh (check-config,
+    run and doctor say it; none stops the bot)."""
+    mesh = config.meshtastic
+    if mesh is None or MESH not in config.enabled_transports():
+        return []
+    src = config.source
+    found = []
+    if mesh.unauthenticated_dm == "memory":
+        found.append(
+            f"{src}: meshtastic.unauthenticated_dm: memory lets anyone holding the channel key "
+            "read and add to the memory of every node without PKI (firmware before 2.5) by "
+            "putting its id in a packet's from; its answers go out under the channel key only. "
+            "Fix: keep the default (chat) unless you trust everyone who holds the channel key"
+        )
+    unpinned = sorted(
+        op.split(":", 1)[1]
+        for op in config.bot.operators
+        if op.startswith(f"{MESH}:") and op.split(":", 1)[1] not in mesh.pinned_keys
+    )
+    if unpinned:
+        found.append(
+            f"{src}: mesh operator(s) {', '.join(unpinned)} have no meshtastic.pinned_keys "
+            "entry: the first PKI DM claiming each id pins its key (trust on first use). Fix: "
+            "pin each operator's public key (meshtastic --nodes shows it) to close that window"
+        )
+    return found
+
+
 def configured_keys(config: Config) -> dict[str, bytes]:
     mesh = config.meshtastic
     if mesh is None:
