@@ -119,6 +119,9 @@ SPECS: tuple[SlashSpec, ...] = (
         "NAME [here|server|bot], or clear",
         operator=True,
     ),
+    SlashSpec(
+        "repin", "Operator: mesh key pins, or re-pin a node", "node", "!1234abcd", operator=True
+    ),  # fmt: skip
 )
 
 SLASH_NAMES = tuple(spec.name for spec in SPECS)
