@@ -121,7 +121,7 @@ SPECS: tuple[SlashSpec, ...] = (
     ),
     SlashSpec(
         "repin", "Operator: mesh key pins, or re-pin a node", "node", "!1234abcd", operator=True
-    ),  # fmt: skip
+    ),
 )
 
 SLASH_NAMES = tuple(spec.name for spec in SPECS)
