@@ -508,7 +508,7 @@ async def build(
         app.transports = transports
         for transport in transports:
             if isinstance(transport, Identifies):  # the mesh: who speaks (mesh_keys)
-                transport.key_pins = pins
+                transport.admission.pins = pins
         if config.web.enabled and only is None:  # `run` only: chat and the tools serve no view
             app.web = _build_web(app, env=env, latencies=latencies, counters=counters)
         # chat, memory tools and reindex build one transport or none: no bridge to make

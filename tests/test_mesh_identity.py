@@ -19,8 +19,7 @@ import pytest
 from bot.app import App, build
 from bot.commands import COMMAND_NAMES
 from bot.identity import pins_command
-from bot.transports.mesh_keys import fingerprint
-from bot.transports.meshtastic import REFUSED
+from bot.transports.mesh_keys import REFUSED, fingerprint
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_radio import BROADCAST, node_key
@@ -123,6 +122,8 @@ async def test_every_forged_dm_for_a_pinned_node_is_refused_and_changes_nothing(
         assert await r.rows() == before
         assert len(fake_llm.chat_requests()) == asked  # the model never saw a forged question
         # one short notice to the packet's node, not one per forged packet
+        await r.h.until(lambda: REFUSED in r.texts_to(VICTIM), "the notice")
+        await r.app.responder.wait_idle()
         assert r.texts_to(VICTIM)[2:] == [REFUSED]
         assert len(REFUSED.encode()) <= 200
         assert r.app.pins is not None

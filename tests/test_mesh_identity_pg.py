@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bot.app import App, build
-from bot.transports.meshtastic import REFUSED
+from bot.transports.mesh_keys import REFUSED
 from tests import pg_server
 from tests.conftest import make_config
 from tests.fakes.fake_llm import FakeLLM

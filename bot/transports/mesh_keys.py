@@ -17,6 +17,8 @@ Invariants:
   packet's node, a WARNING naming the node and the reason, never the text) and counts it.
 - A DM without PKI for an id with no pin is ``UNVERIFIED``: answered under ``bot.trust``.
 - Without a pin port (a transport used on its own) nothing is authenticated.
+- ``Admission`` tells the transport to notify a refused packet's node at most once per
+  ``REFUSAL_NOTICE_SECONDS`` per node id: a flood of forged packets earns one packet back.
 """
 
 from __future__ import annotations
@@ -25,10 +27,20 @@ import base64
 import binascii
 import enum
 import hashlib
+import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
+from bot.domain import Inbound
+from bot.transports.mesh_rules import Cooldown
+
+log = logging.getLogger("bot.transport.meshtastic")
+
 PUBLIC_KEY_BYTES = 32  # Curve25519, as the firmware sends it
+REFUSAL_NOTICE_SECONDS = 600.0  # one "not that person" notice per node id in this time
+REFUSED = ("This DM did not come with the radio key I know for this node, so I did not act on "
+           "it. Reset or replaced your radio? Ask the operator to re-pin it.")  # fmt: skip
 
 
 class Identity(enum.Enum):
@@ -55,9 +67,9 @@ class KeyPins(Protocol):
 
 @runtime_checkable
 class Identifies(Protocol):
-    """A transport that asks ``key_pins`` who speaks (app.py wires it)."""
+    """A transport that asks its ``admission`` who speaks (app.py wires the pins)."""
 
-    key_pins: KeyPins | None
+    admission: Admission
 
 
 def packet_key(packet: Mapping[str, Any]) -> bytes | None:
@@ -90,3 +102,32 @@ async def identify(pins: KeyPins | None, node: str, key: bytes | None, *, dm: bo
     if held is None:
         held = await pins.pin_first(node, key)
     return Identity.AUTHENTICATED if held == key else Identity.KEY_CHANGED
+
+
+class Admission:
+    """Who speaks, DM by DM, for one transport (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.pins: KeyPins | None = None  # app.py wires the store's (bot.identity)
+        self._told = Cooldown(seconds=REFUSAL_NOTICE_SECONDS)
+
+    async def admit(
+        self, inbound: Inbound, key: bytes | None, *, now: float
+    ) -> tuple[Inbound | None, bool]:
+        """The message as the responder gets it (None: refused, not that person), and whether
+        to tell the packet's node so (``REFUSED``)."""
+        who = await identify(self.pins, inbound.sender, key, dm=inbound.is_dm)
+        if not who.refused:
+            return replace(inbound, authenticated=who is Identity.AUTHENTICATED), False
+        why = "another public key" if who is Identity.KEY_CHANGED else "no PKI"
+        log.warning(
+            "refused a DM claiming to be %s: it came with %s, not the key pinned for that node "
+            "(a forged sender, or a reset radio: `meshsage pins --repin %s` if the owner "
+            "confirms)", inbound.sender, why, inbound.sender,
+        )  # fmt: skip
+        assert self.pins is not None  # refusals need a pin
+        self.pins.refused(inbound.sender, who)
+        if now < self._told.ready_at(inbound.sender):
+            return None, False
+        self._told.note(inbound.sender, now)
+        return None, True

@@ -19,10 +19,10 @@ Invariants:
   as a ``MeshText``, before the answer rules and dedup (the bridge dedups itself);
   ``broadcast`` queues relayed text in the same fair, paced outbox as replies (refused while
   the outbox is busy: answers come first).
-- Who speaks (``mesh_keys``): a DM is handed on ``authenticated`` only when it arrived
-  PKI-encrypted with the key pinned for its node (``key_pins``, wired by app.py); a DM for a
-  pinned node without that key is refused before the responder sees it (one notice per node
-  per ``REFUSAL_NOTICE_SECONDS``, a WARNING, a count); channel texts are never authenticated.
+- Who speaks (``mesh_keys.Admission``, its pins wired by app.py): a DM is handed on
+  ``authenticated`` only when it arrived PKI-encrypted with the key pinned for its node; a DM
+  for a pinned node without that key never reaches the responder (its node is told, at most
+  once per ``REFUSAL_NOTICE_SECONDS``); channel texts are never authenticated.
 - Message text is never logged above DEBUG.
 """
 
@@ -36,7 +36,6 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import replace
 from typing import Any
 
 from bot.bridge import MeshText
@@ -53,7 +52,7 @@ from bot.domain import (
 from bot.errors import TransportError
 from bot.transports.base import OnMessage, Transport, TransportHealth
 from bot.transports.mesh_airtime import Pacer
-from bot.transports.mesh_keys import Identity, KeyPins, identify, packet_key
+from bot.transports.mesh_keys import REFUSED, Admission, packet_key
 from bot.transports.mesh_rules import (
     BROADCAST_NUM,
     Accepted,
@@ -97,9 +96,6 @@ INBOUND_LIMIT = 64  # messages waiting for on_message; beyond that the radio is 
 INBOUND_DRAIN_SECONDS = 5.0
 HARD_LIMIT_FACTOR = 4  # beyond outbox_limit * this, send() answers PENDING (the outbox waits)
 QUIET_DROPS = frozenset({"no trigger"})  # plus "channel N not enabled": everyday chatter
-REFUSAL_NOTICE_SECONDS = 600.0  # one "not that person" notice per node id in this time
-REFUSED = ("This DM did not come with the radio key I know for this node, so I did not act on "
-           "it. Reset or replaced your radio? Ask the operator to re-pin it.")  # fmt: skip
 
 __all__ = ["MeshtasticTransport", "build_meshtastic", "default_interface_factory", "running"]
 
@@ -166,8 +162,7 @@ class MeshtasticTransport(MeshOutbox):
         self._inbound: asyncio.Queue[tuple[Inbound, bytes | None]] = asyncio.Queue(
             maxsize=INBOUND_LIMIT
         )
-        self.key_pins: KeyPins | None = None  # who speaks (mesh_keys); app.py wires the store
-        self._refusals = Cooldown(seconds=REFUSAL_NOTICE_SECONDS)
+        self.admission = Admission()  # who speaks (mesh_keys); app.py wires its pins
         self._jobs: list[_Job] = []
         self._jobs_changed = asyncio.Event()
         self._acks: dict[int, tuple[_Job, _Part]] = {}
@@ -483,36 +478,19 @@ class MeshtasticTransport(MeshOutbox):
             inbound, key = await self._inbound.get()
             assert self._on_message is not None
             try:
-                who = await identify(self.key_pins, inbound.sender, key, dm=inbound.is_dm)
-                if who.refused:
-                    self._refuse(inbound, who)
-                else:
-                    authenticated = who is Identity.AUTHENTICATED
-                    await self._on_message(replace(inbound, authenticated=authenticated))
+                now = self._clock.monotonic()
+                admitted, tell = await self.admission.admit(inbound, key, now=now)
+                if admitted is not None:
+                    await self._on_message(admitted)
+                elif tell:  # not that person: its node hears why, in one packet
+                    self._spawn(self._tell_refused(inbound))
             except Exception:  # loop boundary: one bad message must not stop the radio
                 log.exception("storing a message from %s failed", inbound.sender)
             finally:
                 self._inbound.task_done()
 
-    def _refuse(self, inbound: Inbound, who: Identity) -> None:
-        """A DM claiming a pinned node without its key: not that person (``mesh_keys``)."""
-        why = "another public key" if who is Identity.KEY_CHANGED else "no PKI"
-        log.warning(
-            "refused a DM claiming to be %s: it came with %s, not the key pinned for that node "
-            "(a forged sender, or a reset radio: `meshsage pins --repin %s` if the owner "
-            "confirms)", inbound.sender, why, inbound.sender,
-        )  # fmt: skip
-        assert self.key_pins is not None
-        self.key_pins.refused(inbound.sender, who)
-        now = self._clock.monotonic()
-        if now < self._refusals.ready_at(inbound.sender):
-            return
-        self._refusals.note(inbound.sender, now)
-
-        async def tell() -> None:
-            await self.send(Reply(inbound=inbound, text=self.fit(REFUSED), kind=ReplyKind.NOTICE))
-
-        self._spawn(tell())
+    async def _tell_refused(self, inbound: Inbound) -> None:
+        await self.send(Reply(inbound=inbound, text=self.fit(REFUSED), kind=ReplyKind.NOTICE))
 
     # --- sending ------------------------------------------------------------------------------
     def _make_job(self, reply: Reply) -> _Job:
