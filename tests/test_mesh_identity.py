@@ -151,6 +151,11 @@ async def test_a_forget_from_a_channel_answers_dm_me_and_keeps_dm_memory(
         await r.channel("!remember my door code is 0000", frm=VICTIM)
         assert all(t.startswith("DM me !") for t in r.broadcasts()), r.broadcasts()
         assert await r.rows() == before
+        # a channel answer never draws on the victim's DM memory (point 5)
+        fake_llm.reply = "No idea."
+        await r.channel("@meshsage what is my door code and bike lock combination?", frm=VICTIM)
+        prompt = str(fake_llm.chat_requests()[-1]["messages"])
+        assert "4521" not in prompt and "8812" not in prompt
 
 
 async def test_a_forged_operator_sets_nothing_bot_wide_and_reads_no_stats(
