@@ -185,10 +185,17 @@ class Commands:
         finally:
             RUNNING_COMMAND.reset(token)
 
-    async def _run(self, inbound: Inbound, name: str, arg: str, room: int) -> CommandResult:
-        refused = self.trust.refusal(
+    def allowed(self, inbound: Inbound, name: str) -> bool:
+        """Whether ``bot.trust`` lets this sender run ``name`` (``run`` refuses it otherwise)."""
+        return self._refusal(inbound, name) is None
+
+    def _refusal(self, inbound: Inbound, name: str) -> str | None:
+        return self.trust.refusal(
             inbound, name, prefix=self.prefix, operator_commands=self._operator_handlers
         )
+
+    async def _run(self, inbound: Inbound, name: str, arg: str, room: int) -> CommandResult:
+        refused = self._refusal(inbound, name)
         if refused is not None:
             if name == "link" and arg:  # used up: a forged packet gets no second try
                 await self._links.burn(arg, inbound.transport)

@@ -468,7 +468,8 @@ class Responder(NoticeIntake, Answering):
         ):
             await self._told_at_restart(inbound, FORGOT_AT_RESTART, command_id)
             return
-        if parsed[0] in ENDS_INCOGNITO:  # here at once, and for every gateway in the store
+        if parsed[0] in ENDS_INCOGNITO and self._commands.allowed(inbound, parsed[0]):
+            # here at once, and for every gateway in the store (a refused one ends nothing)
             everywhere = parsed[0] == "forget"
             self._stretches.drop(inbound.key, every_space=everywhere)
             if parsed[0] != "incognito":  # no fold in flight may write or send what was said

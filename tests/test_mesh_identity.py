@@ -33,7 +33,8 @@ VICTIM_ID, OPERATOR_ID = f"!{VICTIM:08x}", f"!{OPERATOR:08x}"
 ATTACKER_KEY = hashlib.sha256(b"the attacker's radio").digest()
 TABLES = ("conversations", "messages", "facts", "summaries", "sessions", "key_pins",
           "chat_settings", "link_codes")  # fmt: skip
-OPERATORS = f'bot:\n  operators: ["meshtastic:{OPERATOR_ID}", "discord:op"]\n'
+OPERATORS = (f'bot:\n  operators: ["meshtastic:{OPERATOR_ID}", "discord:op"]\n'
+             "  rate_limit: {messages: 100, per_seconds: 60}\n")  # fmt: skip
 
 
 @dataclass
@@ -145,6 +146,7 @@ async def test_a_forget_from_a_channel_answers_dm_me_and_keeps_dm_memory(
 ) -> None:
     async with rig(tmp_path, fake_llm) as r:
         await _victim_told_secrets(r)
+        await r.dm("!incognito", frm=VICTIM)  # a stretch a forged !forget must not end
         before = await r.rows()
         await r.channel("!forget", frm=VICTIM)
         await r.channel("!forget yes", frm=VICTIM)
@@ -154,7 +156,9 @@ async def test_a_forget_from_a_channel_answers_dm_me_and_keeps_dm_memory(
         # a channel answer never draws on the victim's DM memory (point 5)
         fake_llm.reply = "No idea."
         await r.channel("@meshsage what is my door code and bike lock combination?", frm=VICTIM)
-        prompt = str(fake_llm.chat_requests()[-1]["messages"])
+        [asked] = [q for q in fake_llm.chat_requests()
+                   if "combination?" in str(q["messages"][-1]["content"])]  # fmt: skip
+        prompt = str(asked["messages"])
         assert "4521" not in prompt and "8812" not in prompt
 
 
