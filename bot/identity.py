@@ -145,13 +145,13 @@ class PinnedKeys:
         return f"Unpinned {node}: the next PKI DM from it pins its key."
 
     async def describe(self) -> list[str]:
-        """One line per pin: node, fingerprint, since when, where it comes from."""
+        """One line per pin: node, fingerprint, since when (or that the config pins it)."""
         lines = [f"{node} {fingerprint(key)} (config)" for node, key in self._configured.items()]
         for pin in await self._store.key_pins():
             if pin.transport != self._transport or pin.person in self._configured:
                 continue
             when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(pin.pinned_at))
-            lines.append(f"{pin.person} {fingerprint(pin.public_key)} (first PKI DM, {when} UTC)")
+            lines.append(f"{pin.person} {fingerprint(pin.public_key)} (pinned {when} UTC)")
         return lines
 
 
