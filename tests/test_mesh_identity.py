@@ -296,6 +296,7 @@ async def test_an_operator_key_pinned_in_config_is_the_only_key_for_that_node(
         # a first PKI DM from another radio claiming the operator pins nothing
         await r.forged("!persona bot evil", frm=OPERATOR, pki_encrypted=True,
                        public_key=ATTACKER_KEY)  # fmt: skip
+        await r.h.until(lambda: r.texts_to(OPERATOR) == [REFUSED], "the notice")
         assert await r.app.store.key_pins() == []
         assert (await r.rows())["chat_settings"] == []
         await r.dm("!persona bot You are a kind guide.", frm=OPERATOR)  # the real radio
