@@ -112,6 +112,7 @@ async def serve_one(args: argparse.Namespace) -> dict[str, Any]:
                 text=gen.user_message(rng),
                 message_id=f"gw{args.index}-{os.getpid()}-{count}",
                 sender_name=f"Person {person}",
+                authenticated=True,  # a known person (bot.trust)
             )
             turn, doubles = await serve_turn(app, transport, llm, inbound, count)
             duplicates[0] += doubles  # an outbox race: counted and reported

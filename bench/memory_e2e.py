@@ -262,6 +262,7 @@ async def _inject(
         text=text,
         message_id=f"m{n}",
         sender_name=PERSON.title(),
+        authenticated=True,  # the person whose memory is measured (bot.trust)
     )
     if at is not None:
         inbound = replace(inbound, received_at=datetime.fromtimestamp(at, UTC))

@@ -324,6 +324,7 @@ async def drive(
                 text=gen.user_message(rng),
                 message_id=f"in-{os.getpid()}-{counter}",  # unique in a reused database too
                 sender_name=f"Person {person}",
+                authenticated=True,  # a known person (bot.trust)
             )
             turn, doubles = await serve_turn(app, transport, llm, inbound, counter)
             duplicates += doubles  # counted and reported, not hidden (see RunResult)

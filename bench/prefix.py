@@ -485,6 +485,7 @@ async def run(
                             text=text,
                             message_id=f"{person}-{n}",
                             sender_name=person.title(),
+                            authenticated=True,  # a known person (bot.trust)
                         )
                     )
                     await app.responder.wait_idle()

@@ -212,8 +212,9 @@ async def play(
                     sent = len(transport.sent)
                     t0 = time.perf_counter()
                     inbound = Inbound(
-                        transport=TRANSPORT, sender=person, text=text, message_id=f"{layout}-{n}"
-                    )
+                        transport=TRANSPORT, sender=person, text=text, message_id=f"{layout}-{n}",
+                        authenticated=True,  # a known person (bot.trust)
+                    )  # fmt: skip
                     await transport.inject(inbound)
                     await app.responder.wait_idle()
                     seconds = time.perf_counter() - t0

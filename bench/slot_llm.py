@@ -407,7 +407,7 @@ async def _person(
         arrivals.append((text, time.monotonic()))
         inbound = Inbound(
             transport=TRANSPORT, sender=who, text=text, message_id=f"{who}-{n}",
-            sender_name=who.title(),
+            sender_name=who.title(), authenticated=True,  # a known person (bot.trust)
         )  # fmt: skip
         await transport.inject(inbound)
         while sum(1 for r in transport.sent if r.inbound.sender == who) == got:  # noqa: ASYNC110

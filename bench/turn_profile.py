@@ -217,7 +217,8 @@ async def run(args: argparse.Namespace, base_url: str) -> None:
             t0 = time.perf_counter()
             await transport.inject(
                 Inbound(transport=TRANSPORT, sender=person, text=gen.user_message(rng),
-                        message_id=f"prof-{os.getpid()}-{i}", sender_name=f"Person {person}")
+                        message_id=f"prof-{os.getpid()}-{i}", sender_name=f"Person {person}",
+                        authenticated=True)
             )  # fmt: skip
             await app.responder.wait_idle()
             t1 = time.perf_counter()

@@ -13,6 +13,7 @@ import logging
 import math
 import sqlite3
 import time
+from collections import deque
 
 from bot.commands import Commands
 from bot.config import BotConfig
@@ -29,7 +30,7 @@ from bot.memory.records import (
     OutboxEntry,
     StoredAnswer,
 )
-from bot.memory.stretch import HeldStretches
+from bot.memory.stretch import HeldStretches, Turns
 from bot.memory.summary import FoldBase, Summarizer
 from bot.ops.metrics import Counters
 from bot.recovery import Recovery
@@ -220,13 +221,18 @@ class Answering(Recovery):
         except (sqlite3.Error, StorageError):
             return False  # the store is failing: the storage notice is the right one
 
-    async def _incognito_turn(self, inbound: Inbound) -> None:
-        """Answer without storing: stored memory plus this session's in-memory turns."""
+    async def _incognito_turn(self, inbound: Inbound, *, bare: bool = False) -> None:
+        """Answer without storing: stored memory plus this session's in-memory turns; ``bare``
+        (a sender who may not use its memory, bot.trust): no memory and no turns at all."""
         transport = self._transports[inbound.transport]
         limits = transport.limits
-        conv = await self._store.conversation(inbound.key)
-        stretch = await self._store.incognito_stretch(conv.id)  # ended elsewhere: a new one
-        turns = self._stretches.turns(inbound.key, conv.id, stretch)
+        turns: Turns = deque()
+        if bare:
+            conv = Conversation(id=BLANK_ID, key=inbound.key, reset_after=0)
+        else:
+            conv = await self._store.conversation(inbound.key)
+            stretch = await self._store.incognito_stretch(conv.id)  # ended elsewhere: new one
+            turns = self._stretches.turns(inbound.key, conv.id, stretch)
         async with transport.working(inbound):
             try:
                 _ctx, completion = await self._fit.ask(
@@ -244,6 +250,9 @@ class Answering(Recovery):
         turns.append(("person", inbound.text[: self._config.max_message_chars]))
         turns.append(("you", text))
         await self._outbox.send(Reply(inbound=inbound, text=text))
+
+
+BLANK_ID = 0  # a conversation id no row has (ids start at 1): a memory with nothing in it
 
 
 def _busy(seconds: float) -> str:

@@ -46,6 +46,7 @@ from bot.commands_settings import SettingsCommands
 from bot.config import Config
 from bot.domain import ConversationKey
 from bot.errors import MeshsageError
+from bot.identity import PinnedKeys, configured_keys, policy_for
 from bot.llm.gate import LLMGate
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM
@@ -69,6 +70,7 @@ from bot.ops.sdnotify import Notifier
 from bot.ops.status import STATUS_FILE, Status, report_path
 from bot.responder import Responder
 from bot.transports.base import Transport
+from bot.transports.mesh_keys import Identifies
 
 if TYPE_CHECKING:
     from bot.memory.postgres import PostgresStore
@@ -116,6 +118,7 @@ class App:
     server_limits: LearnedLimits | None = None  # what the LLM server holds (the real adapter)
     trust: ClockWatch = field(default_factory=lambda: ClockWatch(sync=SystemSync()))
     status_path: Path | None = None  # None: in the state dir (bot.ops.status.report_path)
+    pins: PinnedKeys | None = None  # who speaks on the mesh (bot.identity)
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -151,6 +154,12 @@ class App:
         self.notifier.ready("serving on " + ", ".join(t.name for t in running))
         return running
 
+    def _mesh_pins(self) -> bool:
+        return self.pins is not None and any(isinstance(t, Identifies) for t in self.transports)
+
+    def _identity_counts(self) -> dict[str, int]:
+        return self.pins.counts() if self.pins is not None else {}
+
     def _relay_counters(self) -> dict[str, int]:
         return dict(self.bridge.counters) if self.bridge is not None else {}
 
@@ -165,6 +174,7 @@ class App:
             last_error=self.last_error,
             relay=self._relay_counters if self.bridge is not None else None,
             llm_limits=self._llm_limits,
+            identity=self._identity_counts if self._mesh_pins() else None,
         )
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
 
@@ -451,6 +461,7 @@ async def build(
         chat_settings = ChatSettings(store=store, personas=config.bot.personas)
         await chat_settings.load()
         listing = llm if isinstance(llm, OpenAICompatLLM) else None
+        pins = PinnedKeys(store=store, configured=configured_keys(config))
         commands = Commands(
             store=store,
             counter=counter,
@@ -459,6 +470,8 @@ async def build(
             max_facts=config.memory.max_facts,
             model_name=lambda: gate.model_name,
             links=LinkCodes(store),
+            trust=policy_for(config),  # who may do what (bot.trust)
+            pins=pins,
         )
         commands.settings = SettingsCommands(
             settings=chat_settings,
@@ -513,6 +526,7 @@ async def build(
             server_limits=server_limits,
             trust=trust,
             status_path=report_path(config.database_path.parent, env),
+            pins=pins,
         )
         if transports is None:
             names = only if only is not None else config.enabled_transports()
@@ -520,6 +534,9 @@ async def build(
                 _build_transport(name, app, env=env, stdin=stdin, stdout=stdout) for name in names
             ]
         app.transports = transports
+        for transport in transports:
+            if isinstance(transport, Identifies):  # the mesh: who speaks (mesh_keys)
+                transport.admission.pins = pins
         if config.web.enabled and only is None:  # `run` only: chat and the tools serve no view
             app.web = _build_web(app, env=env, latencies=latencies, counters=counters)
         # chat, memory tools and reindex build one transport or none: no bridge to make

@@ -137,6 +137,11 @@ def _parser() -> argparse.ArgumentParser:
         "import", parents=[cfg], help="load a JSON export (one transaction; all or nothing)"
     )
     imp.add_argument("file")
+    pins = sub.add_parser(
+        "pins", parents=[cfg], help="mesh key pins (ids, fingerprints); --repin a reset radio"
+    )
+    pins.add_argument("--repin", metavar="NODE", help="drop NODE's pin: its next PKI DM pins it")
+    pins.add_argument("--key", metavar="BASE64", help="with --repin: pin this public key instead")
     move = sub.add_parser(
         "migrate-store",
         parents=[common, envf],
@@ -248,6 +253,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return asyncio.run(_export(config, args))
         if args.command == "import":
             return asyncio.run(_import(config, args))
+        if args.command == "pins":
+            return asyncio.run(_pins(config, args))
         if args.command == "memory":
             return asyncio.run(_memory_show(config, args))
     except MeshsageError as exc:
@@ -301,6 +308,10 @@ def _check_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     config = load_config(path, env=env)
     interactive = not args.service and _isatty(sys.stdin)
     preflight.check(config, env=env, interactive=interactive)
+    from bot.identity import risks
+
+    for risk in risks(config):  # not problems: the bot runs, the operator is told
+        print(f"warning: {risk}", file=sys.stderr)
     print(
         f"{config.source}: OK (transports: {', '.join(config.enabled_transports())}; "
         f"{preflight.describe_store(config)})"
@@ -361,6 +372,10 @@ async def _serve(
     )
     try:
         app = await build(config, env=env, only=only)
+        from bot.identity import risks
+
+        for risk in risks(config) if only is None else ():
+            log.warning("%s", risk)
     except BaseException:
         probe.cancel()
         raise
@@ -588,6 +603,16 @@ async def _export(config: Config, args: argparse.Namespace) -> int:
             return 1
         sys.stdout.write(render(doc, args.format))
         return 0
+    finally:
+        await store.close()
+
+
+async def _pins(config: Config, args: argparse.Namespace) -> int:
+    from bot.identity import pins_command
+
+    store = await _open_store(config)
+    try:
+        return await pins_command(store, config, repin=args.repin, key=args.key, out=print)
     finally:
         await store.close()
 

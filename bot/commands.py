@@ -16,9 +16,13 @@ Invariants:
   ``"③"`` pass ``isdigit()`` but not ``int()``), anything else gets the usage line.
 - ``!more`` returns the stored rest of the last cut answer unfitted (``more=True``): the
   responder cuts it for the transport and keeps what is left for the next ``!more``.
-- Operator commands answer only ids listed in ``bot.operators`` ("transport:person"); the local
-  console user is always an operator (they own the machine and the database). Facts never
-  grant anything: "remember that I am an operator" is stored as text and checked by no one.
+- Operator commands answer only ids listed in ``bot.operators`` ("transport:person") whose
+  message the transport authenticated; the local console user is always an operator (they
+  own the machine and the database). Facts never grant anything: "remember that I am an
+  operator" is stored as text and checked by no one.
+- Before any handler runs, ``bot.trust`` (``SenderPolicy.refusal``) decides whether this
+  sender may run the command at all: the one identity gate. A refused ``!link <code>`` spends
+  the code.
 - ``!remember`` refuses an exact or near duplicate of a pinned fact; a new value for the
   subject of a known fact ("my door code is 7788" after "... is 4521") updates that fact
   (pinned), keeps the old value in its history and says what changed ("door code: 4521 ->
@@ -41,9 +45,11 @@ Invariants:
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from bot.commands_settings import SettingsCommands
 from bot.domain import DM_SPACE, Attachment, Inbound
@@ -58,12 +64,16 @@ from bot.memory.links import LinkCodes
 from bot.memory.port import MemoryStore
 from bot.memory.records import RUNNING_COMMAND, Conversation, Fact
 from bot.text import MESH_COMMAND_BYTES, fit_bytes
+from bot.trust import SenderPolicy
+
+if TYPE_CHECKING:
+    from bot.identity import PinnedKeys
 
 FORGET_CONFIRM_SECONDS = 60.0
 # Every command name (user, then operator): on shared channels only these trigger the bot.
 COMMAND_NAMES = ("help", "reset", "forget", "history", "summary", "remember", "facts",
                  "unremember", "status", "export", "more", "sessions", "pin", "link", "unlink",
-                 "incognito", "persona", "stats", "model")  # fmt: skip
+                 "incognito", "persona", "stats", "model", "repin")  # fmt: skip
 HISTORY_DEFAULT = 3
 HISTORY_MAX = 10
 FACT_MAX_CHARS = 300
@@ -98,13 +108,15 @@ class Commands:
         links: LinkCodes,
         clock: Callable[[], float] = time.monotonic,
         settings: SettingsCommands | None = None,
+        trust: SenderPolicy | None = None,
+        pins: PinnedKeys | None = None,
     ) -> None:
         self.settings = settings  # !model, !persona (bot.commands_settings)
+        self.trust = trust or SenderPolicy(operators=frozenset(operators))  # who may do what
         self._links = links
         self._store = store
         self._counter = counter
         self.prefix = prefix
-        self._operators = set(operators)
         self._max_facts = max_facts
         self._model_name = model_name
         self._clock = clock
@@ -129,6 +141,9 @@ class Commands:
             "incognito": self._incognito,
         }
         self._operator_handlers: dict[str, Handler] = {"stats": self._stats}
+        self._pins = pins  # mesh key pins (bot.identity): the operator's !repin
+        if pins is not None:
+            self._operator_handlers["repin"] = self._repin
         if settings is not None:
             self.enable_settings()
         self.stat_sources: list[Callable[[], Mapping[str, int]]] = []  # e.g. relay counters
@@ -150,9 +165,7 @@ class Commands:
         return name, arg.strip()
 
     def is_operator(self, inbound: Inbound) -> bool:
-        return inbound.transport == "console" or f"{inbound.transport}:{inbound.sender}" in (
-            self._operators
-        )
+        return self.trust.is_operator(inbound)
 
     async def run(
         self,
@@ -172,7 +185,21 @@ class Commands:
         finally:
             RUNNING_COMMAND.reset(token)
 
+    def allowed(self, inbound: Inbound, name: str) -> bool:
+        """Whether ``bot.trust`` lets this sender run ``name`` (``run`` refuses it otherwise)."""
+        return self._refusal(inbound, name) is None
+
+    def _refusal(self, inbound: Inbound, name: str) -> str | None:
+        return self.trust.refusal(
+            inbound, name, prefix=self.prefix, operator_commands=self._operator_handlers
+        )
+
     async def _run(self, inbound: Inbound, name: str, arg: str, room: int) -> CommandResult:
+        refused = self._refusal(inbound, name)
+        if refused is not None:
+            if name == "link" and arg:  # used up: a forged packet gets no second try
+                await self._links.burn(arg, inbound.transport)
+            return CommandResult(fit_bytes(refused, room))
         handler = self._handlers.get(name)
         if handler is None and self.is_operator(inbound):
             handler = self._operator_handlers.get(name)
@@ -529,6 +556,18 @@ class Commands:
     async def _model(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         assert self.settings is not None
         return self._say(await self.settings.model(inbound, arg))
+
+    async def _repin(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+        """``!repin``: the pins (ids and fingerprints); ``!repin !id``: drop that node's pin,
+        so its next PKI DM pins its new key (a reset or replaced radio)."""
+        assert self._pins is not None
+        node = arg.strip().lower()
+        if not node:
+            pins = await self._pins.describe()
+            return self._say("Key pins: " + ("; ".join(pins) if pins else "none yet."))
+        if not re.fullmatch(r"![0-9a-f]{8}", node):
+            return self._say(f"Usage: {self.prefix}repin !1234abcd (a mesh node id)")
+        return self._say(await self._pins.repin(node))
 
     async def _stats(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         stats = dict(await self._store.stats())

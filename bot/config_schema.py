@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 import getpass
 import os
 import re
@@ -33,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from bot.transports.mesh_keys import PUBLIC_KEY_BYTES
 from bot.transports.mesh_text import MIN_PACKET_SPACING_SECONDS
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -236,6 +238,12 @@ class MeshtasticConfig(TransportBase):
     ignore_mqtt: bool = True
     dedup_seconds: float = Field(120.0, ge=0, le=86_400)
     channel_cooldown: float = Field(60.0, ge=0, le=86_400)  # per person, extra triggers ignored
+    # identity (docs/meshtastic.md, "Security"): what a DM without PKI may do with the memory
+    # of the node id it claims ("chat": answered from nothing stored, nothing stored; "memory":
+    # its conversation is stored and recalled), and public keys pinned up front (node id ->
+    # base64 key, e.g. the operators'), which a first PKI DM can never replace.
+    unauthenticated_dm: Literal["chat", "memory"] = "chat"
+    pinned_keys: dict[str, str] = {}
     # sending
     reply_in_channel: bool = True  # False: answer channel triggers by DM
     # between any two packets on air
@@ -285,6 +293,26 @@ class MeshtasticConfig(TransportBase):
                 raise ValueError(f"{node!r} must be a node id like '!1234abcd'")
             out.append("!" + text.lstrip("!"))
         return tuple(out)
+
+    @field_validator("pinned_keys")
+    @classmethod
+    def _keys(cls, v: dict[str, str]) -> dict[str, str]:
+        out = {}
+        for node, key in v.items():
+            text = node.strip().lower()
+            if not re.fullmatch(r"!?[0-9a-f]{8}", text):
+                raise ValueError(f"{node!r} must be a node id like '!1234abcd'")
+            try:
+                raw = base64.b64decode(key.strip(), validate=True)
+            except ValueError:
+                raw = b""
+            if len(raw) != PUBLIC_KEY_BYTES:
+                raise ValueError(
+                    f"the key for {node} must be the node's {PUBLIC_KEY_BYTES}-byte public key "
+                    "in base64, as `meshtastic --info` shows it (user.publicKey)"
+                )
+            out["!" + text.lstrip("!")] = key.strip()
+        return out
 
     @model_validator(mode="after")
     def _backoff(self) -> MeshtasticConfig:

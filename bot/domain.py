@@ -5,6 +5,12 @@ Invariants:
 - A ``ConversationKey`` is (transport, person, space). A DM is its own space (``DM_SPACE``), so
   nothing said in a DM shares a key with a channel conversation.
 - Text in these values is already decoded ``str``; transports own decoding and platform limits.
+- ``Inbound.authenticated`` is True only when the transport verified who sent the message:
+  Discord (its login), the console (the machine's user), a Meshtastic DM that arrived
+  PKI-encrypted with the key pinned for that node (``bot.transports.mesh_keys``). A mesh
+  channel message, a mesh DM without PKI and anything a transport did not vouch for are not.
+  It defaults to False, so a transport that forgets to set it is never trusted; memory,
+  links and operator power follow it (``bot.trust``).
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ class Inbound:
     # no longer addresses the bot (a mention removed), so it is stored but never answered.
     edited: bool = False
     edit_only: bool = False
+    # The transport verified the sender (see the module docstring); never derived from text.
+    authenticated: bool = False
 
     @property
     def key(self) -> ConversationKey:

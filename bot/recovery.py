@@ -24,7 +24,8 @@ Invariants:
   had committed (``done``: the mark is written in the effect's own transaction,
   bot.commands) is not run again: its person is told it was done (``DONE_AT_RESTART``). A
   held ``!forget yes`` whose delete had committed (nothing of the person is left) is
-  confirmed instead of run (``FORGOT_AT_RESTART``).
+  confirmed instead of run (``FORGOT_AT_RESTART``). A held command keeps whether its sender
+  was authenticated (``bot.trust``), so its replay is judged as it would have been live.
 - Discord catch-up and this replay agree: catch-up skips every message id held as a command
   (held or released, ``known_platform_ids``), so a command is run by one of them only.
 """
@@ -105,6 +106,7 @@ class Recovery:
                 message_id=held.platform_id,
                 sender_name=held.author,
                 received_at=datetime.fromtimestamp(held.created_at, tz=UTC),
+                authenticated=held.authenticated,
             )
             self._enqueue_recovered(inbound, command_id=held.id, done=held.done)
         if commands:
@@ -192,6 +194,7 @@ class Recovery:
                 inbound.text,
                 platform_id=inbound.message_id,
                 author=inbound.sender_name,
+                authenticated=inbound.authenticated,
             )
             self._held_here.add(held)
             return held

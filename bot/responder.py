@@ -66,6 +66,9 @@ Invariants:
   or ``!forget``, on any gateway sharing the store, through any linked account) or the process
   stops: nothing said in an ended stretch reaches a later prompt (``bot.memory.stretch``: each
   incognito turn checks the store's stretch id).
+- A message whose sender may not use its memory (``bot.trust``: an unauthenticated mesh DM,
+  unless ``meshtastic.unauthenticated_dm: memory``) is answered like an incognito turn over a
+  blank memory: nothing of that node id's memory is read, nothing is stored.
 - An edit (``Inbound.edited``) changes what is stored, never adds a message (``_edited``).
 - A message through a linked DM is stored with its origin (``Conversation.origin_id``), so
   ``!unlink`` can give it back, even when the unlink lands during the turn.
@@ -163,6 +166,7 @@ class _Job:
     command: bool = False
     outbox: OutboxRow | None = None  # a stored delivery to (re)send
     incognito: bool = False  # answered from memory, nothing stored
+    bare: bool = False  # (with incognito) answered from no memory at all (bot.trust)
     # stored before a restart or by a gateway that died: the transport may reread it (images)
     recovered: bool = False
     command_id: int | None = None  # the command as held in the store until answered
@@ -251,6 +255,12 @@ class Responder(NoticeIntake, Answering):
             held = await self._hold_command(inbound)  # a kill now: run at the next start
             if self._accepting:  # (during shutdown: held for the next start)
                 self._enqueue(_Job(inbound, command=True, command_id=held))
+            return
+        if not self._commands.trust.may_use_memory(inbound):  # bot.trust: a blank memory
+            if limited:
+                await self._notice_once(inbound, limited)
+            elif self._accepting:
+                self._enqueue(_Job(inbound, incognito=True, bare=True))
             return
         commands_before = self._command_events
         try:
@@ -413,7 +423,7 @@ class Responder(NoticeIntake, Answering):
                             self._command_events += 1
                         await self._release_command(job.command_id)
                     elif job.incognito:
-                        await self._incognito_turn(job.inbound)
+                        await self._incognito_turn(job.inbound, bare=job.bare)
                     else:
                         assert job.message_id is not None
                         inbound = job.inbound
@@ -461,7 +471,8 @@ class Responder(NoticeIntake, Answering):
         ):
             await self._told_at_restart(inbound, FORGOT_AT_RESTART, command_id)
             return
-        if parsed[0] in ENDS_INCOGNITO:  # here at once, and for every gateway in the store
+        if parsed[0] in ENDS_INCOGNITO and self._commands.allowed(inbound, parsed[0]):
+            # here at once, and for every gateway in the store (a refused one ends nothing)
             everywhere = parsed[0] == "forget"
             self._stretches.drop(inbound.key, every_space=everywhere)
             if parsed[0] != "incognito":  # no fold in flight may write or send what was said

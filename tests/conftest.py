@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -174,7 +174,7 @@ class Harness:
         self.transport = transport
         self.llm = llm
 
-    async def say(self, text: str, **kw: str) -> None:
+    async def say(self, text: str, **kw: Any) -> None:
         await self.transport.say(text, **kw)
         await self.app.responder.wait_idle()
 

@@ -376,7 +376,9 @@ async def test_stats_show_relay_counters(fake_discord: FakeDiscord, tmp_path: An
             await fake_discord.say(relay_message(fake_discord, "hello mesh"))
             await r.on_air(1)
             await r.bridge.idle()
-            result = await commands.run(Inbound("console", "op", "!stats"), "stats", "")
+            result = await commands.run(
+                Inbound("console", "op", "!stats", authenticated=True), "stats", ""
+            )
         assert result.text.endswith(
             "relay mesh_to_discord: 0, relay discord_to_mesh: 1, relay cut: 0, relay refused: 0"
         )

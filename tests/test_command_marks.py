@@ -34,7 +34,7 @@ ON_DISCORD = ConversationKey("discord", "42")
 
 def _inbound(text: str) -> Inbound:
     return Inbound(transport="fake", sender="alice", space=DM_SPACE, text=text,
-                   message_id="p7", sender_name="alice")  # fmt: skip
+                   message_id="p7", sender_name="alice", authenticated=True)  # fmt: skip
 
 
 class Killed(Exception):
@@ -52,7 +52,10 @@ async def test_each_effect_marks_its_held_command_done_in_its_own_commit(
     await memory.add_message(conv.id, role=USER, author="a", text="hi", tokens=1,
                              status="answered")  # fmt: skip
     ids = [
-        await memory.hold_command(ALICE, f"!c{i}", platform_id=None, author=None) for i in range(8)
+        await memory.hold_command(
+            ALICE, f"!c{i}", platform_id=None, author=None, authenticated=True
+        )
+        for i in range(8)
     ]
     fact = await memory.add_fact(conv.id, text="my boat is the Heron", tokens=4, done=ids[0])
     assert await _done(memory) == {ids[0]: True, **{i: False for i in ids[1:]}}
@@ -67,7 +70,9 @@ async def test_each_effect_marks_its_held_command_done_in_its_own_commit(
     assert await memory.mark_important(conv.id, [said.id], done=ids[7]) == 1
     assert set((await _done(memory)).values()) == {True}
     # without done= nothing is marked
-    other = await memory.hold_command(ALICE, "!facts", platform_id=None, author=None)
+    other = await memory.hold_command(
+        ALICE, "!facts", platform_id=None, author=None, authenticated=True
+    )
     await memory.add_fact(conv.id, text="unmarked", tokens=1)
     assert (await _done(memory))[other] is False
 
@@ -77,7 +82,9 @@ async def test_a_kill_between_effect_and_mark_leaves_neither(
 ) -> None:
     conv = await memory.conversation(ALICE)
     first = await memory.add_fact(conv.id, text="one", tokens=1)
-    held = await memory.hold_command(ALICE, "!unremember 1", platform_id=None, author=None)
+    held = await memory.hold_command(
+        ALICE, "!unremember 1", platform_id=None, author=None, authenticated=True
+    )
 
     async def die(self: CoreBase, tx: Tx, command_id: int | None) -> None:
         raise Killed
@@ -99,9 +106,12 @@ async def test_a_released_command_stays_known_to_catch_up_without_its_text(
     memory: MemoryStore,
 ) -> None:
     now = time.time()
-    held = await memory.hold_command(ON_DISCORD, "!remember my pin is 1234",
-                                     platform_id="1001", author="al")  # fmt: skip
-    await memory.hold_command(ON_DISCORD, "!facts", platform_id="1002", author="al")
+    held = await memory.hold_command(
+        ON_DISCORD, "!remember my pin is 1234", platform_id="1001", author="al", authenticated=True
+    )
+    await memory.hold_command(
+        ON_DISCORD, "!facts", platform_id="1002", author="al", authenticated=True
+    )
     ids = ["1001", "1002", "1003"]
     assert await memory.known_platform_ids("discord", ids, since=now - 60) == {"1001", "1002"}
     assert await memory.known_platform_ids("meshtastic", ids, since=now - 60) == set()
@@ -123,8 +133,12 @@ async def test_a_released_command_stays_known_to_catch_up_without_its_text(
 async def test_a_command_reply_queued_releases_its_command_in_the_same_write(
     memory: MemoryStore,
 ) -> None:
-    held = await memory.hold_command(ALICE, "!facts", platform_id="5", author="a")
-    other = await memory.hold_command(ALICE, "!help", platform_id="6", author="a")
+    held = await memory.hold_command(
+        ALICE, "!facts", platform_id="5", author="a", authenticated=True
+    )
+    other = await memory.hold_command(
+        ALICE, "!help", platform_id="6", author="a", authenticated=True
+    )
     row = await memory.queue_claimed(OutboxEntry(ALICE, "command", "No facts yet."),
                                      release=held)  # fmt: skip
     assert row.entry.text == "No facts yet."
@@ -148,7 +162,9 @@ async def test_a_command_killed_after_its_effect_is_told_not_run_again(
     if command.startswith("!unremember"):
         await h.say("!remember my boat is the Heron")
     key = h.transport_key("alice")
-    held = await h.store.hold_command(key, command, platform_id="p7", author="alice")
+    held = await h.store.hold_command(
+        key, command, platform_id="p7", author="alice", authenticated=True
+    )
     name, _, arg = command[1:].partition(" ")
     inbound = _inbound(command)
     # the effect commits (with its mark); the process dies before the reply is queued
@@ -172,7 +188,9 @@ async def test_a_reset_killed_after_its_effect_keeps_later_questions(
     h = await start_harness(tmp_path, fake_llm)
     await h.say("hello")
     key = h.transport_key("alice")
-    held = await h.store.hold_command(key, "!reset", platform_id="p8", author="alice")
+    held = await h.store.hold_command(
+        key, "!reset", platform_id="p8", author="alice", authenticated=True
+    )
     await h.app.responder._commands.run(_inbound("!reset"), "reset", "",
                                         command_id=held)  # fmt: skip
     conv = await h.store.conversation(key)
@@ -196,7 +214,9 @@ async def test_a_command_killed_inside_its_effect_runs_once_at_restart(
     await h.say("!remember my door code is 4521")
     await h.say("!remember my boat is the Heron")
     key = h.transport_key("alice")
-    held = await h.store.hold_command(key, "!unremember 1", platform_id="p9", author="alice")
+    held = await h.store.hold_command(
+        key, "!unremember 1", platform_id="p9", author="alice", authenticated=True
+    )
 
     async def die(self: CoreBase, tx: Tx, command_id: int | None) -> None:
         raise Killed
@@ -263,9 +283,9 @@ async def test_a_command_held_before_021_is_still_replayed_after_the_upgrade_sql
     from bot.memory.schema import MIGRATIONS, migrate
     from bot.memory.store import SqliteStore
 
-    assert MIGRATIONS[-1][0] == "021_command_marks"
+    upto = [name for name, _ in MIGRATIONS].index("021_command_marks")
     db = await aiosqlite.connect(tmp_path / "m.db", isolation_level=None)
-    await migrate(db, MIGRATIONS[:-1])
+    await migrate(db, MIGRATIONS[:upto])
     await db.execute(_HELD_BEFORE.format("?"), (SQLITE_GATEWAY,))
     await db.close()
     store = await SqliteStore.open(tmp_path / "m.db")
@@ -283,10 +303,10 @@ async def test_a_command_held_before_021_is_still_replayed_after_the_upgrade_pos
     from bot.memory.postgres.schema import MIGRATIONS, migrate
     from tests import pg_server
 
-    assert MIGRATIONS[-1][0] == "021_command_marks"
+    upto = [name for name, _ in MIGRATIONS].index("021_command_marks")
     con = await asyncpg.connect(url, password=pg_server.BOT_PASSWORD)
     try:
-        await migrate(con, MIGRATIONS[:-1])
+        await migrate(con, MIGRATIONS[:upto])
         await con.execute(_HELD_BEFORE.format("$1"), "gw")
     finally:
         await con.close()

@@ -28,7 +28,8 @@ COMMAND_CALLS = [
     "!sessions", "!pin", "!link", "!link 000000", "!link x", "!unlink", "!incognito",
     "!status", "!incognito maybe", "!incognito off",
     "!persona", "!persona nosuch", "!persona bot " + "長い人格 " * 60, "!persona clear bot",
-    "!model", "!model " + "m" * 300, "!model clear bot",
+    "!model", "!model " + "m" * 300, "!model clear bot", "!repin", "!repin x",
+    "!repin !0000beef",
 ]  # fmt: skip
 
 

@@ -29,7 +29,7 @@ from tests.test_discord_app import CHANNEL_SPACE, running
 
 def test_every_command_has_a_slash_form() -> None:
     assert [s.name for s in SPECS] == list(COMMAND_NAMES)
-    assert [s.name for s in SPECS if s.operator] == ["stats", "model"]
+    assert [s.name for s in SPECS if s.operator] == ["stats", "model", "repin"]
 
 
 async def test_commands_are_registered_globally_at_start(

@@ -252,7 +252,7 @@ async def test_export_command_on_the_mesh_says_how_to_get_it(
     h = await start_harness(tmp_path, fake_llm)
     try:
         inbound = Inbound(transport="meshtastic", sender="!1234abcd", space=DM_SPACE,
-                          text="!export")  # fmt: skip
+                          text="!export", authenticated=True)  # a PKI DM  # fmt: skip
         result = await h.app.commands.run(inbound, "export", "")
         assert not result.attachments
         assert "meshsage export !1234abcd" in result.text and "cannot travel" in result.text

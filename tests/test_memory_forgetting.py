@@ -111,7 +111,7 @@ async def test_pin_on_a_reply_marks_that_message(tmp_path: Path, fake_llm: FakeL
         first_answer = next(m for m in await h.store.all_messages(conv.id) if m.role == "assistant")
         assert first_answer.platform_id is not None
         pin = Inbound(transport="fake", sender="alice", text="!pin",
-                      reply_to=first_answer.platform_id)  # fmt: skip
+                      reply_to=first_answer.platform_id, authenticated=True)  # fmt: skip
         result = await h.app.commands.run(pin, "pin", "")
         assert result.text.startswith("Pinned 1 message")
         db = sqlite3.connect(h.store.path)

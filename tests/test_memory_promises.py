@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ class Rig:
     def __init__(self, app: App, mesh: FakeTransport, discord: FakeTransport) -> None:
         self.app, self.mesh, self.discord = app, mesh, discord
 
-    async def say(self, transport: FakeTransport, text: str, **kw: str) -> str:
+    async def say(self, transport: FakeTransport, text: str, **kw: Any) -> str:
         await transport.say(text, **kw)
         await self.app.responder.wait_idle()
         return transport.texts()[-1]

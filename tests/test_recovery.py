@@ -127,7 +127,7 @@ async def test_a_command_lost_to_a_kill_is_run_at_the_next_start(
     await h.say("!remember my boat is the Heron")
     assert await h.store.held_commands(transports=["fake"]) == []  # released once answered
     await h.store.hold_command(h.transport_key("alice"), "!facts", platform_id="p9",
-                               author="alice")  # fmt: skip
+                               author="alice", authenticated=True)  # fmt: skip
     await h.app.close()
     h = await start_harness(tmp_path, fake_llm)
     try:
@@ -147,7 +147,7 @@ async def test_a_forget_interrupted_after_the_delete_is_told_at_restart(
     await h.say("!forget")
     # killed after "!forget yes" was held and the delete committed, before the reply
     await h.store.hold_command(h.transport_key("alice"), "!forget yes", platform_id="p2",
-                               author="alice")  # fmt: skip
+                               author="alice", authenticated=True)  # fmt: skip
     await h.store.forget_person("fake", "alice")
     await h.app.close()
     h = await start_harness(tmp_path, fake_llm)
@@ -164,7 +164,7 @@ async def test_a_forget_yes_killed_before_the_delete_is_not_called_done(
     h = await start_harness(tmp_path, fake_llm)
     await h.say("hello")
     await h.store.hold_command(h.transport_key("alice"), "!forget yes", platform_id="p3",
-                               author="alice")  # fmt: skip
+                               author="alice", authenticated=True)  # fmt: skip
     await h.app.close()
     h = await start_harness(tmp_path, fake_llm)
     try:

@@ -125,7 +125,7 @@ async def test_metrics_follow_the_text_format_with_fixed_labels_only(
             assert re.fullmatch(r'[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? -?[0-9.e+-]+',
                                 line), line  # fmt: skip
     keys = {kv.split("=")[0] for group in _labels(text) for kv in group.split(",")}
-    assert keys <= {"version", "model", "transport", "direction", "le", "state", "cause"}
+    assert keys <= {"version", "model", "transport", "direction", "le", "state", "cause", "reason"}
 
 
 async def test_without_a_radio_the_airtime_and_nodes_pages_say_so(

@@ -9,7 +9,9 @@ session), ``md`` (a transcript by session, each fact with its earlier values) an
 
 Invariants:
 - An export contains only rows of the requesting person, and ``!export`` sends it to that
-  person privately (``Attachment.dm_only``).
+  person privately (``Attachment.dm_only``). A person with a pinned mesh key (``key_pins``)
+  gets it in ``key_pin`` (their public key, its fingerprint, since when); import pins it
+  again only where no key is pinned (a file never replaces a pin: ``meshsage pins`` does).
 - Every format is deterministic for the same rows: export -> import into an empty database ->
   export gives the same bytes.
 - Import reads at most ``MAX_IMPORT_BYTES``, validates the whole document (format, version,
@@ -19,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Callable
@@ -37,6 +40,7 @@ from bot.memory.records import (
     SESSION_FIELDS,
     SUMMARY_FIELDS,
 )
+from bot.transports.mesh_keys import PUBLIC_KEY_BYTES, fingerprint
 
 log = logging.getLogger("bot.memory.export")
 
@@ -53,18 +57,35 @@ class ImportFileError(MeshsageError):
     exit_code = 1
 
 
+def _key_ok(pin: Any) -> bool:
+    if not isinstance(pin, dict) or not isinstance(pin.get("public_key"), str):
+        return False
+    try:
+        return len(base64.b64decode(pin["public_key"], validate=True)) == PUBLIC_KEY_BYTES
+    except ValueError:
+        return False
+
+
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
 async def person_document(store: MemoryStore, transport: str, person: str) -> dict[str, Any]:
-    return {
+    doc: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "transport": transport,
         "person": person,
         "conversations": await store.dump_person(transport, person),
     }
+    pin = await store.key_pin(transport, person)
+    if pin is not None:  # only when there is one: exports without a pin keep their bytes
+        doc["key_pin"] = {
+            "public_key": base64.b64encode(pin.public_key).decode("ascii"),
+            "fingerprint": fingerprint(pin.public_key),
+            "pinned_at": pin.pinned_at,
+        }
+    return doc
 
 
 def render(doc: dict[str, Any], fmt: str) -> str:
@@ -217,6 +238,9 @@ def validate(doc: Any, *, source: str = "the file") -> dict[str, Any]:
     convs = doc.get("conversations")
     if not isinstance(convs, list):
         raise bad('"conversations" must be a list')
+    pin = doc.get("key_pin")
+    if pin is not None and not _key_ok(pin):
+        raise bad('"key_pin" must hold the "public_key" of 32 bytes in base64')
     seen: dict[str, set[int]] = {
         t: set() for t in ("conversations", "messages", "summaries", "sessions", "facts")
     }
@@ -379,6 +403,13 @@ async def import_document(store: MemoryStore, doc: dict[str, Any]) -> dict[str, 
     links = await restore_links(store, doc)
     if links:
         counts["links"] = links
+    pin = doc.get("key_pin")
+    if pin is not None:  # validated: 32 bytes; an existing pin wins
+        key = base64.b64decode(pin["public_key"])
+        at = pin.get("pinned_at")
+        when = float(at) if isinstance(at, int | float) else None
+        held = await store.pin_key(doc["transport"], doc["person"], key, pinned_at=when)
+        counts["key pin"] = int(held == key)
     return counts
 
 

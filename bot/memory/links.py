@@ -18,6 +18,8 @@ Invariants:
   per-account limits bound little: the long codes are the protection there).
 - A code redeemed on the transport that issued it does nothing (it must prove the *other*
   account) and is not spent.
+- A code sent by a sender the transport did not authenticate is refused and spent (``burn``):
+  a forged packet cannot link, and cannot leave the code to be tried again (``bot.trust``).
 """
 
 from __future__ import annotations
@@ -89,3 +91,13 @@ class LinkCodes:
             await self._store.note_link_failure(transport, person, now=now)
             return None
         return ConversationKey(found[0], found[1], DM_SPACE)
+
+    async def burn(self, code: str, transport: str) -> bool:
+        """Spend a live code without linking (its sender was not authenticated); True when
+        there was one to spend."""
+        if not code.strip().isdigit():
+            return False
+        taken = await self._store.take_link_code(
+            code_hash(code), transport=transport, now=self._clock()
+        )
+        return taken is not None

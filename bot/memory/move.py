@@ -38,9 +38,10 @@ ORDER: tuple[tuple[str, str], ...] = (
     ("outbox_packets", "outbox_id"),
     ("shown_parts", "question_id"),
     ("chat_settings", "updated_at"),  # read whole (WHOLE): a text primary key
+    ("key_pins", "pinned_at"),  # read whole: who is who on the mesh (bot.transports.mesh_keys)
 )
 # key not unique: one batch (small tables only)
-WHOLE = {"outbox_parts", "outbox_packets", "shown_parts", "chat_settings"}
+WHOLE = {"outbox_parts", "outbox_packets", "shown_parts", "chat_settings", "key_pins"}
 # Columns one store keeps for itself: PostgreSQL's search words (rebuilt from the row) and the
 # outbox row's gateway (rows copied into PostgreSQL belong to the gateway that migrates them)
 # and its claim (a copy is claimed by nobody: the process that held it is not the one reading).

@@ -11,9 +11,9 @@ Invariants every implementation keeps:
   the mark), and ``save_summary`` refuses a summary that starts at or before it.
 - Summaries are chapters: a saved summary replaces only the rows whose message range it
   covers, so folds append chapters and a merge (one row over several ranges) replaces them.
-- ``forget_person`` removes every row about the person, search-index rows, vectors and outbox
-  rows included; the physical erase is crash-safe (finished when the store next opens) and a
-  repeated call erases again even when nothing is left to delete.
+- ``forget_person`` removes every row about the person, search-index rows, vectors, outbox
+  rows and the person's key pin included; the physical erase is crash-safe (finished when
+  the store next opens) and a repeated call erases again even when nothing is left to delete.
 - ``recent_messages(before_id=Q)`` is the conversation as it stands for message Q: everything
   before Q plus the assistant answers to those messages, even when an answer was stored after
   Q (a second question sent before the first was answered).
@@ -66,6 +66,8 @@ Invariants every implementation keeps:
 - Incognito: ``set_incognito`` and ``end_incognito`` (``!incognito``, ``!reset``, ``!forget``)
   give the conversation (and those linked with it) a new stretch id, or none when off;
   ``incognito_stretch`` reads it, so every gateway sees a stretch end (bot.memory.stretch).
+- ``pin_key`` pins a person's public key only where none is pinned (unless ``replace``) and
+  returns the key pinned now, so two gateways pinning at once agree (bot.transports.mesh_keys).
 - A recall note records the messages it quotes (``save_recall_note(quoted=...)``); no
   deletion or unlink leaves a note quoting a message gone from its conversation.
 - ``facts_through`` (the fact extraction mark) only moves forward; ``load_dump`` sets it past
@@ -87,6 +89,7 @@ from bot.memory.records import (
     ChatSetting,
     EditedMessage,
     HeldCommand,
+    KeyPin,
     LongTermSummary,
     OutboxEntry,
     OutboxRow,
@@ -163,7 +166,13 @@ class MemoryStore(Protocol):
     async def claim_question(self, message_id: int, *, stale_before: float) -> bool: ...
 
     async def hold_command(
-        self, key: ConversationKey, text: str, *, platform_id: str | None, author: str | None
+        self,
+        key: ConversationKey,
+        text: str,
+        *,
+        platform_id: str | None,
+        author: str | None,
+        authenticated: bool = False,
     ) -> int: ...
 
     async def release_command(self, command_id: int) -> None: ...
@@ -379,6 +388,22 @@ class MemoryStore(Protocol):
     async def incognito_stretch(self, conversation_id: int) -> str | None: ...
 
     async def end_incognito(self, transport: str, person: str, *, space: str | None) -> int: ...
+
+    async def key_pin(self, transport: str, person: str) -> KeyPin | None: ...
+
+    async def pin_key(
+        self,
+        transport: str,
+        person: str,
+        key: bytes,
+        *,
+        replace: bool = False,
+        pinned_at: float | None = None,
+    ) -> bytes: ...
+
+    async def unpin_key(self, transport: str, person: str) -> bool: ...
+
+    async def key_pins(self) -> list[KeyPin]: ...
 
     async def facts_through(self, conversation_id: int) -> int: ...
 

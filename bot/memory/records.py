@@ -261,3 +261,14 @@ class HeldCommand:
     author: str | None
     created_at: float
     done: bool = False  # its effect committed before the kill: told, never run again
+    authenticated: bool = False  # its sender was (bot.trust): the replay is judged the same
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPin:
+    """The public key pinned for a node (``key_pins``, bot.transports.mesh_keys)."""
+
+    transport: str
+    person: str
+    public_key: bytes
+    pinned_at: float

@@ -247,6 +247,7 @@ MIGRATIONS: list[Migration] = [
     *ddl.fact_changes(ddl.SQLITE),
     *ddl.chat_settings(ddl.SQLITE),
     *ddl.commands_marked(ddl.SQLITE),
+    *ddl.pins(ddl.SQLITE),
 ]
 
 

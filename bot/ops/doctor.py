@@ -100,7 +100,10 @@ async def diagnose(
     checks += await check_llm(config.llm, env=env, budgets=transport_budgets(config))
     checks.append(check_tokenizer())
     if config.meshtastic is not None and "meshtastic" in config.enabled_transports():
+        from bot.ops.doctor_identity import check_identity
+
         checks.append(await check_radio(config.meshtastic))
+        checks.append(check_identity(config))
     if config.discord is not None and "discord" in config.enabled_transports():
         checks.append(
             await check_discord(

@@ -62,6 +62,7 @@ class Monitor:
         last_error: LastError,
         relay: Callable[[], Mapping[str, int]] | None = None,
         llm_limits: Callable[[], str] | None = None,
+        identity: Callable[[], Mapping[str, int]] | None = None,
         interval: float = status_file.STATUS_INTERVAL,
         heartbeat: float = status_file.STATUS_HEARTBEAT,
         store_timeout: float = STORE_TIMEOUT,
@@ -74,6 +75,7 @@ class Monitor:
         self._latencies = latencies
         self._last_error = last_error
         self._relay = relay
+        self._identity = identity  # refused mesh DMs by reason (bot.identity)
         self._llm_limits = llm_limits
         wd = notifier.watchdog_interval
         self.interval = min(interval, wd / 3) if wd else interval
@@ -206,6 +208,7 @@ class Monitor:
             last_error_at=self._last_error.at,
             last_error=self._last_error.text,
             relay=dict(self._relay()) if self._relay is not None else {},
+            identity=dict(self._identity()) if self._identity is not None else {},
             llm_limits=self._llm_limits() if self._llm_limits is not None else "",
         )
 

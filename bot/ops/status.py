@@ -104,6 +104,8 @@ class Status:
     last_error_at: float | None = None
     last_error: str = ""
     relay: dict[str, int] = field(default_factory=dict)  # bridge counters (relay: pairs)
+    # mesh DMs refused as not their node's (bot.identity): refused_key_changed, refused_no_pki
+    identity: dict[str, int] = field(default_factory=dict)
     store: str = ""  # "SQLite /path" or "PostgreSQL postgresql://user@host/db" (no password)
     llm_limits: str = ""  # what the LLM server holds, as learned (bot.llm.server_limits)
 
@@ -236,6 +238,13 @@ def render(
             f"{r.get('refused', 0)} refused, {r.get('digests', 0)} digest(s), "
             f"reactions {r.get('reactions_to_discord', 0)} mesh->discord, "
             f"{r.get('reactions_to_mesh', 0)} discord->mesh"
+        )
+    if status.identity:
+        i = status.identity
+        lines.append(
+            f"  identity:   {sum(i.values())} mesh DM(s) refused as not their node's "
+            f"({i.get('refused_key_changed', 0)} with another key, "
+            f"{i.get('refused_no_pki', 0)} without PKI); `meshsage pins` lists the pins"
         )
     if status.last_error_at is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status.last_error_at))

@@ -171,6 +171,7 @@ class ConsoleTransport:
                         space=DM_SPACE,
                         text=text,
                         message_id=f"{self._id_prefix}-{self._counter}",
+                        authenticated=True,  # the machine's own user (bot.trust)
                     )
                 )
                 await self._wait_idle()

@@ -163,4 +163,5 @@ def to_inbound(
         received_at=message.created_at,
         edited=edit,
         edit_only=edit_only,
+        authenticated=True,  # Discord's login: the author id is that account (bot.trust)
     )

@@ -119,6 +119,9 @@ SPECS: tuple[SlashSpec, ...] = (
         "NAME [here|server|bot], or clear",
         operator=True,
     ),
+    SlashSpec(
+        "repin", "Operator: mesh key pins, or re-pin a node", "node", "!1234abcd", operator=True
+    ),
 )
 
 SLASH_NAMES = tuple(spec.name for spec in SPECS)
@@ -290,6 +293,7 @@ class SlashCommands:
             message_id=key,
             sender_name=interaction.user.display_name,
             received_at=interaction.created_at,
+            authenticated=True,  # Discord's login (bot.trust)
         )
         await handle(inbound)
 

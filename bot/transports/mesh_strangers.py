@@ -6,9 +6,11 @@ the shared hourly allowance still covers the reply.
 
 A packet's ``from`` is whatever its sender wrote, so anyone can invent a new node id with
 every packet, and per-person limits cost such a flood nothing. Invariants:
-- ``Standing``: ``CONFIRMED`` (the packet was authenticated, or the node ACKed a packet of the
-  bot: a radio that exists and hears us), ``KNOWN`` (the radio holds its NodeInfo or public
-  key, never confirmed), ``STRANGER`` (neither: the radio never heard who it is). The outbox
+- ``Standing``: ``CONFIRMED`` (the node ACKed a packet of the bot: a radio that exists and
+  hears us), ``KNOWN`` (the question was authenticated, or the radio holds its NodeInfo or
+  public key, never confirmed), ``STRANGER`` (neither: the radio never heard who it is). An
+  authenticated sender is only KNOWN: keys are pinned on first use, so a flood can mint a
+  key for every id it invents; only an ACK proves a radio that exists. The outbox
   decides the standing in ONE place (``MeshOutbox._standing``) and serves a stranger's reply
   after everyone else's (``rank``) until it has waited ``STRANGER_WAIT``, then in its turn:
   a burst of invented senders cannot delay a known person, and a real newcomer is not
@@ -57,9 +59,9 @@ class Standing(enum.IntEnum):
 
 def standing(*, authenticated: bool, acked: bool, known: bool) -> Standing:
     """The standing of a sender from what the bot knows of it (module docstring)."""
-    if authenticated or acked:
+    if acked:
         return Standing.CONFIRMED
-    return Standing.KNOWN if known else Standing.STRANGER
+    return Standing.KNOWN if known or authenticated else Standing.STRANGER
 
 
 def rank(who: Standing, waited: float) -> int:

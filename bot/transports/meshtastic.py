@@ -19,6 +19,10 @@ Invariants:
   as a ``MeshText``, before the answer rules and dedup (the bridge dedups itself);
   ``broadcast`` queues relayed text in the same fair, paced outbox as replies (refused while
   the outbox is busy: answers come first).
+- Who speaks (``mesh_keys.Admission``, its pins wired by app.py): a DM is handed on
+  ``authenticated`` only when it arrived PKI-encrypted with the key pinned for its node; a DM
+  for a pinned node without that key never reaches the responder (its node is told, at most
+  once per ``REFUSAL_NOTICE_SECONDS``); channel texts are never authenticated.
 - Message text is never logged above DEBUG.
 """
 
@@ -48,6 +52,7 @@ from bot.domain import (
 from bot.errors import TransportError
 from bot.transports.base import OnMessage, Transport, TransportHealth
 from bot.transports.mesh_airtime import HOUR, Pacer
+from bot.transports.mesh_keys import REFUSED, Admission, packet_key
 from bot.transports.mesh_rules import (
     BROADCAST_NUM,
     Accepted,
@@ -154,7 +159,11 @@ class MeshtasticTransport(MeshOutbox):
         self._stopping = False
         self._closed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._inbound: asyncio.Queue[Inbound] = asyncio.Queue(maxsize=INBOUND_LIMIT)
+        # each message with the PKI key it arrived with (None: no PKI), identified in order
+        self._inbound: asyncio.Queue[tuple[Inbound, bytes | None]] = asyncio.Queue(
+            maxsize=INBOUND_LIMIT
+        )
+        self.admission = Admission()  # who speaks (mesh_keys); app.py wires its pins
         self._jobs: list[_Job] = []
         self._jobs_changed = asyncio.Event()
         self._acks: dict[int, tuple[_Job, _Part]] = {}
@@ -340,7 +349,7 @@ class MeshtasticTransport(MeshOutbox):
             sender_name=self._sender_name(msg.sender_num),
         )
         try:
-            self._inbound.put_nowait(inbound)
+            self._inbound.put_nowait((inbound, packet_key(packet)))
         except asyncio.QueueFull:
             log.warning("inbound queue full; dropping a message from %s", msg.sender)
             return
@@ -473,14 +482,22 @@ class MeshtasticTransport(MeshOutbox):
 
     async def _inbound_loop(self) -> None:
         while True:
-            inbound = await self._inbound.get()
+            inbound, key = await self._inbound.get()
             assert self._on_message is not None
             try:
-                await self._on_message(inbound)
+                now = self._clock.monotonic()
+                admitted, tell = await self.admission.admit(inbound, key, now=now)
+                if admitted is not None:
+                    await self._on_message(admitted)
+                elif tell:  # not that person: its node hears why, in one packet
+                    self._spawn(self._tell_refused(inbound))
             except Exception:  # loop boundary: one bad message must not stop the radio
                 log.exception("storing a message from %s failed", inbound.sender)
             finally:
                 self._inbound.task_done()
+
+    async def _tell_refused(self, inbound: Inbound) -> None:
+        await self.send(Reply(inbound=inbound, text=self.fit(REFUSED), kind=ReplyKind.NOTICE))
 
     # --- sending ------------------------------------------------------------------------------
     def _make_job(self, reply: Reply) -> _Job:

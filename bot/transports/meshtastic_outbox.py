@@ -320,14 +320,15 @@ class MeshOutbox(MeshHolds):
 
     # --- senders the bot cannot confirm (mesh_strangers) ----------------------------------------
     def _standing(self, job: _Job) -> Standing:
-        """How far the bot trusts the sender ``job`` answers: the ONE place that decides it
-        (issue 44's PKI check joins here as ``authenticated=``). Relayed bridge text is no
-        mesh sender's."""
+        """How far the bot trusts the sender ``job`` answers: the ONE place that decides it.
+        ``authenticated``: the question arrived PKI-encrypted with the pinned key (a re-sent
+        durable row carries no such flag and falls back to the node DB). Relayed bridge text
+        is no mesh sender's."""
         if job.relay:
             return Standing.CONFIRMED
         num = node_num(job.person)
         known = known_node(getattr(self._iface, "nodesByNum", None), num)
-        return standing(authenticated=False, acked=self._strangers.acked(num), known=known)
+        return standing(authenticated=job.reply.inbound.authenticated, acked=self._strangers.acked(num), known=known)
 
     def _order(self, job: _Job) -> int:
         return rank(self._standing(job), self._clock.monotonic() - job.enqueued_at)

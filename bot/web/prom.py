@@ -170,6 +170,16 @@ def exposition(snap: Snapshot) -> str:
             "When the newest backup was written (Unix time).",
             [({}, snap.last_backup[1])],
         )
+    if st.identity:  # the mesh's key pins (bot.identity): DMs refused as not their node's
+        o.metric(
+            "meshsage_mesh_refused_total",
+            "counter",
+            "Mesh DMs refused as not their node's (another key, or no PKI for a pinned node).",
+            [
+                ({"reason": "key_changed"}, st.identity.get("refused_key_changed", 0)),
+                ({"reason": "no_pki"}, st.identity.get("refused_no_pki", 0)),
+            ],
+        )
     m = snap.mesh
     if m is not None:
         o.metric(

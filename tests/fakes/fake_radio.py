@@ -48,6 +48,10 @@ What it does:
   received (every text packet <= ``MAX_TEXT_BYTES``, consecutive texts of one client connection
   >= ``min_spacing`` apart), and an autouse fixture in ``tests/conftest.py`` runs it after
   *every* test, so no test can put an oversized or too-close packet on the fake air unnoticed.
+- a text DM arrives PKI-encrypted (``pki_encrypted`` and the sender's ``public_key``, as
+  firmware 2.5+ delivers a DM between nodes that know each other's keys), with the node's own
+  key (``node_key``); ``pki_encrypted=False`` is an older firmware's DM (or a forged one),
+  ``public_key=`` another key. Broadcasts carry no PKI.
 Failure modes: ``freeze`` (the current link goes silent), TCP ``drop_connection``/``stop``/
 ``restart`` (server disappears and returns), pty ``unplug``/``replug``.
 """
@@ -55,6 +59,7 @@ Failure modes: ``freeze`` (the current link goes silent), TCP ``drop_connection`
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import os
 import random
@@ -94,6 +99,11 @@ class _Clock(Protocol):
 class _WallClock:
     def monotonic(self) -> float:
         return time.monotonic()
+
+
+def node_key(num: int) -> bytes:
+    """The 32-byte public key of the fake node ``num`` (stable across tests)."""
+    return hashlib.sha256(f"fake-node-key-{num:08x}".encode()).digest()
 
 
 def frame(msg: Any) -> bytes:
@@ -359,6 +369,8 @@ class _Radio:
         emoji: int = 0,
         via_mqtt: bool = False,
         encrypted: bool = False,
+        pki_encrypted: bool | None = None,
+        public_key: bytes | None = None,
     ) -> int:
         fr = mesh_pb2.FromRadio()
         p = fr.packet
@@ -368,6 +380,11 @@ class _Radio:
         p.rx_time = int(time.time())
         if via_mqtt:
             p.via_mqtt = True
+        if pki_encrypted is None:  # firmware 2.5+: a text DM between nodes that know each other
+            pki_encrypted = to != BROADCAST and port == portnums_pb2.PortNum.TEXT_MESSAGE_APP
+        if pki_encrypted and not encrypted:
+            p.pki_encrypted = True
+            p.public_key = public_key if public_key is not None else node_key(frm)
         if encrypted:
             p.encrypted = payload  # the node could not decrypt it: no 'decoded'
         else:

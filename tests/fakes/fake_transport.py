@@ -1,7 +1,8 @@
 """In-process transport for responder tests: inject ``Inbound`` values, collect ``Reply``s.
 
 ``byte_limit`` makes ``fit`` behave like a constrained transport (cut at a UTF-8 byte count),
-so tests can check that what is stored is what was sent.
+so tests can check that what is stored is what was sent. It authenticates its senders, as
+Discord and the console do (``say(..., authenticated=False)`` plays one that does not).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class FakeTransport:
         sender: str = "alice",
         space: str = DM_SPACE,
         message_id: str | None = None,
+        authenticated: bool = True,
     ) -> None:
         """Deliver a message to the bot as a person would. Ids are unique across instances
         (as a platform's are), unless ``message_id`` repeats one on purpose."""
@@ -91,6 +93,7 @@ class FakeTransport:
                 text=text,
                 message_id=message_id or f"in-{next(_IDS)}",
                 sender_name=sender,
+                authenticated=authenticated,
             )
         )
 

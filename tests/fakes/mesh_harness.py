@@ -136,6 +136,7 @@ async def mesh_harness(
     metrics: bool = True,
     metrics_every: float | None = None,
     known: tuple[int, ...] = (),
+    command_names: tuple[str, ...] = (),
     **overrides: Any,
 ) -> AsyncIterator[Harness]:
     """``start=False``: the transport is built but not started (a test hands it to the app,
@@ -179,6 +180,7 @@ async def mesh_harness(
         config,
         bot_name="meshsage",
         command_prefix="!",
+        command_names=command_names,  # the app's: known commands trigger on a channel
         interface_factory=factory,
         clock=clock,
         rng=random.Random(7),

@@ -193,6 +193,29 @@ def commands_marked(t: Types) -> list[Migration]:
     return _named(t, ("021_command_marks", command_marks))
 
 
+def mesh_pins(t: Types) -> str:
+    # Trust on first use (bot.transports.mesh_keys): the public key a node's first PKI DM came
+    # with, base64; a later DM for that id with another key, or none, is not that person.
+    # Deleted by !forget, replaced only by the operator (`meshsage pins --repin`, !repin).
+    # ``authenticated``: whether a held command's sender was (bot.trust), so a replay after a
+    # kill is judged as the command was; rows from before default to not authenticated.
+    return f"""
+        CREATE TABLE key_pins (
+            transport TEXT NOT NULL,
+            person TEXT NOT NULL,
+            public_key TEXT NOT NULL,
+            pinned_at {t.real} NOT NULL,
+            PRIMARY KEY (transport, person)
+        );
+        ALTER TABLE held_commands ADD COLUMN authenticated INTEGER NOT NULL DEFAULT 0;
+        """
+
+
+def pins(t: Types) -> list[Migration]:
+    """Migration 022, the same on both backends."""
+    return _named(t, ("022_mesh_pins", mesh_pins))
+
+
 def fact_history(t: Types) -> str:
     # A fact's earlier values, newest last (JSON list of {"text", "until", "pinned",
     # "source_ids"}): a new value for the same subject replaces the text and keeps the old one

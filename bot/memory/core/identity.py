@@ -19,6 +19,9 @@ Invariants:
   the later of the two marks and the messages of either side between its own mark and that
   one are flagged ``facts_pending`` (read at the next extraction, then cleared).
 - Unlinking drops the recall notes that quote a message now in the other conversation.
+- Key pins (``key_pins``): one public key per (transport, person); ``pin_key`` never replaces
+  one unless told to (the operator's re-pin), so of two gateways pinning at once the first
+  wins and both read the same key back.
 - Rolling summaries stay where they were written. Linking keeps the home's long-term summary
   (or copies the other side's when the home has none); unlinking drops the home's (it mixed
   both sides) and it is rebuilt at the next session close.
@@ -26,6 +29,7 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 import secrets
 import time
 
@@ -33,6 +37,7 @@ from bot.domain import DM_SPACE, ConversationKey
 from bot.errors import MemoryRefused
 from bot.memory.core.db import CoreBase, Dialect, Tx
 from bot.memory.core.notes import drop_stale_notes
+from bot.memory.records import KeyPin
 
 _MOVED = ("messages", "facts", "sessions")
 
@@ -242,6 +247,65 @@ class IdentityMixin(CoreBase):
         )
         per = {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
         return sum(per.values()), per
+
+    # --- key pins (bot.transports.mesh_keys decides; this is the SQL) -------------------------
+    async def key_pin(self, transport: str, person: str) -> KeyPin | None:
+        row = await self._one(
+            "SELECT transport, person, public_key, pinned_at FROM key_pins "
+            "WHERE transport = ? AND person = ?",
+            (transport, person),
+        )
+        return None if row is None else _pin(row)
+
+    async def pin_key(
+        self,
+        transport: str,
+        person: str,
+        key: bytes,
+        *,
+        replace: bool = False,
+        pinned_at: float | None = None,
+    ) -> bytes:
+        """Pin ``key`` for the person unless one is pinned (``replace``: the operator's
+        re-pin; ``pinned_at``: an import's date); returns the key pinned now."""
+        async with self._atomic() as tx:
+            if replace:
+                await tx.exec(
+                    "DELETE FROM key_pins WHERE transport = ? AND person = ?", (transport, person)
+                )
+            await tx.exec(
+                "INSERT INTO key_pins (transport, person, public_key, pinned_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (
+                    transport,
+                    person,
+                    base64.b64encode(key).decode("ascii"),
+                    pinned_at or time.time(),
+                ),
+            )
+            held = await tx.val(
+                "SELECT public_key FROM key_pins WHERE transport = ? AND person = ?",
+                (transport, person),
+            )
+        return base64.b64decode(str(held))
+
+    async def unpin_key(self, transport: str, person: str) -> bool:
+        async with self._atomic() as tx:
+            n = await tx.exec(
+                "DELETE FROM key_pins WHERE transport = ? AND person = ?", (transport, person)
+            )
+        return bool(n)
+
+    async def key_pins(self) -> list[KeyPin]:
+        rows = await self._all(
+            "SELECT transport, person, public_key, pinned_at FROM key_pins "
+            "ORDER BY transport, person"
+        )
+        return [_pin(r) for r in rows]
+
+
+def _pin(row: tuple[object, ...]) -> KeyPin:
+    return KeyPin(str(row[0]), str(row[1]), base64.b64decode(str(row[2])), float(str(row[3])))
 
 
 async def give_back(tx: Tx, d: Dialect, other_id: int) -> int:

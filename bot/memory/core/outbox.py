@@ -390,13 +390,20 @@ class OutboxMixin(CoreBase):
 
     # --- commands held until answered (bot.responder) ---------------------------------------
     async def hold_command(
-        self, key: ConversationKey, text: str, *, platform_id: str | None, author: str | None
+        self,
+        key: ConversationKey,
+        text: str,
+        *,
+        platform_id: str | None,
+        author: str | None,
+        authenticated: bool = False,
     ) -> int:
         """Store a command before it runs (``release_command`` once its reply is queued)."""
         return int(
             await self._val(
                 "INSERT INTO held_commands (gateway, transport, person, space, text, "
-                "platform_id, author, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                "platform_id, author, created_at, authenticated) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 (
                     self._claim_gateway(),
                     key.transport,
@@ -406,6 +413,7 @@ class OutboxMixin(CoreBase):
                     platform_id,
                     author,
                     time.time(),
+                    int(authenticated),
                 ),
             )
         )
@@ -423,8 +431,8 @@ class OutboxMixin(CoreBase):
         among, among_args = self.dialect.in_texts("transport", transports)
         rows = await self._all(
             "SELECT id, transport, person, space, text, platform_id, author, created_at, "
-            f"done_at FROM held_commands WHERE gateway = ? AND released_at IS NULL AND {among} "
-            "ORDER BY id",
+            "done_at, authenticated FROM held_commands "
+            f"WHERE gateway = ? AND released_at IS NULL AND {among} ORDER BY id",
             (self._claim_gateway(), *among_args),
         )
         return [
@@ -436,6 +444,7 @@ class OutboxMixin(CoreBase):
                 r[6],
                 float(r[7]),
                 done=r[8] is not None,
+                authenticated=bool(r[9]),
             )
             for r in rows
         ]

@@ -79,6 +79,9 @@ class UpkeepMixin(CoreBase):
             await tx.exec(
                 "DELETE FROM outbox WHERE transport = ? AND person = ?", (transport, person)
             )
+            await tx.exec(  # the next PKI DM pins anew (trust on first use)
+                "DELETE FROM key_pins WHERE transport = ? AND person = ?", (transport, person)
+            )
             await self._mark_erase(tx)
         self._vectors.drop(ids)
         await self._erase()  # always: a repeated !forget erases again

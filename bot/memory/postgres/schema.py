@@ -380,6 +380,7 @@ MIGRATIONS: list[Migration] = [
     *ddl.fact_changes(ddl.POSTGRES),
     *ddl.chat_settings(ddl.POSTGRES),
     *ddl.commands_marked(ddl.POSTGRES),
+    *ddl.pins(ddl.POSTGRES),
 ]
 
 # What a migration does in Python after its SQL, in the same transaction.
