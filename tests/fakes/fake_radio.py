@@ -416,8 +416,10 @@ class _Radio:
         )
 
     def forge_text(self, text: str, *, frm: int, **kw: Any) -> int:
-        """A DM whose ``from`` names a node that does not exist (``ghosts``)."""
+        """A DM whose ``from`` names a node that does not exist (``ghosts``), sent with the
+        channel key as anyone may (no PKI: no radio holds a key for an invented node)."""
         self.ghosts.add(frm)
+        kw.setdefault("pki_encrypted", False)
         return self.inject_text(text, frm=frm, **kw)
 
     def inject_routing(self, request_id: int, error: str = "NONE", *, frm: int = MY_NUM) -> None:
