@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import IO, TYPE_CHECKING
 
+from bot.answering import unavailable_notice
 from bot.bridge import Bridge
 from bot.chat_settings import ChatSettings
 from bot.commands import COMMAND_NAMES, Commands
@@ -467,6 +468,9 @@ async def build(
             },
             wall=wall,
             clock=clock,
+            unavailable=unavailable_notice(
+                config.llm.base_url, fallbacks=len(config.llm.fallbacks)
+            ),
         )
         app = App(
             config=config,
