@@ -21,6 +21,8 @@ Invariants:
   uses is wrapped in ``TimedLLM`` for the latency figures.
 - Sessions (close, summarize, extract facts) run in their own owned task through the gate's
   background lane, only while no turn runs; forgetting by use runs in the maintenance loop.
+  A chat (the console the only transport) summarizes the sessions that ended before it exits
+  (``finish_before_exit``: at most ``EXIT_SUMMARY_SECONDS``, a second Ctrl-C skips it).
 - Embeddings (``memory.embeddings``) are built only when enabled: the embedder goes to the
   retriever (query vectors) and to the indexer (message vectors, in the background).
 """
@@ -59,7 +61,7 @@ from bot.memory.layers import LayeredContext
 from bot.memory.links import LinkCodes
 from bot.memory.open import open_url
 from bot.memory.retrieval import Retriever
-from bot.memory.sessions import SessionKeeper
+from bot.memory.sessions import SessionKeeper, finish_before_exit
 from bot.memory.store import SqliteStore
 from bot.memory.summary import Summarizer
 from bot.ops.metrics import Counters, LastError, Latencies, TimedLLM
@@ -83,6 +85,7 @@ STEPS_SHARE = 0.88  # the background steps and the clients by this share
 GRACE_SHARE = 0.9  # a cut step may unwind until then; the rest is the database close's
 RETENTION_INTERVAL = 6 * 3600.0
 MAINTENANCE_INTERVAL = 10.0
+EXIT_SUMMARY_SECONDS = 60.0  # a chat's ended session is summarized before exit, this long
 
 
 @dataclass
@@ -113,6 +116,7 @@ class App:
     cut_at_stop: list[str] = field(default_factory=list)  # steps the deadline cut off
     web: WebServer | None = None  # web.enabled: the operator's web view and /metrics
     server_limits: LearnedLimits | None = None  # what the LLM server holds (the real adapter)
+    say: Callable[[str], None] = field(default=lambda line: log.info("%s", line))  # chat: stderr
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -220,6 +224,11 @@ class App:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(stopper, all_closed, return_exceptions=True)
+            chat = all(t.name == "console" for t in self.transports)
+            if chat and self.sessions is not None and not self._hurry.is_set():
+                await finish_before_exit(
+                    self.sessions, timeout=EXIT_SUMMARY_SECONDS, say=self.say, skip=self._hurry
+                )
             return not stop.is_set()
         finally:
             await self.close()

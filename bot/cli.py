@@ -9,7 +9,10 @@ Invariants:
 - Domain errors become one line on stderr and the error's exit code; no tracebacks for
   problems the operator can fix.
 - SIGINT/SIGTERM set a stop event; the app then finishes in-flight turns and closes cleanly.
-  A second SIGINT stops at once (unanswered messages are answered on the next start).
+  A second SIGINT stops at once (unanswered messages are answered on the next start). In a
+  terminal chat, Ctrl-C first stops the answer being written (``bot.interrupts``).
+- ``chat`` logs nothing below WARNING without ``-v`` or a ``log_level`` set in the config
+  (in a terminal: nothing at all), piped or not: its output is the conversation.
 - ``-v`` works before or after the subcommand.
 """
 
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bot import __version__
-from bot.app import DRAIN_SECONDS, build
+from bot.app import build
 from bot.config import Config, load_config
 from bot.domain import DM_SPACE, ConversationKey
 from bot.errors import ConfigError, MeshsageError, TransportError
@@ -225,7 +228,10 @@ def _main(argv: Sequence[str] | None) -> int:
             )  # fmt: skip
             names = only or config.enabled_transports()
             quiet = interactive and "console" in names and not args.verbose
-            _setup_logging("DEBUG" if args.verbose else config.log_level, quiet=quiet)
+            level = config.log_level
+            if args.command == "chat" and "log_level" not in config.model_fields_set:
+                level = "WARNING"  # the conversation is the output; -v shows the rest
+            _setup_logging("DEBUG" if args.verbose else level, quiet=quiet)
             return _serve_locked(config, env=env, only=only, console=interactive)
         _setup_logging("DEBUG" if args.verbose else config.log_level)
         if args.command == "status" and args.watch is not None:
@@ -367,31 +373,18 @@ async def _serve(
         keepalive.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await keepalive
-    interrupts = 0
-    hurried = asyncio.Event()
+    from bot.interrupts import Interrupts
+    from bot.transports.console import ConsoleTransport
 
-    def on_sigint() -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts == 1:
-            stop.set()
-            if console and not app.responder.idle:
-                print(
-                    f"\n(waiting up to {DRAIN_SECONDS:.0f} s for the answer being written; "
-                    "press Ctrl-C again to stop now)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        else:
-            print(
-                "\n(stopping now; unanswered messages are answered at the next start)",
-                file=sys.stderr,
-                flush=True,
-            )
-            app.hurry()
-            hurried.set()
-
-    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    keys = next((t for t in app.transports if isinstance(t, ConsoleTransport)), None)
+    if only == ["console"]:  # a chat: its few words about the exit go where the person looks
+        app.say = functools.partial(print, file=sys.stderr, flush=True)
+    interrupts = Interrupts(
+        stop=stop, responder=app.responder, hurry=app.hurry, tty=console,
+        say=functools.partial(print, file=sys.stderr, flush=True),
+        console=keys if console else None,
+    )  # fmt: skip
+    loop.add_signal_handler(signal.SIGINT, interrupts)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     log.info(
         "meshsage %s: model %s at %s, %s",
@@ -402,7 +395,7 @@ async def _serve(
     )
     ended = await app.run(stop)
     probe.cancel()
-    if hurried.is_set():
+    if interrupts.hurried.is_set():
         return 130
     names = [t.name for t in app.transports]
     log.info("ran for %.1f s", time.monotonic() - started)
