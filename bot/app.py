@@ -148,6 +148,8 @@ class App:
             except MeshsageError as exc:  # the bot still serves people; the operator is told
                 log.error("%s", exc)
                 self.web = None
+        elif self._web_address():  # `run` without a view: how to get one
+            log.info("web view %s", self._web_address())
         self.notifier.ready("serving on " + ", ".join(t.name for t in running))
         return running
 
@@ -165,8 +167,17 @@ class App:
             last_error=self.last_error,
             relay=self._relay_counters if self.bridge is not None else None,
             llm_limits=self._llm_limits,
+            web=self._web_address,
         )
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
+
+    def _web_address(self) -> str:
+        """Where the web view is served, for the status and the run log ("": a chat)."""
+        if all(t.name == "console" for t in self.transports):
+            return ""  # chat and the memory tools serve no view
+        from bot.web.checks import web_address
+
+        return web_address(self.config, None if self.web is None else self.web.address)
 
     def _llm_limits(self) -> str:
         """What the server holds (learned at start) and how fast it reads a prompt."""

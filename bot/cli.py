@@ -11,8 +11,8 @@ Invariants:
 - SIGINT/SIGTERM set a stop event; the app then finishes in-flight turns and closes cleanly.
   A second SIGINT stops at once (unanswered messages are answered on the next start). In a
   terminal chat, Ctrl-C first stops the answer being written (``bot.interrupts``).
-- ``chat`` logs nothing below WARNING without ``-v`` or a ``log_level`` set in the config
-  (in a terminal: nothing at all), piped or not: its output is the conversation.
+- ``chat`` logs nothing below WARNING without ``-v``, whatever ``log_level`` says (that is the
+  service's; in a terminal nothing at all), piped or not: its output is the conversation.
 - ``-v`` works before or after the subcommand.
 """
 
@@ -54,6 +54,12 @@ DESCRIPTION = (
 )
 
 
+TARGET_HELP = (
+    "judge the config for `meshsage chat` (the console alone, piped input allowed: scripts "
+    "and CI) or for a service (no terminal); default: as `meshsage run` here"
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -87,9 +93,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="judge it as a service would run it: no terminal (systemd, a container)",
     )
-    sub.add_parser(
+    check.add_argument("--for", dest="target", choices=preflight.TARGETS, help=TARGET_HELP)
+    doctor = sub.add_parser(
         "doctor", parents=[cfg, envf], help="check config, database, LLM, radio, Discord, disk"
     )
+    doctor.add_argument("--for", dest="target", choices=preflight.TARGETS, help=TARGET_HELP)
     status = sub.add_parser("status", parents=[cfg], help="what the running bot reports")
     status.add_argument("--json", action="store_true", help="print the raw status file")
     status.add_argument(
@@ -212,9 +220,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
             return asyncio.run(
                 run_doctor(
-                    config_path=args.config, env=env, out=print, interactive=_isatty(sys.stdin)
+                    config_path=args.config, env=env, out=print,
+                    interactive=args.target != "service" and _isatty(sys.stdin),
+                    chat=args.target == "chat",
                 )
-            )
+            )  # fmt: skip
         if args.command == "migrate-store":
             _setup_logging("DEBUG" if args.verbose else "WARNING")
             return asyncio.run(_migrate_store(args, env))
@@ -229,7 +239,7 @@ def _main(argv: Sequence[str] | None) -> int:
             names = only or config.enabled_transports()
             quiet = interactive and "console" in names and not args.verbose
             level = config.log_level
-            if args.command == "chat" and "log_level" not in config.model_fields_set:
+            if args.command == "chat" and level in ("DEBUG", "INFO"):
                 level = "WARNING"  # the conversation is the output; -v shows the rest
             _setup_logging("DEBUG" if args.verbose else level, quiet=quiet)
             return _serve_locked(config, env=env, only=only, console=interactive)
@@ -306,12 +316,11 @@ def read_env_file(path: Path) -> dict[str, str]:
 def _check_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     path = args.file or env.get("MESHSAGE_CONFIG") or None
     config = load_config(path, env=env)
-    interactive = not args.service and _isatty(sys.stdin)
-    preflight.check(config, env=env, interactive=interactive)
-    print(
-        f"{config.source}: OK (transports: {', '.join(config.enabled_transports())}; "
-        f"{preflight.describe_store(config)})"
-    )
+    service = args.service or args.target == "service"
+    chat = args.target == "chat"
+    interactive = not service and _isatty(sys.stdin)
+    preflight.check(config, env=env, interactive=interactive, **preflight.for_chat(chat))
+    print(f"{config.source}: OK ({preflight.describe(config, chat=chat)})")
     return 0
 
 

@@ -64,14 +64,11 @@ async def test_scripted_chat_remembers_across_restarts(tmp_path: Path, fake_llm:
 
 async def test_message_text_never_logged_at_info(tmp_path: Path, fake_llm: FakeLLM) -> None:
     fake_llm.reply = f"the answer mentions {SECRET} too"
-    cfg = tmp_path / "info.yaml"
-    cfg.write_text("log_level: INFO\n", encoding="utf-8")  # a chat logs INFO only when asked
-    rc, out, err = await _meshsage(
-        "chat", "--config", str(cfg), env=_env(tmp_path, fake_llm),
-        stdin=f"my secret is {SECRET}\n".encode(),
-    )  # fmt: skip
+    rc, out, err = await _meshsage(  # -v: a chat logs below WARNING only when asked
+        "chat", "-v", env=_env(tmp_path, fake_llm), stdin=f"my secret is {SECRET}\n".encode()
+    )
     assert rc == 0 and SECRET in out
-    assert "answered console:" in err  # INFO logging is on ...
+    assert "answered console:" in err  # INFO (and DEBUG) logging is on ...
     assert SECRET not in err  # ... and carries no message text
 
 

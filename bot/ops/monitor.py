@@ -58,6 +58,7 @@ class Monitor:
         last_error: LastError,
         relay: Callable[[], Mapping[str, int]] | None = None,
         llm_limits: Callable[[], str] | None = None,
+        web: Callable[[], str] | None = None,
         interval: float = status_file.STATUS_INTERVAL,
         store_timeout: float = STORE_TIMEOUT,
         clock: Callable[[], float] = time.time,
@@ -70,6 +71,7 @@ class Monitor:
         self._last_error = last_error
         self._relay = relay
         self._llm_limits = llm_limits
+        self._web = web  # where the web view is served (``meshsage status`` shows it)
         wd = notifier.watchdog_interval
         self.interval = min(interval, wd / 3) if wd else interval
         self._store_timeout = store_timeout
@@ -194,6 +196,7 @@ class Monitor:
             last_error=self._last_error.text,
             relay=dict(self._relay()) if self._relay is not None else {},
             llm_limits=self._llm_limits() if self._llm_limits is not None else "",
+            web=self._web() if self._web is not None else "",
         )
 
     @staticmethod

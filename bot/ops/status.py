@@ -64,6 +64,7 @@ class Status:
     relay: dict[str, int] = field(default_factory=dict)  # bridge counters (relay: pairs)
     store: str = ""  # "SQLite /path" or "PostgreSQL postgresql://user@host/db" (no password)
     llm_limits: str = ""  # what the LLM server holds, as learned (bot.llm.server_limits)
+    web: str = ""  # where the web view is served, or why it is not (``run`` only)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -129,7 +130,7 @@ def render(status: Status, *, now: float | None = None) -> tuple[list[str], bool
     state = "healthy" if ok else "NOT HEALTHY"
     lines = [
         f"meshsage {status.version} (pid {status.pid}): {state}",
-        f"  report:     written {age:.0f} s ago"
+        f"  report:     written {round(age)} s ago"
         + ("" if fresh else f" (stale: older than {STALE_AFTER:.0f} s; is the bot running?)"),
         f"  uptime:     {_age(status.written_at - status.started_at)}",
     ]
@@ -147,6 +148,7 @@ def render(status: Status, *, now: float | None = None) -> tuple[list[str], bool
         *([f"  LLM limits: {status.llm_limits}"] if status.llm_limits else []),
         f"  database:   {status.store + ', ' if status.store else ''}"
         f"{status.database_bytes / 1e6:.1f} MB",
+        *([f"  web view:   {status.web}"] if status.web else []),
     ]
     if status.llm_outage_since is not None:
         lines.append(
