@@ -90,7 +90,8 @@ def unavailable_notice(base_url: str, *, fallbacks: int = 0) -> str:
         text = UNAVAILABLE_AT.format(where=where)
         if len(text.encode("utf-8")) <= MESH_COMMAND_BYTES:
             return text
-    return fit_bytes(UNAVAILABLE_AT.format(where=_host(url)), MESH_COMMAND_BYTES)
+    room = MESH_COMMAND_BYTES - len(UNAVAILABLE_AT.format(where="").encode("utf-8"))
+    return UNAVAILABLE_AT.format(where=fit_bytes(_host(url), room))
 
 
 def _host(url: str) -> str:
