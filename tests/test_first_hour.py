@@ -228,7 +228,7 @@ def test_a_report_written_a_moment_ahead_is_never_minus_zero_seconds_old() -> No
 async def test_the_airtime_page_without_a_radio_is_one_sentence(
     tmp_path: Path, fake_llm: FakeLLM
 ) -> None:
-    from tests.test_web_pages import client, web_app
+    from tests.web_harness import client, web_app
 
     async with (
         web_app(tmp_path, fake_llm, None) as app,
