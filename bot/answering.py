@@ -5,15 +5,28 @@ incognito turn, answered without storing anything.
 Invariants: those of ``bot.responder`` for a turn (one answer per stored question, claimed
 under the person's turn lock; a failed LLM call ends in a stored notice that settles the
 question; a question forgotten meanwhile ends quietly). State lives in ``Responder``.
+- The "LLM unavailable" notice names where the bot looked (the base URL, no password) and the
+  fix, in one mesh packet (``unavailable_notice``: at most ``MESH_COMMAND_BYTES``).
+- ``stop_answers`` (the console's Ctrl-C) stops only an answer being written: the LLM call is
+  cancelled (closing the stream stops generation), the question is settled ``failed`` (never
+  answered later, no notice), and the person's next job runs. A cancel from anyone else
+  (shutdown) goes on up as before.
+- ``!more`` under an answer cut at ``max_tokens`` (``CommandResult.go_on``) is a turn: the
+  request to go on is stored as the person's message and answered like any other.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import sqlite3
 import time
 from collections import deque
+from collections.abc import Iterator
+from dataclasses import replace
+from urllib.parse import urlsplit
 
 from bot.commands import Commands
 from bot.config import BotConfig
@@ -30,19 +43,26 @@ from bot.memory.records import (
     OutboxEntry,
     StoredAnswer,
 )
+from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches, Turns
 from bot.memory.summary import FoldBase, Summarizer
 from bot.ops.metrics import Counters
 from bot.recovery import Recovery
+from bot.text import MESH_COMMAND_BYTES, fit_bytes
 from bot.transports.base import (
     AnswerStream,
     Paginates,
     Transport,
 )
+from bot.urls import redact
 
 log = logging.getLogger("bot.responder")
 
-UNAVAILABLE = "LLM unavailable, try again later."
+UNAVAILABLE = "LLM unavailable, try again later."  # where the app did not say where it looked
+UNAVAILABLE_AT = (
+    "LLM unavailable: no answer from {where}. Operator: start the LLM server there, or set "
+    "llm.base_url (`meshsage doctor` checks it). Try again later."
+)
 INTERNAL_ERROR = "Sorry, something went wrong on my side. Please try again."
 WITHDRAWN = "(withdrawn: this answered the message before it was edited)"
 EMPTY = "Your message was empty. Send some text, or {prefix}help for commands."
@@ -62,10 +82,35 @@ def _speaker(inbound: Inbound, limits: TransportLimits) -> str | None:
     return inbound.sender_name or inbound.sender
 
 
+def unavailable_notice(base_url: str, *, fallbacks: int = 0) -> str:
+    """What a person hears when no endpoint answered: where the bot looked and the fix, in
+    one mesh packet (a long URL is shortened to its host, never the fix cut)."""
+    url = redact(base_url)
+    more = f" (and {fallbacks} fallback{'s' if fallbacks != 1 else ''})" if fallbacks else ""
+    for where in (url + more, url, _host(url)):
+        text = UNAVAILABLE_AT.format(where=where)
+        if len(text.encode("utf-8")) <= MESH_COMMAND_BYTES:
+            return text
+    room = MESH_COMMAND_BYTES - len(UNAVAILABLE_AT.format(where="").encode("utf-8"))
+    return UNAVAILABLE_AT.format(where=fit_bytes(_host(url), room))
+
+
+def _host(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    except ValueError:
+        return url
+
+
 class Answering(Recovery):
     """The answering half of ``Responder`` (state is set up in its ``__init__``)."""
 
     counters: Counters
+    _unavailable: str  # the notice when no endpoint answered (``unavailable_notice``)
+    _workers: dict[tuple[str, str, str], asyncio.Task[None]]
+    _writing: set[tuple[str, str, str]]  # people whose answer is being written now
+    _stop_asked: set[tuple[str, str, str]]  # ... and asked to stop (``stop_answers``)
     _config: BotConfig
     _summarizer: Summarizer
     _indexer: Indexer | None
@@ -90,6 +135,60 @@ class Answering(Recovery):
         if isinstance(transport, Paginates):
             return transport.fit_more(text)
         return transport.fit(text), None
+
+    def stop_answers(self, transport: str) -> int:
+        """Stop the answers being written now for people on ``transport`` (the console's
+        Ctrl-C). Returns how many were asked to stop (0: nothing was being written)."""
+        n = 0
+        for qkey in self._writing:
+            if qkey[0] == transport and qkey not in self._stop_asked:
+                self._stop_asked.add(qkey)
+                self._workers[qkey].cancel()
+                n += 1
+        return n
+
+    @contextlib.contextmanager
+    def _writes(self, inbound: Inbound) -> Iterator[None]:
+        """While the answer is being written: ``stop_answers`` may cancel it."""
+        key = inbound.key
+        qkey = (key.transport, key.person, key.space)
+        self._writing.add(qkey)
+        try:
+            yield
+        finally:
+            self._writing.discard(qkey)
+
+    def _was_stopped(self, inbound: Inbound) -> bool:
+        """True (and the cancel taken back) when ``stop_answers`` cancelled this turn."""
+        key = inbound.key
+        qkey = (key.transport, key.person, key.space)
+        if qkey not in self._stop_asked:
+            return False
+        self._stop_asked.discard(qkey)
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        log.info("the answer for %s was stopped by the person", key)
+        return True
+
+    async def _go_on(self, inbound: Inbound, ask: str, command_id: int | None) -> None:
+        """``!more`` under an answer cut at max_tokens: ``ask`` is stored as the person's
+        message (the held command released with it) and answered as a turn."""
+        conv = await self._store.conversation(inbound.key)
+        message_id = await self._store.add_message(
+            conv.id,
+            role=USER,
+            author=inbound.sender_name or inbound.sender,
+            text=ask,
+            tokens=self._counter.count(ask),
+            status="pending",
+            created_at=inbound.received_at.timestamp(),
+            platform_id=inbound.message_id,
+            origin_id=conv.origin_id,
+        )
+        if command_id is not None:
+            await self._store.release_command(command_id)
+        await self._turn(replace(inbound, text=ask), message_id, conv)
 
     async def _turn(
         self,
@@ -134,29 +233,38 @@ class Answering(Recovery):
                 self._tell_early(inbound, message_id)
         limits = transport.limits
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
-        async with transport.working(inbound):
-            await self._summarizer.settle(conv.id)  # a debt fold ending: its chapter comes in
-            try:
-                on_text = stream.update if stream is not None else None
-                ctx, completion = await self._fit.ask(
-                    conv, inbound, message_id, limits, on_text=on_text,
-                    speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
-                    before_call=lambda c: self._summarizer.before_reply(conv.id, c.window_start_id),
-                )  # fmt: skip
-            except LLMUnavailable as exc:
-                log.warning("no answer for %s: %s", inbound.key, exc)
-                if stream is not None:
-                    await stream.abort()
-                notice = UNAVAILABLE
-                if isinstance(exc, ContextTooLong):
-                    notice = TOO_LONG.format(prefix=self._commands.prefix)
-                entry = OutboxEntry(
-                    inbound.key, "notice", transport.fit(notice), question_id=message_id
-                )
-                row = await self._store.queue_claimed(entry, question_status="failed")
-                self.counters.add("notices")
-                await self._outbox.deliver_now(inbound, row)
-                return
+        try:
+            with self._writes(inbound):
+                async with transport.working(inbound):
+                    await self._summarizer.settle(conv.id)  # a debt fold ending: its chapter
+                    on_text = stream.update if stream is not None else None
+                    ctx, completion = await self._fit.ask(
+                        conv, inbound, message_id, limits, on_text=on_text,
+                        speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
+                        before_call=lambda c: self._summarizer.before_reply(
+                            conv.id, c.window_start_id),
+                    )  # fmt: skip
+        except LLMUnavailable as exc:
+            log.warning("no answer for %s: %s", inbound.key, exc)
+            if stream is not None:
+                await stream.abort()
+            notice = self._unavailable
+            if isinstance(exc, ContextTooLong):
+                notice = TOO_LONG.format(prefix=self._commands.prefix)
+            entry = OutboxEntry(
+                inbound.key, "notice", transport.fit(notice), question_id=message_id
+            )
+            row = await self._store.queue_claimed(entry, question_status="failed")
+            self.counters.add("notices")
+            await self._outbox.deliver_now(inbound, row)
+            return
+        except asyncio.CancelledError:
+            if not self._was_stopped(inbound):
+                raise  # a shutdown: the question stays pending for the next start
+            if stream is not None:
+                await stream.abort()
+            await self._store.set_status(message_id, "failed")  # settled: never answered later
+            return
         whole = completion.text.strip()
         text, rest = self._cut(transport, whole)
         trimmed = ctx.trimmed or len(inbound.text) > self._config.max_message_chars
@@ -233,19 +341,24 @@ class Answering(Recovery):
             conv = await self._store.conversation(inbound.key)
             stretch = await self._store.incognito_stretch(conv.id)  # ended elsewhere: new one
             turns = self._stretches.turns(inbound.key, conv.id, stretch)
-        async with transport.working(inbound):
-            try:
-                _ctx, completion = await self._fit.ask(
-                    conv, inbound, None, limits, ephemeral=list(turns),
-                    speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
-                )  # fmt: skip
-            except LLMUnavailable as exc:
-                log.warning("no answer for %s: %s", inbound.key, exc)
-                too_long = isinstance(exc, ContextTooLong)
-                prefix = self._commands.prefix
-                await self._notice(inbound, TOO_LONG.format(prefix=prefix) if too_long
-                                   else UNAVAILABLE)  # fmt: skip
-                return
+        try:
+            with self._writes(inbound):
+                async with transport.working(inbound):
+                    _ctx, completion = await self._fit.ask(
+                        conv, inbound, None, limits, ephemeral=list(turns),
+                        speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
+                    )  # fmt: skip
+        except LLMUnavailable as exc:
+            log.warning("no answer for %s: %s", inbound.key, exc)
+            too_long = isinstance(exc, ContextTooLong)
+            prefix = self._commands.prefix
+            await self._notice(inbound, TOO_LONG.format(prefix=prefix) if too_long
+                               else self._unavailable)  # fmt: skip
+            return
+        except asyncio.CancelledError:
+            if not self._was_stopped(inbound):
+                raise
+            return  # nothing was stored for an incognito turn
         text = transport.fit(completion.text)
         turns.append(("person", inbound.text[: self._config.max_message_chars]))
         turns.append(("you", text))

@@ -21,6 +21,8 @@ Invariants:
   uses is wrapped in ``TimedLLM`` for the latency figures.
 - Sessions (close, summarize, extract facts) run in their own owned task through the gate's
   background lane, only while no turn runs; forgetting by use runs in the maintenance loop.
+  A chat (the console the only transport) summarizes the sessions that ended before it exits
+  (``finish_before_exit``: at most ``EXIT_SUMMARY_SECONDS``, a second Ctrl-C skips it).
 - Embeddings (``memory.embeddings``) are built only when enabled: the embedder goes to the
   retriever (query vectors) and to the indexer (message vectors, in the background).
 """
@@ -38,6 +40,7 @@ from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from bot.answering import unavailable_notice
 from bot.bridge import Bridge
 from bot.chat_settings import ChatSettings
 from bot.clock import CLOCK_FILE, ClockWatch, SyncState, SystemSync
@@ -61,7 +64,7 @@ from bot.memory.layers import LayeredContext
 from bot.memory.links import LinkCodes
 from bot.memory.open import open_url
 from bot.memory.retrieval import Retriever
-from bot.memory.sessions import SessionKeeper
+from bot.memory.sessions import SessionKeeper, finish_before_exit
 from bot.memory.store import SqliteStore
 from bot.memory.summary import Summarizer
 from bot.ops.metrics import Counters, LastError, Latencies, TimedLLM
@@ -86,6 +89,7 @@ STEPS_SHARE = 0.88  # the background steps and the clients by this share
 GRACE_SHARE = 0.9  # a cut step may unwind until then; the rest is the database close's
 RETENTION_INTERVAL = 6 * 3600.0
 MAINTENANCE_INTERVAL = 10.0
+EXIT_SUMMARY_SECONDS = 60.0  # a chat's ended session is summarized before exit, this long
 
 
 @dataclass
@@ -119,6 +123,7 @@ class App:
     trust: ClockWatch = field(default_factory=lambda: ClockWatch(sync=SystemSync()))
     status_path: Path | None = None  # None: in the state dir (bot.ops.status.report_path)
     pins: PinnedKeys | None = None  # who speaks on the mesh (bot.identity)
+    say: Callable[[str], None] = field(default=lambda line: log.info("%s", line))  # chat: stderr
 
     async def start(self) -> list[Transport]:
         """Start transports; return the ones running. Raises when none could start."""
@@ -151,6 +156,8 @@ class App:
             except MeshsageError as exc:  # the bot still serves people; the operator is told
                 log.error("%s", exc)
                 self.web = None
+        elif self._web_address():  # `run` without a view: how to get one
+            log.info("web view %s", self._web_address())
         self.notifier.ready("serving on " + ", ".join(t.name for t in running))
         return running
 
@@ -175,11 +182,20 @@ class App:
             relay=self._relay_counters if self.bridge is not None else None,
             llm_limits=self._llm_limits,
             identity=self._identity_counts if self._mesh_pins() else None,
+            web=self._web_address,
         )
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="monitor")
 
     def _status_path(self) -> Path:
         return self.status_path or self.config.database_path.parent / STATUS_FILE
+
+    def _web_address(self) -> str:
+        """Where the web view is served, for the status and the run log ("": a chat)."""
+        if all(t.name == "console" for t in self.transports):
+            return ""  # chat and the memory tools serve no view
+        from bot.web.checks import web_address
+
+        return web_address(self.config, None if self.web is None else self.web.address)
 
     def _llm_limits(self) -> str:
         """What the server holds (learned at start) and how fast it reads a prompt."""
@@ -251,6 +267,11 @@ class App:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(stopper, all_closed, return_exceptions=True)
+            chat = all(t.name == "console" for t in self.transports)
+            if chat and self.sessions is not None and not self._hurry.is_set():
+                await finish_before_exit(
+                    self.sessions, timeout=EXIT_SUMMARY_SECONDS, say=self.say, skip=self._hurry
+                )
             return not stop.is_set()
         finally:
             await self.close()
@@ -506,6 +527,9 @@ async def build(
             wall=wall,
             clock=clock,
             trust=trust,
+            unavailable=unavailable_notice(
+                config.llm.base_url, fallbacks=len(config.llm.fallbacks)
+            ),
         )
         app = App(
             config=config,

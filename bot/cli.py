@@ -9,7 +9,10 @@ Invariants:
 - Domain errors become one line on stderr and the error's exit code; no tracebacks for
   problems the operator can fix.
 - SIGINT/SIGTERM set a stop event; the app then finishes in-flight turns and closes cleanly.
-  A second SIGINT stops at once (unanswered messages are answered on the next start).
+  A second SIGINT stops at once (unanswered messages are answered on the next start). In a
+  terminal chat, Ctrl-C first stops the answer being written (``bot.interrupts``).
+- ``chat`` logs nothing below WARNING without ``-v``, whatever ``log_level`` says (that is the
+  service's; in a terminal nothing at all), piped or not: its output is the conversation.
 - ``-v`` works before or after the subcommand.
 """
 
@@ -50,6 +53,12 @@ DESCRIPTION = (
 )
 
 
+TARGET_HELP = (
+    "judge the config for `meshsage chat` (the console alone, piped input allowed: scripts "
+    "and CI) or for a service (no terminal); default: as `meshsage run` here"
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -83,9 +92,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="judge it as a service would run it: no terminal (systemd, a container)",
     )
-    sub.add_parser(
+    check.add_argument("--for", dest="target", choices=preflight.TARGETS, help=TARGET_HELP)
+    doctor = sub.add_parser(
         "doctor", parents=[cfg, envf], help="check config, database, LLM, radio, Discord, disk"
     )
+    doctor.add_argument("--for", dest="target", choices=preflight.TARGETS, help=TARGET_HELP)
     status = sub.add_parser("status", parents=[cfg], help="what the running bot reports")
     status.add_argument("--json", action="store_true", help="print the raw status file")
     status.add_argument(
@@ -213,9 +224,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
             return asyncio.run(
                 run_doctor(
-                    config_path=args.config, env=env, out=print, interactive=_isatty(sys.stdin)
+                    config_path=args.config, env=env, out=print,
+                    interactive=args.target != "service" and _isatty(sys.stdin),
+                    chat=args.target == "chat",
                 )
-            )
+            )  # fmt: skip
         if args.command == "migrate-store":
             _setup_logging("DEBUG" if args.verbose else "WARNING")
             return asyncio.run(_migrate_store(args, env))
@@ -229,7 +242,10 @@ def _main(argv: Sequence[str] | None) -> int:
             )  # fmt: skip
             names = only or config.enabled_transports()
             quiet = interactive and "console" in names and not args.verbose
-            _setup_logging("DEBUG" if args.verbose else config.log_level, quiet=quiet)
+            level = config.log_level
+            if args.command == "chat" and level in ("DEBUG", "INFO"):
+                level = "WARNING"  # the conversation is the output; -v shows the rest
+            _setup_logging("DEBUG" if args.verbose else level, quiet=quiet)
             return _serve_locked(config, env=env, only=only, console=interactive)
         _setup_logging("DEBUG" if args.verbose else config.log_level)
         if args.command == "status" and args.watch is not None:
@@ -306,16 +322,15 @@ def read_env_file(path: Path) -> dict[str, str]:
 def _check_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     path = args.file or env.get("MESHSAGE_CONFIG") or None
     config = load_config(path, env=env)
-    interactive = not args.service and _isatty(sys.stdin)
-    preflight.check(config, env=env, interactive=interactive)
+    service = args.service or args.target == "service"
+    chat = args.target == "chat"
+    interactive = not service and _isatty(sys.stdin)
+    preflight.check(config, env=env, interactive=interactive, **preflight.for_chat(chat))
     from bot.identity import risks
 
     for risk in risks(config):  # not problems: the bot runs, the operator is told
         print(f"warning: {risk}", file=sys.stderr)
-    print(
-        f"{config.source}: OK (transports: {', '.join(config.enabled_transports())}; "
-        f"{preflight.describe_store(config)})"
-    )
+    print(f"{config.source}: OK ({preflight.describe(config, chat=chat)})")
     return 0
 
 
@@ -350,7 +365,7 @@ def _serve_locked(
 async def _serve(
     config: Config, *, env: Mapping[str, str], only: list[str] | None, console: bool
 ) -> int:
-    from bot.app import DRAIN_SECONDS, build
+    from bot.app import build
 
     started = time.monotonic()
     stop = asyncio.Event()
@@ -383,31 +398,18 @@ async def _serve(
         keepalive.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await keepalive
-    interrupts = 0
-    hurried = asyncio.Event()
+    from bot.interrupts import Interrupts
+    from bot.transports.console import ConsoleTransport
 
-    def on_sigint() -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts == 1:
-            stop.set()
-            if console and not app.responder.idle:
-                print(
-                    f"\n(waiting up to {DRAIN_SECONDS:.0f} s for the answer being written; "
-                    "press Ctrl-C again to stop now)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        else:
-            print(
-                "\n(stopping now; unanswered messages are answered at the next start)",
-                file=sys.stderr,
-                flush=True,
-            )
-            app.hurry()
-            hurried.set()
-
-    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    keys = next((t for t in app.transports if isinstance(t, ConsoleTransport)), None)
+    if only == ["console"]:  # a chat: its few words about the exit go where the person looks
+        app.say = functools.partial(print, file=sys.stderr, flush=True)
+    interrupts = Interrupts(
+        stop=stop, responder=app.responder, hurry=app.hurry, tty=console,
+        say=functools.partial(print, file=sys.stderr, flush=True),
+        console=keys if console else None,
+    )  # fmt: skip
+    loop.add_signal_handler(signal.SIGINT, interrupts)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     log.info(
         "meshsage %s: model %s at %s, %s",
@@ -418,7 +420,7 @@ async def _serve(
     )
     ended = await app.run(stop)
     probe.cancel()
-    if hurried.is_set():
+    if interrupts.hurried.is_set():
         return 130
     names = [t.name for t in app.transports]
     log.info("ran for %.1f s", time.monotonic() - started)

@@ -15,7 +15,10 @@ Invariants:
 - No argument raises: numbers are parsed with ``_number`` (ASCII digits only; ``"²"`` and
   ``"③"`` pass ``isdigit()`` but not ``int()``), anything else gets the usage line.
 - ``!more`` returns the stored rest of the last cut answer unfitted (``more=True``): the
-  responder cuts it for the transport and keeps what is left for the next ``!more``.
+  responder cuts it for the transport and keeps what is left for the next ``!more``. With no
+  rest stored, under an answer the model broke off at max_tokens (it ends in
+  ``TRUNCATED_MARK``), it asks the responder to go on (``go_on=True``: ``GO_ON`` becomes the
+  person's next message, answered by the LLM), on every transport.
 - Operator commands answer only ids listed in ``bot.operators`` ("transport:person") whose
   message the transport authenticated; the local console user is always an operator (they
   own the machine and the database). Facts never grant anything: "remember that I am an
@@ -54,6 +57,7 @@ from typing import TYPE_CHECKING
 from bot.commands_settings import SettingsCommands
 from bot.domain import DM_SPACE, Attachment, Inbound
 from bot.errors import MeshsageError
+from bot.llm.port import TRUNCATED_MARK
 from bot.llm.tokens import TokenCounter
 from bot.memory import chapter_check
 from bot.memory.chapter_text import CHAPTER_PROMPT, MERGE_PROMPT
@@ -63,7 +67,7 @@ from bot.memory.facts import find_duplicate, find_same_subject, history_note, pr
 from bot.memory.links import LinkCodes
 from bot.memory.port import MemoryStore
 from bot.memory.records import RUNNING_COMMAND, Conversation, Fact
-from bot.text import MESH_COMMAND_BYTES, fit_bytes
+from bot.text import MESH_COMMAND_BYTES, counted, fit_bytes
 from bot.trust import SenderPolicy
 
 if TYPE_CHECKING:
@@ -80,6 +84,7 @@ FACT_MAX_CHARS = 300
 SESSIONS_SHOWN = 5
 NO_FILES = ("meshtastic",)  # transports that cannot carry an attachment
 PROMPTS = (CHAPTER_PROMPT, MERGE_PROMPT)  # what a chapter must never be an echo of
+GO_ON = "Please go on: continue your last answer from where it stopped, without repeating it."
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +94,7 @@ class CommandResult:
     more: bool = False  # text is the rest of a cut answer, to be fitted by the transport
     forgot: bool = False  # the person's data was deleted (transports drop their files too)
     on_delivered: Callable[[], None] | None = None  # run once the reply reached the person
+    go_on: bool = False  # text is a message to answer with the LLM (``!more`` after a cut)
 
 
 Handler = Callable[[Inbound, str, int], Awaitable[CommandResult]]
@@ -240,8 +246,12 @@ class Commands:
         await self._store.reset(conv.id, done=RUNNING_COMMAND.get())
         n = sum(f.pinned for f in await self._store.facts(conv.id))
         p = self.prefix
-        kept = f"{n} fact(s) you asked me to remember ({p}facts)" if n else "no facts (none pinned)"
-        gone = f" Dropped: {dropped} fact(s) I had inferred." if dropped else ""
+        kept = (
+            f"{counted(n, 'fact')} you asked me to remember ({p}facts)"
+            if n
+            else ("no facts (none pinned)")
+        )
+        gone = f" Dropped: {counted(dropped, 'fact')} I had inferred." if dropped else ""
         return self._say(
             f"Fresh start: nothing said before now is used again. Kept: {kept}.{gone} Old "
             f"messages stay stored ({p}forget deletes them)."
@@ -262,8 +272,9 @@ class Commands:
                     "Deleted everything I kept about you. I no longer remember you.", forgot=True
                 )
             return CommandResult(
-                f"Deleted everything I kept about you: {report.messages} messages, "
-                f"{report.summaries} summaries, {report.facts} facts. I no longer remember you.",
+                f"Deleted everything I kept about you: {counted(report.messages, 'message')}, "
+                f"{counted(report.summaries, 'summary')}, {counted(report.facts, 'fact')}. I no "
+                "longer remember you.",
                 forgot=True,
             )
         if arg:
@@ -291,8 +302,10 @@ class Commands:
             n = number
         conv = await self._store.find_conversation(inbound.key)
         msgs = [] if conv is None else await self._store.recent_messages(conv, limit=n)
-        if not msgs:
-            return self._say("No messages since the last reset.")
+        if not msgs:  # after !forget there is no conversation at all, so no reset either
+            if conv is not None and await self._store.reset_mark(conv.id):
+                return self._say(f"No messages since your last {self.prefix}reset.")
+            return self._say("I keep no messages of ours here.")
         msgs.reverse()
         each = max(20, (room - 10) // len(msgs))
         lines = [
@@ -421,9 +434,13 @@ class Commands:
 
     async def _more(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         rest = await self._store.take_more(inbound.key)
-        if not rest:
-            return self._say("Nothing more: my last answer was complete.")
-        return CommandResult(rest, more=True)
+        if rest:
+            return CommandResult(rest, more=True)
+        conv = await self._store.find_conversation(inbound.key)
+        last = [] if conv is None else await self._store.recent_messages(conv, limit=1)
+        if last and last[0].role != "user" and last[0].text.endswith(TRUNCATED_MARK):
+            return CommandResult(GO_ON, go_on=True)  # cut at max_tokens: the model goes on
+        return self._say("Nothing more: my last answer was complete.")
 
     async def _status(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         up = int(self._clock() - self._started)
@@ -440,7 +457,7 @@ class Commands:
         model = self._model_name() if self.settings is None else self.settings.model_here(inbound)
         persona = None if self.settings is None else self.settings.persona_here(inbound)
         shown = f"Model {model}" + (f", persona {persona}" if persona else "")
-        text = f"{shown}, up {_duration(up)}, you sent {count} messages{where}."
+        text = f"{shown}, up {_duration(up)}, you sent {counted(count, 'message')}{where}."
         if incognito:
             text += f" Incognito is ON here: nothing new is stored ({self.prefix}incognito off)."
         return self._say(text)
@@ -454,8 +471,11 @@ class Commands:
             )
         markdown, doc = await export_person(self._store, inbound.transport, inbound.sender)
         stem = f"meshsage-export-{inbound.transport}"
+        said = "Your export (Markdown and JSON) is on its way to you privately."
+        if inbound.transport == "console":  # the console saves the files and prints the paths
+            said = "Your export, saved as Markdown and as JSON (`meshsage import` reads the JSON):"
         return CommandResult(
-            "Your export (Markdown and JSON) is on its way to you privately.",
+            said,
             (
                 Attachment(f"{stem}.md", markdown.encode("utf-8")),
                 Attachment(f"{stem}.json", doc.encode("utf-8")),
@@ -466,6 +486,13 @@ class Commands:
         conv = await self._store.find_conversation(inbound.key)
         sessions = [] if conv is None else await self._store.sessions(conv.id, limit=20)
         done = [s for s in sessions if s.title][-SESSIONS_SHOWN:]
+        waiting = conv is not None and (
+            any(not s.title for s in sessions)
+            or await self._store.reset_mark(conv.id) > await self._store.session_end(conv.id)
+        )  # a session ended (a !reset, a pause) whose summary is not written yet
+        if not done and waiting:
+            return self._say("The session you ended is being summarized while I am idle (a "
+                             f"minute or so); {self.prefix}sessions lists it then.")  # fmt: skip
         if not done:
             return self._say("No past sessions yet: a session closes after a long pause or "
                              f"{self.prefix}reset, and I summarize it then.")  # fmt: skip
@@ -474,7 +501,8 @@ class Commands:
             fit_bytes(f"{time.strftime('%d %b', time.gmtime(s.started_at))} {s.title}", each)
             for s in reversed(done)
         ]
-        return self._say("Sessions: " + "; ".join(lines))
+        later = " (the newest is still being summarized)" if waiting else ""
+        return self._say("Sessions: " + "; ".join(lines) + later)
 
     async def _pin(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
@@ -491,7 +519,10 @@ class Commands:
         if not n:
             return self._say("Nothing to pin: reply to one of our messages with "
                              f"{self.prefix}pin.")  # fmt: skip
-        return self._say(f"Pinned {n} message(s): they are kept when old turns are forgotten.")
+        what = "it is" if n == 1 else "they are"
+        return self._say(
+            f"Pinned {counted(n, 'message')}: {what} kept when old turns are forgotten."
+        )
 
     async def _link(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         p = self.prefix
@@ -507,15 +538,16 @@ class Commands:
             return self._say("Too many link attempts. Wait 10 minutes, then try a new code.")
         home = await self._links.redeem(arg, inbound.transport, inbound.sender)
         if home is None:
-            return self._say(f"That code does not work. Codes last 10 minutes and work once; "
-                             f"send {p}link on your other account for a new one.")  # fmt: skip
+            return self._say(f"No link made. A code works once, within 10 minutes, and only "
+                             "from your other account (not the one that got it). Send "
+                             f"{p}link again for a new code.")  # fmt: skip
         try:
             moved = await self._store.link_dm(home, inbound.key, done=RUNNING_COMMAND.get())
         except MeshsageError as exc:
             return self._say(f"Not linked: {exc}")
         return self._say(
-            f"Linked with your {home.transport} account: one DM memory now ({moved} messages "
-            f"joined). {p}unlink separates them again."
+            f"Linked with your {home.transport} account: one DM memory now "
+            f"({counted(moved, 'message')} joined). {p}unlink separates them again."
         )
 
     async def _unlink(self, inbound: Inbound, arg: str, room: int) -> CommandResult:

@@ -196,7 +196,11 @@ class Responder(NoticeIntake, Answering):
         settings: ChatSettings | None = None,
         counters: Counters | None = None,
         trust: ClockWatch | None = None,
+        unavailable: str = UNAVAILABLE,  # the notice when no endpoint answered (app: its URL)
     ) -> None:
+        self._unavailable = unavailable
+        self._writing: set[tuple[str, str, str]] = set()  # answers being written (stoppable)
+        self._stop_asked: set[tuple[str, str, str]] = set()
         self._settings = settings  # model and persona per channel, server, bot or person
         self.counters = counters or Counters()  # totals for the operator's view (counts only)
         self._store = store
@@ -492,6 +496,9 @@ class Responder(NoticeIntake, Answering):
         result = await self._commands.run(
             inbound, *parsed, room=_command_room(transport), command_id=command_id
         )
+        if result.go_on:  # !more under an answer cut at max_tokens: a turn that goes on
+            await self._go_on(inbound, result.text, command_id)
+            return
         if result.forgot and isinstance(transport, KeepsFiles):
             removed = transport.forget(inbound.sender)
             if removed:

@@ -15,6 +15,16 @@ ELLIPSIS = "…"
 MESH_COMMAND_BYTES = 200  # every command reply fits one mesh packet
 
 
+def counted(n: int, singular: str, plural: str | None = None) -> str:
+    """``1 message``, ``2 messages``, ``1 summary``, ``0 summaries`` (``plural`` when adding
+    an s is wrong)."""
+    if n == 1:
+        return f"1 {singular}"
+    if plural is None:
+        plural = singular[:-1] + "ies" if singular.endswith("y") else singular + "s"
+    return f"{n} {plural}"
+
+
 def fit_bytes(text: str, limit: int = MESH_COMMAND_BYTES) -> str:
     raw = text.encode("utf-8")
     if len(raw) <= limit:

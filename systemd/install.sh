@@ -50,6 +50,9 @@ Usage: sudo systemd/install.sh [options]
   --interactive       ask even when stdin is not a terminal
 Without --serial, --tcp or --discord (and with a terminal), it asks. An existing
 /etc/meshsage/config.yaml is kept and only validated.
+Dry run: MESHSAGE_ROOT=DIR systemd/install.sh [options] installs into DIR only (no root
+needed, no user created, no chown; systemctl calls are recorded in DIR/systemctl.log), e.g.
+  MESHSAGE_ROOT=/tmp/meshsage-try systemd/install.sh --tcp 192.168.1.50 --yes
 EOF
 }
 

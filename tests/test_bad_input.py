@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from bot.answering import unavailable_notice
 from bot.app import build
 from bot.config import load_config
 from bot.domain import ConversationKey, ReplyKind
 from bot.errors import StorageError
 from bot.memory.context import recall_weight
 from bot.memory.store import SqliteStore
-from bot.responder import EMPTY, UNAVAILABLE
+from bot.responder import EMPTY
 from tests.conftest import Harness, start_harness
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
@@ -252,7 +253,8 @@ async def test_hanging_llm_gets_the_apology_and_keeps_the_question(
     try:
         fake_llm.script = [("sleep", 30), ("sleep", 30)]  # far beyond the read timeout
         await h.say("are you awake?")
-        assert [(r.kind, r.text) for r in transport.sent] == [(ReplyKind.NOTICE, UNAVAILABLE)]
+        unavailable = unavailable_notice(fake_llm.base_url)
+        assert [(r.kind, r.text) for r in transport.sent] == [(ReplyKind.NOTICE, unavailable)]
         assert len(fake_llm.chat_requests()) == 2  # the first try and one bounded retry
         rows = await h.store._all("SELECT role, text, status FROM messages ORDER BY id")
         assert [tuple(r) for r in rows] == [("user", "are you awake?", "failed")]
@@ -260,6 +262,6 @@ async def test_hanging_llm_gets_the_apology_and_keeps_the_question(
         await h.say("hello again")
         assert transport.texts()[-1] == "yes, now"
         prompt = " ".join(m["content"] for m in fake_llm.chat_requests()[-1]["messages"])
-        assert "are you awake?" in prompt and UNAVAILABLE not in prompt
+        assert "are you awake?" in prompt and unavailable not in prompt
     finally:
         await app.close()

@@ -10,6 +10,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+from bot.answering import unavailable_notice
 from bot.config import LLMConfig
 from bot.fitting import TOO_LONG
 from bot.llm.gate import BackgroundPreempted, LLMGate
@@ -19,7 +20,6 @@ from bot.memory.chapter_text import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PRO
 from bot.memory.context import merge_system
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.store import ASSISTANT
-from bot.responder import UNAVAILABLE
 from tests.conftest import Harness, start_harness
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
@@ -234,12 +234,13 @@ async def test_malformed_answers_fall_back_then_apologise_and_store_nothing(
         fake_llm.script = ["html"]
         backup.script = [("reply", "<think>only reasoning</think>")]  # empty after stripping
         await h.say("last question")
-        assert h.transport.texts()[-1] == UNAVAILABLE
+        unavailable = unavailable_notice(fake_llm.base_url, fallbacks=1)
+        assert h.transport.texts()[-1] == unavailable
         conv = await h.store.conversation(h.transport_key("alice"))
         said = [
             m.text for m in await h.store.recent_messages(conv, limit=50) if m.role == ASSISTANT
         ]
-        assert UNAVAILABLE not in said and not any("html" in s.lower() for s in said[:1])
+        assert unavailable not in said and not any("html" in s.lower() for s in said[:1])
         assert len(said) == 4  # the four fallback answers, nothing for the apology
     finally:
         await h.app.close()

@@ -64,11 +64,11 @@ async def test_scripted_chat_remembers_across_restarts(tmp_path: Path, fake_llm:
 
 async def test_message_text_never_logged_at_info(tmp_path: Path, fake_llm: FakeLLM) -> None:
     fake_llm.reply = f"the answer mentions {SECRET} too"
-    rc, out, err = await _meshsage(
-        "chat", env=_env(tmp_path, fake_llm), stdin=f"my secret is {SECRET}\n".encode()
+    rc, out, err = await _meshsage(  # -v: a chat logs below WARNING only when asked
+        "chat", "-v", env=_env(tmp_path, fake_llm), stdin=f"my secret is {SECRET}\n".encode()
     )
     assert rc == 0 and SECRET in out
-    assert "answered console:" in err  # INFO logging is on ...
+    assert "answered console:" in err  # INFO (and DEBUG) logging is on ...
     assert SECRET not in err  # ... and carries no message text
 
 
@@ -96,7 +96,7 @@ async def _run_with_input(line: bytes, *, env: dict[str, str]) -> asyncio.subpro
     """``meshsage chat`` in a subprocess, with ``line`` written to its stdin (left open).
     (``run`` refuses a console-only config without a terminal: see test_preflight.py.)"""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "chat",
+        sys.executable, "-m", "bot.cli", "chat", "-v",  # -v: "stopped cleanly" is logged at INFO
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip

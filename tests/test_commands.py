@@ -100,7 +100,7 @@ async def test_reset_forgets_context_but_keeps_facts(harness: Harness) -> None:
     await harness.say("my secret word is pineapple")
     await harness.say("!reset")
     assert _last(harness) == (
-        "Fresh start: nothing said before now is used again. Kept: 1 fact(s) you asked me to "
+        "Fresh start: nothing said before now is used again. Kept: 1 fact you asked me to "
         "remember (!facts). Old messages stay stored (!forget deletes them)."
     )
     await harness.say("what was my secret word pineapple?")
@@ -228,7 +228,7 @@ async def test_status_in_a_channel_counts_nothing_from_the_dms(harness: Harness)
         await harness.say(text)  # DMs
     await harness.say("in the channel", space="ch7")
     await harness.say("!status", space="ch7")
-    assert _last(harness).endswith("you sent 1 messages here.")
+    assert _last(harness).endswith("you sent 1 message here.")
     await harness.say("!status")
     assert _last(harness).endswith("you sent 4 messages.")  # a DM sees the whole transport
 

@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
+from bot.answering import unavailable_notice
 from bot.app import App, build
 from bot.config import Config, MeshtasticConfig, load_config
 from bot.domain import DM_SPACE, ConversationKey
 from bot.errors import MeshsageError
 from bot.memory.store import SqliteStore, StoredMessage
-from bot.responder import TRIMMED_NOTE, UNAVAILABLE
+from bot.responder import TRIMMED_NOTE
 from bot.transports.discord import STYLE_HINT, build_discord
 from tests.conftest import make_config
 from tests.fakes.fake_discord import (
@@ -205,7 +206,7 @@ async def test_llm_unavailable_is_said_briefly_as_a_reply(
     async with running(tmp_path, fake_llm, fake_discord) as rig:
         question = fake_discord.dm_message("are you there?")
         notice = await rig.exchange(question)
-        assert notice.content == UNAVAILABLE
+        assert notice.content == unavailable_notice(fake_llm.base_url)
         assert notice.reference_id == int(question["id"])
         [stored] = await rig.stored(DM_SPACE)  # the notice is not something the model said
         assert (stored.text, stored.status) == ("are you there?", "failed")

@@ -108,8 +108,8 @@ async def test_reset_drops_inferred_facts_keeps_pinned_and_says_why(harness: Har
     await harness.store.add_fact(conv.id, text="Alice has a dog.", tokens=5, pinned=False)
     await harness.say("!reset")
     assert _last(harness) == (
-        "Fresh start: nothing said before now is used again. Kept: 1 fact(s) you asked me to "
-        "remember (!facts). Dropped: 1 fact(s) I had inferred. Old messages stay stored "
+        "Fresh start: nothing said before now is used again. Kept: 1 fact you asked me to "
+        "remember (!facts). Dropped: 1 fact I had inferred. Old messages stay stored "
         "(!forget deletes them)."
     )
     await harness.say("hello again")

@@ -19,13 +19,13 @@ import discord
 import pytest
 from discord.gateway import DiscordWebSocket
 
+from bot.answering import unavailable_notice
 from bot.app import App, build
 from bot.config import DiscordConfig
 from bot.domain import ConversationKey, DeliveryStatus, Inbound, Reply
 from bot.memory.records import OutboxEntry
 from bot.ops import cli_ops
 from bot.ops.status import STATUS_FILE, read, render
-from bot.responder import UNAVAILABLE
 from bot.transports.base import health_of
 from bot.transports.discord import DiscordTransport, build_discord
 from tests.conftest import make_config, start_harness
@@ -101,7 +101,7 @@ async def test_an_llm_outage_is_in_the_status_with_its_start_and_failures(
     try:
         await h.say("hello?")
         await h.say("anyone?")
-        assert h.transport.texts() == [UNAVAILABLE, UNAVAILABLE]
+        assert h.transport.texts() == [unavailable_notice(fake_llm.base_url)] * 2
         assert h.app.monitor is not None
         report = await h.app.monitor.collect()
         assert not report.healthy and report.watchdog_ok

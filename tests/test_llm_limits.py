@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.answering import unavailable_notice
 from bot.config import LLMConfig
 from bot.errors import LLMUnavailable
 from bot.fitting import TOO_LONG
@@ -29,7 +30,6 @@ from bot.llm.server_limits import (
 from bot.ops.doctor import Level, check_limits
 from bot.ops.probe import warn_if_unreachable
 from bot.ops.status import render
-from bot.responder import UNAVAILABLE
 from tests.conftest import start_harness
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
@@ -175,7 +175,7 @@ async def test_a_small_server_context_locks_nobody_out(tmp_path: Path, fake_llm:
             fake_llm.reply = f"answer {i}"
             await h.say(f"question {i}: " + "tell me more about radios and antennas " * 6)
             assert h.transport.texts()[-1] == f"answer {i}", h.transport.texts()[-1]
-        assert UNAVAILABLE not in h.transport.texts()
+        assert unavailable_notice(fake_llm.base_url) not in h.transport.texts()
         # one overflow, to learn the size: the empty stream and the one question without
         # streaming that made the server name its size; never again
         assert fake_llm.refused == 2

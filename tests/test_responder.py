@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from bot.answering import unavailable_notice
 from bot.domain import ReplyKind
-from bot.responder import UNAVAILABLE
 from tests.conftest import Harness, start_harness
 from tests.fakes.fake_llm import FakeLLM
 from tests.fakes.fake_transport import FakeTransport
@@ -37,7 +37,8 @@ async def test_answer_is_sent_and_both_sides_stored(harness: Harness) -> None:
 async def test_llm_down_apology_is_sent_but_never_stored(harness: Harness) -> None:
     harness.llm.script = [("status", 500, {"error": "boom"})]
     await harness.say("hello?")
-    assert harness.transport.texts() == [UNAVAILABLE]
+    unavailable = unavailable_notice(harness.llm.base_url)
+    assert harness.transport.texts() == [unavailable]
     assert harness.transport.sent[0].kind is ReplyKind.NOTICE
     assert await _messages(harness) == [("user", "hello?", "failed")]
     # The next turn still sees the question, and no apology in the prompt.
@@ -45,13 +46,13 @@ async def test_llm_down_apology_is_sent_but_never_stored(harness: Harness) -> No
     await harness.say("are you there?")
     prompt = harness.llm.chat_requests()[-1]["messages"]
     joined = " ".join(m["content"] for m in prompt)
-    assert "hello?" in joined and UNAVAILABLE not in joined
+    assert "hello?" in joined and unavailable not in joined
 
 
 async def test_llm_empty_or_huge_answers(harness: Harness) -> None:
     harness.llm.script = [("reply", "   ")]
     await harness.say("one")
-    assert harness.transport.texts() == [UNAVAILABLE]
+    assert harness.transport.texts() == [unavailable_notice(harness.llm.base_url)]
     harness.llm.script = [("reply", "x" * 50_000)]
     await harness.say("two")
     sent = harness.transport.texts()[-1]

@@ -13,6 +13,10 @@ Invariants:
 - The long-term summary is rebuilt from the previous version and the newly summarized session,
   so its cost does not grow with the number of sessions; after a ``!reset`` it starts afresh
   from sessions after the reset mark (the prompt hides versions built before it).
+- At the end of a chat (``finish_before_exit``) a session that has ended (a ``!reset``, a long
+  pause) is summarized before the process exits, not at the next start ahead of the person's
+  first message; bounded in time, skipped by a second Ctrl-C, and what it could not finish it
+  says is done at the next start.
 """
 
 from __future__ import annotations
@@ -296,6 +300,13 @@ class SessionKeeper:
             await self._upkeep()
         return TickReport(closed, summarized)
 
+    async def has_work(self) -> bool:
+        """Whether a tick would close or summarize a session now."""
+        if await self._store.idle_conversations(idle_before=self._wall() - self._gap, limit=1):
+            return True
+        recent = self._wall() - BACKFILL_SECONDS
+        return bool(await self._store.unsummarized_sessions(limit=1, ended_after=recent))
+
     async def rebuild(
         self, conversation_id: int, *, progress: Callable[[int, int], None] = lambda d, t: None
     ) -> int:
@@ -350,3 +361,37 @@ class SessionKeeper:
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(self._task, timeout=timeout)
             self._task = None
+
+
+async def finish_before_exit(
+    keeper: SessionKeeper, *, timeout: float, say: Callable[[str], None], skip: asyncio.Event
+) -> bool:
+    """The end of a chat: summarize the sessions that ended, within ``timeout`` seconds or
+    until ``skip`` is set. Says what it does (``say``); True when nothing is left for the
+    next start."""
+    try:
+        if not await keeper.has_work():
+            return True
+    except Exception:  # shutdown boundary: the next start does it; never block the exit
+        log.exception("could not look for sessions to summarize")
+        return False
+    say("meshsage: summarizing the session that ended before exit (Ctrl-C skips it)")
+    tick = asyncio.ensure_future(keeper.tick())
+    skipped = asyncio.ensure_future(skip.wait())
+    await asyncio.wait({tick, skipped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    skipped.cancel()
+    why = "skipped" if skip.is_set() else f"not done within {timeout:.0f} s"
+    if tick.done() and not tick.cancelled():
+        exc = tick.exception()
+        if exc is None:
+            return True
+        why = "failed (the LLM did not answer)"
+        if not isinstance(exc, LLMUnavailable):
+            why = "failed (see the log)"
+            log.error("session summary at exit failed", exc_info=exc)
+    else:
+        tick.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await tick  # let the LLM client close its stream
+    say(f"meshsage: session summary {why}; it is written at the next start")
+    return False

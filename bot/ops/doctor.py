@@ -64,11 +64,14 @@ async def run_doctor(
     out: Callable[[str], None],
     discord_api: str = DISCORD_API,
     interactive: bool = False,
+    chat: bool = False,
 ) -> int:
-    """Run every check, print one line each, return the exit status."""
+    """Run every check, print one line each, return the exit status. ``chat``: judge the
+    config as ``meshsage chat`` uses it (the console alone; no radio or Discord checks)."""
     checks = await diagnose(
-        config_path=config_path, env=env, discord_api=discord_api, interactive=interactive
-    )
+        config_path=config_path, env=env, discord_api=discord_api, interactive=interactive,
+        chat=chat,
+    )  # fmt: skip
     for check in checks:
         out(check.line())
     failed = [c for c in checks if c.level is Level.FAIL]
@@ -85,8 +88,9 @@ async def diagnose(
     env: Mapping[str, str],
     discord_api: str = DISCORD_API,
     interactive: bool = False,
+    chat: bool = False,
 ) -> list[Check]:
-    config, verdict = check_config(config_path, env=env, interactive=interactive)
+    config, verdict = check_config(config_path, env=env, interactive=interactive, chat=chat)
     if config is None:
         return [verdict]
     checks: list[Check] = [verdict]
@@ -99,12 +103,13 @@ async def diagnose(
         checks.append(check_database(config.database_path))
     checks += await check_llm(config.llm, env=env, budgets=transport_budgets(config))
     checks.append(check_tokenizer())
-    if config.meshtastic is not None and "meshtastic" in config.enabled_transports():
+    used = ["console"] if chat else config.enabled_transports()
+    if config.meshtastic is not None and "meshtastic" in used:
         from bot.ops.doctor_identity import check_identity
 
         checks.append(await check_radio(config.meshtastic))
         checks.append(check_identity(config))
-    if config.discord is not None and "discord" in config.enabled_transports():
+    if config.discord is not None and "discord" in used:
         checks.append(
             await check_discord(
                 env.get(config.discord.token_env, ""), var=config.discord.token_env, api=discord_api
@@ -115,7 +120,7 @@ async def diagnose(
 
 
 def check_config(
-    config_path: str | None, *, env: Mapping[str, str], interactive: bool
+    config_path: str | None, *, env: Mapping[str, str], interactive: bool, chat: bool = False
 ) -> tuple[Config | None, Check]:
     """The config check: the same ``preflight.check`` (and the same words) as ``run`` and
     ``check-config``; the config is None when it could not even be read."""
@@ -124,14 +129,11 @@ def check_config(
     except ConfigError as exc:
         return None, Check("config", Level.FAIL, str(exc))
     try:
-        preflight.check(config, env=env, interactive=interactive)
+        preflight.check(config, env=env, interactive=interactive, **preflight.for_chat(chat))
     except ConfigError as exc:
         return config, Check("config", Level.FAIL, str(exc))
-    transports = ", ".join(config.enabled_transports())
     return config, Check(
-        "config",
-        Level.OK,
-        f"{config.source} (transports: {transports}; {preflight.describe_store(config)})",
+        "config", Level.OK, f"{config.source} ({preflight.describe(config, chat=chat)})"
     )
 
 

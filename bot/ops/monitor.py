@@ -63,6 +63,7 @@ class Monitor:
         relay: Callable[[], Mapping[str, int]] | None = None,
         llm_limits: Callable[[], str] | None = None,
         identity: Callable[[], Mapping[str, int]] | None = None,
+        web: Callable[[], str] | None = None,
         interval: float = status_file.STATUS_INTERVAL,
         heartbeat: float = status_file.STATUS_HEARTBEAT,
         store_timeout: float = STORE_TIMEOUT,
@@ -77,6 +78,7 @@ class Monitor:
         self._relay = relay
         self._identity = identity  # refused mesh DMs by reason (bot.identity)
         self._llm_limits = llm_limits
+        self._web = web  # where the web view is served (``meshsage status`` shows it)
         wd = notifier.watchdog_interval
         self.interval = min(interval, wd / 3) if wd else interval
         self._heartbeat = heartbeat
@@ -210,6 +212,7 @@ class Monitor:
             relay=dict(self._relay()) if self._relay is not None else {},
             identity=dict(self._identity()) if self._identity is not None else {},
             llm_limits=self._llm_limits() if self._llm_limits is not None else "",
+            web=self._web() if self._web is not None else "",
         )
 
     @staticmethod

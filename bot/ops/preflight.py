@@ -9,6 +9,9 @@ Invariants:
 - A service with nothing to do is a problem: every transport disabled, or the console as the
   only transport while stdin is not a terminal (systemd, a container), unless the caller pipes
   a script in on purpose (``meshsage chat < file``).
+- ``check-config --for chat`` and ``doctor --for chat`` judge a config as ``meshsage chat``
+  uses it (``for_chat``: the console alone, piped input allowed), so a script or CI can check
+  a chat config; without ``--for`` they judge it as ``run`` would here (the service's rule).
 """
 
 from __future__ import annotations
@@ -17,12 +20,27 @@ import importlib.util
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from bot.config import Config, default_state_dir
 from bot.errors import ConfigError
 from bot.urls import redact
 
 _EXTRAS = {"meshtastic": "meshtastic", "discord": "discord"}
+TARGETS = ("service", "chat")  # check-config/doctor --for
+
+
+def for_chat(chat: bool) -> dict[str, Any]:
+    """The arguments of ``problems``/``check`` that judge a config as ``meshsage chat`` uses
+    it (``chat``), or none (as ``run`` would)."""
+    return {"only": ["console"], "scripted_console": True} if chat else {}
+
+
+def describe(config: Config, *, chat: bool = False) -> str:
+    """What a passed config runs, in one phrase: its transports and its store."""
+    if chat:
+        return f"for `meshsage chat`: the console; {describe_store(config)}"
+    return f"transports: {', '.join(config.enabled_transports())}; {describe_store(config)}"
 
 
 def problems(
@@ -51,7 +69,8 @@ def problems(
             f"{where}, and stdin is not a terminal (a service or container has none), so the "
             "bot would read end-of-input and stop at once. Fix: add a meshtastic: or discord: "
             "section (systemd/install.sh writes one), or chat in a terminal with `meshsage "
-            "chat`; to pipe messages in, use `meshsage chat < file`."
+            "chat`; to pipe messages in, use `meshsage chat < file` (`meshsage check-config --for "
+            "chat` judges a config for that)."
         )
     if "meshtastic" in names and config.meshtastic is not None:
         link = config.meshtastic.link_problem()

@@ -108,6 +108,7 @@ class Status:
     identity: dict[str, int] = field(default_factory=dict)
     store: str = ""  # "SQLite /path" or "PostgreSQL postgresql://user@host/db" (no password)
     llm_limits: str = ""  # what the LLM server holds, as learned (bot.llm.server_limits)
+    web: str = ""  # where the web view is served, or why it is not (``run`` only)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -194,7 +195,7 @@ def render(
             "written: a bot that died before the clock was stepped?)"
         )
     else:
-        report = f"  report:     written {age:.0f} s ago" + (
+        report = f"  report:     written {round(age)} s ago" + (
             "" if fresh else f" (stale: older than {STALE_AFTER:.0f} s; is the bot running?)"
         )
     lines = [
@@ -224,6 +225,7 @@ def render(
         *([f"  LLM limits: {status.llm_limits}"] if status.llm_limits else []),
         f"  database:   {status.store + ', ' if status.store else ''}"
         f"{status.database_bytes / 1e6:.1f} MB",
+        *([f"  web view:   {status.web}"] if status.web else []),
     ]
     if status.llm_outage_since is not None:
         lines.append(

@@ -11,7 +11,10 @@ Invariants:
 - On a terminal, lines are read with readline (arrow keys edit, history kept in
   ``history_file``, 0600) and the prompt is drawn only after the previous answer, so it never
   lands in the middle of one; "thinking..." shows while the model works and is erased before
-  the answer. The terminal's settings are restored at stop.
+  the answer. The terminal's settings are restored at stop, and again at interpreter exit
+  (``atexit``: whatever ends the process, the shell gets its echo back).
+- Ctrl-C is the CLI's (``bot.interrupts``): it stops the answer being written and asks
+  ``interrupted`` to say so; the reader then draws the prompt again.
 - A line reaches the history file only once it has been handled, and only when ``keep_line``
   said yes both before and after (the person was not incognito): an incognito line, and the
   ``!incognito`` lines around it, are dropped from the in-memory history too and never
@@ -21,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import io
 import logging
@@ -49,6 +53,7 @@ log = logging.getLogger("bot.transport.console")
 CONSOLE_MAX_CHARS = 8000  # a terminal has no hard limit; keep answers readable
 PROMPT = "you> "
 THINKING = "meshsage is thinking... (Ctrl-C to stop)"
+STOPPED = "(stopped. Ask again, or press Ctrl-C again to quit.)"
 HISTORY_LINES = 1000
 
 
@@ -113,6 +118,17 @@ class ConsoleTransport:
         finally:
             self._erase_thinking()
 
+    @property
+    def lines_read(self) -> int:
+        """Lines the person sent so far (the CLI's Ctrl-C counts its presses per line)."""
+        return self._counter
+
+    def interrupted(self) -> None:
+        """The answer being written was stopped (Ctrl-C): say so where it would have been."""
+        self._erase_thinking()
+        with contextlib.suppress(OSError, ValueError):
+            self._print(STOPPED)
+
     def _erase_thinking(self) -> None:
         if self._thinking:
             self._thinking = False
@@ -125,6 +141,7 @@ class ConsoleTransport:
         lines = self._lines
         if self._readline:
             self._tty_state = _tty_state()
+            atexit.register(_restore_tty, self._tty_state)
             self._pump = threading.Thread(
                 target=self._pump_readline, args=(loop,), name="console stdin", daemon=True
             )

@@ -328,7 +328,11 @@ class MeshOutbox(MeshHolds):
             return Standing.CONFIRMED
         num = node_num(job.person)
         known = known_node(getattr(self._iface, "nodesByNum", None), num)
-        return standing(authenticated=job.reply.inbound.authenticated, acked=self._strangers.acked(num), known=known)
+        return standing(
+            authenticated=job.reply.inbound.authenticated,
+            acked=self._strangers.acked(num),
+            known=known,
+        )
 
     def _order(self, job: _Job) -> int:
         return rank(self._standing(job), self._clock.monotonic() - job.enqueued_at)

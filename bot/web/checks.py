@@ -8,6 +8,8 @@ Invariants:
   named variable must be set to a token of at least ``MIN_TOKEN_CHARS`` characters, or the bot
   refuses to start. The token's value never appears in a message.
 - A configured token guards every page, on the loopback too.
+- ``web_address`` is what ``meshsage status`` and the run log say about the view: its address,
+  or why there is none and how to get one.
 """
 
 from __future__ import annotations
@@ -56,3 +58,12 @@ def web_problems(config: Config, *, env: Mapping[str, str]) -> list[str]:
                 "-hex 24`)."
             )
     return found
+
+
+def web_address(config: Config, serving: str | None) -> str:
+    """``serving``: the running view's address (``WebServer.address``), None if none runs."""
+    if serving is not None:
+        return serving
+    if config.web.enabled:
+        return "not serving (the reason was logged at start)"
+    return f"off (web: enabled: true serves it at http://127.0.0.1:{config.web.port}/)"

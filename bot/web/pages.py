@@ -9,7 +9,8 @@ Invariants:
 - The Now page shows the lines ``meshsage status`` prints (``bot.ops.status.render``), so the
   browser and the terminal tell the same truth.
 - The People page shows counts only (no person, no space, no text).
-- Without a radio the Airtime and Nodes pages say so rather than draw empty charts.
+- Without a radio the Airtime and Nodes pages say so in one sentence, with no empty charts
+  or cards.
 """
 
 from __future__ import annotations
@@ -242,6 +243,8 @@ def _count(name: str) -> Callable[[Bucket], float | None]:
 
 
 def airtime_body(f: dict[str, str]) -> str:
+    if not f["f-air-hour"]:  # no radio: the sentence that says so, no empty cards below it
+        return f'<section><div id="f-air-now">{f["f-air-now"]}</div></section>'
     return (
         f'<section><h2>Now</h2><div id="f-air-now">{f["f-air-now"]}</div></section>'
         f'<section><h2>Last hour</h2><div id="f-air-hour">{f["f-air-hour"]}</div></section>'

@@ -24,6 +24,7 @@ import contextlib
 import hmac
 import json
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -111,12 +112,17 @@ class WebServer:
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self._config.port
         self._sampler = asyncio.create_task(self._sample_loop(), name="web sampler")
-        log.info(
-            "web view on http://%s:%d/ (%s)",
-            self._config.bind,
-            self.port,
-            "token required" if self._token else "loopback only",
-        )
+        log.info("web view on %s", self.address)
+
+    @property
+    def address(self) -> str:
+        """Where to open the view, as the operator types it: the bound address and port (this
+        host's name for a bind to every interface), and who may look."""
+        bind = self._config.bind
+        host = socket.gethostname() if bind in ("0.0.0.0", "::", "") else bind
+        host = f"[{host}]" if ":" in host else host
+        who = "token required" if self._token else "loopback only"
+        return f"http://{host}:{self.port or self._config.port}/ ({who})"
 
     async def stop(self) -> None:
         self._stopping = True

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bot.answering import unavailable_notice
 from bot.domain import ReplyKind
-from bot.responder import UNAVAILABLE
 from tests.conftest import start_harness
 from tests.fakes.fake_llm import FakeLLM
 
@@ -31,7 +31,8 @@ async def test_people_waiting_behind_a_hung_call_get_their_notice_with_it(
         await h.app.responder.wait_idle()
         notices = [(r.inbound.sender, r.kind, r.text) for r in h.transport.sent]
         assert sorted(notices) == [
-            (p, ReplyKind.NOTICE, UNAVAILABLE) for p in ("ann", "bob", "cat")
+            (p, ReplyKind.NOTICE, unavailable_notice(fake_llm.base_url))
+            for p in ("ann", "bob", "cat")
         ]
         # One request reached the hung server; bob and cat did not each wait out a timeout.
         assert len(fake_llm.chat_requests()) == 1
@@ -46,7 +47,7 @@ async def test_after_an_outage_one_probe_runs_and_success_ends_it(
     try:
         fake_llm.script = [HUNG]
         await h.say("first", sender="ann")
-        assert h.transport.texts() == [UNAVAILABLE]
+        assert h.transport.texts() == [unavailable_notice(fake_llm.base_url)]
         fake_llm.reply = "back again"  # the server recovers: the next reply is the probe
         await h.say("second", sender="bob")
         await h.say("third", sender="cat")
