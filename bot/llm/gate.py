@@ -25,8 +25,21 @@ Invariants:
   retry at once: the next attempt waits for a gap it fits in (the short gap that preempted it
   is among those learned).
 - Rates and gaps are learned from this gate's own calls (streamed: the first text marks the end
-  of prompt evaluation). Until a rate is known, a background call is assumed to fit (the first
-  call measures it). Nothing here reads a wall clock except through ``clock``.
+  of prompt evaluation); a call too quick to time still bounds the rate from below
+  (``rate_floor``). Nothing here reads a wall clock except through ``clock``.
+- No unmeasured background prompt: while neither a rate nor a floor is known (a fresh start,
+  a new server), a background call of more than ``UNMEASURED_TOKENS`` uncached tokens does
+  not start; the gate first measures the server with small requests (``PROBE_CHARS``, one
+  token answered, each step eight times the last and sent only while the last was too quick
+  to time), so no request holds the slot for more than a few seconds.
+- No rhythm, no long prompt: until a reply has ended since the start (a pending session
+  close, a fold recovered at start), a background call fits only when its prompt is expected
+  to be evaluated within ``START_FREE`` seconds (generation can be stopped; evaluation
+  cannot), so the first message waits at most that behind it.
+- Commands are a person at work (``activity``: a count that changes with each command): the
+  quiet that lets long work start is counted from the last command too, and the time between
+  commands is a gap like the time between replies, so commands typed in a row never open a
+  gap that a long prompt takes ahead of the next message.
 - An outage is shared, not queued: when a reply's call fails as unavailable (every endpoint
   and fallback tried), the replies waiting behind it fail at that moment instead of each
   waiting out its own timeout, and until a call succeeds again one probe runs at a time while
@@ -59,6 +72,12 @@ MIN_MEASURED_SECONDS = 0.05
 # Quiet past IDLE_FACTOR times the longest gap and IDLE_AFTER seconds: nobody is writing.
 IDLE_FACTOR = 2.0
 IDLE_AFTER = 5.0
+UNMEASURED_TOKENS = 64  # a background prompt sent before any rate is known: a few seconds at 16/s
+START_FREE = 2.0  # seconds of evaluation a background prompt may take before any reply ended
+PROBE_CHARS = (128, 1024, 8192)  # measuring steps (about 32, 256 and 2,048 tokens)
+PROBE_MARK = "(meshsage measures the server's prompt speed) Say OK. "
+PROBE_WORDS = "The quick brown fox jumps over the lazy dog near the river bank. "
+PROBE_ANSWER_TOKENS = 4
 
 log = logging.getLogger(__name__)
 HOLD_SECONDS = 2.0  # real seconds a slot kept for a debt waits for it before it is let go
@@ -102,8 +121,15 @@ class LLMGate:
         limit: int,
         busy: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
+        activity: Callable[[], int] = lambda: 0,
     ) -> None:
         self._llm = llm
+        self._activity = activity  # changes with each command a person sends
+        self._activity_seen = 0
+        self._active_at: float | None = None  # when the last command was seen
+        self.rate_floor: float | None = None  # prompt tokens/s at least (calls too quick to time)
+        self._probing = False
+        self.probes = 0  # measuring requests sent
         self._limit = limit
         self._busy = busy
         self._clock = clock
@@ -156,14 +182,32 @@ class LLMGate:
         text = _render(messages)
         return math.ceil((len(text) - _common_prefix(self._cached, text)) / CHARS_PER_TOKEN)
 
+    def _look_at_activity(self) -> None:
+        """A command seen since the last look: the person is at work now (a gap closes)."""
+        seen = self._activity()
+        if seen != self._activity_seen:
+            self._activity_seen = seen
+            now = self._clock()
+            last = self._last_person()
+            if last is not None:
+                self._gaps.append(max(0.0, now - last))
+            self._active_at = now
+
+    def _last_person(self) -> float | None:
+        """When a person was last served: a reply's call ended, or a command was seen."""
+        times = [t for t in (self._fg_ended, self._active_at) if t is not None]
+        return max(times) if times else None
+
     def expected_free(self) -> float:
         """Seconds the slot is expected to stay free from now: the shortest recent gap between
-        a reply's end and the next request, less the time since the last reply ended;
-        ``inf`` when nothing is known or the quiet has long outlasted every gap seen
+        a person served (a reply's end, a command) and their next request, less the time
+        since; ``inf`` when nothing is known or the quiet has long outlasted every gap seen
         (``IDLE_FACTOR``, ``IDLE_AFTER``)."""
-        if self._fg_ended is None or not self._gaps:
+        self._look_at_activity()
+        last = self._last_person()
+        if last is None or not self._gaps:
             return math.inf
-        quiet = self._clock() - self._fg_ended
+        quiet = self._clock() - last
         if quiet > IDLE_FACTOR * max(self._gaps) + IDLE_AFTER:
             return math.inf
         return max(0.0, min(self._gaps) - quiet)
@@ -173,6 +217,23 @@ class LLMGate:
         if self.prompt_rate is None:
             return None
         return self.latency + self.uncached_tokens(messages) / self.prompt_rate
+
+    def _evaluation_bound(self, messages: Sequence[ChatMessage]) -> float | None:
+        """Seconds the server is expected to spend on ``messages``' uncached part at most (the
+        learned rate, or the floor); None while neither is known."""
+        first = self.first_text_seconds(messages)
+        if first is not None:
+            return first
+        if self.rate_floor is None:
+            return None
+        return self.uncached_tokens(messages) / self.rate_floor
+
+    def _needs_measuring(self, messages: Sequence[ChatMessage]) -> bool:
+        return (
+            self.prompt_rate is None
+            and self.rate_floor is None
+            and self.uncached_tokens(messages) > UNMEASURED_TOKENS
+        )
 
     def tokens_in(self, seconds: float | None) -> int | None:
         """Prompt tokens the server evaluates in ``seconds`` at the learned rate (None: the
@@ -199,6 +260,14 @@ class LLMGate:
         return max(0, int((seconds - first) * self.gen_rate))
 
     def fits(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> bool:
+        """Whether a background call is expected to end before a person needs the slot (see
+        the module docstring: measured first, held to ``START_FREE`` before any reply)."""
+        self._look_at_activity()
+        evaluation = self._evaluation_bound(messages)
+        if evaluation is None:
+            return self.uncached_tokens(messages) <= UNMEASURED_TOKENS
+        if self._fg_ended is None:
+            return evaluation <= START_FREE
         free = self.expected_free()
         first = self.first_text_seconds(messages)
         if math.isinf(free) or first is None or self.gen_rate is None:
@@ -228,10 +297,13 @@ class LLMGate:
                 return await self._run_held(messages, max_tokens=max_tokens)
             if lane != "background":
                 arrived = self._clock()
+                if lane == "foreground":
+                    self._look_at_activity()
+                last = self._last_person()
                 if lane == "foreground" and (self._fg_running or self._fg_waiting):
                     self._gaps.append(0.0)  # replies queue: the slot is never free between
-                elif lane == "foreground" and self._fg_ended is not None:
-                    self._gaps.append(max(0.0, arrived - self._fg_ended))
+                elif lane == "foreground" and last is not None:
+                    self._gaps.append(max(0.0, arrived - last))
                 seen = self._outages
                 if lane == "foreground" and self._down and self._fg_running:
                     raise LLMUnavailable("the LLM server is down; a probe request is running")
@@ -261,6 +333,15 @@ class LLMGate:
                     or self._busy()
                     or not self.fits(messages, max_tokens=max_tokens)
                 ):
+                    if (
+                        self._needs_measuring(messages)
+                        and not self._probing
+                        and self._running < self._limit
+                        and not self._fg_waiting
+                        and not self._busy()
+                    ):
+                        await self._measure()
+                        continue
                     # busy() and the clock have no event: poll them. asyncio.timeout, not
                     # wait_for: wait_for waits in another task, and a cancel arriving while
                     # that task took the lock back left it holding the lock for good.
@@ -299,6 +380,32 @@ class LLMGate:
                 if lane != "foreground":
                     self._bg_running -= 1
                 self._changed.notify_all()
+
+    async def _measure(self) -> None:
+        """Measure the server's prompt speed with small requests (the condition's lock is held
+        on entry and on return; the slot is taken as by a background call, so a reply
+        preempts it). Steps grow while each is too quick to time (``PROBE_CHARS``)."""
+        self._probing = True
+        self._running += 1
+        self._bg_running += 1
+        self._changed.release()
+        try:
+            for step, size in enumerate(PROBE_CHARS):
+                filler = (PROBE_WORDS * (size // len(PROBE_WORDS) + 1))[:size]
+                text = f"{PROBE_MARK}{step} {filler}"
+                self.probes += 1
+                with contextlib.suppress(LLMUnavailable):
+                    await self._background_call(
+                        [ChatMessage("user", text)], max_tokens=PROBE_ANSWER_TOKENS
+                    )
+                if self.prompt_rate is not None or self._busy() or self._fg_waiting:
+                    break
+        finally:
+            await self._changed.acquire()
+            self._probing = False
+            self._running -= 1
+            self._bg_running -= 1
+            self._changed.notify_all()
 
     async def _run_held(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion:
         """A debt call in the slot its reply kept (the condition's lock is held on entry)."""
@@ -375,6 +482,8 @@ class LLMGate:
         return completion
 
     def _learn(self, prompt_tokens: int, prompt_s: float, answer_chars: int, gen_s: float) -> None:
+        if prompt_s < MIN_MEASURED_SECONDS and prompt_tokens > 0:  # too quick to time: a floor
+            self.rate_floor = max(self.rate_floor or 0.0, prompt_tokens / MIN_MEASURED_SECONDS)
         if prompt_s >= MIN_MEASURED_SECONDS:
             self._evals.append((prompt_tokens, prompt_s))
             self.latency, per_token = _line(self._evals)

@@ -39,7 +39,16 @@ Invariants:
   ends with ``TRUNCATED_MARK``.
 - ``complete(schema=...)`` asks for structured output in the endpoint's mode
   (bot.llm.structured); a server that refuses a mode is asked in the next one at once (the
-  refusal is no failed attempt), down to a plain request.
+  refusal is no failed attempt), down to a plain request. With a ``record``
+  (``bot.llm.server_record``) the mode is learned once per server and model and kept across
+  restarts; a mode not yet known is tried first on a tiny request (``structured.PROBE_MESSAGES``,
+  ``max_tokens: 1``), so a refusal never costs an evaluation of the real prompt.
+- Token counts follow the server: with a ``counter`` and a ``record``, each answer's
+  ``usage.prompt_tokens`` (asked for in the stream with ``stream_options.include_usage``) is
+  kept beside our count of the same messages. A server whose stream carries no usage
+  (llama-cpp-python) is asked once more without streaming, ``max_tokens: 1``, while the
+  ratio is not settled (``RATIO_SETTLED`` samples, kept): it holds the prompt in its cache,
+  so that costs one token, not an evaluation.
 - ``system_role: false`` on an endpoint merges the system message into the first user message
   (templates without a system role).
 - Secrets come from the environment variable named by ``api_key_env``; servers that need no
@@ -74,11 +83,14 @@ from bot.llm.port import (
     OnText,
     merge_system,
 )
+from bot.llm.server_record import MIN_RATIO_TOKENS, ServerRecord
+from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
 
 log = logging.getLogger("bot.llm")
 
 MAX_ANSWER_CHARS = 16_000
 PLACEHOLDER_KEY = "not-needed"
+INCLUDE_USAGE = {"stream_options": {"include_usage": True}}
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _THINK_LEADING_OPEN = re.compile(r"\A\s*<think>(?!.*</think>).*\Z", re.DOTALL | re.IGNORECASE)
@@ -133,6 +145,7 @@ class _Target:
     endpoint: Endpoint
     client: openai.AsyncOpenAI
     mode: int = 0  # index into structured.MODES: the first this server did not refuse
+    mode_known: bool = False  # the mode was taken by this server (here or in the record)
 
 
 class OpenAICompatLLM:
@@ -143,10 +156,14 @@ class OpenAICompatLLM:
         env: Mapping[str, str],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         connection_lost: Callable[[], None] | None = None,
+        counter: TokenCounter | None = None,
+        record: ServerRecord | None = None,
     ) -> None:
         self._config = config
         self._sleep = sleep
         self._connection_lost = connection_lost
+        self._counter = counter
+        self._record = record
         timeout = openai.Timeout(
             config.read_timeout,
             connect=config.connect_timeout,
@@ -166,6 +183,12 @@ class OpenAICompatLLM:
             )
             for ep in (config, *config.fallbacks)
         ]
+        for target in self._targets:
+            ep = target.endpoint
+            known = record.structured_mode(ep.base_url, ep.model) if record is not None else None
+            if known in structured.MODES:
+                target.mode = structured.MODES.index(known)
+                target.mode_known = True
 
     @property
     def model_name(self) -> str:
@@ -266,6 +289,8 @@ class OpenAICompatLLM:
     ) -> Completion:
         """One attempt; with a schema, in the endpoint's structured-output mode, moving on to
         the next mode (bot.llm.structured) when the server refuses this one."""
+        if schema is not None and not target.mode_known and self._record is not None:
+            await self._probe_mode(target, schema)
         while True:
             mode = structured.MODES[target.mode] if schema is not None else "plain"
             extra = structured.request_fields(mode, schema)
@@ -274,14 +299,48 @@ class OpenAICompatLLM:
             except openai.APIStatusError as exc:
                 if not extra or not structured.rejected(exc.status_code, _server_message(exc)):
                     raise
-                target.mode += 1
-                log.info(
-                    "LLM server %s does not take response_format %s (HTTP %d); using %s",
-                    target.endpoint.base_url,
-                    mode,
-                    exc.status_code,
-                    structured.MODES[target.mode],
-                )
+                self._refused(target, mode, exc.status_code)
+
+    def _refused(self, target: _Target, mode: str, status: int) -> None:
+        target.mode += 1
+        log.info(
+            "LLM server %s does not take response_format %s (HTTP %d); using %s",
+            target.endpoint.base_url, mode, status, structured.MODES[target.mode],
+        )  # fmt: skip
+        self._keep_mode(target)
+
+    def _keep_mode(self, target: _Target) -> None:
+        target.mode_known = True
+        if self._record is not None:
+            ep = target.endpoint
+            self._record.set_structured_mode(ep.base_url, ep.model, structured.MODES[target.mode])
+
+    async def _probe_mode(self, target: _Target, schema: JsonSchema) -> None:
+        """Learn the mode this server takes on a tiny request (``max_tokens: 1``), so a
+        refusal never costs an evaluation of a real prompt. A probe that fails otherwise (the
+        server down) decides nothing: the real request then learns as before."""
+        while structured.MODES[target.mode] != "plain":
+            mode = structured.MODES[target.mode]
+            try:
+                async with asyncio.timeout(
+                    self._config.connect_timeout + self._config.read_timeout
+                ):
+                    await target.client.chat.completions.create(
+                        model=target.endpoint.model,
+                        messages=structured.PROBE_MESSAGES,  # type: ignore[arg-type]
+                        max_tokens=1,
+                        stream=False,
+                        extra_body=structured.request_fields(mode, schema),
+                    )
+            except openai.APIStatusError as exc:
+                if not structured.rejected(exc.status_code, _server_message(exc)):
+                    return
+                self._refused(target, mode, exc.status_code)
+                continue
+            except (openai.APIError, TimeoutError):
+                return
+            break
+        self._keep_mode(target)
 
     async def _attempt(
         self,
@@ -308,24 +367,28 @@ class OpenAICompatLLM:
         if on_text is not None:
             await on_text("")  # a retry or a fallback starts from nothing
         deadline = self._config.connect_timeout + 2 * self._config.read_timeout
+        counting = self._record is not None and self._counter is not None
+        usage: dict[str, Any] = {}
+        chosen = MODEL_CHOICE.get() if target is self._targets[0] else None
         async with asyncio.timeout(deadline):
-            chosen = MODEL_CHOICE.get() if target is self._targets[0] else None
             async with target.client.chat.completions.with_streaming_response.create(
                 model=chosen or target.endpoint.model,
                 messages=payload,  # type: ignore[arg-type]
                 max_tokens=max_tokens,
                 temperature=self._config.temperature,
                 stream=True,
-                extra_body=extra or None,
+                extra_body={**(extra or {}), **INCLUDE_USAGE} if counting else extra or None,
             ) as resp:
                 kind = resp.http_response.headers.get("content-type", "")
                 try:
                     if "text/event-stream" in kind:
                         raw, finish, model = await _read_stream(
-                            resp.iter_lines(), on_raw=grown if on_text is not None else None
+                            resp.iter_lines(),
+                            on_raw=grown if on_text is not None else None,
+                            on_usage=usage.update,
                         )
                     else:  # a server that ignores stream=true, or an error page with status 200
-                        raw, finish, model = _read_json(await resp.read())
+                        raw, finish, model = _read_json(await resp.read(), on_usage=usage.update)
                 except _CutRaw as exc:
                     cut = self._finish_cut(exc.raw, exc.model or target.endpoint.model)
                     raise _Cut(cut) from None
@@ -347,7 +410,41 @@ class OpenAICompatLLM:
             text, truncated = text[: MAX_ANSWER_CHARS - len(TRUNCATED_MARK)], True
         if truncated:
             text = text.rstrip() + TRUNCATED_MARK
+        if counting:
+            await self._count(target, chosen or target.endpoint.model, payload, usage)
         return Completion(text=text, model=model or target.endpoint.model, truncated=truncated)
+
+    async def _count(
+        self, target: _Target, model: str, payload: list[dict[str, Any]], usage: dict[str, Any]
+    ) -> None:
+        """Keep the server's count of this prompt beside ours (``bot.llm.server_record``);
+        a stream without usage is asked once more, not streamed, for one token, while the
+        ratio is not settled."""
+        assert self._record is not None and self._counter is not None
+        ours = sum(self._counter.count(_text_of(m["content"])) + MESSAGE_OVERHEAD for m in payload)
+        base = target.endpoint.base_url
+        theirs = usage.get("prompt_tokens")
+        if not isinstance(theirs, int) and (
+            ours >= MIN_RATIO_TOKENS and not self._record.ratio_settled(base, model)
+        ):
+            try:
+                async with asyncio.timeout(
+                    self._config.connect_timeout + self._config.read_timeout
+                ):
+                    answer = await target.client.chat.completions.create(
+                        model=model,
+                        messages=payload,  # type: ignore[arg-type]
+                        max_tokens=1,
+                        stream=False,
+                    )
+                told = getattr(answer, "usage", None)
+                theirs = getattr(told, "prompt_tokens", None)
+            except (openai.APIError, TimeoutError) as exc:
+                log.debug("the server's token count could not be asked: %s",
+                          describe_error(exc))  # fmt: skip
+                return
+        if isinstance(theirs, int):
+            self._record.heard_usage(base, model, ours=ours, theirs=theirs)
 
     def _finish_cut(self, raw: str, model: str) -> Completion | None:
         """A broken-off answer as the person may see it: cleaned, marked ``CUT_MARK``."""
@@ -400,6 +497,13 @@ def _payload(message: ChatMessage) -> dict[str, Any]:
     return {"role": message.role, "content": parts}
 
 
+def _text_of(content: Any) -> str:
+    """The text of a message's content (a string, or OpenAI parts: their text parts)."""
+    if isinstance(content, str):
+        return content
+    return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
 class _Unusable(Exception):
     """The server answered, but not with a usable chat completion."""
 
@@ -434,7 +538,10 @@ class _Empty(str):
 
 
 async def _read_stream(
-    lines: Any, *, on_raw: Callable[[str], Awaitable[None]] | None = None
+    lines: Any,
+    *,
+    on_raw: Callable[[str], Awaitable[None]] | None = None,
+    on_usage: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[str, str | None, str]:
     """Concatenated content deltas, the finish reason and the model from an SSE stream;
     ``on_raw`` (streamed answers) gets the text so far after each delta. Returns ``_Empty``
@@ -469,6 +576,8 @@ async def _read_stream(
             raise _TooLong("the server truncated the prompt to fit its context (n_ctx)")
         events += 1
         model = str(chunk.get("model") or model)
+        if on_usage is not None and isinstance(chunk.get("usage"), dict):
+            on_usage(chunk["usage"])  # include_usage: the last chunk, its choices empty
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict):
                 continue
@@ -494,7 +603,9 @@ def _error_text(error: Any) -> str:
     return str(error)
 
 
-def _read_json(body: bytes) -> tuple[str, str | None, str]:
+def _read_json(
+    body: bytes, *, on_usage: Callable[[dict[str, Any]], None] | None = None
+) -> tuple[str, str | None, str]:
     try:
         doc = json.loads(body)
     except ValueError:
@@ -516,6 +627,8 @@ def _read_json(body: bytes) -> tuple[str, str | None, str]:
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, str):
         raise _Unusable("no message content in the answer")
+    if on_usage is not None and isinstance(doc.get("usage"), dict):
+        on_usage(doc["usage"])
     return content, choices[0].get("finish_reason"), str(doc.get("model") or "")
 
 
