@@ -39,16 +39,10 @@ Invariants:
   ends with ``TRUNCATED_MARK``.
 - ``complete(schema=...)`` asks for structured output in the endpoint's mode
   (bot.llm.structured); a server that refuses a mode is asked in the next one at once (the
-  refusal is no failed attempt), down to a plain request. With a ``record``
-  (``bot.llm.server_record``) the mode is learned once per server and model and kept across
-  restarts; a mode not yet known is tried first on a tiny request (``structured.PROBE_MESSAGES``,
-  ``max_tokens: 1``), so a refusal never costs an evaluation of the real prompt.
-- Token counts follow the server: with a ``counter`` and a ``record``, each answer's
-  ``usage.prompt_tokens`` (asked for in the stream with ``stream_options.include_usage``) is
-  kept beside our count of the same messages. A server whose stream carries no usage
-  (llama-cpp-python) is asked once more without streaming, ``max_tokens: 1``, while the
-  ratio is not settled (``RATIO_SETTLED`` samples, kept): it holds the prompt in its cache,
-  so that costs one token, not an evaluation.
+  refusal is no failed attempt), down to a plain request.
+- With a ``record`` and a ``counter``, what a server takes and how it counts is learned once
+  per server and model and kept (``bot.llm.server_learning``): the mode on a one-token probe
+  before a real prompt, and ``usage.prompt_tokens`` beside our count of each prompt.
 - ``system_role: false`` on an endpoint merges the system message into the first user message
   (templates without a system role).
 - Secrets come from the environment variable named by ``api_key_env``; servers that need no
@@ -83,14 +77,15 @@ from bot.llm.port import (
     OnText,
     merge_system,
 )
-from bot.llm.server_record import MIN_RATIO_TOKENS, ServerRecord
-from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
+from bot.llm.server_learning import INCLUDE_USAGE, ServerLearning
+from bot.llm.server_learning import server_message as _server_message
+from bot.llm.server_record import ServerRecord
+from bot.llm.tokens import TokenCounter
 
 log = logging.getLogger("bot.llm")
 
 MAX_ANSWER_CHARS = 16_000
 PLACEHOLDER_KEY = "not-needed"
-INCLUDE_USAGE = {"stream_options": {"include_usage": True}}
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _THINK_LEADING_OPEN = re.compile(r"\A\s*<think>(?!.*</think>).*\Z", re.DOTALL | re.IGNORECASE)
@@ -162,8 +157,12 @@ class OpenAICompatLLM:
         self._config = config
         self._sleep = sleep
         self._connection_lost = connection_lost
-        self._counter = counter
-        self._record = record
+        # the structured-output mode and the token ratio, learned once per server and model
+        self._learning = (
+            ServerLearning(record=record, counter=counter, timeout=config.connect_timeout
+                           + config.read_timeout)
+            if record is not None and counter is not None else None
+        )  # fmt: skip
         timeout = openai.Timeout(
             config.read_timeout,
             connect=config.connect_timeout,
@@ -184,11 +183,9 @@ class OpenAICompatLLM:
             for ep in (config, *config.fallbacks)
         ]
         for target in self._targets:
-            ep = target.endpoint
-            known = record.structured_mode(ep.base_url, ep.model) if record is not None else None
-            if known in structured.MODES:
-                target.mode = structured.MODES.index(known)
-                target.mode_known = True
+            known = self._learning.known_mode(target.endpoint) if self._learning else None
+            if known is not None:
+                target.mode, target.mode_known = known, True
 
     @property
     def model_name(self) -> str:
@@ -289,8 +286,11 @@ class OpenAICompatLLM:
     ) -> Completion:
         """One attempt; with a schema, in the endpoint's structured-output mode, moving on to
         the next mode (bot.llm.structured) when the server refuses this one."""
-        if schema is not None and not target.mode_known and self._record is not None:
-            await self._probe_mode(target, schema)
+        if schema is not None and not target.mode_known and self._learning is not None:
+            target.mode = await self._learning.probe_mode(
+                target.client, target.endpoint, target.mode, schema
+            )
+            target.mode_known = True
         while True:
             mode = structured.MODES[target.mode] if schema is not None else "plain"
             extra = structured.request_fields(mode, schema)
@@ -299,48 +299,14 @@ class OpenAICompatLLM:
             except openai.APIStatusError as exc:
                 if not extra or not structured.rejected(exc.status_code, _server_message(exc)):
                     raise
-                self._refused(target, mode, exc.status_code)
-
-    def _refused(self, target: _Target, mode: str, status: int) -> None:
-        target.mode += 1
-        log.info(
-            "LLM server %s does not take response_format %s (HTTP %d); using %s",
-            target.endpoint.base_url, mode, status, structured.MODES[target.mode],
-        )  # fmt: skip
-        self._keep_mode(target)
-
-    def _keep_mode(self, target: _Target) -> None:
-        target.mode_known = True
-        if self._record is not None:
-            ep = target.endpoint
-            self._record.set_structured_mode(ep.base_url, ep.model, structured.MODES[target.mode])
-
-    async def _probe_mode(self, target: _Target, schema: JsonSchema) -> None:
-        """Learn the mode this server takes on a tiny request (``max_tokens: 1``), so a
-        refusal never costs an evaluation of a real prompt. A probe that fails otherwise (the
-        server down) decides nothing: the real request then learns as before."""
-        while structured.MODES[target.mode] != "plain":
-            mode = structured.MODES[target.mode]
-            try:
-                async with asyncio.timeout(
-                    self._config.connect_timeout + self._config.read_timeout
-                ):
-                    await target.client.chat.completions.create(
-                        model=target.endpoint.model,
-                        messages=structured.PROBE_MESSAGES,  # type: ignore[arg-type]
-                        max_tokens=1,
-                        stream=False,
-                        extra_body=structured.request_fields(mode, schema),
-                    )
-            except openai.APIStatusError as exc:
-                if not structured.rejected(exc.status_code, _server_message(exc)):
-                    return
-                self._refused(target, mode, exc.status_code)
-                continue
-            except (openai.APIError, TimeoutError):
-                return
-            break
-        self._keep_mode(target)
+                target.mode += 1
+                log.info(
+                    "LLM server %s does not take response_format %s (HTTP %d); using %s",
+                    target.endpoint.base_url, mode, exc.status_code,
+                    structured.MODES[target.mode],
+                )  # fmt: skip
+                if self._learning is not None:
+                    self._learning.keep_mode(target.endpoint, target.mode)
 
     async def _attempt(
         self,
@@ -367,7 +333,7 @@ class OpenAICompatLLM:
         if on_text is not None:
             await on_text("")  # a retry or a fallback starts from nothing
         deadline = self._config.connect_timeout + 2 * self._config.read_timeout
-        counting = self._record is not None and self._counter is not None
+        counting = self._learning is not None
         usage: dict[str, Any] = {}
         chosen = MODEL_CHOICE.get() if target is self._targets[0] else None
         async with asyncio.timeout(deadline):
@@ -410,41 +376,10 @@ class OpenAICompatLLM:
             text, truncated = text[: MAX_ANSWER_CHARS - len(TRUNCATED_MARK)], True
         if truncated:
             text = text.rstrip() + TRUNCATED_MARK
-        if counting:
-            await self._count(target, chosen or target.endpoint.model, payload, usage)
+        if self._learning is not None:
+            model_asked = chosen or target.endpoint.model
+            await self._learning.count(target.client, target.endpoint, model_asked, payload, usage)
         return Completion(text=text, model=model or target.endpoint.model, truncated=truncated)
-
-    async def _count(
-        self, target: _Target, model: str, payload: list[dict[str, Any]], usage: dict[str, Any]
-    ) -> None:
-        """Keep the server's count of this prompt beside ours (``bot.llm.server_record``);
-        a stream without usage is asked once more, not streamed, for one token, while the
-        ratio is not settled."""
-        assert self._record is not None and self._counter is not None
-        ours = sum(self._counter.count(_text_of(m["content"])) + MESSAGE_OVERHEAD for m in payload)
-        base = target.endpoint.base_url
-        theirs = usage.get("prompt_tokens")
-        if not isinstance(theirs, int) and (
-            ours >= MIN_RATIO_TOKENS and not self._record.ratio_settled(base, model)
-        ):
-            try:
-                async with asyncio.timeout(
-                    self._config.connect_timeout + self._config.read_timeout
-                ):
-                    answer = await target.client.chat.completions.create(
-                        model=model,
-                        messages=payload,  # type: ignore[arg-type]
-                        max_tokens=1,
-                        stream=False,
-                    )
-                told = getattr(answer, "usage", None)
-                theirs = getattr(told, "prompt_tokens", None)
-            except (openai.APIError, TimeoutError) as exc:
-                log.debug("the server's token count could not be asked: %s",
-                          describe_error(exc))  # fmt: skip
-                return
-        if isinstance(theirs, int):
-            self._record.heard_usage(base, model, ours=ours, theirs=theirs)
 
     def _finish_cut(self, raw: str, model: str) -> Completion | None:
         """A broken-off answer as the person may see it: cleaned, marked ``CUT_MARK``."""
@@ -495,13 +430,6 @@ def _payload(message: ChatMessage) -> dict[str, Any]:
     parts: list[dict[str, Any]] = [{"type": "text", "text": message.content}]
     parts += [{"type": "image_url", "image_url": {"url": url}} for url in message.images]
     return {"role": message.role, "content": parts}
-
-
-def _text_of(content: Any) -> str:
-    """The text of a message's content (a string, or OpenAI parts: their text parts)."""
-    if isinstance(content, str):
-        return content
-    return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
 
 
 class _Unusable(Exception):
@@ -630,16 +558,6 @@ def _read_json(
     if on_usage is not None and isinstance(doc.get("usage"), dict):
         on_usage(doc["usage"])
     return content, choices[0].get("finish_reason"), str(doc.get("model") or "")
-
-
-def _server_message(exc: openai.APIError) -> str:
-    body = exc.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict):
-            return str(inner.get("message") or inner.get("code") or inner)
-        return str(inner)
-    return str(exc.message)
 
 
 FIX_DOWN = (
