@@ -269,10 +269,11 @@ class LLMGate:
         if self._fg_ended is None:
             return evaluation <= START_FREE
         free = self.expected_free()
-        first = self.first_text_seconds(messages)
-        if math.isinf(free) or first is None or self.gen_rate is None:
+        if math.isinf(free):
             return True
-        return first + max_tokens / self.gen_rate <= free
+        # generation not measured yet: the evaluation alone must fit (it cannot be stopped)
+        generation = max_tokens / self.gen_rate if self.gen_rate is not None else 0.0
+        return evaluation + generation <= free
 
     # --- calls ----------------------------------------------------------------------------------
     async def _run(
