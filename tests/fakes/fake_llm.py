@@ -36,8 +36,10 @@ Server limits, as real servers tell them (each None/empty by default: the route 
 like llama-cpp-python's server):
 - ``n_ctx``: a context size enforced like llama-cpp-python 0.3.36: a prompt of at least
   ``n_ctx`` tokens (counted with cl100k times ``token_ratio``; SmolLM2 counts 4-8% more) is
-  refused, streamed with an empty 200, not streamed with HTTP 400 in its words ("This model's
-  maximum context length is N tokens. However, you requested ..."); ``refused`` counts them.
+  refused (with ``n_ctx_holds_answer``, as llama-cpp-python checks it: the prompt plus
+  ``max_tokens``), streamed with an empty 200, not streamed with HTTP 400 in its words
+  ("This model's maximum context length is N tokens. However, you requested ...");
+  ``refused`` counts them.
 - ``props`` (llama-server ``GET /props``), ``ollama_show`` (``POST /api/show``),
   ``ollama_ps`` (``GET /api/ps``), ``max_model_len`` (vLLM: in ``/v1/models``).
 
@@ -131,6 +133,7 @@ class FakeLLM:
         self.refused = 0  # prompts refused as longer than n_ctx
         self.prompt_tokens: list[int] = []  # per chat request, by the fake's count
         self.stream_usage = True
+        self.n_ctx_holds_answer = False  # True: the prompt and max_tokens must fit n_ctx
         self.refuse_json_schema = False
         self.schema_refusals = 0
         self.props: dict[str, Any] | None = None
@@ -201,7 +204,8 @@ class FakeLLM:
         """llama-cpp-python's refusal of a prompt longer than ``n_ctx`` (None: it fits)."""
         tokens = self.count_prompt(body)
         self.prompt_tokens.append(tokens)
-        if self.n_ctx is None or tokens < self.n_ctx:
+        held = tokens + (int(body.get("max_tokens") or 0) if self.n_ctx_holds_answer else 0)
+        if self.n_ctx is None or held < self.n_ctx:
             return None
         self.refused += 1
         if body.get("stream"):
