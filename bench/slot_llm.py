@@ -236,12 +236,20 @@ class Read:
     answer: int
     reread: int
     fold: bool  # the window moved (a fold): the prompt after the chapters is read again
-    window: int  # the window's tokens at the server's count (a fold's bound)
+    window: int  # at a fold, the window before it, at the server's count (the fold's bound)
 
     @staticmethod
-    def split(total: int, ctx: AssembledContext, *, ratio: float, fold: bool) -> Read:
-        def of(*names: str) -> int:
-            return round(ratio * sum(b.tokens for b in ctx.blocks if b.name in names))
+    def split(
+        total: int, ctx: AssembledContext, *, ratio: float, before: AssembledContext | None
+    ) -> Read:
+        fold = (
+            before is not None
+            and bool(before.window)
+            and before.window[0].id != (ctx.window[0].id if ctx.window else None)
+        )
+
+        def of(*names: str, at: AssembledContext = ctx) -> int:
+            return round(ratio * sum(b.tokens for b in at.blocks if b.name in names))
 
         left = total
         new = min(left, of("new"))
@@ -253,12 +261,14 @@ class Read:
         if last is not None and last.role == "assistant":
             answer = min(left, round(ratio * (last.tokens + MESSAGE_OVERHEAD)))
         left -= answer
-        return Read(total, new, recall, answer, left, fold, of("window"))
+        window = of("window", at=before) if before is not None and fold else of("window")
+        return Read(total, new, recall, answer, left, fold, window)
 
 
 READS_HEADER = (
     "| scenario | replies | read/reply median | new message | previous answer | recall "
-    "| re-read between folds median | p90 | folds: re-read max (window) | first token p95 s |\n"
+    "| re-read between folds median | p90 | folds: re-read max (window before) "
+    "| first token p95 s |\n"
     "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"
 )
 
@@ -370,7 +380,7 @@ async def play(
         recall_room = app.gate.tokens_in(config.memory.retrieval.recall_seconds)
     result = Result(label=label, seconds=seconds, recall_seconds=recall_seconds)
     ratio = heard or 1.0
-    window_start: dict[int, int] = {}
+    last_prompt: dict[int, AssembledContext] = {}
     result.ratio_line = (
         f"token ratio heard from the server: {heard:.3f} (parts split at that ratio)"
         if heard is not None
@@ -429,10 +439,10 @@ async def play(
         if call.first is not None:
             result.ttft.append(call.first - arrived)
         if ctx is not None and ctx.window:
-            who = ctx.window[0].conversation_id
-            fold = window_start.get(who, ctx.window[0].id) != ctx.window[0].id
-            window_start[who] = ctx.window[0].id
-            result.reads.append(Read.split(entry.evaluated, ctx, ratio=ratio, fold=fold))
+            who = ctx.window[-1].conversation_id
+            before = last_prompt.get(who)
+            last_prompt[who] = ctx
+            result.reads.append(Read.split(entry.evaluated, ctx, ratio=ratio, before=before))
     # A turn waiting for its own debt fold waits before its request is built: add those.
     result.waits.sort()
     for i, extra in enumerate(sorted(settle, reverse=True)[: len(result.waits)]):
