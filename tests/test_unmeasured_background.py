@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bot.domain import DM_SPACE, ConversationKey
+from bot.errors import LLMUnavailable
 from bot.llm.gate import CHARS_PER_TOKEN, START_FREE, UNMEASURED_TOKENS, LLMGate
 from bot.llm.port import ChatMessage, Completion, JsonSchema, OnText
 from bot.memory.store import SqliteStore
@@ -127,10 +128,7 @@ async def test_a_session_closed_at_start_does_not_hold_the_first_message(tmp_pat
     of alice's closed long ago waits for its summary; bob writes 20 s after the start and waits
     at most START_FREE seconds behind background work (today: the whole summary prompt)."""
     scale = 0.25
-    fake = OneSlotLLM(
-        prompt_rate=40.0, gen_rate=20.0, scale=scale,
-        is_background=lambda body: is_background(body) or is_probe(body),
-    )  # fmt: skip
+    fake = OneSlotLLM(prompt_rate=40.0, gen_rate=20.0, scale=scale, is_background=is_background)
     fake.reply_fn = answer
     await fake.start()
     store = await SqliteStore.open(tmp_path / "state" / "meshsage.db")
@@ -153,3 +151,31 @@ async def test_a_session_closed_at_start_does_not_hold_the_first_message(tmp_pat
     finally:
         await h.app.close()
         await fake.stop()
+
+
+class DownServer:
+    model_name = "down"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        on_text: OnText | None = None,
+        schema: JsonSchema | None = None,
+    ) -> Completion:
+        self.calls += 1
+        raise LLMUnavailable("no LLM endpoint answered")
+
+
+async def test_a_server_that_is_down_is_not_measured_again_and_again() -> None:
+    server = DownServer()
+    gate = LLMGate(llm=server, limit=1)
+    waiting = asyncio.create_task(gate.background.complete(_prompt("summary", 800), max_tokens=9))
+    await asyncio.sleep(0.5)  # ten polls of the waiting call
+    assert server.calls == 1  # one failed measurement, then PROBE_RETRY before the next
+    assert not waiting.done()  # the long prompt was never sent unmeasured
+    waiting.cancel()

@@ -62,12 +62,12 @@ from typing import Literal
 
 from bot.errors import LLMUnavailable
 from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, JsonSchema, OnText
+from bot.llm.prompt_cost import common_prefix, ewma, line, render
 
 BUSY_POLL = 0.05
 CHARS_PER_TOKEN = 4.0  # estimate for cache accounting (the gate has no tokenizer)
 GAPS_KEPT = 8  # recent gaps between a reply's end and the next request
 EVALS_KEPT = 16  # recent (prompt tokens, seconds to first text) pairs
-RATE_WEIGHT = 0.3  # EWMA weight of the newest measurement
 MIN_MEASURED_SECONDS = 0.05
 # Quiet past IDLE_FACTOR times the longest gap and IDLE_AFTER seconds: nobody is writing.
 IDLE_FACTOR = 2.0
@@ -78,6 +78,7 @@ PROBE_CHARS = (128, 1024, 8192)  # measuring steps (about 32, 256 and 2,048 toke
 PROBE_MARK = "(meshsage measures the server's prompt speed) Say OK. "
 PROBE_WORDS = "The quick brown fox jumps over the lazy dog near the river bank. "
 PROBE_ANSWER_TOKENS = 4
+PROBE_RETRY = 30.0  # seconds before a measurement that failed (the server down) is tried again
 
 log = logging.getLogger(__name__)
 HOLD_SECONDS = 2.0  # real seconds a slot kept for a debt waits for it before it is let go
@@ -129,6 +130,7 @@ class LLMGate:
         self._active_at: float | None = None  # when the last command was seen
         self.rate_floor: float | None = None  # prompt tokens/s at least (calls too quick to time)
         self._probing = False
+        self._probe_after = 0.0  # a failed measurement is not tried again before this
         self.probes = 0  # measuring requests sent
         self._limit = limit
         self._busy = busy
@@ -179,8 +181,8 @@ class LLMGate:
     def uncached_tokens(self, messages: Sequence[ChatMessage]) -> int:
         """Estimated prompt tokens the server evaluates for ``messages`` (after the common
         prefix with the last call's prompt and answer)."""
-        text = _render(messages)
-        return math.ceil((len(text) - _common_prefix(self._cached, text)) / CHARS_PER_TOKEN)
+        text = render(messages)
+        return math.ceil((len(text) - common_prefix(self._cached, text)) / CHARS_PER_TOKEN)
 
     def _look_at_activity(self) -> None:
         """A command seen since the last look: the person is at work now (a gap closes)."""
@@ -337,6 +339,7 @@ class LLMGate:
                     if (
                         self._needs_measuring(messages)
                         and not self._probing
+                        and self._clock() >= self._probe_after
                         and self._running < self._limit
                         and not self._fg_waiting
                         and not self._busy()
@@ -395,10 +398,17 @@ class LLMGate:
                 filler = (PROBE_WORDS * (size // len(PROBE_WORDS) + 1))[:size]
                 text = f"{PROBE_MARK}{step} {filler}"
                 self.probes += 1
-                with contextlib.suppress(LLMUnavailable):
+                try:
                     await self._background_call(
                         [ChatMessage("user", text)], max_tokens=PROBE_ANSWER_TOKENS
                     )
+                except BackgroundPreempted:
+                    break  # a reply came: it measures the server itself
+                except LLMUnavailable as exc:  # the server is down: not again for a while
+                    self._probe_after = self._clock() + PROBE_RETRY
+                    log.info("the LLM server's prompt speed could not be measured (%s); "
+                             "background work waits", exc)  # fmt: skip
+                    break
                 if self.prompt_rate is not None or self._busy() or self._fg_waiting:
                     break
         finally:
@@ -467,7 +477,7 @@ class LLMGate:
             if on_text is not None:
                 await on_text(text)
 
-        rendered = _render(messages)
+        rendered = render(messages)
         try:
             completion = await self._llm.complete(
                 messages, max_tokens=max_tokens, on_text=seen, schema=schema
@@ -487,12 +497,12 @@ class LLMGate:
             self.rate_floor = max(self.rate_floor or 0.0, prompt_tokens / MIN_MEASURED_SECONDS)
         if prompt_s >= MIN_MEASURED_SECONDS:
             self._evals.append((prompt_tokens, prompt_s))
-            self.latency, per_token = _line(self._evals)
+            self.latency, per_token = line(self._evals)
             if per_token > 0:
                 self.prompt_rate = 1 / per_token
         tokens = answer_chars / CHARS_PER_TOKEN
         if tokens >= 1 and gen_s >= MIN_MEASURED_SECONDS:
-            self.gen_rate = _ewma(self.gen_rate, tokens / gen_s)
+            self.gen_rate = ewma(self.gen_rate, tokens / gen_s)
 
     async def _foreground_call(
         self,
@@ -548,46 +558,6 @@ class LLMGate:
             raise
         finally:
             self._background.discard(task)
-
-
-def _line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """(start, slope) of the least-squares line through (tokens, seconds), both >= 0; with
-    tokens all alike, no latency and the mean cost per token."""
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_s = sum(s for _, s in points) / n
-    var = sum((t - mean_t) ** 2 for t, _ in points)
-    slope = sum((t - mean_t) * (s - mean_s) for t, s in points) / var if var else 0.0
-    if slope <= 0:
-        total = sum(t for t, _ in points)
-        return 0.0, (sum(s for _, s in points) / total if total else 0.0)
-    start = mean_s - slope * mean_t
-    if start < 0:
-        return 0.0, sum(s for _, s in points) / max(1, sum(t for t, _ in points))
-    return start, slope
-
-
-def _ewma(old: float | None, new: float) -> float:
-    return new if old is None else (1 - RATE_WEIGHT) * old + RATE_WEIGHT * new
-
-
-def _render(messages: Sequence[ChatMessage]) -> str:
-    """A request as a flat string, close to how a chat template lays it out (for prefixes)."""
-    return "".join(f"<{m.role}>{m.content}</>" for m in messages) + "<assistant>"
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # binary search on slices: C-speed comparisons
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _current_cancelling() -> int:

@@ -467,8 +467,8 @@ class OneSlotLLM(FakeLLM):
     ``gen_rate`` tokens a second, one word a token, cut at ``max_tokens`` (finish "length"),
     and stops when the client hangs up. Times run on a scaled clock: ``clock()`` is seconds of
     the simulated server, ``scale`` real seconds each. Streamed requests only (as the bot
-    sends them). ``served`` records each request (``SlotRecord``); ``classify`` says which are
-    replies (default: not background by ``is_background``)."""
+    sends them). ``served`` records each request (``SlotRecord``); a request is a reply unless
+    ``is_background`` says it is not, and the gate's speed probes are background too."""
 
     def __init__(
         self,
@@ -502,7 +502,7 @@ class OneSlotLLM(FakeLLM):
 
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         index = len(self.requests) - 1
-        kind = "background" if self.is_background(body) else "reply"
+        kind = "background" if self.is_background(body) or is_probe(body) else "reply"
         record = SlotRecord(index=index, kind=kind, arrived=self.clock())
         self.served.append(record)
         prompt = self.render(body["messages"])
