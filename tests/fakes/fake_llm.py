@@ -36,8 +36,9 @@ Server limits, as real servers tell them (each None/empty by default: the route 
 like llama-cpp-python's server):
 - ``n_ctx``: a context size enforced like llama-cpp-python 0.3.36: a prompt of at least
   ``n_ctx`` tokens (counted with cl100k times ``token_ratio``; SmolLM2 counts 4-8% more) is
-  refused (with ``n_ctx_holds_answer``, as llama-cpp-python checks it: the prompt plus
-  ``max_tokens``), streamed with an empty 200, not streamed with HTTP 400 in its words
+  refused (with ``n_ctx_holds_answer``: the prompt plus ``max_tokens``; llama-cpp-python
+  0.3.36 instead cuts the answer to what is left, which loses it as surely), streamed with
+  an empty 200, not streamed with HTTP 400 in its words
   ("This model's maximum context length is N tokens. However, you requested ...");
   ``refused`` counts them.
 - ``props`` (llama-server ``GET /props``), ``ollama_show`` (``POST /api/show``),
