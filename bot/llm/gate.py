@@ -184,16 +184,19 @@ class LLMGate:
         text = render(messages)
         return math.ceil((len(text) - common_prefix(self._cached, text)) / CHARS_PER_TOKEN)
 
-    def _look_at_activity(self) -> None:
-        """A command seen since the last look: the person is at work now (a gap closes)."""
+    def _look_at_activity(self) -> bool:
+        """A command seen since the last look: the person is at work now (a gap closes, from
+        the last person served to now). True when one was seen."""
         seen = self._activity()
-        if seen != self._activity_seen:
-            self._activity_seen = seen
-            now = self._clock()
-            last = self._last_person()
-            if last is not None:
-                self._gaps.append(max(0.0, now - last))
-            self._active_at = now
+        if seen == self._activity_seen:
+            return False
+        self._activity_seen = seen
+        now = self._clock()
+        last = self._last_person()
+        if last is not None:
+            self._gaps.append(max(0.0, now - last))
+        self._active_at = now
+        return True
 
     def _last_person(self) -> float | None:
         """When a person was last served: a reply's call ended, or a command was seen."""
@@ -300,12 +303,12 @@ class LLMGate:
                 return await self._run_held(messages, max_tokens=max_tokens)
             if lane != "background":
                 arrived = self._clock()
-                if lane == "foreground":
-                    self._look_at_activity()
+                # a command first seen now: its gap (up to now) is this request's too
+                looked = lane == "foreground" and self._look_at_activity()
                 last = self._last_person()
                 if lane == "foreground" and (self._fg_running or self._fg_waiting):
                     self._gaps.append(0.0)  # replies queue: the slot is never free between
-                elif lane == "foreground" and last is not None:
+                elif lane == "foreground" and last is not None and not looked:
                     self._gaps.append(max(0.0, arrived - last))
                 seen = self._outages
                 if lane == "foreground" and self._down and self._fg_running:
