@@ -54,6 +54,7 @@ from bot.llm.gate import LLMGate
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM
 from bot.llm.server_limits import LearnedLimits, no_limit
+from bot.llm.server_record import RECORD_FILE, ServerRecord
 from bot.llm.tokens import TokenCounter, make_counter
 from bot.memory.context import ContextBuilder
 from bot.memory.embeddings import Embedder, OpenAICompatEmbedder
@@ -398,10 +399,15 @@ async def build(
         real_llm = None
         server_limits = None
         if llm is None:
-            server_limits = LearnedLimits(base_url=config.llm.base_url, model=config.llm.model)
-            real_llm = OpenAICompatLLM(
-                config=config.llm, env=env, connection_lost=server_limits.mark_stale
+            # structured-output mode and token ratio per server and model, kept across restarts
+            record = ServerRecord(path=config.database_path.parent / RECORD_FILE)
+            server_limits = LearnedLimits(
+                base_url=config.llm.base_url, model=config.llm.model, record=record
             )
+            real_llm = OpenAICompatLLM(
+                config=config.llm, env=env, connection_lost=server_limits.mark_stale,
+                counter=counter, record=record,
+            )  # fmt: skip
             llm = real_llm
         # Background work (chapters, merges, facts, sessions) fits what the server holds.
         room = server_limits.room if server_limits is not None else no_limit
@@ -411,6 +417,7 @@ async def build(
             llm=TimedLLM(llm=llm, latencies=latencies),
             limit=config.llm.concurrency,
             busy=lambda: not responder.idle,
+            activity=lambda: responder.command_events,  # commands: a person at work
         )
         embedder: Embedder | None = None
         real_embedder = None

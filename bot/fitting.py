@@ -26,7 +26,6 @@ from bot.config import BotConfig
 from bot.domain import Inbound, TransportLimits
 from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, OnText
 from bot.llm.server_limits import LearnedLimits, prompt_from_error
-from bot.llm.server_limits import budget as server_budget
 from bot.memory.context import AssembledContext
 from bot.memory.layers import LayeredContext
 from bot.memory.records import Conversation
@@ -59,10 +58,11 @@ class FittingAsk:
         """(prompt tokens, answer tokens): the transport's, or less if the server holds less."""
         if self._server is None:
             return limits.context_tokens, limits.max_tokens
-        learned = await self._server.ensure()
+        await self._server.ensure()
         await self._server.check_loaded()  # Ollama keep_alive: a load is not an outage
-        return server_budget(
-            learned, context_tokens=limits.context_tokens, max_tokens=limits.max_tokens
+        # with the server's token counts as heard: a prompt it counts more of still fits
+        return self._server.budget(
+            context_tokens=limits.context_tokens, max_tokens=limits.max_tokens
         )
 
     async def ask(
@@ -112,9 +112,9 @@ class FittingAsk:
                 smaller = ctx.tokens * 2 // 3
                 if self._server is not None:
                     await self._server.refresh()  # restarted with a smaller n_ctx?
-                    learned = self._server.heard_overflow(exc.server_message)
-                    room, answer = server_budget(
-                        learned, context_tokens=limits.context_tokens, max_tokens=answer
+                    self._server.heard_overflow(exc.server_message)
+                    room, answer = self._server.budget(
+                        context_tokens=limits.context_tokens, max_tokens=answer
                     )
                     smaller = min(smaller, room)
                     said = prompt_from_error(exc.server_message)  # the server's own count

@@ -236,6 +236,11 @@ class Responder(NoticeIntake, Answering):
         self._told: set[int] = set()  # questions told of a hold in their lane (not again)
         self._held_here: set[int] = set()  # commands this process held (recovery skips them)
 
+    @property
+    def command_events(self) -> int:
+        """Commands started or finished so far: the LLM gate counts a person at work by it."""
+        return self._command_events
+
     def attach(self, transport: Transport) -> None:
         self._transports[transport.name] = transport
 

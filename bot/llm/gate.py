@@ -25,8 +25,21 @@ Invariants:
   retry at once: the next attempt waits for a gap it fits in (the short gap that preempted it
   is among those learned).
 - Rates and gaps are learned from this gate's own calls (streamed: the first text marks the end
-  of prompt evaluation). Until a rate is known, a background call is assumed to fit (the first
-  call measures it). Nothing here reads a wall clock except through ``clock``.
+  of prompt evaluation); a call too quick to time still bounds the rate from below
+  (``rate_floor``). Nothing here reads a wall clock except through ``clock``.
+- No unmeasured background prompt: while neither a rate nor a floor is known (a fresh start,
+  a new server), a background call of more than ``UNMEASURED_TOKENS`` uncached tokens does
+  not start; the gate first measures the server with small requests (``PROBE_CHARS``, one
+  token answered, each step eight times the last and sent only while the last was too quick
+  to time), so no request holds the slot for more than a few seconds.
+- No rhythm, no long prompt: until a reply has ended since the start (a pending session
+  close, a fold recovered at start), a background call fits only when its prompt is expected
+  to be evaluated within ``START_FREE`` seconds (generation can be stopped; evaluation
+  cannot), so the first message waits at most that behind it.
+- Commands are a person at work (``activity``: a count that changes with each command): the
+  quiet that lets long work start is counted from the last command too, and the time between
+  commands is a gap like the time between replies, so commands typed in a row never open a
+  gap that a long prompt takes ahead of the next message.
 - An outage is shared, not queued: when a reply's call fails as unavailable (every endpoint
   and fallback tried), the replies waiting behind it fail at that moment instead of each
   waiting out its own timeout, and until a call succeeds again one probe runs at a time while
@@ -49,16 +62,23 @@ from typing import Literal
 
 from bot.errors import LLMUnavailable
 from bot.llm.port import LLM, ChatMessage, Completion, ContextTooLong, JsonSchema, OnText
+from bot.llm.prompt_cost import common_prefix, ewma, line, render
 
 BUSY_POLL = 0.05
 CHARS_PER_TOKEN = 4.0  # estimate for cache accounting (the gate has no tokenizer)
 GAPS_KEPT = 8  # recent gaps between a reply's end and the next request
 EVALS_KEPT = 16  # recent (prompt tokens, seconds to first text) pairs
-RATE_WEIGHT = 0.3  # EWMA weight of the newest measurement
 MIN_MEASURED_SECONDS = 0.05
 # Quiet past IDLE_FACTOR times the longest gap and IDLE_AFTER seconds: nobody is writing.
 IDLE_FACTOR = 2.0
 IDLE_AFTER = 5.0
+UNMEASURED_TOKENS = 64  # a background prompt sent before any rate is known: a few seconds at 16/s
+START_FREE = 2.0  # seconds of evaluation a background prompt may take before any reply ended
+PROBE_CHARS = (128, 1024, 8192)  # measuring steps (about 32, 256 and 2,048 tokens)
+PROBE_MARK = "(meshsage measures the server's prompt speed) Say OK. "
+PROBE_WORDS = "The quick brown fox jumps over the lazy dog near the river bank. "
+PROBE_ANSWER_TOKENS = 4
+PROBE_RETRY = 30.0  # seconds before a measurement that failed (the server down) is tried again
 
 log = logging.getLogger(__name__)
 HOLD_SECONDS = 2.0  # real seconds a slot kept for a debt waits for it before it is let go
@@ -102,8 +122,16 @@ class LLMGate:
         limit: int,
         busy: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
+        activity: Callable[[], int] = lambda: 0,
     ) -> None:
         self._llm = llm
+        self._activity = activity  # changes with each command a person sends
+        self._activity_seen = 0
+        self._active_at: float | None = None  # when the last command was seen
+        self.rate_floor: float | None = None  # prompt tokens/s at least (calls too quick to time)
+        self._probing = False
+        self._probe_after = 0.0  # a failed measurement is not tried again before this
+        self.probes = 0  # measuring requests sent
         self._limit = limit
         self._busy = busy
         self._clock = clock
@@ -153,17 +181,38 @@ class LLMGate:
     def uncached_tokens(self, messages: Sequence[ChatMessage]) -> int:
         """Estimated prompt tokens the server evaluates for ``messages`` (after the common
         prefix with the last call's prompt and answer)."""
-        text = _render(messages)
-        return math.ceil((len(text) - _common_prefix(self._cached, text)) / CHARS_PER_TOKEN)
+        text = render(messages)
+        return math.ceil((len(text) - common_prefix(self._cached, text)) / CHARS_PER_TOKEN)
+
+    def _look_at_activity(self) -> bool:
+        """A command seen since the last look: the person is at work now (a gap closes, from
+        the last person served to now). True when one was seen."""
+        seen = self._activity()
+        if seen == self._activity_seen:
+            return False
+        self._activity_seen = seen
+        now = self._clock()
+        last = self._last_person()
+        if last is not None:
+            self._gaps.append(max(0.0, now - last))
+        self._active_at = now
+        return True
+
+    def _last_person(self) -> float | None:
+        """When a person was last served: a reply's call ended, or a command was seen."""
+        times = [t for t in (self._fg_ended, self._active_at) if t is not None]
+        return max(times) if times else None
 
     def expected_free(self) -> float:
         """Seconds the slot is expected to stay free from now: the shortest recent gap between
-        a reply's end and the next request, less the time since the last reply ended;
-        ``inf`` when nothing is known or the quiet has long outlasted every gap seen
+        a person served (a reply's end, a command) and their next request, less the time
+        since; ``inf`` when nothing is known or the quiet has long outlasted every gap seen
         (``IDLE_FACTOR``, ``IDLE_AFTER``)."""
-        if self._fg_ended is None or not self._gaps:
+        self._look_at_activity()
+        last = self._last_person()
+        if last is None or not self._gaps:
             return math.inf
-        quiet = self._clock() - self._fg_ended
+        quiet = self._clock() - last
         if quiet > IDLE_FACTOR * max(self._gaps) + IDLE_AFTER:
             return math.inf
         return max(0.0, min(self._gaps) - quiet)
@@ -173,6 +222,23 @@ class LLMGate:
         if self.prompt_rate is None:
             return None
         return self.latency + self.uncached_tokens(messages) / self.prompt_rate
+
+    def _evaluation_bound(self, messages: Sequence[ChatMessage]) -> float | None:
+        """Seconds the server is expected to spend on ``messages``' uncached part at most (the
+        learned rate, or the floor); None while neither is known."""
+        first = self.first_text_seconds(messages)
+        if first is not None:
+            return first
+        if self.rate_floor is None:
+            return None
+        return self.uncached_tokens(messages) / self.rate_floor
+
+    def _needs_measuring(self, messages: Sequence[ChatMessage]) -> bool:
+        return (
+            self.prompt_rate is None
+            and self.rate_floor is None
+            and self.uncached_tokens(messages) > UNMEASURED_TOKENS
+        )
 
     def tokens_in(self, seconds: float | None) -> int | None:
         """Prompt tokens the server evaluates in ``seconds`` at the learned rate (None: the
@@ -199,11 +265,20 @@ class LLMGate:
         return max(0, int((seconds - first) * self.gen_rate))
 
     def fits(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> bool:
+        """Whether a background call is expected to end before a person needs the slot (see
+        the module docstring: measured first, held to ``START_FREE`` before any reply)."""
+        self._look_at_activity()
+        evaluation = self._evaluation_bound(messages)
+        if evaluation is None:
+            return self.uncached_tokens(messages) <= UNMEASURED_TOKENS
+        if self._fg_ended is None:
+            return evaluation <= START_FREE
         free = self.expected_free()
-        first = self.first_text_seconds(messages)
-        if math.isinf(free) or first is None or self.gen_rate is None:
+        if math.isinf(free):
             return True
-        return first + max_tokens / self.gen_rate <= free
+        # generation not measured yet: the evaluation alone must fit (it cannot be stopped)
+        generation = max_tokens / self.gen_rate if self.gen_rate is not None else 0.0
+        return evaluation + generation <= free
 
     # --- calls ----------------------------------------------------------------------------------
     async def _run(
@@ -228,10 +303,13 @@ class LLMGate:
                 return await self._run_held(messages, max_tokens=max_tokens)
             if lane != "background":
                 arrived = self._clock()
+                # a command first seen now: its gap (up to now) is this request's too
+                looked = lane == "foreground" and self._look_at_activity()
+                last = self._last_person()
                 if lane == "foreground" and (self._fg_running or self._fg_waiting):
                     self._gaps.append(0.0)  # replies queue: the slot is never free between
-                elif lane == "foreground" and self._fg_ended is not None:
-                    self._gaps.append(max(0.0, arrived - self._fg_ended))
+                elif lane == "foreground" and last is not None and not looked:
+                    self._gaps.append(max(0.0, arrived - last))
                 seen = self._outages
                 if lane == "foreground" and self._down and self._fg_running:
                     raise LLMUnavailable("the LLM server is down; a probe request is running")
@@ -261,6 +339,16 @@ class LLMGate:
                     or self._busy()
                     or not self.fits(messages, max_tokens=max_tokens)
                 ):
+                    if (
+                        self._needs_measuring(messages)
+                        and not self._probing
+                        and self._clock() >= self._probe_after
+                        and self._running < self._limit
+                        and not self._fg_waiting
+                        and not self._busy()
+                    ):
+                        await self._measure()
+                        continue
                     # busy() and the clock have no event: poll them. asyncio.timeout, not
                     # wait_for: wait_for waits in another task, and a cancel arriving while
                     # that task took the lock back left it holding the lock for good.
@@ -299,6 +387,39 @@ class LLMGate:
                 if lane != "foreground":
                     self._bg_running -= 1
                 self._changed.notify_all()
+
+    async def _measure(self) -> None:
+        """Measure the server's prompt speed with small requests (the condition's lock is held
+        on entry and on return; the slot is taken as by a background call, so a reply
+        preempts it). Steps grow while each is too quick to time (``PROBE_CHARS``)."""
+        self._probing = True
+        self._running += 1
+        self._bg_running += 1
+        self._changed.release()
+        try:
+            for step, size in enumerate(PROBE_CHARS):
+                filler = (PROBE_WORDS * (size // len(PROBE_WORDS) + 1))[:size]
+                text = f"{PROBE_MARK}{step} {filler}"
+                self.probes += 1
+                try:
+                    await self._background_call(
+                        [ChatMessage("user", text)], max_tokens=PROBE_ANSWER_TOKENS
+                    )
+                except BackgroundPreempted:
+                    break  # a reply came: it measures the server itself
+                except LLMUnavailable as exc:  # the server is down: not again for a while
+                    self._probe_after = self._clock() + PROBE_RETRY
+                    log.info("the LLM server's prompt speed could not be measured (%s); "
+                             "background work waits", exc)  # fmt: skip
+                    break
+                if self.prompt_rate is not None or self._busy() or self._fg_waiting:
+                    break
+        finally:
+            await self._changed.acquire()
+            self._probing = False
+            self._running -= 1
+            self._bg_running -= 1
+            self._changed.notify_all()
 
     async def _run_held(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion:
         """A debt call in the slot its reply kept (the condition's lock is held on entry)."""
@@ -359,7 +480,7 @@ class LLMGate:
             if on_text is not None:
                 await on_text(text)
 
-        rendered = _render(messages)
+        rendered = render(messages)
         try:
             completion = await self._llm.complete(
                 messages, max_tokens=max_tokens, on_text=seen, schema=schema
@@ -375,14 +496,16 @@ class LLMGate:
         return completion
 
     def _learn(self, prompt_tokens: int, prompt_s: float, answer_chars: int, gen_s: float) -> None:
+        if prompt_s < MIN_MEASURED_SECONDS and prompt_tokens > 0:  # too quick to time: a floor
+            self.rate_floor = max(self.rate_floor or 0.0, prompt_tokens / MIN_MEASURED_SECONDS)
         if prompt_s >= MIN_MEASURED_SECONDS:
             self._evals.append((prompt_tokens, prompt_s))
-            self.latency, per_token = _line(self._evals)
+            self.latency, per_token = line(self._evals)
             if per_token > 0:
                 self.prompt_rate = 1 / per_token
         tokens = answer_chars / CHARS_PER_TOKEN
         if tokens >= 1 and gen_s >= MIN_MEASURED_SECONDS:
-            self.gen_rate = _ewma(self.gen_rate, tokens / gen_s)
+            self.gen_rate = ewma(self.gen_rate, tokens / gen_s)
 
     async def _foreground_call(
         self,
@@ -438,46 +561,6 @@ class LLMGate:
             raise
         finally:
             self._background.discard(task)
-
-
-def _line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """(start, slope) of the least-squares line through (tokens, seconds), both >= 0; with
-    tokens all alike, no latency and the mean cost per token."""
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_s = sum(s for _, s in points) / n
-    var = sum((t - mean_t) ** 2 for t, _ in points)
-    slope = sum((t - mean_t) * (s - mean_s) for t, s in points) / var if var else 0.0
-    if slope <= 0:
-        total = sum(t for t, _ in points)
-        return 0.0, (sum(s for _, s in points) / total if total else 0.0)
-    start = mean_s - slope * mean_t
-    if start < 0:
-        return 0.0, sum(s for _, s in points) / max(1, sum(t for t, _ in points))
-    return start, slope
-
-
-def _ewma(old: float | None, new: float) -> float:
-    return new if old is None else (1 - RATE_WEIGHT) * old + RATE_WEIGHT * new
-
-
-def _render(messages: Sequence[ChatMessage]) -> str:
-    """A request as a flat string, close to how a chat template lays it out (for prefixes)."""
-    return "".join(f"<{m.role}>{m.content}</>" for m in messages) + "<assistant>"
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # binary search on slices: C-speed comparisons
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _current_cancelling() -> int:

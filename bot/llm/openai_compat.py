@@ -45,6 +45,9 @@ Invariants:
 - ``complete(schema=...)`` asks for structured output in the endpoint's mode
   (bot.llm.structured); a server that refuses a mode is asked in the next one at once (the
   refusal is no failed attempt), down to a plain request.
+- With a ``record`` and a ``counter``, what a server takes and how it counts is learned once
+  per server and model and kept (``bot.llm.server_learning``): the mode on a one-token probe
+  before a real prompt, and ``usage.prompt_tokens`` beside our count of each prompt.
 - ``system_role: false`` on an endpoint merges the system message into the first user message
   (templates without a system role).
 - Secrets come from the environment variable named by ``api_key_env``; servers that need no
@@ -79,6 +82,10 @@ from bot.llm.port import (
     OnText,
     merge_system,
 )
+from bot.llm.server_learning import INCLUDE_USAGE, ServerLearning
+from bot.llm.server_learning import server_message as _server_message
+from bot.llm.server_record import ServerRecord
+from bot.llm.tokens import TokenCounter
 
 log = logging.getLogger("bot.llm")
 
@@ -142,6 +149,7 @@ class _Target:
     endpoint: Endpoint
     client: openai.AsyncOpenAI
     mode: int = 0  # index into structured.MODES: the first this server did not refuse
+    mode_known: bool = False  # the mode was taken by this server (here or in the record)
 
 
 class OpenAICompatLLM:
@@ -152,10 +160,18 @@ class OpenAICompatLLM:
         env: Mapping[str, str],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         connection_lost: Callable[[], None] | None = None,
+        counter: TokenCounter | None = None,
+        record: ServerRecord | None = None,
     ) -> None:
         self._config = config
         self._sleep = sleep
         self._connection_lost = connection_lost
+        # the structured-output mode and the token ratio, learned once per server and model
+        self._learning = (
+            ServerLearning(record=record, counter=counter, timeout=config.connect_timeout
+                           + config.read_timeout)
+            if record is not None and counter is not None else None
+        )  # fmt: skip
         timeout = openai.Timeout(
             config.read_timeout,
             connect=config.connect_timeout,
@@ -175,6 +191,10 @@ class OpenAICompatLLM:
             )
             for ep in (config, *config.fallbacks)
         ]
+        for target in self._targets:
+            known = self._learning.known_mode(target.endpoint) if self._learning else None
+            if known is not None:
+                target.mode, target.mode_known = known, True
 
     @property
     def model_name(self) -> str:
@@ -275,6 +295,11 @@ class OpenAICompatLLM:
     ) -> Completion:
         """One attempt; with a schema, in the endpoint's structured-output mode, moving on to
         the next mode (bot.llm.structured) when the server refuses this one."""
+        if schema is not None and not target.mode_known and self._learning is not None:
+            target.mode = await self._learning.probe_mode(
+                target.client, target.endpoint, target.mode, schema
+            )
+            target.mode_known = True
         while True:
             mode = structured.MODES[target.mode] if schema is not None else "plain"
             extra = structured.request_fields(mode, schema)
@@ -286,11 +311,11 @@ class OpenAICompatLLM:
                 target.mode += 1
                 log.info(
                     "LLM server %s does not take response_format %s (HTTP %d); using %s",
-                    target.endpoint.base_url,
-                    mode,
-                    exc.status_code,
+                    target.endpoint.base_url, mode, exc.status_code,
                     structured.MODES[target.mode],
-                )
+                )  # fmt: skip
+                if self._learning is not None:
+                    self._learning.keep_mode(target.endpoint, target.mode)
 
     async def _attempt(
         self,
@@ -317,15 +342,17 @@ class OpenAICompatLLM:
         if on_text is not None:
             await on_text("")  # a retry or a fallback starts from nothing
         deadline = self._config.connect_timeout + 2 * self._config.read_timeout
+        counting = self._learning is not None
+        usage: dict[str, Any] = {}
+        chosen = MODEL_CHOICE.get() if target is self._targets[0] else None
         async with asyncio.timeout(deadline):
-            chosen = MODEL_CHOICE.get() if target is self._targets[0] else None
             async with target.client.chat.completions.with_streaming_response.create(
                 model=chosen or target.endpoint.model,
                 messages=payload,  # type: ignore[arg-type]
                 max_tokens=max_tokens,
                 temperature=self._config.temperature,
                 stream=True,
-                extra_body=extra or None,
+                extra_body={**(extra or {}), **INCLUDE_USAGE} if counting else extra or None,
             ) as resp:
                 kind = resp.http_response.headers.get("content-type", "")
                 try:
@@ -333,9 +360,12 @@ class OpenAICompatLLM:
                         raw, finish, model = await _read_stream(
                             _lines(resp.iter_bytes()),
                             on_raw=grown if on_text is not None else None,
+                            on_usage=usage.update,
                         )
                     else:  # a server that ignores stream=true, or an error page with status 200
-                        raw, finish, model = _read_json(await _body(resp.iter_bytes()))
+                        raw, finish, model = _read_json(
+                            await _body(resp.iter_bytes()), on_usage=usage.update
+                        )
                 except _CutRaw as exc:
                     cut = self._finish_cut(exc.raw, exc.model or target.endpoint.model)
                     raise _Cut(cut) from None
@@ -357,6 +387,9 @@ class OpenAICompatLLM:
             text, truncated = text[: MAX_ANSWER_CHARS - len(TRUNCATED_MARK)], True
         if truncated:
             text = text.rstrip() + TRUNCATED_MARK
+        if self._learning is not None:
+            model_asked = chosen or target.endpoint.model
+            await self._learning.count(target.client, target.endpoint, model_asked, payload, usage)
         return Completion(text=text, model=model or target.endpoint.model, truncated=truncated)
 
     def _finish_cut(self, raw: str, model: str) -> Completion | None:
@@ -473,7 +506,10 @@ async def _body(chunks: AsyncIterator[bytes]) -> bytes:
 
 
 async def _read_stream(
-    lines: AsyncIterator[str], *, on_raw: Callable[[str], Awaitable[None]] | None = None
+    lines: AsyncIterator[str],
+    *,
+    on_raw: Callable[[str], Awaitable[None]] | None = None,
+    on_usage: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[str, str | None, str]:
     """Concatenated content deltas, the finish reason and the model from an SSE stream;
     ``on_raw`` (streamed answers) gets the text so far after each delta. Returns ``_Empty``
@@ -510,6 +546,8 @@ async def _read_stream(
             raise _TooLong("the server truncated the prompt to fit its context (n_ctx)")
         events += 1
         model = str(chunk.get("model") or model)
+        if on_usage is not None and isinstance(chunk.get("usage"), dict):
+            on_usage(chunk["usage"])  # include_usage: the last chunk, its choices empty
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict):
                 continue
@@ -540,7 +578,9 @@ def _error_text(error: Any) -> str:
     return str(error)
 
 
-def _read_json(body: bytes) -> tuple[str, str | None, str]:
+def _read_json(
+    body: bytes, *, on_usage: Callable[[dict[str, Any]], None] | None = None
+) -> tuple[str, str | None, str]:
     try:
         doc = json.loads(body)
     except ValueError:
@@ -562,17 +602,9 @@ def _read_json(body: bytes) -> tuple[str, str | None, str]:
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, str):
         raise _Unusable("no message content in the answer")
+    if on_usage is not None and isinstance(doc.get("usage"), dict):
+        on_usage(doc["usage"])
     return content, choices[0].get("finish_reason"), str(doc.get("model") or "")
-
-
-def _server_message(exc: openai.APIError) -> str:
-    body = exc.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict):
-            return str(inner.get("message") or inner.get("code") or inner)
-        return str(inner)
-    return str(exc.message)
 
 
 FIX_DOWN = (

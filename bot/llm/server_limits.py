@@ -19,7 +19,11 @@ Invariants:
   Ollama's ``/api/show``, which changes nothing), all at once, bounded by ``timeout``.
 - ``budget`` never grows a transport's configured ``context_tokens`` or ``max_tokens``; with
   a learned context it returns the smaller of the config and what the server holds, minus the
-  answer's tokens and a ``TOKENIZER_MARGIN`` (our cl100k count runs 4-8% under SmolLM2's).
+  answer's tokens and a ``TOKENIZER_MARGIN`` (our cl100k count runs 4-16% under SmolLM2's).
+  Once the server's own counts were heard (``ratio``: its ``usage.prompt_tokens`` per token
+  of ours, ``bot.llm.server_record``), the margin is the ratio's, with ``RATIO_SLACK``, when
+  that is tighter; and a configured ``context_tokens`` (the operator's window, in the model's
+  tokens) is read in ours through it.
 - A size read from an overflow error is kept across refreshes of a server that reports
   nothing (it is the only thing that server ever said); a server that reports a size wins.
 """
@@ -37,11 +41,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bot.llm.server_record import ServerRecord
+
 log = logging.getLogger("bot.llm.limits")
 
 LEARN_TIMEOUT = 3.0
 OLLAMA_DEFAULT_CTX = 2048  # Ollama's num_ctx when nothing sets it (raised to 4096 in newer builds)
 TOKENIZER_MARGIN = 0.9  # share of the server's room the prompt may use by our count
+RATIO_SLACK = 1.03  # over the largest ratio heard: prompts vary, and so do their ratios
 MIN_ANSWER_SHARE = 4  # with a small context, the answer gets at most n_ctx / this
 RELEARN_EVERY = 30.0  # a failed look is tried again at most this often
 
@@ -99,14 +106,21 @@ class ServerLimits:
         return ", ".join(parts)
 
 
-def budget(limits: ServerLimits, *, context_tokens: int, max_tokens: int) -> tuple[int, int]:
+def budget(
+    limits: ServerLimits, *, context_tokens: int, max_tokens: int, ratio: float | None = None
+) -> tuple[int, int]:
     """(prompt tokens, answer tokens) for one request: the config's, or less when the server
     holds less. The answer keeps its configured size unless that would take more than
-    1/``MIN_ANSWER_SHARE`` of a small context."""
+    1/``MIN_ANSWER_SHARE`` of a small context. ``ratio``: the server's tokens per token of
+    ours, as heard (None: not heard yet)."""
+    margin = TOKENIZER_MARGIN
+    if ratio is not None and ratio > 1:
+        context_tokens = max(1, int(context_tokens / (ratio * RATIO_SLACK)))
+        margin = min(margin, 1 / (ratio * RATIO_SLACK))
     if limits.n_ctx is None:
         return context_tokens, max_tokens
     answer = min(max_tokens, max(16, limits.n_ctx // MIN_ANSWER_SHARE))
-    room = int((limits.n_ctx - answer) * TOKENIZER_MARGIN)
+    room = int((limits.n_ctx - answer) * margin)
     return max(1, min(context_tokens, room)), answer
 
 
@@ -256,7 +270,9 @@ class LearnedLimits:
         timeout: float = LEARN_TIMEOUT,
         fetch: Fetch = fetch_json,
         clock: Callable[[], float] = time.monotonic,
+        record: ServerRecord | None = None,
     ) -> None:
+        self._record = record  # the server's token counts, heard by the adapter
         self._base_url = base_url
         self._model = model
         self._timeout = timeout
@@ -302,11 +318,24 @@ class LearnedLimits:
             await self.refresh()
         return self.current
 
+    def token_ratio(self) -> float | None:
+        """The server's prompt tokens per token of ours, as heard (None: not yet)."""
+        if self._record is None:
+            return None
+        return self._record.token_ratio(self._base_url, self._model)
+
+    def budget(self, *, context_tokens: int, max_tokens: int) -> tuple[int, int]:
+        """``budget`` with what was last learned and the token ratio heard."""
+        return budget(
+            self.current, context_tokens=context_tokens, max_tokens=max_tokens,
+            ratio=self.token_ratio(),
+        )  # fmt: skip
+
     def room(self, prompt: int, answer: int) -> tuple[int, int]:
         """A ``Room``: (prompt, answer) tokens for background work (chapters, merges, facts,
         session summaries) from what was last learned; never looks it up (background work
         must not wait on the network)."""
-        return budget(self.current, context_tokens=prompt, max_tokens=answer)
+        return self.budget(context_tokens=prompt, max_tokens=answer)
 
     def heard_overflow(self, server_message: str) -> ServerLimits:
         """A server refused a prompt as too long: keep the size its words name, if any."""
@@ -346,8 +375,21 @@ class LearnedLimits:
         self.current = replace(self.current, loaded=True)  # this reply loads it
         return loaded
 
+    def describe_ratio(self) -> str:
+        """The token ratio heard, for the status ("" until heard)."""
+        ratio = self.token_ratio()
+        if ratio is None or self._record is None:
+            return ""
+        n = self._record.ratio_samples(self._base_url, self._model)
+        return (
+            f"token ratio {ratio:.2f} (the server counts {ratio - 1:+.0%} against our cl100k "
+            f"count, {n} sample(s); budgets follow it)"
+        )
+
     def describe(self) -> str:
         line = self.current.describe()
+        if ratio := self.describe_ratio():
+            line += f"; {ratio}"
         if self.cold_loads and self.last_cold_load is not None:
             when = time.strftime("%H:%M", time.localtime(self.last_cold_load))
             line += (

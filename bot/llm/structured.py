@@ -25,6 +25,10 @@ from bot.llm.port import JsonSchema
 
 MODES = ("json_schema", "json_object", "plain")
 SCHEMA_NAME = "answer"
+# A tiny request that learns a server's mode before a real prompt is sent in it
+# (bot.llm.openai_compat): a refusal then never costs an evaluation of the real prompt.
+PROBE_MARK = "(meshsage asks which structured output this server takes) "
+PROBE_MESSAGES = [{"role": "user", "content": PROBE_MARK + "Answer with a JSON object."}]
 _REFUSAL = re.compile(
     r"response_format|json_schema|json_object|literal_error|schema|grammar|unsupported|"
     r"not supported|extra_forbidden|unexpected keyword",

@@ -68,7 +68,7 @@ from bot.errors import LLMUnavailable
 from bot.llm.gate import BackgroundPreempted, LLMGate, hold_for_debt
 from bot.llm.port import LLM, TRUNCATED_MARK, ChatMessage
 from bot.llm.server_limits import Room, no_limit
-from bot.llm.tokens import TokenCounter
+from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
 from bot.memory import chapter_check
 from bot.memory.chapter_text import (
     CHAPTER_PROMPT,
@@ -497,6 +497,14 @@ class Summarizer:
         tokens = self._size(head, lane)
         if tokens == 0:
             return self._no_call(conversation.id, pending)
+        # The reply's prompt, the task and the chapter must fit the server's window at its
+        # own count (the room reads ours through the learned token ratio): else on its own.
+        held = sum(self._counter.count(m.content) + MESSAGE_OVERHEAD for m in head)
+        room, tokens = self._room(held + PROMPT_SLACK, tokens)
+        if held + PROMPT_SLACK > room:
+            log.debug("conversation %d: a continuation would overflow the server's window; "
+                      "the chapter is asked for on its own", conversation.id)  # fmt: skip
+            return None
         words = max(10, int(tokens * WORDS_PER_TOKEN))
         task = CONTINUATION_PROMPT.format(until=until) + "\n" + LIMIT_LINE.format(words=words)
         messages = [*base.messages, ChatMessage("user", task)]

@@ -25,12 +25,22 @@ Scripted behaviour per request (consumed in order, then "ok"):
     (llama.cpp: the prompt was cut to fit its context)
 ``reply_fn`` (if set) computes the answer from the request body, e.g. to echo the prompt.
 
+``usage.prompt_tokens`` is the fake's own count (``count_prompt``: cl100k times
+``token_ratio``), in a JSON answer and, when the request asks for it
+(``stream_options.include_usage``, as OpenAI and vLLM take it), in a last streamed chunk with
+no choices; ``stream_usage = False`` leaves it out of streams, as llama-cpp-python does.
+``refuse_json_schema`` answers a ``json_schema`` response_format with llama-cpp-python's
+HTTP 500 validation error, at once (``schema_refusals`` counts them).
+
 Server limits, as real servers tell them (each None/empty by default: the route answers 404,
 like llama-cpp-python's server):
 - ``n_ctx``: a context size enforced like llama-cpp-python 0.3.36: a prompt of at least
   ``n_ctx`` tokens (counted with cl100k times ``token_ratio``; SmolLM2 counts 4-8% more) is
-  refused, streamed with an empty 200, not streamed with HTTP 400 in its words ("This model's
-  maximum context length is N tokens. However, you requested ..."); ``refused`` counts them.
+  refused (with ``n_ctx_holds_answer``: the prompt plus ``max_tokens``; llama-cpp-python
+  0.3.36 instead cuts the answer to what is left, which loses it as surely), streamed with
+  an empty 200, not streamed with HTTP 400 in its words
+  ("This model's maximum context length is N tokens. However, you requested ...");
+  ``refused`` counts them.
 - ``props`` (llama-server ``GET /props``), ``ollama_show`` (``POST /api/show``),
   ``ollama_ps`` (``GET /api/ps``), ``max_model_len`` (vLLM: in ``/v1/models``).
 
@@ -60,9 +70,20 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.llm import structured
+from bot.llm.gate import PROBE_MARK
+
 Behaviour = Any
 EMBED_DIM = 256
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+def is_probe(body: dict[str, Any]) -> bool:
+    """A request that learns about the server, not about a conversation: the gate's speed
+    probe (``bot.llm.gate``) or the structured-output mode probe (``bot.llm.structured``)."""
+    messages = body.get("messages") or []
+    first = str(messages[0].get("content", "")) if messages else ""
+    return first.startswith((PROBE_MARK, structured.PROBE_MARK))
 
 
 def hashed_vector(text: str, dim: int = EMBED_DIM) -> list[float]:
@@ -112,6 +133,10 @@ class FakeLLM:
         self.token_ratio = 1.0
         self.refused = 0  # prompts refused as longer than n_ctx
         self.prompt_tokens: list[int] = []  # per chat request, by the fake's count
+        self.stream_usage = True
+        self.n_ctx_holds_answer = False  # True: the prompt and max_tokens must fit n_ctx
+        self.refuse_json_schema = False
+        self.schema_refusals = 0
         self.props: dict[str, Any] | None = None
         self.ollama_show: dict[str, Any] | None = None
         self.ollama_ps: dict[str, Any] | None = None
@@ -125,7 +150,12 @@ class FakeLLM:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def chat_requests(self) -> list[dict[str, Any]]:
-        return [r for r in self.requests if "messages" in r]
+        """Chat requests about conversations: the gate's speed probes left out (``probes``)."""
+        return [r for r in self.requests if "messages" in r and not is_probe(r)]
+
+    def probes(self) -> list[dict[str, Any]]:
+        """The gate's small requests that measure the prompt speed (``bot.llm.gate``)."""
+        return [r for r in self.requests if is_probe(r)]
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.in_flight += 1
@@ -175,7 +205,8 @@ class FakeLLM:
         """llama-cpp-python's refusal of a prompt longer than ``n_ctx`` (None: it fits)."""
         tokens = self.count_prompt(body)
         self.prompt_tokens.append(tokens)
-        if self.n_ctx is None or tokens < self.n_ctx:
+        held = tokens + (int(body.get("max_tokens") or 0) if self.n_ctx_holds_answer else 0)
+        if self.n_ctx is None or held < self.n_ctx:
             return None
         self.refused += 1
         if body.get("stream"):
@@ -216,12 +247,44 @@ class FakeLLM:
         transport.close()
         return web.Response(status=200)  # never sent: the connection is gone
 
+    def usage_chunk(self, body: dict[str, Any], created: int) -> bytes:
+        """The last streamed chunk with the usage, when asked for and given (b"" if not)."""
+        asked = (body.get("stream_options") or {}).get("include_usage")
+        if not asked or not self.stream_usage:
+            return b""
+        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": created,
+                 "model": body["model"], "choices": [], "usage": self.usage(body)}  # fmt: skip
+        return f"data: {json.dumps(chunk)}\n\n".encode()
+
+    def usage(self, body: dict[str, Any]) -> dict[str, int]:
+        tokens = self.count_prompt(body)
+        return {"prompt_tokens": tokens, "completion_tokens": 3, "total_tokens": tokens + 3}
+
+    def refuses_schema(self, body: dict[str, Any]) -> web.Response | None:
+        """llama-cpp-python's answer to ``json_schema``: HTTP 500, before any evaluation."""
+        kind = (body.get("response_format") or {}).get("type")
+        if not self.refuse_json_schema or kind != "json_schema":
+            return None
+        self.schema_refusals += 1
+        message = (
+            "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', "
+            "'response_format', 'type'), 'msg': \"Input should be 'text' or 'json_object'\", "
+            "'input': 'json_schema'}"
+        )
+        return web.json_response({"error": {"message": message}}, status=500)
+
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        if (schema_refusal := self.refuses_schema(body)) is not None:
+            return schema_refusal
         refusal = await self._over_context(request, body)
         if refusal is not None:
             return refusal
-        beh: Any = self.script.pop(0) if self.script else "ok"
-        text = self.reply_fn(body) if self.reply_fn else self.reply
+        if is_probe(body):  # measuring: no script step, no reply_fn
+            beh: Any = "ok"
+            text = "OK"
+        else:
+            beh = self.script.pop(0) if self.script else "ok"
+            text = self.reply_fn(body) if self.reply_fn else self.reply
         finish = "stop"
         pause = 0.0
         stall: int | None = None
@@ -288,7 +351,7 @@ class FakeLLM:
                 if last and truncated_prompt:
                     chunk["truncated"] = True
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            await resp.write(b"data: [DONE]\n\n")
+            await resp.write(self.usage_chunk(body, created) + b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
         if pause:
@@ -306,7 +369,7 @@ class FakeLLM:
                         "finish_reason": finish,
                     }
                 ],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+                "usage": self.usage(body),
             }
         )
 
@@ -405,8 +468,8 @@ class OneSlotLLM(FakeLLM):
     ``gen_rate`` tokens a second, one word a token, cut at ``max_tokens`` (finish "length"),
     and stops when the client hangs up. Times run on a scaled clock: ``clock()`` is seconds of
     the simulated server, ``scale`` real seconds each. Streamed requests only (as the bot
-    sends them). ``served`` records each request (``SlotRecord``); ``classify`` says which are
-    replies (default: not background by ``is_background``)."""
+    sends them). ``served`` records each request (``SlotRecord``); a request is a reply unless
+    ``is_background`` says it is not, and the gate's speed probes are background too."""
 
     def __init__(
         self,
@@ -440,11 +503,11 @@ class OneSlotLLM(FakeLLM):
 
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         index = len(self.requests) - 1
-        kind = "background" if self.is_background(body) else "reply"
+        kind = "background" if self.is_background(body) or is_probe(body) else "reply"
         record = SlotRecord(index=index, kind=kind, arrived=self.clock())
         self.served.append(record)
         prompt = self.render(body["messages"])
-        text = self.reply_fn(body) if self.reply_fn else self.reply
+        text = "OK" if is_probe(body) else self.reply_fn(body) if self.reply_fn else self.reply
         async with self._slot:
             record.started = self.clock()
             record.behind = [
@@ -488,7 +551,7 @@ class OneSlotLLM(FakeLLM):
                     await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.cache += piece
                     record.generated += 1
-                await resp.write(b"data: [DONE]\n\n")
+                await resp.write(self.usage_chunk(body, int(time.time())) + b"data: [DONE]\n\n")
                 await resp.write_eof()
                 record.finished = True
             except (asyncio.CancelledError, ConnectionResetError):
