@@ -425,9 +425,7 @@ class ContextBuilder:
         rest = RetrievedBlock()
         if self.recall == "notes" and block.turns:
             cap = max(int(free * NOTE_SHARE), MIN_RECALL_TOKENS) if NOTE_SHARE > 0 else 0
-            small = block.tokens <= cap and block.core in (None, len(block.order))
-            held = block if small else block.head(self._counter, cap, core=True)
-            rest = block.head(self._counter, block.tokens - held.tokens, without=held)
+            held, rest = block.split(self._counter, cap, room=left - headers)
         if held.turns:
             text = f"{RETRIEVED_HEADER}\n{held.text}{NOTE_END}"
             extras.append(text)
