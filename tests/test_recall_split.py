@@ -1,7 +1,8 @@
-"""A recall split into its note and the part shown once shows every turn retrieval chose
-(issue 37): the part shown once is packed in the room the whole recall had, so a day's date
-line that both parts print does not push a chosen turn out of the prompt. The note stays the
-best part, and the whole recall stays within its room (``recall_seconds`` on a slow server)."""
+"""On a slow server, a recall split into its note and the part shown once shows every turn
+retrieval chose (issue 37): the part shown once is packed in the room the whole recall had, so
+a day's date line that both parts print does not push a chosen turn out of the prompt, and
+the recall stays within its room (``recall_seconds``), that date line aside. Without a limit
+the part shown once keeps to what the whole used (the cache-friendly tail, bench.prefix)."""
 
 from __future__ import annotations
 
@@ -66,9 +67,12 @@ def _shown(final: str, turns: list[StoredMessage]) -> list[bool]:
     return [render_turn(m) in final for m in turns]
 
 
-async def test_every_turn_retrieval_chose_is_in_the_prompt(memory: MemoryStore) -> None:
+async def test_on_a_slow_server_every_turn_retrieval_chose_is_in_the_prompt(
+    memory: MemoryStore,
+) -> None:
     await _history(memory)
-    final, ids, _ = await _prompt(memory, None, "How did I varnish the keel of the Osprey hull?")
+    question = "How did I varnish the keel of the Osprey hull?"
+    final, ids, _ = await _prompt(memory, 400, question)
     turns = await memory.messages_by_ids(ids)
     assert len(turns) > 4 and RETRIEVED_HEADER in final and MORE_HEADER in final
     assert all(_shown(final, turns)), "a chosen turn left out of the part shown once"
@@ -76,6 +80,22 @@ async def test_every_turn_retrieval_chose_is_in_the_prompt(memory: MemoryStore) 
     day = day_label(turns[0].created_at)
     note, _sep, once = final.partition(MORE_HEADER)
     assert day in note and day in once
+
+
+async def test_without_a_limit_the_part_shown_once_stays_within_what_the_whole_used(
+    memory: MemoryStore,
+) -> None:
+    """Where no server speed holds recall (a fast server), the tail a cache cannot keep is
+    not made longer than the recall retrieval packed (bench.prefix's share): a turn the
+    repeated date line leaves no room for stays out."""
+    await _history(memory)
+    question = "How did I varnish the keel of the Osprey hull?"
+    final, ids, recalled = await _prompt(memory, None, question)
+    turns = await memory.messages_by_ids(ids)
+    packed = sum(COUNTER.count(render_turn(m)) + 1 for m in turns)
+    packed += COUNTER.count(day_label(turns[0].created_at)) + 1  # one day, one date line
+    headers = COUNTER.count(RETRIEVED_HEADER) + COUNTER.count(MORE_HEADER) + 4
+    assert MORE_HEADER in final and recalled - headers <= packed
 
 
 async def test_a_held_recall_shows_every_chosen_turn_and_stays_in_its_room(

@@ -421,11 +421,12 @@ class ContextBuilder:
         # the final message; the rest follows it and is shown this once (the tail of the
         # prompt, re-read anyway). Next turn the message starts with the same note, so the
         # cache keeps it, and the turn's cost in the window (hence the folds) grows only by it.
-        held = block
-        rest = RetrievedBlock()
+        held, rest = block, RetrievedBlock()
         if self.recall == "notes" and block.turns:
             cap = max(int(free * NOTE_SHARE), MIN_RECALL_TOKENS) if NOTE_SHARE > 0 else 0
-            held, rest = block.split(self._counter, cap, room=left - headers)
+            # A slow server's room shows every turn; else what the whole used (bench.prefix)
+            room = left - headers if limit is not None else block.tokens
+            held, rest = block.split(self._counter, cap, room=room)
         if held.turns:
             text = f"{RETRIEVED_HEADER}\n{held.text}{NOTE_END}"
             extras.append(text)
