@@ -390,6 +390,7 @@ class ContextBuilder:
         # server recall takes only what it evaluates in ``recall_seconds`` (at least a turn or
         # two), the spare room last.
         limit = self._recall_room()
+        tight = limit is not None and max(limit, MIN_RECALL_TOKENS) < retrieve_budget + spare
         if limit is not None:
             limit = max(limit, MIN_RECALL_TOKENS)
             retrieve_budget = min(retrieve_budget, limit)
@@ -424,9 +425,8 @@ class ContextBuilder:
         held, rest = block, RetrievedBlock()
         if self.recall == "notes" and block.turns:
             cap = max(int(free * NOTE_SHARE), MIN_RECALL_TOKENS) if NOTE_SHARE > 0 else 0
-            # A slow server's room shows every turn; else what the whole used (bench.prefix)
-            room = left - headers if limit is not None else block.tokens
-            held, rest = block.split(self._counter, cap, room=room)
+            # A room that holds recall back shows all it chose; else what it used (bench.prefix)
+            held, rest = block.split(self._counter, cap, room=left - headers if tight else None)
         if held.turns:
             text = f"{RETRIEVED_HEADER}\n{held.text}{NOTE_END}"
             extras.append(text)
