@@ -350,6 +350,9 @@ async def test_a_slow_server_gets_only_the_recall_it_reads_in_recall_seconds(
 
     assert recalled(free) > 3 * room  # without a limit this question recalls far more
     headers = COUNTER.count(RETRIEVED_HEADER) + COUNTER.count(MORE_HEADER) + 8
+    # (issue 37: the part shown once repeats the date line of a day it shares with the note,
+    # on top of the room, like its header, rather than leave a chosen turn out)
+    headers += 2 * (COUNTER.count(day_line(1_700_000_000)) + 1)
     assert 0 < recalled(held) <= room + headers
     assert "varnished the hull" in _recalled(held.messages)  # the best turns still come
     assert [m.id for m in held.window] == [m.id for m in free.window]

@@ -390,6 +390,7 @@ class ContextBuilder:
         # server recall takes only what it evaluates in ``recall_seconds`` (at least a turn or
         # two), the spare room last.
         limit = self._recall_room()
+        tight = limit is not None and max(limit, MIN_RECALL_TOKENS) < retrieve_budget + spare
         if limit is not None:
             limit = max(limit, MIN_RECALL_TOKENS)
             retrieve_budget = min(retrieve_budget, limit)
@@ -421,13 +422,11 @@ class ContextBuilder:
         # the final message; the rest follows it and is shown this once (the tail of the
         # prompt, re-read anyway). Next turn the message starts with the same note, so the
         # cache keeps it, and the turn's cost in the window (hence the folds) grows only by it.
-        held = block
-        rest = RetrievedBlock()
+        held, rest = block, RetrievedBlock()
         if self.recall == "notes" and block.turns:
             cap = max(int(free * NOTE_SHARE), MIN_RECALL_TOKENS) if NOTE_SHARE > 0 else 0
-            small = block.tokens <= cap and block.core in (None, len(block.order))
-            held = block if small else block.head(self._counter, cap, core=True)
-            rest = block.head(self._counter, block.tokens - held.tokens, without=held)
+            # A room that holds recall back shows all it chose; else what it used (bench.prefix)
+            held, rest = block.split(self._counter, cap, room=left - headers if tight else None)
         if held.turns:
             text = f"{RETRIEVED_HEADER}\n{held.text}{NOTE_END}"
             extras.append(text)

@@ -127,6 +127,7 @@ class RetrievedBlock:
     reasons: dict[int, str] = field(default_factory=dict)  # message id -> why it is here
     order: list[StoredMessage] = field(default_factory=list)  # best first (thread, then rank)
     core: int | None = None  # of ``order``: those before the spare-room filling (all if None)
+    budget: int = 0  # the room it was packed in (its parts, each with its own date lines, fit)
 
     @property
     def text(self) -> str:
@@ -149,6 +150,29 @@ class RetrievedBlock:
             if msg.id not in taken:
                 packer.add(msg, self.reasons.get(msg.id, ""))
         return packer.block()
+
+    def split(
+        self, counter: TokenCounter, cap: int, *, room: int | None
+    ) -> tuple[RetrievedBlock, RetrievedBlock]:
+        """This recall as its note (the best turns within ``cap``, never filler) and the part
+        shown once. ``room`` (a slow server's, which held this recall back): the part shown
+        once takes every other turn chosen, in the room the whole was packed in (``budget``)
+        plus the date lines both parts print for a day they share, never past ``room``; there,
+        packed in what the whole used, a repeated date line pushed a chosen turn out of the
+        prompt (issue 37: 0.06 of the dev evidence at 200 tokens of recall). None: the parts
+        keep to what the whole used (the tail a cache cannot keep stays as short: bench.prefix).
+        """
+        if self.tokens <= cap and self.core in (None, len(self.order)):
+            return self, RetrievedBlock()
+        held = self.head(counter, cap, core=True)
+        packed = self.tokens
+        if room is not None:
+            noted = {m.id for m in held.turns}
+            days = {day_label(m.created_at) for m in held.turns}
+            shared = {day_label(m.created_at) for m in self.turns if m.id not in noted} & days
+            again = sum(counter.count(day) + 1 for day in shared)
+            packed = min(max(self.budget, self.tokens) + again, room)
+        return held, self.head(counter, packed - held.tokens, without=held)
 
 
 class Retriever:
@@ -454,4 +478,5 @@ class _Packer:
             reasons=self.reasons,
             order=list(self.chosen),
             core=core,
+            budget=self.budget,
         )
