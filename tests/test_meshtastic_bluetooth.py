@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.config import MeshtasticConfig
 from bot.domain import DeliveryStatus, Inbound, Reply
+from bot.ops.doctor import Level
+from bot.ops.doctor_ble import check_ble
 from bot.transports.meshtastic import MeshtasticTransport, build_meshtastic
 from bot.transports.meshtastic_ble import address_problem, ble_failure
 from tests.fakes.fake_ble import ADDRESS, FakeBleRadio, install
@@ -126,3 +129,42 @@ def test_bluetooth_address_forms() -> None:
     assert address_problem(ADDRESS) is None and address_problem("Meshtastic_abcd") is None
     assert "F0:9E:9E:12:AB:CD" in (address_problem("f0-9e-9e-12-ab-cd") or "")
     assert "not set" in (address_problem(None) or "")
+
+
+def _ble_config(address: str | None = ADDRESS) -> MeshtasticConfig:
+    return MeshtasticConfig.model_validate({"connection": "ble", "address": address or "x"})
+
+
+def _bluetoothctl(tmp_path: Path, out: str) -> str:
+    tool = tmp_path / "bluetoothctl"
+    tool.write_text(f"#!/bin/sh\n[ \"$1\" = info ] && [ \"$2\" = {ADDRESS} ] || exit 1\n"
+                    f"cat <<'X'\n{out}\nX\n")  # fmt: skip
+    tool.chmod(0o755)
+    return str(tool)
+
+
+@pytest.mark.parametrize(
+    ("case", "want", "words"),
+    [
+        ("paired", Level.OK, ["adapter hci0", "is paired"]),
+        ("unpaired", Level.FAIL, ["is not paired", f"pair {ADDRESS}", "trust"]),
+        ("no adapter", Level.FAIL, ["no Bluetooth adapter", "bluetoothctl power on"]),
+        ("no bluez", Level.FAIL, ["bluetoothctl is missing", "apt install bluez"]),
+        ("lowercase", Level.FAIL, ["not in the form BlueZ reports", ADDRESS]),
+    ],
+)
+async def test_bluetooth_doctor_names_cause_and_fix(
+    tmp_path: Path, case: str, want: Level, words: list[str]
+) -> None:
+    sysfs = tmp_path / "sys"
+    (sysfs / "hci0").mkdir(parents=True)
+    if case == "no adapter":
+        (sysfs / "hci0").rmdir()
+    tool = _bluetoothctl(
+        tmp_path, f"Device {ADDRESS}\n\tPaired: {'yes' if case == 'paired' else 'no'}"
+    )
+    cfg = _ble_config(ADDRESS.lower() if case == "lowercase" else ADDRESS)
+    check = await check_ble(cfg, sysfs=sysfs, which=lambda _: None if case == "no bluez" else tool)
+    assert check.level is want, check
+    for word in words:
+        assert word in check.line(), (case, check.line())
