@@ -159,3 +159,20 @@ async def test_import_json_reads_as_before(tmp_path: Path) -> None:
     again, lost = await _reimport(tmp_path, "alice.json", first)
     assert again == first and lost == ()
     assert "mermaid" in FORMATS
+
+
+async def test_import_jsonl_through_the_cli_loses_nothing(
+    tmp_path: Path, fake_llm: FakeLLM, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, jsonl = await _exported(tmp_path, "jsonl")
+    config = make_config(tmp_path, fake_llm.base_url)
+    path = tmp_path / "alice.jsonl"
+    path.write_text(jsonl, encoding="utf-8")
+    cfg = str(tmp_path / "config.yaml")
+    assert await asyncio.to_thread(main, ["import", str(path), "--config", cfg]) == 0
+    err = capsys.readouterr().err
+    assert "imported discord:1001: 2 conversations, 4 messages" in err
+    assert "not imported" not in err
+    store = await SqliteStore.open(config.database_path)
+    assert render(await person_document(store, "discord", "1001"), "json") == first
+    await store.close()
