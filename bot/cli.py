@@ -36,7 +36,8 @@ from bot.config import Config, load_config
 from bot.domain import DM_SPACE, ConversationKey
 from bot.errors import ConfigError, MeshsageError, TransportError
 from bot.llm.port import merge_system
-from bot.memory.export import FORMATS, import_document, person_document, read_import, render
+from bot.memory.export import FORMATS, import_document, person_document, render
+from bot.memory.export_read import read_export
 from bot.memory.store import SqliteStore
 from bot.ops import cli_ops, preflight
 from bot.ops.backup import KEEP_DEFAULT
@@ -145,7 +146,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--transport", default="console")
     export.add_argument("--format", choices=FORMATS, default="json")
     imp = sub.add_parser(
-        "import", parents=[cfg], help="load a JSON export (one transaction; all or nothing)"
+        "import",
+        parents=[cfg],
+        help="load a JSON, JSONL or Markdown export (one transaction; all or nothing)",
     )
     imp.add_argument("file")
     pins = sub.add_parser(
@@ -620,7 +623,8 @@ async def _pins(config: Config, args: argparse.Namespace) -> int:
 
 
 async def _import(config: Config, args: argparse.Namespace) -> int:
-    doc = read_import(Path(args.file))  # validated before the database is opened
+    imported = read_export(Path(args.file))  # validated before the database is opened
+    doc = imported.doc
     store = await _open_store(config)
     try:
         counts = await import_document(store, doc)
@@ -631,6 +635,8 @@ async def _import(config: Config, args: argparse.Namespace) -> int:
         + ", ".join(f"{n} {what}" for what, n in counts.items()),
         file=sys.stderr,
     )
+    for lost in imported.lost:
+        print(f"not in a {imported.fmt} export, so not imported: {lost}", file=sys.stderr)
     return 0
 
 

@@ -122,6 +122,9 @@ class RetrievalConfig(_Strict):
     k1: float = Field(1.2, ge=0, le=5)  # BM25 term-frequency saturation
     b: float = Field(0.4, ge=0, le=1)  # BM25 length normalisation (low: chat turns are short)
     neighbour: float = Field(0.6, ge=0, le=1)  # share of the better adjacent turn's score
+    # How many turns on each side of a hit are candidates and lend it score (halving with
+    # distance): the "context depth" around a hit. 0: hits alone.
+    context_depth: int = Field(2, ge=0, le=10)
     # Seconds of prompt evaluation a reply's recall may cost on the server, at the speed the
     # bot measures (a Pi reads tens of tokens a second); null: recall is bounded by the budget
     # only.

@@ -4,8 +4,9 @@ Formats: ``json`` (everything: messages with ids, dates, platform ids, reply lin
 summaries; sessions; facts with provenance and their history (each earlier value, until when
 it held, whose it was and the messages it came from); the newest long-term summary; the
 document ``import`` reads), ``jsonl`` (the OpenAI chat fine-tuning format: one line per
-session), ``md`` (a transcript by session, each fact with its earlier values) and ``mermaid``
-(the reply-thread graph).
+answered session, each with its rows under ``meshsage``, so it reads back whole), ``md`` (a
+transcript by session, each message with its role and id, each fact with its earlier values)
+and ``mermaid`` (the reply-thread graph, write-only). Reading them: ``export_read``.
 
 Invariants:
 - An export contains only rows of the requesting person, and ``!export`` sends it to that
@@ -156,21 +157,68 @@ def _markdown(doc: dict[str, Any]) -> str:
                 md.append("")
             else:
                 md += ["### Current session", ""]
-            for m in messages:
-                md += [f"**{m['author']}** ({_iso(m['created_at'])}): {m['text']}", ""]
+            for m in messages:  # the role and id let ``export_read`` read the line back
+                when = f"{_iso(m['created_at'])}, {m['role']} #{m['id']}"
+                md += [f"**{m['author']}** ({when}): {m['text']}", ""]
     return "\n".join(md)
 
 
+def _chat(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """A session as one fine-tuning example: from the person's first line, [] without an answer."""
+    chat = [{"role": m["role"], "content": m["text"]} for m in messages]
+    while chat and chat[0]["role"] != "user":
+        chat.pop(0)  # a fine-tuning example starts with the person speaking
+    return chat if any(c["role"] == "assistant" for c in chat) else []
+
+
 def _jsonl(doc: dict[str, Any]) -> str:
-    lines = []
+    """One fine-tuning example per answered session (``messages``, as before), each line also
+    carrying its rows under ``meshsage`` so that ``import`` reads the file back whole: what no
+    example holds (unanswered sessions, facts, summaries) rides on the conversation's first
+    line, or on the file's last; only a file with no answer at all has a line without
+    ``messages``."""
+    lines: list[tuple[list[dict[str, str]], list[dict[str, Any]]]] = []
+    rest: list[dict[str, Any]] = []  # parts of conversations with no example line
     for conv in doc["conversations"]:
-        for _session, messages in _by_session(conv):
-            chat = [{"role": m["role"], "content": m["text"]} for m in messages]
-            while chat and chat[0]["role"] != "user":
-                chat.pop(0)  # a fine-tuning example starts with the person speaking
-            if any(c["role"] == "assistant" for c in chat):
-                lines.append(json.dumps({"messages": chat}, ensure_ascii=False))
-    return "".join(line + "\n" for line in lines)
+        head = {k: v for k, v in conv.items() if k not in _ROWS}
+        extra: dict[str, Any] = {
+            **head, "messages": [], "sessions": [], "summaries": conv["summaries"],
+            "facts": conv["facts"], "longterm_summary": conv["longterm_summary"],
+        }  # fmt: skip
+        first: dict[str, Any] | None = None
+        for session, messages in _by_session(conv):
+            chat = _chat(messages)
+            sessions = [] if session is None else [session]
+            if not chat:
+                extra["messages"] += messages
+                extra["sessions"] += sessions
+                continue
+            part = {**head, "messages": messages, "sessions": sessions}
+            first = first or part
+            lines.append((chat, [part]))
+        if first is None:
+            rest.append(extra)
+        else:  # the first example's own rows come first, as in the conversation
+            for key in ("messages", "sessions"):
+                first[key] = sorted(first[key] + extra[key], key=lambda r: int(r["id"]))
+            first.update(summaries=extra["summaries"], facts=extra["facts"],
+                         longterm_summary=extra["longterm_summary"])  # fmt: skip
+    if lines:
+        lines[-1][1].extend(rest)
+    elif rest:
+        lines.append(([], rest))
+    out = []
+    for chat, parts in lines:
+        line: dict[str, Any] = {"messages": chat} if chat else {}
+        line["meshsage"] = {
+            "format": FORMAT, "version": VERSION, "transport": doc["transport"],
+            "person": doc["person"], "conversations": parts,
+        }  # fmt: skip
+        out.append(json.dumps(line, ensure_ascii=False, sort_keys=True))
+    return "".join(line + "\n" for line in out)
+
+
+_ROWS = ("messages", "summaries", "sessions", "facts", "longterm_summary")
 
 
 def _mermaid(doc: dict[str, Any]) -> str:
@@ -194,26 +242,31 @@ def _label(text: str) -> str:
 
 
 # --- import -------------------------------------------------------------------------------------
-def read_import(path: Path) -> dict[str, Any]:
-    """Read and validate an export file; raise ``ImportFileError`` saying what is wrong."""
+def read_bytes(path: Path) -> bytes:
+    """An export file's bytes, at most ``MAX_IMPORT_BYTES``; ``ImportFileError`` otherwise."""
     try:
         size = path.stat().st_size
+        if size > MAX_IMPORT_BYTES:
+            raise ImportFileError(
+                f"{path} is {size // (1024 * 1024)} MB, more than the "
+                f"{MAX_IMPORT_BYTES // 2**20} MB an export of one person can be. Fix: check "
+                "that it is a meshsage export."
+            )
+        with path.open("rb") as fh:
+            return fh.read(MAX_IMPORT_BYTES + 1)
     except OSError as exc:
         raise ImportFileError(f"cannot read {path}: {exc.strerror}. Fix: check the path.") from None
-    if size > MAX_IMPORT_BYTES:
-        raise ImportFileError(
-            f"{path} is {size // (1024 * 1024)} MB, more than the {MAX_IMPORT_BYTES // 2**20} MB "
-            "an export of one person can be. Fix: check that it is a meshsage JSON export."
-        )
+
+
+def read_import(path: Path) -> dict[str, Any]:
+    """Read and validate a JSON export; raise ``ImportFileError`` saying what is wrong (every
+    format: ``bot.memory.export_read.read_export``)."""
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_IMPORT_BYTES + 1)
-        doc = json.loads(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        doc = json.loads(read_bytes(path).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ImportFileError(
             f"{path} is not a JSON export ({type(exc).__name__}: {exc}). Fix: import the file "
-            "`meshsage export PERSON --format json` wrote (md, jsonl and mermaid cannot be read "
-            "back)."
+            "`meshsage export PERSON --format json` wrote."
         ) from None
     return validate(doc, source=str(path))
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from bot.memory.store import USER
 
-NEIGHBOUR_REACH = 2  # turns on each side a turn borrows from (halving with distance)
+NEIGHBOUR_REACH = 2  # default turns on each side a turn borrows from (halving with distance)
 QUALIFIED_PER_RESULT = 3  # lexical seeds kept per wanted result on very common queries
 
 __all__ = ["NEIGHBOUR_REACH", "Outline", "Ranked", "bm25_rank", "partners"]
@@ -99,6 +99,7 @@ def bm25_rank(
     weight: float = 0.0,
     min_similarity: float = 1.0,
     exclude: frozenset[int] = frozenset(),
+    depth: int = NEIGHBOUR_REACH,
 ) -> list[Ranked]:
     """Rank the turns of ``outline`` within ``span`` (index range; all by default) for a query
     whose terms matched the ids in ``postings`` (one list per query term). Pure, deterministic,
@@ -115,6 +116,10 @@ def bm25_rank(
     query's IDF mass, plus ``weight`` times the same neighbourhood sum over similarities (with
     half the neighbour shares); a turn whose similarity reaches ``min_similarity`` qualifies
     like one that passes the lexical floor.
+
+    ``depth`` (``memory.retrieval.context_depth``): how many turns on each side of a turn
+    that qualified are candidates and lend their score (the "turns two away" above is the
+    default depth, 2).
 
     ``exclude`` (positions: older turns that repeat the query, ``is_repeat``) still count in
     the words' document frequencies but score nothing, lend nothing and are never returned.
@@ -158,7 +163,7 @@ def bm25_rank(
                 near[i] = sim
                 if sim >= min_similarity:
                     qualified.append(i)
-    reach = range(-NEIGHBOUR_REACH, NEIGHBOUR_REACH + 1)
+    reach = range(-depth, depth + 1)
     candidates = {i + d for i in qualified for d in reach if lo <= i + d < hi} - exclude
     region = {i + d for i in candidates for d in reach}
     tokens = outline.tokens
@@ -169,7 +174,7 @@ def bm25_rank(
         for i, r in raw.items()
     }
     vec = {i: weight * sim for i, sim in near.items()}
-    lend = [(d, neighbour / 2 ** (d - 1)) for d in range(1, NEIGHBOUR_REACH + 1)]
+    lend = [(d, neighbour / 2 ** (d - 1)) for d in range(1, depth + 1)]
     ranked: list[Ranked] = []
     for i in candidates:  # each is within reach of a turn that qualified
         score = own.get(i, 0.0) + vec.get(i, 0.0)

@@ -295,6 +295,7 @@ class Retriever:
             weight=self._weight,
             min_similarity=self._min_similarity,
             exclude=repeats,
+            depth=cfg.context_depth,
         )
         return ranked, outline, span
 

@@ -408,8 +408,10 @@ async def check_radio(cfg: MeshtasticConfig) -> Check:
             )
         writer.close()
         return Check("radio", Level.OK, f"TCP {cfg.host}:{cfg.port} accepts connections")
-    if cfg.connection == "ble":
-        return Check("radio", Level.SKIP, "BLE is not probed (it would disturb a live link)")
+    if cfg.connection == "ble":  # what BlueZ knows; never a scan (it would disturb a link)
+        from bot.ops.doctor_ble import check_ble
+
+        return await check_ble(cfg)
     return check_serial(cfg.device or "")
 
 

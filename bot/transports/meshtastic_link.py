@@ -48,6 +48,7 @@ from bot.config import MeshtasticConfig
 from bot.errors import ConfigError, TransportError
 from bot.transports.mesh_airtime import Metrics
 from bot.transports.mesh_rules import Backoff, Clock, node_id
+from bot.transports.meshtastic_ble import ble_failure, interface_class
 
 log = logging.getLogger("bot.transport.meshtastic")
 
@@ -505,7 +506,7 @@ def default_interface_factory(config: MeshtasticConfig) -> InterfaceFactory:
         return iface
 
     def ble() -> RadioInterface:
-        from meshtastic.ble_interface import BLEInterface
+        BLEInterface = interface_class()  # the library's, closing off its own loop
 
         # BLEInterface cleans up after itself only for BLEError; a node that connects but never
         # sends its config (MeshInterfaceError) would otherwise stay connected in BlueZ, and
@@ -513,8 +514,10 @@ def default_interface_factory(config: MeshtasticConfig) -> InterfaceFactory:
         iface: RadioInterface = BLEInterface.__new__(BLEInterface)
         try:
             BLEInterface.__init__(iface, config.address, timeout=timeout)
-        except BaseException:
+        except BaseException as exc:
             _close_quietly(iface)
+            if isinstance(exc, Exception):  # the cause and the fix, in the log line
+                raise TransportError(ble_failure(exc, config.address)) from exc
             raise
         return iface
 
