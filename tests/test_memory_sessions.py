@@ -42,12 +42,16 @@ class Wall:
         return self.now
 
 
+SAID = "we compared radio antennas, I chose a 5 dBi whip"  # what the script's summary says
+
+
 async def _msgs(store: SqliteStore, times: list[float], key: ConversationKey = KEY) -> list[int]:
     conv = await store.conversation(key)
     return [
         await store.add_message(conv.id, role="user" if i % 2 == 0 else "assistant",
-                                author="alice" if i % 2 == 0 else "bot", text=f"antenna talk {i}",
-                                tokens=3, status="answered", created_at=t)
+                                author="alice" if i % 2 == 0 else "bot",
+                                text=f"antenna talk {i}: {SAID}", tokens=3, status="answered",
+                                created_at=t)
         for i, t in enumerate(times)
     ]  # fmt: skip
 
