@@ -3,6 +3,7 @@
     python -m bench.memory_e2e ../shared/bench/locomo-dev.json [--conversations 2]
         [--questions 40] [--variants restart,live] [--categories 1,2,3,4] [--no-dated]
         [--sessions 5] [--memory-url http://127.0.0.1:8177/v1 --memory-model NAME]
+        [--digest-memory]
 
 Protocol (issue 17). Each LoCoMo conversation is replayed through the real app
 (``bot.app.build``: responder, layered context builder, summarizer, LLM gate, the real
@@ -25,7 +26,11 @@ Meshtastic style hint; ``bench.prefix.MeshLikeTransport``):
   last exchange; the questions are asked at that time. An exchange never spans two sessions.
   Dates that go backwards or repeat are replayed as recorded (the app invents no session);
 - ``--memory-url``: every background call goes to that server (a real model writes the
-  chapters, summaries and facts; ``Split``), replies still to the fake.
+  chapters, summaries and facts; ``Split``), replies still to the fake. ``--digest-memory``:
+  the same run with every model-written text replaced by the app's own fallback (``Digest``
+  answers each background call with nothing worth keeping: every chapter, session title and
+  summary is the extractive digest, the facts only the person's plain statements), the
+  baseline a real model's memory must not fall below (issue 37).
 Then each question (categories 1-4 by default) is asked:
 - ``restart``: of a copy of the finished memory, by a freshly started app (what
   ``meshsage chat`` after a restart does; questions never become history);
@@ -55,6 +60,7 @@ import logging
 import re
 import shutil
 import sqlite3
+import sys
 import tempfile
 import time
 from collections.abc import Coroutine, Sequence
@@ -92,6 +98,7 @@ from bot.errors import LLMUnavailable
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM, ChatMessage, Completion
 from bot.llm.tokens import TokenCounter, make_counter
+from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.layers import LONGTERM_HEADER
 from bot.memory.older_chapter import CHAPTER_HEADER
 
@@ -218,6 +225,22 @@ class Split:
         except LLMUnavailable:
             self.failed += 1
             raise
+
+
+class Digest:
+    """The memory "model" of ``--digest-memory``: it writes nothing a check keeps, so every
+    chapter, session and long-term summary is the app's extractive digest, a title the
+    person's own words, and the facts only their plain statements."""
+
+    model_name = "digest"
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, **kwargs: Any
+    ) -> Completion:
+        system = messages[0].content if messages else ""
+        if system.startswith(FACTS_PROMPT[:40]):
+            return Completion('{"facts": []}', self.model_name)
+        return Completion("(none)", self.model_name)
 
 
 async def ask(
@@ -404,10 +427,12 @@ async def run_dialogue(
     memory_llm: LLMConfig | None = None,
     memory: Kept | None = None,
     log: Any = print,
+    digest_memory: bool = False,
 ) -> None:
     """Replay ``dlg`` through the app, then ask ``questions`` (see the module docstring).
     ``dated_replay``: at the recorded dates (else now); ``memory_llm``: a real model writes
-    the memory (chapters, summaries, facts), the fake still replays the answers."""
+    the memory (chapters, summaries, facts), the fake still replays the answers;
+    ``digest_memory``: no model writes it (``Digest``)."""
     from tests.fakes.fake_llm import FakeLLM
 
     fake = FakeLLM()
@@ -420,11 +445,14 @@ async def run_dialogue(
     adapters: list[OpenAICompatLLM] = []
 
     def router() -> LLM | None:
-        if memory_llm is None:
+        if memory_llm is None and not digest_memory:
             return None
         fore = OpenAICompatLLM(config=bench_config(Path("."), fake.base_url).llm, env={})
-        back = OpenAICompatLLM(config=memory_llm, env={})
-        adapters.extend([fore, back])
+        adapters.append(fore)
+        back: LLM = Digest()
+        if memory_llm is not None and not digest_memory:
+            back = OpenAICompatLLM(config=memory_llm, env={})
+            adapters.append(back)
         splits.append(Split(replies=fore, memory=back))
         return splits[-1]
 
@@ -529,6 +557,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--memory-url", help="a real model's server (…/v1) writes the memory")
     p.add_argument("--memory-model", default="smollm2-135m", help="its model name")
     p.add_argument(
+        "--digest-memory",
+        action="store_true",
+        help="every model-written text replaced by the digest (the baseline of --memory-url)",
+    )
+    p.add_argument(
         "--write-docs", action="store_true", help="rewrite docs/memory.md's end-to-end table"
     )
     args = p.parse_args(argv)
@@ -568,11 +601,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                 dated_replay=args.dated,
                 memory_llm=memory_llm,
                 memory=held,
+                digest_memory=args.digest_memory,
             )
         )
         print(table(tallies, categories), flush=True)
         print(kept_line(held), flush=True)
-    command = "python -m bench.memory_e2e " + " ".join(argv if argv is not None else [])
+    command = "python -m bench.memory_e2e " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"\n{command.strip()}\n{len(dialogues)} conversation(s)\n")
     print(table(tallies, categories))
     print(kept_line(held))

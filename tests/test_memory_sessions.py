@@ -90,7 +90,7 @@ async def test_session_closes_after_the_gap_on_an_injected_clock(
     # from the previous one plus the new session summary (its cost does not grow).
     await _msgs(store, [T0 + 20 * HOUR, T0 + 20 * HOUR + 30])
     wall.now = T0 + 27 * HOUR
-    script.longterm = "LONGTERM v2"
+    script.longterm = "LONGTERM: the person chose the whip."
     assert (await keeper.tick()).closed == 1
     assert [s.messages for s in await store.sessions(conv.id)] == [4, 2]
     prompt = fake_llm.chat_requests()[-1]["messages"][1]["content"]

@@ -14,8 +14,9 @@ Invariants:
   (``grounded_summary``): a title or sentence holding a name, number or place neither side
   said, or copying the bot's answer, gives way to the person's own words; a title is cut at
   a word boundary, never mid-word.
-- The long-term summary is rebuilt from the previous version and the newly summarized session,
-  so its cost does not grow with the number of sessions; after a ``!reset`` it starts afresh
+- The long-term summary is rebuilt from the previous version and the newly summarized session
+  (kept only when grounded in them, else a digest of them), so its cost does not grow
+  with the number of sessions; after a ``!reset`` it starts afresh
   from sessions after the reset mark (the prompt hides versions built before it).
 """
 
@@ -285,6 +286,12 @@ class SessionKeeper:
         text = completion.text.strip()
         if not text:
             return
+        merged = [old.text if old else "", *(s.summary or "" for s in new)]
+        sources = [("", t.removeprefix(chapter_check.DIGEST_MARK)) for t in merged if t]
+        text = chapter_check.vet(  # grounded in what it merges, else a digest of it
+            text, instruction=LONGTERM_PROMPT, sources=sources, counter=self._counter,
+            limit=LONGTERM_TOKENS, extra=listing.splitlines(), what="long-term summary",
+        )  # fmt: skip
         try:
             await self._store.save_longterm_summary(
                 conversation_id,
