@@ -114,12 +114,14 @@ def grounded_summary(
     answer: str, messages: Sequence[StoredMessage], counter: TokenCounter
 ) -> tuple[str, str]:
     """(title, summary) from the model's ``answer``, each kept only when grounded in the
-    session's ``messages`` (``bot.memory.grounding``; the summary as its grounded sentences):
+    session's ``messages`` (``bot.memory.grounding``; the title whole, the summary as its
+    grounded sentences):
     else the title is the person's most informative sentence, cut at a word, and the summary
     a digest of the session (``chapter_check.digest``, the person's lines first)."""
     title, summary = parse_session_summary(answer)
     sources, dates = grounding.lines_of(messages), grounding.dates_of(messages)
-    if grounding.keep(title, grounding.said(sources, extra=dates)) is None:
+    ground = grounding.said(sources, extra=dates)
+    if any(grounding.sentence_problem(s, ground) for s in grounding.sentences(title)):
         log.info("a session title was not grounded in its messages; the person's own words "
                  "stand instead")  # fmt: skip
         best = chapter_check.best_sentence(sources)
