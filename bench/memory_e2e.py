@@ -75,8 +75,10 @@ from bench.e2e_score import (
     Tally,
     dated,
     first_sessions,
+    invented,
     kept_line,
     pick,
+    said_words,
     score,
     sent_tokens,
     session_of,
@@ -101,6 +103,7 @@ from bot.llm.tokens import TokenCounter, make_counter
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.layers import LONGTERM_HEADER
 from bot.memory.older_chapter import CHAPTER_HEADER
+from bot.memory.store import Conversation
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY_DOC = ROOT / "docs" / "memory.md"
@@ -414,6 +417,32 @@ async def kept(app: App, into: Kept) -> None:
     into.longterm += int(await store.has_longterm_summary(conv.id))
 
 
+async def stored_texts(app: App, conv: Conversation) -> list[tuple[str, str]]:
+    """(kind, text) of every chapter, session title and summary, long-term summary and fact."""
+    store = app.store
+    stored: list[tuple[str, str]] = [("chapter", c.text) for c in await store.summaries(conv)]
+    for s in await store.sessions(conv.id):
+        stored += [("title", s.title or ""), ("session summary", s.summary or "")]
+    longterm = await store.longterm_summary(conv.id)
+    if longterm is not None:
+        stored.append(("long-term summary", longterm.text))
+    return stored + [("fact", f.text) for f in await store.facts(conv.id)]
+
+
+async def show_memory(app: App, log: Any) -> None:
+    """Print what the memory holds (``--show-memory``), each name or number in it that
+    neither side said marked."""
+    conv = await app.store.conversation(ConversationKey(TRANSPORT, PERSON))
+    said = said_words(await app.store.all_messages(conv.id))
+    stored = await stored_texts(app, conv)
+    bad = 0
+    for what, text in stored:
+        new = invented(text, said)
+        bad += bool(new)
+        log(f"    {what}: {text[:160]!r}" + (f"  INVENTED {new}" if new else ""))
+    log(f"  stored texts with a name or number neither side said: {bad} of {len(stored)}")
+
+
 async def run_dialogue(
     dlg: Dialogue,
     questions: Sequence[Question],
@@ -428,6 +457,7 @@ async def run_dialogue(
     memory: Kept | None = None,
     log: Any = print,
     digest_memory: bool = False,
+    show: bool = False,
 ) -> None:
     """Replay ``dlg`` through the app, then ask ``questions`` (see the module docstring).
     ``dated_replay``: at the recorded dates (else now); ``memory_llm``: a real model writes
@@ -468,6 +498,8 @@ async def run_dialogue(
                 log(f"  {dlg.sample_id}: replayed in {time.perf_counter() - t0:.0f} s")
                 if memory is not None:
                     await kept(app, memory)
+                if show:
+                    await show_memory(app, log)
                 snapshot = Path(tmp) / "snapshot.db"
                 with (
                     sqlite3.connect(app.config.database_path) as src,
@@ -561,6 +593,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="every model-written text replaced by the digest (the baseline of --memory-url)",
     )
+    p.add_argument("--show-memory", action="store_true", help="print what the memory holds")
     p.add_argument(
         "--write-docs", action="store_true", help="rewrite docs/memory.md's end-to-end table"
     )
@@ -602,6 +635,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 memory_llm=memory_llm,
                 memory=held,
                 digest_memory=args.digest_memory,
+                show=args.show_memory,
             )
         )
         print(table(tallies, categories), flush=True)

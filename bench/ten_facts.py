@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import tempfile
 import time
 from collections.abc import Sequence
@@ -31,16 +30,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.memory_e2e import ReplayClock, upkeep
+from bench.e2e_score import invented, said_words
+from bench.memory_e2e import ReplayClock, stored_texts, upkeep
 from bench.prefix import STYLE_HINT, MeshLikeTransport, bench_config
 from bot.app import App, build
 from bot.domain import ConversationKey, Inbound, TransportLimits
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM, ChatMessage, Completion
-from bot.memory import chapter_check
 from bot.memory.chapter_text import CONTINUATION_MARK
-from bot.memory.store import StoredMessage
-from bot.memory.window import date_lines, group_turns
 
 CONTEXT_TOKENS = 1024
 MAX_TOKENS = 120
@@ -104,8 +101,6 @@ SMALL_TALK = (
     "Let's talk about something else.",
 )
 LAST = "Can you remind me what I told you about myself?"
-_SPECIFIC = re.compile(r"[^\W_]+", re.UNICODE)
-_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
 def script() -> list[str]:
@@ -151,24 +146,6 @@ class Report:
     replies: int = 0
     memory_calls: int = 0
     seconds: float = 0.0
-
-
-def invented(text: str, said: set[str]) -> list[str]:
-    """Numbers and capitalised words past a sentence's first word in ``text`` that are not
-    among the words ``said`` (lower case)."""
-    out: list[str] = []
-    for sentence in _SENTENCE.split(text.removeprefix(chapter_check.DIGEST_MARK)):
-        for i, raw in enumerate(_SPECIFIC.findall(sentence)):
-            specific = any(c.isdigit() for c in raw) or (i > 0 and raw[0].isupper())
-            if specific and raw.lower() not in said and raw != "I":
-                out.append(raw)
-    return out
-
-
-def said_words(messages: Sequence[StoredMessage]) -> set[str]:
-    texts = [m.text for m in messages] + [m.author for m in messages]
-    texts += list(date_lines(group_turns(messages)).values())
-    return {w.lower() for t in texts for w in _SPECIFIC.findall(t)}
 
 
 async def run(base_url: str, model: str, *, log: Any = print) -> Report:
@@ -223,18 +200,10 @@ async def run(base_url: str, model: str, *, log: Any = print) -> Report:
 
 async def read_back(app: App, report: Report) -> None:
     """Every model-written text the memory holds, and its invented names and numbers."""
-    store = app.store
-    conv = await store.conversation(ConversationKey(MeshLikeTransport.name, PERSON))
-    said = said_words(await store.all_messages(conv.id))
-    stored: list[tuple[str, str]] = [("chapter", c.text) for c in await store.summaries(conv)]
-    for s in await store.sessions(conv.id):
-        stored += [("title", s.title or ""), ("session summary", s.summary or "")]
-    longterm = await store.longterm_summary(conv.id)
-    if longterm is not None:
-        stored.append(("long-term summary", longterm.text))
-    stored += [("fact", f.text) for f in await store.facts(conv.id)]
-    report.stored = stored
-    for what, text in stored:
+    conv = await app.store.conversation(ConversationKey(MeshLikeTransport.name, PERSON))
+    report.stored = await stored_texts(app, conv)
+    said = said_words(await app.store.all_messages(conv.id))
+    for what, text in report.stored:
         new = invented(text, said)
         if new:
             report.invented.append((what, text, new))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bench.ten_facts import FACTS, Report, render, run
 from bench.prefix import is_reply
+from bench.ten_facts import FACTS, Report, render, run
 from bot.memory.chapter_text import CHAPTER_PROMPT, CONTINUATION_MARK, MERGE_PROMPT
 from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.sessions import LONGTERM_PROMPT, SESSION_PROMPT

@@ -92,7 +92,7 @@ def _ranked(sources: Sources) -> list[tuple[int, str, str]]:
     are long and may be invented), then by ``_informative``; "Hello!", "ok thanks" last."""
     sentences: list[tuple[int, str, str, bool]] = []  # (order, speaker, sentence, person)
     for who, text, person in lines(sources):
-        for part in _SENTENCE.split(text):
+        for part in _SENTENCE.split(text.removeprefix(DIGEST_MARK)):  # (a merge of digests)
             part = " ".join(part.split())
             if content_words(part):
                 sentences.append((len(sentences), who, part, person))
