@@ -187,6 +187,7 @@ async def test_summary_runs_after_turns_leave_the_window(tmp_path: Path, fake_ll
             lambda body: (
                 "SUMMARY of the questions with padding"  # (a number not in its turns is refused)
                 if "summar" in body["messages"][0]["content"][:60]
+                or "summary task" in body["messages"][-1]["content"]
                 else "answer " * 20
             )
         )
