@@ -34,10 +34,10 @@ Invariants:
   is retried after ``retry_seconds``.
 - A continuation cut by ``max_tokens`` is kept as it is, up to its last full sentence with a
   visible "[…]" (the fold completes with what it has); one with no text at all becomes the
-  person's own lines of the block, cut to the word limit. A standalone chapter cut by
-  ``max_tokens`` is asked again shorter; if still cut, it is saved up to its last full
-  sentence with a visible "[…]" and a warning. Nothing is dropped silently: the log stays
-  the record, and every skip is logged.
+  digest of the block (``own_lines``: the person's sentences first, verbatim). A standalone
+  chapter cut by ``max_tokens`` is asked again shorter; if still cut, it is saved up to its
+  last full sentence with a visible "[…]" and a warning. Nothing is dropped silently: the
+  log stays the record, and every skip is logged.
 - A merge or fold-time fact extraction by the model starts only when the gate expects it to
   fit (never holding up the next fold); what is not read for facts at a fold is read at the
   session's close. The person's plain statements are kept as facts at every fold
@@ -128,7 +128,7 @@ class FoldStats:
     completed: int = 0  # chapters saved
     continued: int = 0  # of those, written as a continuation
     debts: int = 0  # run in the debt lane
-    extractive: int = 0  # debts with no room for the model: the person's own lines
+    extractive: int = 0  # debts with no room for the model: a digest, the person first
     late: int = 0  # saved more than two turns after coming due
     settle_waits: list[float] = field(default_factory=list)  # turns waiting for a debt fold
 
@@ -355,14 +355,14 @@ class Summarizer:
         return min(limit, fit)
 
     def _no_call(self, conversation_id: int, pending: list[StoredMessage]) -> str:
-        """A debt with no room for the model: the chapter is the person's own lines (nothing
+        """A debt with no room for the model: the chapter is a digest, the person first (nothing
         waits for it; the slot its reply kept is let go)."""
         self._let_go(conversation_id)
         self.stats.extractive += 1
         log.info("conversation %d: no room for the model at this fold; chapter kept from "
                  "the person's own lines", conversation_id)  # fmt: skip
         words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
-        return own_lines(pending, words)
+        return own_lines(pending, words, self._counter)
 
     async def _refresh(
         self, conversation: Conversation, *, window_start_id: int, lane: str = "background"
@@ -511,7 +511,7 @@ class Summarizer:
             log.info("conversation %d: chapter cut at %d tokens; kept what it has",
                      conversation.id, tokens)  # fmt: skip
             return (cut or text) + TRUNCATED_MARK
-        return text or own_lines(pending, words)
+        return text or own_lines(pending, words, self._counter)
 
     async def merge(self, conversation: Conversation) -> bool:
         """Merge every chapter into one longer-term summary (session end, idle, or too long);
