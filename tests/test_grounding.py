@@ -119,3 +119,20 @@ async def test_plain_facts_are_kept_when_the_model_extracts_none_and_forget_dele
     assert grounded("The door code is 9981", await store.all_messages(conv.id)) is None
     await store.forget_person(KEY.transport, KEY.person)
     assert await store.facts((await store.conversation(KEY)).id) == []
+
+
+def test_a_chapter_written_without_the_model_quotes_the_persons_facts_first() -> None:
+    from bot.memory.chapter_text import own_lines
+    from bot.memory.records import StoredMessage
+
+    said = ["Hi there! How are you today?", "The weather has been nice this week.",
+            "My door code is 4521.", "Tell me a short joke.", "I had soup for lunch."]  # fmt: skip
+    messages = [
+        StoredMessage(i + 1, 1, "user" if i % 2 == 0 else "assistant",
+                      "ana" if i % 2 == 0 else "bot",
+                      said[i // 2] if i % 2 == 0 else BOT_ANSWER, 0.0, 10, None, None, "x")
+        for i in range(2 * len(said))
+    ]  # fmt: skip
+    text = own_lines(messages, 12, make_counter())
+    assert "ana: My door code is 4521." in text  # not the first words of the block
+    assert "Hi there" not in text and "curious" not in text
