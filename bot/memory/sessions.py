@@ -115,9 +115,9 @@ def grounded_summary(
 ) -> tuple[str, str]:
     """(title, summary) from the model's ``answer``, each kept only when grounded in the
     session's ``messages`` (``bot.memory.grounding``; the title whole, the summary as its
-    grounded sentences):
-    else the title is the person's most informative sentence, cut at a word, and the summary
-    a digest of the session (``chapter_check.digest``, the person's lines first)."""
+    grounded sentences); else the title is the person's most informative sentence, cut at a
+    word, and the summary a digest of the session (``chapter_check.digest``, the person's
+    lines first)."""
     title, summary = parse_session_summary(answer)
     sources, dates = grounding.lines_of(messages), grounding.dates_of(messages)
     ground = grounding.said(sources, extra=dates)
