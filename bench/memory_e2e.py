@@ -395,14 +395,18 @@ async def started(
     config = bench_config(state, base_url, share=share)
     app = await build(config, env={}, transports=[transport], llm=llm, wall=wall or time.time)
     if prompt_speed is not None:
-        speed = prompt_speed
-        setattr(  # noqa: B010 (the fake answers too fast for the gate to time it)
-            app.gate, "tokens_in", lambda s: None if s is None else int(s * speed)
-        )
+        assume_speed(app, prompt_speed)
     await app.start()
     if wall is not None and app.sessions is not None:
         await app.sessions.stop()
     return app, transport
+
+
+def assume_speed(app: App, speed: float) -> None:
+    """The gate reports ``speed`` prompt tokens a second as learned (whatever it measured)."""
+    setattr(  # noqa: B010 (the fake answers too fast for the gate to time it)
+        app.gate, "tokens_in", lambda s: None if s is None else int(s * speed)
+    )
 
 
 async def kept(app: App, into: Kept) -> None:

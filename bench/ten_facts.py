@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.e2e_score import invented, said_words
-from bench.memory_e2e import ReplayClock, stored_texts, upkeep
+from bench.memory_e2e import ReplayClock, assume_speed, stored_texts, upkeep
 from bench.prefix import STYLE_HINT, MeshLikeTransport, bench_config
 from bot.app import App, build
 from bot.domain import ConversationKey, Inbound, TransportLimits
@@ -148,8 +148,12 @@ class Report:
     seconds: float = 0.0
 
 
-async def run(base_url: str, model: str, *, log: Any = print) -> Report:
-    """The forty turns against ``base_url``, then the session's close; what was measured."""
+async def run(
+    base_url: str, model: str, *, log: Any = print, prompt_speed: float | None = None
+) -> Report:
+    """The forty turns against ``base_url``, then the session's close; what was measured.
+    ``prompt_speed``: the gate takes the server to read this many prompt tokens a second
+    (a test's fake on a loaded machine: every fold still asks the model)."""
     report = Report()
     clock = ReplayClock(T0)
     with tempfile.TemporaryDirectory(prefix="meshsage-ten-facts-") as tmp:
@@ -165,6 +169,8 @@ async def run(base_url: str, model: str, *, log: Any = print) -> Report:
             context_tokens=CONTEXT_TOKENS, max_tokens=MAX_TOKENS, style_hint=STYLE_HINT
         )
         app = await build(config, env={}, transports=[transport], llm=recorder, wall=clock)
+        if prompt_speed is not None:
+            assume_speed(app, prompt_speed)
         await app.start()
         if app.sessions is not None:
             await app.sessions.stop()  # its ticks are driven below, at the replay's time

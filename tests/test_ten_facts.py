@@ -60,7 +60,7 @@ class Hallucinating:
 async def test_invented_memory_is_refused_and_plain_facts_reach_turn_40(fake_llm: FakeLLM) -> None:
     script = Hallucinating()
     fake_llm.reply_fn = script
-    report: Report = await run(fake_llm.base_url, "fake", log=lambda _: None)
+    report: Report = await run(fake_llm.base_url, "fake", log=lambda _: None, prompt_speed=1e6)
     print(render(report))
     assert report.replies == 40
     assert {"chapter", "session", "facts", "longterm"} <= set(script.kinds)  # all were asked
