@@ -48,7 +48,8 @@ DIGEST_MARK = "(quoted) "  # opens a digest: the reader sees it is the turns' ow
 SMALL_TALK = "(small talk, nothing to keep)"  # the turns held no content word to quote
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
-SCAFFOLD = ("earlier chapter (context only)", "new messages:", "(none yet)", "chapter 1:")
+SCAFFOLD = ("earlier chapter (context only)", "new messages:", "(none yet)", "chapter 1:",
+            "existing summary:", "new sessions:")  # fmt: skip
 Sources = Sequence[tuple[str, str] | Line]
 __all__ = ["content_words"]
 
