@@ -136,3 +136,15 @@ def test_a_chapter_written_without_the_model_quotes_the_persons_facts_first() ->
     text = own_lines(messages, 12, make_counter())
     assert "ana: My door code is 4521." in text  # not the first words of the block
     assert "Hi there" not in text and "curious" not in text
+
+
+def test_a_title_that_is_only_a_date_line_gives_way_to_the_persons_words() -> None:
+    from bot.memory.records import StoredMessage
+    from bot.memory.sessions import grounded_summary
+    from bot.memory.window import day_line
+
+    said = StoredMessage(1, 1, "user", "ana", "My door code is 4521.", 1.7e9, 8, None, None, "x")
+    title, _ = grounded_summary(
+        f"{day_line(said.created_at)}\nThey talked.", [said], make_counter()
+    )
+    assert title == "My door code is 4521."

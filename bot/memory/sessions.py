@@ -121,7 +121,10 @@ def grounded_summary(
     title, summary = parse_session_summary(answer)
     sources, dates = grounding.lines_of(messages), grounding.dates_of(messages)
     ground = grounding.said(sources, extra=dates)
-    if any(grounding.sentence_problem(s, ground) for s in grounding.sentences(title)):
+    dated = {w for line in dates for w in grounding.content_words(line)}
+    if not set(grounding.content_words(title)) - dated or any(  # (a date line is no title)
+        grounding.sentence_problem(s, ground) for s in grounding.sentences(title)
+    ):
         log.info("a session title was not grounded in its messages; the person's own words "
                  "stand instead")  # fmt: skip
         best = chapter_check.best_sentence(sources)
