@@ -12,6 +12,7 @@ Nothing here reads a clock or the network.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -24,6 +25,9 @@ from bench.recall import DAY, Dialogue, Question, Turn
 from bench.summary_facts import _TOKEN
 from bench.summary_facts import facts as concrete_words
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
+from bot.memory.chapter_check import DIGEST_MARK
+from bot.memory.store import StoredMessage
+from bot.memory.window import date_lines, group_turns
 
 TEMPORAL = 2  # LoCoMo's category for "when" questions
 
@@ -170,3 +174,25 @@ def kept_line(k: Kept) -> str:
         f"{k.summarized / n:.1f} summarized, {k.chapters / n:.1f} chapters, "
         f"{k.facts / n:.1f} facts; long-term summary in {k.longterm} of {k.conversations}"
     )
+
+
+_SPECIFIC = re.compile(r"[^\W_]+", re.UNICODE)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def invented(text: str, said: set[str]) -> list[str]:
+    """Numbers and capitalised words past a sentence's first word in ``text`` that are not
+    among the words ``said`` (lower case)."""
+    out: list[str] = []
+    for sentence in _SENTENCE.split(text.removeprefix(DIGEST_MARK)):
+        for i, raw in enumerate(_SPECIFIC.findall(sentence)):
+            specific = any(c.isdigit() for c in raw) or (i > 0 and raw[0].isupper())
+            if specific and raw.lower() not in said and raw != "I":
+                out.append(raw)
+    return out
+
+
+def said_words(messages: Sequence[StoredMessage]) -> set[str]:
+    texts = [m.text for m in messages] + [m.author for m in messages]
+    texts += list(date_lines(group_turns(messages)).values())
+    return {w.lower() for t in texts for w in _SPECIFIC.findall(t)}

@@ -3,6 +3,7 @@
     python -m bench.memory_e2e ../shared/bench/locomo-dev.json [--conversations 2]
         [--questions 40] [--variants restart,live] [--categories 1,2,3,4] [--no-dated]
         [--sessions 5] [--memory-url http://127.0.0.1:8177/v1 --memory-model NAME]
+        [--digest-memory]
 
 Protocol (issue 17). Each LoCoMo conversation is replayed through the real app
 (``bot.app.build``: responder, layered context builder, summarizer, LLM gate, the real
@@ -25,7 +26,11 @@ Meshtastic style hint; ``bench.prefix.MeshLikeTransport``):
   last exchange; the questions are asked at that time. An exchange never spans two sessions.
   Dates that go backwards or repeat are replayed as recorded (the app invents no session);
 - ``--memory-url``: every background call goes to that server (a real model writes the
-  chapters, summaries and facts; ``Split``), replies still to the fake.
+  chapters, summaries and facts; ``Split``), replies still to the fake. ``--digest-memory``:
+  the same run with every model-written text replaced by the app's own fallback (``Digest``
+  answers each background call with nothing worth keeping: every chapter, session title and
+  summary is the extractive digest, the facts only the person's plain statements), the
+  baseline a real model's memory must not fall below (issue 37).
 Then each question (categories 1-4 by default) is asked:
 - ``restart``: of a copy of the finished memory, by a freshly started app (what
   ``meshsage chat`` after a restart does; questions never become history);
@@ -55,6 +60,7 @@ import logging
 import re
 import shutil
 import sqlite3
+import sys
 import tempfile
 import time
 from collections.abc import Coroutine, Sequence
@@ -69,8 +75,10 @@ from bench.e2e_score import (
     Tally,
     dated,
     first_sessions,
+    invented,
     kept_line,
     pick,
+    said_words,
     score,
     sent_tokens,
     session_of,
@@ -92,8 +100,10 @@ from bot.errors import LLMUnavailable
 from bot.llm.openai_compat import OpenAICompatLLM
 from bot.llm.port import LLM, ChatMessage, Completion
 from bot.llm.tokens import TokenCounter, make_counter
+from bot.memory.facts import PROMPT as FACTS_PROMPT
 from bot.memory.layers import LONGTERM_HEADER
 from bot.memory.older_chapter import CHAPTER_HEADER
+from bot.memory.store import Conversation
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY_DOC = ROOT / "docs" / "memory.md"
@@ -218,6 +228,22 @@ class Split:
         except LLMUnavailable:
             self.failed += 1
             raise
+
+
+class Digest:
+    """The memory "model" of ``--digest-memory``: it writes nothing a check keeps, so every
+    chapter, session and long-term summary is the app's extractive digest, a title the
+    person's own words, and the facts only their plain statements."""
+
+    model_name = "digest"
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, **kwargs: Any
+    ) -> Completion:
+        system = messages[0].content if messages else ""
+        if system.startswith(FACTS_PROMPT[:40]):
+            return Completion('{"facts": []}', self.model_name)
+        return Completion("(none)", self.model_name)
 
 
 async def ask(
@@ -370,14 +396,18 @@ async def started(
     config = bench_config(state, base_url, share=share)
     app = await build(config, env={}, transports=[transport], llm=llm, wall=wall or time.time)
     if prompt_speed is not None:
-        speed = prompt_speed
-        setattr(  # noqa: B010 (the fake answers too fast for the gate to time it)
-            app.gate, "tokens_in", lambda s: None if s is None else int(s * speed)
-        )
+        assume_speed(app, prompt_speed)
     await app.start()
     if wall is not None and app.sessions is not None:
         await app.sessions.stop()
     return app, transport
+
+
+def assume_speed(app: App, speed: float) -> None:
+    """The gate reports ``speed`` prompt tokens a second as learned (whatever it measured)."""
+    setattr(  # noqa: B010 (the fake answers too fast for the gate to time it)
+        app.gate, "tokens_in", lambda s: None if s is None else int(s * speed)
+    )
 
 
 async def kept(app: App, into: Kept) -> None:
@@ -390,6 +420,32 @@ async def kept(app: App, into: Kept) -> None:
     into.chapters += len(await store.summaries(conv))
     into.facts += len(await store.facts(conv.id))
     into.longterm += int(await store.has_longterm_summary(conv.id))
+
+
+async def stored_texts(app: App, conv: Conversation) -> list[tuple[str, str]]:
+    """(kind, text) of every chapter, session title and summary, long-term summary and fact."""
+    store = app.store
+    stored: list[tuple[str, str]] = [("chapter", c.text) for c in await store.summaries(conv)]
+    for s in await store.sessions(conv.id):
+        stored += [("title", s.title or ""), ("session summary", s.summary or "")]
+    longterm = await store.longterm_summary(conv.id)
+    if longterm is not None:
+        stored.append(("long-term summary", longterm.text))
+    return stored + [("fact", f.text) for f in await store.facts(conv.id)]
+
+
+async def show_memory(app: App, log: Any) -> None:
+    """Print what the memory holds (``--show-memory``), each name or number in it that
+    neither side said marked."""
+    conv = await app.store.conversation(ConversationKey(TRANSPORT, PERSON))
+    said = said_words(await app.store.all_messages(conv.id))
+    stored = await stored_texts(app, conv)
+    bad = 0
+    for what, text in stored:
+        new = invented(text, said)
+        bad += bool(new)
+        log(f"    {what}: {text[:160]!r}" + (f"  INVENTED {new}" if new else ""))
+    log(f"  stored texts with a name or number neither side said: {bad} of {len(stored)}")
 
 
 async def run_dialogue(
@@ -405,10 +461,13 @@ async def run_dialogue(
     memory_llm: LLMConfig | None = None,
     memory: Kept | None = None,
     log: Any = print,
+    digest_memory: bool = False,
+    show: bool = False,
 ) -> None:
     """Replay ``dlg`` through the app, then ask ``questions`` (see the module docstring).
     ``dated_replay``: at the recorded dates (else now); ``memory_llm``: a real model writes
-    the memory (chapters, summaries, facts), the fake still replays the answers."""
+    the memory (chapters, summaries, facts), the fake still replays the answers;
+    ``digest_memory``: no model writes it (``Digest``)."""
     from tests.fakes.fake_llm import FakeLLM
 
     fake = FakeLLM()
@@ -421,11 +480,14 @@ async def run_dialogue(
     adapters: list[OpenAICompatLLM] = []
 
     def router() -> LLM | None:
-        if memory_llm is None:
+        if memory_llm is None and not digest_memory:
             return None
         fore = OpenAICompatLLM(config=bench_config(Path("."), fake.base_url).llm, env={})
-        back = OpenAICompatLLM(config=memory_llm, env={})
-        adapters.extend([fore, back])
+        adapters.append(fore)
+        back: LLM = Digest()
+        if memory_llm is not None and not digest_memory:
+            back = OpenAICompatLLM(config=memory_llm, env={})
+            adapters.append(back)
         splits.append(Split(replies=fore, memory=back))
         return splits[-1]
 
@@ -441,6 +503,8 @@ async def run_dialogue(
                 log(f"  {dlg.sample_id}: replayed in {time.perf_counter() - t0:.0f} s")
                 if memory is not None:
                     await kept(app, memory)
+                if show:
+                    await show_memory(app, log)
                 snapshot = Path(tmp) / "snapshot.db"
                 with (
                     sqlite3.connect(app.config.database_path) as src,
@@ -530,6 +594,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--memory-url", help="a real model's server (…/v1) writes the memory")
     p.add_argument("--memory-model", default="smollm2-135m", help="its model name")
     p.add_argument(
+        "--digest-memory",
+        action="store_true",
+        help="every model-written text replaced by the digest (the baseline of --memory-url)",
+    )
+    p.add_argument("--show-memory", action="store_true", help="print what the memory holds")
+    p.add_argument(
         "--write-docs", action="store_true", help="rewrite docs/memory.md's end-to-end table"
     )
     args = p.parse_args(argv)
@@ -569,11 +639,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 dated_replay=args.dated,
                 memory_llm=memory_llm,
                 memory=held,
+                digest_memory=args.digest_memory,
+                show=args.show_memory,
             )
         )
         print(table(tallies, categories), flush=True)
         print(kept_line(held), flush=True)
-    command = "python -m bench.memory_e2e " + " ".join(argv if argv is not None else [])
+    command = "python -m bench.memory_e2e " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"\n{command.strip()}\n{len(dialogues)} conversation(s)\n")
     print(table(tallies, categories))
     print(kept_line(held))

@@ -179,7 +179,9 @@ async def test_with_a_memory_model_every_background_call_goes_to_it_and_replies_
     try:
         await replay(app, transport, fake_llm, script, exs, clock, log=lambda _: None)
         _, _, sessions = await _log(app)
-        assert [s.summary for s in sessions] == ["They talked about words."] * 2
+        # (asked of the memory model; its answer, not grounded in the turns, gives way to a
+        # digest of them: issue 37)
+        assert len(sessions) == 2 and all(s.summary for s in sessions)
     finally:
         await app.close()
         await replies.close()

@@ -103,7 +103,9 @@ async def test_an_answer_without_json_leaves_the_messages_unread_and_is_retried_
         await extractor.extract(conv.id, new)  # the earlier messages are read first, with these
         prompt = fake_llm.chat_requests()[-1]["messages"][1]["content"]
         assert "door code is 4521" in prompt and "wife is called Maria" in prompt
-        assert [f.text for f in await store.facts(conv.id)] == ["my wife is called Maria"]
+        # the person's plain statements are kept whatever the model answers (issue 37)
+        kept = [f.text for f in await store.facts(conv.id)]
+        assert kept == ["Their door code is 4521.", "my wife is called Maria"]
         assert await store.facts_through(conv.id) == new[-1].id
 
         # Twice no JSON for the same messages: skipped, with a warning saying why.

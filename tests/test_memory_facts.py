@@ -57,7 +57,7 @@ async def test_extracted_fact_records_its_messages_and_a_contradiction_updates_i
     extraction: tuple[FactExtractor, MemoryScript, OpenAICompatLLM],
 ) -> None:
     extractor, script, llm = extraction
-    msgs = await _chat(store, ["I live in Bergen", "Nice city!"])
+    msgs = await _chat(store, ["Bergen is home", "Nice city!"])  # (no plain statement)
     conv = await store.conversation(KEY)
     script.facts = _facts({"op": "add", "text": "Lives in Bergen", "source": [msgs[0].id, 999]})
     applied = await extractor.extract(conv.id, msgs)
@@ -66,7 +66,7 @@ async def test_extracted_fact_records_its_messages_and_a_contradiction_updates_i
     assert (fact.text, fact.pinned, fact.source_ids) == ("Lives in Bergen", False, (msgs[0].id,))
     assert fact.created_at > 0 and fact.updated_at is not None  # 999 was not shown: dropped
 
-    more = await _chat(store, ["I moved to Oslo last week", "Welcome to Oslo"])
+    more = await _chat(store, ["Moved to Oslo last week", "Welcome to Oslo"])
     new = [m for m in more if m.id not in {x.id for x in msgs}]
     script.facts = _facts({"op": "update", "id": fact.id, "text": "Lives in Oslo (moved from "
                            "Bergen)", "source": [new[0].id]})  # fmt: skip
@@ -76,7 +76,7 @@ async def test_extracted_fact_records_its_messages_and_a_contradiction_updates_i
     assert moved.source_ids == (msgs[0].id, new[0].id)  # provenance accumulates
     # The prompt showed the current facts with their ids and the messages with theirs.
     prompt = fake_llm.chat_requests()[-1]["messages"][1]["content"]
-    assert f"{fact.id}: Lives in Bergen" in prompt and f"[{new[0].id}] alice: I moved" in prompt
+    assert f"{fact.id}: Lives in Bergen" in prompt and f"[{new[0].id}] alice: Moved" in prompt
     await llm.close()
 
 
@@ -84,7 +84,7 @@ async def test_near_duplicate_proposal_updates_instead_of_adding(
     store: SqliteStore, extraction: tuple[FactExtractor, MemoryScript, OpenAICompatLLM]
 ) -> None:
     extractor, script, llm = extraction
-    msgs = await _chat(store, ["my dog is Rex", "cute"])
+    msgs = await _chat(store, ["Rex, my dog, says hi", "cute"])
     conv = await store.conversation(KEY)
     script.facts = _facts({"op": "add", "text": "Has a dog named Rex"})
     await extractor.extract(conv.id, msgs)
@@ -100,7 +100,7 @@ async def test_pinned_facts_are_never_changed_by_extraction(
     store: SqliteStore, extraction: tuple[FactExtractor, MemoryScript, OpenAICompatLLM]
 ) -> None:
     extractor, script, llm = extraction
-    msgs = await _chat(store, ["I am vegan now", "ok"])
+    msgs = await _chat(store, ["going vegan now", "ok"])
     conv = await store.conversation(KEY)
     pinned = await store.add_fact(conv.id, text="I am vegetarian", tokens=3)
     script.facts = _facts(

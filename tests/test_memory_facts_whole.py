@@ -1,5 +1,5 @@
 """Facts from a whole session (issue 21 point 5): extraction reads a long session in chunks,
-so "I live in Oslo" as message 1 of 70 becomes a fact; a summary fold extracts facts too, not
+so "home is Oslo" as message 1 of 70 becomes a fact; a summary fold extracts facts too, not
 only a session close; an inferred fact reaches the model marked as inferred; ``!facts`` says
 when and from what. All through the real app and the real openai client."""
 
@@ -26,7 +26,7 @@ class OsloScript(MemoryScript):
         if system.startswith("You keep a short list of durable facts"):
             self.seen.append("facts")
             shown = body["messages"][1]["content"]
-            found = re.search(r"\[(\d+)\] alice: I live in Oslo", shown)
+            found = re.search(r"\[(\d+)\] alice: home is Oslo", shown)
             if found and "Lives in Oslo" not in shown:
                 return json.dumps({"facts": [{"op": "add", "text": "Lives in Oslo",
                                               "source": [int(found.group(1))]}]})  # fmt: skip
@@ -45,7 +45,7 @@ async def test_a_fact_said_first_in_a_long_session_is_extracted(
         start = time.time() - 10 * 3600
         first = 0
         for i in range(70):  # message 1 of 70 says it; the session closed long ago
-            text = "I live in Oslo" if i == 0 else f"chat line {i}"
+            text = "home is Oslo" if i == 0 else f"chat line {i}"
             mid = await h.store.add_message(
                 conv.id, role="user" if i % 2 == 0 else "assistant",
                 author="alice" if i % 2 == 0 else "bot", text=text, tokens=3,
@@ -64,7 +64,7 @@ async def test_a_fact_said_first_in_a_long_session_is_extracted(
         # !facts says when and from what
         await h.say("!facts", sender="alice")
         listing = h.transport.texts()[-1]
-        assert 'inferred today from "I live in Oslo"' in listing, listing
+        assert 'inferred today from "home is Oslo"' in listing, listing
         await h.say("!remember I sail on weekends", sender="alice")
         await h.say("!facts", sender="alice")
         assert "[you, today]" in h.transport.texts()[-1]
@@ -102,7 +102,7 @@ async def test_a_summary_fold_extracts_facts_before_the_session_closes(
                 conv.id,
                 role="user" if i % 2 == 0 else "assistant",
                 author="alice" if i % 2 == 0 else "bot",
-                text="I live in Oslo" if i == 0 else f"line {i}",
+                text="home is Oslo" if i == 0 else f"line {i}",
                 tokens=3,
                 status="answered",
             )

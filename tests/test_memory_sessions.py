@@ -42,12 +42,16 @@ class Wall:
         return self.now
 
 
+SAID = "we compared radio antennas, I chose a 5 dBi whip"  # what the script's summary says
+
+
 async def _msgs(store: SqliteStore, times: list[float], key: ConversationKey = KEY) -> list[int]:
     conv = await store.conversation(key)
     return [
         await store.add_message(conv.id, role="user" if i % 2 == 0 else "assistant",
-                                author="alice" if i % 2 == 0 else "bot", text=f"antenna talk {i}",
-                                tokens=3, status="answered", created_at=t)
+                                author="alice" if i % 2 == 0 else "bot",
+                                text=f"antenna talk {i}: {SAID}", tokens=3, status="answered",
+                                created_at=t)
         for i, t in enumerate(times)
     ]  # fmt: skip
 
@@ -86,7 +90,7 @@ async def test_session_closes_after_the_gap_on_an_injected_clock(
     # from the previous one plus the new session summary (its cost does not grow).
     await _msgs(store, [T0 + 20 * HOUR, T0 + 20 * HOUR + 30])
     wall.now = T0 + 27 * HOUR
-    script.longterm = "LONGTERM v2"
+    script.longterm = "LONGTERM: the person chose the whip."
     assert (await keeper.tick()).closed == 1
     assert [s.messages for s in await store.sessions(conv.id)] == [4, 2]
     prompt = fake_llm.chat_requests()[-1]["messages"][1]["content"]

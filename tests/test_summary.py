@@ -46,24 +46,24 @@ async def test_folds_append_chapters_with_their_ranges(
     summ = Summarizer(store=store, llm=llm, counter=make_counter(),
                       config=SummaryConfig(min_evicted=6))  # fmt: skip
     conv = await store.conversation(KEY)
-    fake_llm.reply = "S1 message"
+    fake_llm.reply = "Messages 0 to 7."
     assert await summ.refresh(conv, window_start_id=ids[8])
     first = await store.latest_summary(conv)
     assert first is not None and (first.first_message_id, first.last_message_id) == (ids[0], ids[7])
-    fake_llm.reply = "S2 message"
+    fake_llm.reply = "Messages 8 to 15."
     assert not await summ.refresh(conv, window_start_id=ids[10])  # only 2 new: not enough
     assert await summ.refresh(conv, window_start_id=ids[16])
     second = await store.latest_summary(conv)
-    assert second is not None and second.text == "S2 message"
+    assert second is not None and second.text == "Messages 8 to 15."
     # A chapter of its own, after the first one (which stays: the prefix up to it survives).
     assert (second.first_message_id, second.last_message_id) == (ids[8], ids[15])
     chapters = await store.summaries(conv)
     assert [(c.text, c.first_message_id, c.last_message_id) for c in chapters] == [
-        ("S1 message", ids[0], ids[7]),
-        ("S2 message", ids[8], ids[15]),
+        ("Messages 0 to 7.", ids[0], ids[7]),
+        ("Messages 8 to 15.", ids[8], ids[15]),
     ]
     prompt = fake_llm.chat_requests()[-1]["messages"][1]["content"]
-    assert "Earlier chapter (context only): S1 message" in prompt
+    assert "Earlier chapter (context only): Messages 0 to 7." in prompt
     assert "message 8" in prompt and "message 7" not in prompt
     await llm.close()
 
@@ -183,10 +183,13 @@ async def test_summary_runs_after_turns_leave_the_window(tmp_path: Path, fake_ll
         tmp_path, fake_llm, extra=extra, transport=FakeTransport(context_tokens=300)
     )
     try:
-        fake_llm.reply_fn = lambda body: (
-            "SUMMARY of question " + body["messages"][1]["content"].split("number ")[-1][:2]
-            if "summar" in body["messages"][0]["content"][:60]
-            else "answer " * 20
+        fake_llm.reply_fn = (
+            lambda body: (
+                "SUMMARY of the questions with padding"  # (a number not in its turns is refused)
+                if "summar" in body["messages"][0]["content"][:60]
+                or "summary task" in body["messages"][-1]["content"]
+                else "answer " * 20
+            )
         )
         for i in range(12):
             await h.say(f"question number {i} " + "padding " * 15)
@@ -195,7 +198,7 @@ async def test_summary_runs_after_turns_leave_the_window(tmp_path: Path, fake_ll
             await asyncio.sleep(0.01)
         conv = await h.store.conversation(h.transport_key("alice"))
         summary = await h.store.latest_summary(conv)
-        assert summary is not None and summary.text.startswith("SUMMARY of question")
+        assert summary is not None and summary.text.startswith("SUMMARY of the questions")
         await h.say("and now?")
         reply = [r for r in fake_llm.chat_requests() if "and now?" in r["messages"][-1]["content"]]
         assert "SUMMARY" in reply[-1]["messages"][0]["content"]

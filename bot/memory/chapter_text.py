@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from bot.llm.port import TRUNCATED_MARK
 from bot.llm.tokens import TokenCounter
+from bot.memory import chapter_check, grounding
 from bot.memory.records import USER, StoredMessage, Summary
 from bot.memory.window import dated_transcript
 
@@ -73,10 +73,11 @@ def last_sentence(text: str) -> str:
     return text[: ends[-1]] if ends else text
 
 
-def own_lines(messages: Sequence[StoredMessage], words: int) -> str:
-    """A chapter with no model text: the person's own lines of the block, cut to ``words``."""
-    said = " ".join(f"{m.author}: {m.text}" for m in messages if m.role == USER).split()
-    return " ".join(said[:words]) + (TRUNCATED_MARK if len(said) > words else "")
+def own_lines(messages: Sequence[StoredMessage], words: int, counter: TokenCounter) -> str:
+    """A chapter with no model text: the digest of the block (``chapter_check.digest``, the
+    person's most informative sentences first, verbatim) within what ``words`` words cost."""
+    limit = int(words * chapter_check.TOKENS_PER_WORD)
+    return chapter_check.digest(grounding.lines_of(messages), counter=counter, limit=limit)
 
 
 def fold_input(before: str, messages: Sequence[StoredMessage]) -> str:

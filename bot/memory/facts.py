@@ -18,6 +18,9 @@ Invariants:
   answer with no JSON at all leaves its messages unread (the mark stays before them) and is
   retried at the next extraction, ``PARSE_RETRIES`` time(s); then the mark moves past them
   with a warning saying why (``skipped`` counts them).
+- The person's plain first-person statements ("my door code is 4521", ``plain_facts``) are
+  kept as inferred facts at every extraction and every fold, with or without a model call
+  and whatever the model answers; they are the person's own words, so they need no check.
 - A new value for a fact's subject (bot.memory.fact_values: "door code: 4521 -> 7788")
   updates that fact, keeping the old value in its history, instead of adding a second fact;
   a pinned fact is never changed by extraction, whatever the subject.
@@ -39,12 +42,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bot.errors import LLMUnavailable
+from bot.llm.gate import BackgroundPreempted
 from bot.llm.port import LLM, ChatMessage
 from bot.llm.server_limits import Room, no_limit
 from bot.llm.tokens import TokenCounter
-from bot.memory import fact_values
+from bot.memory import fact_values, grounding, plain_facts
 from bot.memory.port import MemoryStore
-from bot.memory.records import USER, Fact, StoredMessage
+from bot.memory.records import FACTS_CLAIM, USER, Fact, StoredMessage
 
 log = logging.getLogger("bot.memory.facts")
 
@@ -145,10 +150,14 @@ def _content_words(text: str) -> set[str]:
 _PROMPT_WORDS = frozenset(_content_words(PROMPT))
 
 
-def grounded(text: str, messages: Sequence[StoredMessage]) -> str | None:
+def grounded(
+    text: str, messages: Sequence[StoredMessage], *, known: Sequence[str] = ()
+) -> str | None:
     """A proposed fact's text cleaned of a copied "[3] ana:" lead, or None when it is junk: a
-    copy of an assistant line, an echo of the instructions, or no content word in common with
-    the person's messages shown."""
+    copy of an assistant line, an echo of the instructions, no content word in common with
+    the person's messages shown, or a sentence not grounded in the messages or the ``known``
+    facts shown beside them (``bot.memory.grounding``: a name, number or place neither side
+    said)."""
     text = _LEAD.sub("", text, count=1).strip() or text.strip()
     words = _content_words(text)
     if not words:
@@ -161,7 +170,21 @@ def grounded(text: str, messages: Sequence[StoredMessage]) -> str | None:
     norm = normalize(text)
     if any(normalize(m.text) == norm for m in messages if m.role != USER):
         return None
+    ground = grounding.said(
+        grounding.lines_of(messages), extra=[*known, *grounding.dates_of(messages)]
+    )
+    if any(grounding.sentence_problem(s, ground) for s in grounding.sentences(text)):
+        return None  # a name, number or place neither side said; a copied bot answer
     return text
+
+
+def _covered(text: str, facts: Sequence[Fact]) -> bool:
+    """A new fact that is no near-duplicate of a stored one (those update it) but whose words
+    one of them already holds ("Lives in Oslo" beside "They live in Oslo.")."""
+    words = grounding.stems(text)
+    if find_duplicate(text, facts) is not None:
+        return False
+    return any(words <= grounding.stems(f.text) for f in facts)
 
 
 def find_duplicate(text: str, facts: Sequence[Fact]) -> Fact | None:
@@ -267,7 +290,7 @@ class FactExtractor:
         chunk); an answer with no JSON leaves the chunk unread ``PARSE_RETRIES`` time(s), then
         it is skipped with a warning; a conversation forgotten meanwhile ends it quietly."""
         messages = await self._unread(conversation_id, messages)
-        total = Applied()
+        total = await self.plain(conversation_id, messages)  # kept whatever the model does
         for part in await self._chunks(conversation_id, messages):
             chunk = await self._alive(conversation_id, part)
             if not chunk:
@@ -279,6 +302,56 @@ class FactExtractor:
             got = got or Applied(ignored=1)
             total = Applied(*(a + b for a, b in zip(_counts(total), _counts(got), strict=True)))
         return total
+
+    async def plain(self, conversation_id: int, messages: Sequence[StoredMessage]) -> Applied:
+        """The person's plain statements in ``messages`` (``bot.memory.plain_facts``) kept as
+        inferred facts, each with its message as provenance; no model call. One already
+        stored is left alone, and so is an older value of a subject a later message set."""
+        proposals: list[Proposal] = []
+        messages = await self._alive(conversation_id, messages)  # nothing forgotten meanwhile
+        for m in messages:
+            if m.role == USER:
+                said = plain_facts.statements(m.text)
+                proposals += [Proposal("add", t, None, (m.id,)) for t in said]
+        if not proposals:
+            return Applied()
+        facts = await self._store.facts(conversation_id)
+        fresh = [
+            p for p in proposals
+            if find_duplicate(p.text, facts) is None
+            and not any(max(f.source_ids, default=0) > p.source[0]
+                        for f in facts if fact_values.same_subject(p.text, f.text))
+        ]  # fmt: skip
+        try:
+            applied = await self.apply(conversation_id, fresh, messages) if fresh else Applied()
+        except Exception:
+            if not await self._alive(conversation_id, messages):
+                log.debug("facts: conversation %d forgotten meanwhile", conversation_id)
+                return Applied()
+            raise
+        return Applied(applied.added, applied.updated, applied.deleted,
+                       applied.ignored + len(proposals) - len(fresh))  # fmt: skip
+
+    async def at_fold(
+        self, conversation_id: int, messages: Sequence[StoredMessage], *, model: bool
+    ) -> None:
+        """Facts from a folded chapter's messages: the person's plain statements always,
+        the model's proposals when ``model`` (the gate expects the call to fit). The chapter
+        stands whatever happens here; what the model did not read is read at the session's
+        close."""
+        try:
+            async with self._store.claim(FACTS_CLAIM, conversation_id) as mine:
+                if mine and model:  # (a session close holding it reads these messages too)
+                    await self.extract(conversation_id, messages)
+                elif mine:
+                    await self.plain(conversation_id, messages)
+        except (LLMUnavailable, BackgroundPreempted) as exc:
+            log.info("facts at the fold of conversation %d postponed: %s", conversation_id, exc)
+        except Exception:  # loop boundary: facts must never take the bot down
+            if not await self._alive(conversation_id, messages):
+                log.debug("facts: conversation %d forgotten during its fold", conversation_id)
+                return
+            log.exception("facts at the fold of conversation %d failed", conversation_id)
 
     async def _chunks(
         self, conversation_id: int, messages: Sequence[StoredMessage]
@@ -356,6 +429,7 @@ class FactExtractor:
             return Applied()
         facts = await self._store.facts(conversation_id)
         listing = "\n".join(f"{f.id}: {f.text}" + (" (pinned)" if f.pinned else "") for f in facts)
+        shown = [f.text for f in facts]
         chat = "\n".join(f"[{m.id}] {m.author}: {m.text}" for m in messages)
         prompt = [
             ChatMessage("system", PROMPT),
@@ -371,11 +445,13 @@ class FactExtractor:
             return None
         kept: list[Proposal] = []
         for p in proposals:
-            text = grounded(p.text, messages) if p.op != "delete" else ""
+            text = grounded(p.text, messages, known=shown) if p.op != "delete" else ""
             if text is None:
                 log.debug("fact extraction for conversation %d: an ungrounded fact dropped",
                           conversation_id)  # fmt: skip
                 continue
+            if p.op == "add" and _covered(text, facts):
+                continue  # says nothing a stored fact does not (a plain statement kept it)
             kept.append(Proposal(p.op, text, p.fact_id, p.source) if text else p)
         try:
             applied = await self.apply(conversation_id, kept, messages)

@@ -10,8 +10,13 @@ Invariants:
   background lane of the gate and runs only while ``idle()`` says no turn is running, so it
   never delays a reply; a preempted or failed call leaves the session unsummarized and it is
   tried again at a later tick.
-- The long-term summary is rebuilt from the previous version and the newly summarized session,
-  so its cost does not grow with the number of sessions; after a ``!reset`` it starts afresh
+- A session's title and summary are kept only when grounded in its messages
+  (``grounded_summary``): a title or sentence holding a name, number or place neither side
+  said, or copying the bot's answer, gives way to the person's own words; a title is cut at
+  a word boundary, never mid-word.
+- The long-term summary is rebuilt from the previous version and the newly summarized session
+  (kept only when grounded in them, else a digest of them), so its cost does not grow
+  with the number of sessions; after a ``!reset`` it starts afresh
   from sessions after the reset mark (the prompt hides versions built before it).
 - At the end of a chat (``finish_before_exit``) a session that has ended (a ``!reset``, a long
   pause) is summarized before the process exits, not at the next start ahead of the person's
@@ -32,7 +37,9 @@ from bot.errors import LLMUnavailable
 from bot.llm.port import LLM, ChatMessage
 from bot.llm.server_limits import Room, no_limit
 from bot.llm.tokens import TokenCounter
+from bot.memory import chapter_check, grounding
 from bot.memory.facts import FactExtractor
+from bot.memory.grounding import cut_words
 from bot.memory.port import MemoryStore
 from bot.memory.records import FACTS_CLAIM, Session, SessionSpan, StoredMessage
 from bot.memory.schema import FTS_STRIDE
@@ -54,6 +61,7 @@ LONGTERM_PROMPT = (
 SESSION_MAX_MESSAGES = 80  # a long session is summarized from its last messages
 SESSION_SUMMARY_TOKENS = 160
 TITLE_MAX_CHARS = 80
+SESSION_DIGEST_TOKENS = 80  # a session's digest when its model summary is not grounded
 LONGTERM_TOKENS = 250
 PROMPT_SLACK = 32  # tokens a prompt adds around its parts (headers, the chat template)
 DATE_LINE_TOKENS = 10  # the most a date line of the input costs ([28 Sep 2026]: 8 with cl100k)
@@ -98,12 +106,38 @@ def parse_session_summary(text: str) -> tuple[str, str]:
     for label in ("title:", "Title:", "TITLE:"):
         if title.startswith(label):
             title = title[len(label) :].strip()
-    title = title.strip("\"' ")[:TITLE_MAX_CHARS] or "Conversation"
+    title = cut_words(title.strip("\"' "), TITLE_MAX_CHARS) or "Conversation"
     body = " ".join(lines[1:])
     for label in ("Summary:", "summary:"):
         if body.startswith(label):
             body = body[len(label) :].strip()
     return title, body or title
+
+
+def grounded_summary(
+    answer: str, messages: Sequence[StoredMessage], counter: TokenCounter
+) -> tuple[str, str]:
+    """(title, summary) from the model's ``answer``, each kept only when grounded in the
+    session's ``messages`` (``bot.memory.grounding``; the title whole, the summary as its
+    grounded sentences); else the title is the person's most informative sentence, cut at a
+    word, and the summary a digest of the session (``chapter_check.digest``, the person's
+    lines first)."""
+    title, summary = parse_session_summary(answer)
+    sources, dates = grounding.lines_of(messages), grounding.dates_of(messages)
+    ground = grounding.said(sources, extra=dates)
+    dated = {w for line in dates for w in grounding.content_words(line)}
+    if not set(grounding.content_words(title)) - dated or any(  # (a date line is no title)
+        grounding.sentence_problem(s, ground) for s in grounding.sentences(title)
+    ):
+        log.info("a session title was not grounded in its messages; the person's own words "
+                 "stand instead")  # fmt: skip
+        best = chapter_check.best_sentence(sources)
+        title = cut_words(best, TITLE_MAX_CHARS) if best else "Conversation"
+    summary = chapter_check.vet(
+        summary, instruction=SESSION_PROMPT, sources=sources, counter=counter,
+        limit=SESSION_DIGEST_TOKENS, extra=dates, what="session summary",
+    )  # fmt: skip
+    return title, summary
 
 
 class SessionKeeper:
@@ -198,7 +232,7 @@ class SessionKeeper:
             [ChatMessage("system", SESSION_PROMPT), ChatMessage("user", chat)],
             max_tokens=answer,
         )
-        title, summary = parse_session_summary(completion.text)
+        title, summary = grounded_summary(completion.text, shown, self._counter)
         if self._extractor is not None:
             await self._extractor.extract(session.conversation_id, messages)  # all, in chunks
         await self._store.set_session_summary(
@@ -261,6 +295,12 @@ class SessionKeeper:
         text = completion.text.strip()
         if not text:
             return
+        merged = [old.text if old else "", *(s.summary or "" for s in new)]
+        sources = [("", t.removeprefix(chapter_check.DIGEST_MARK)) for t in merged if t]
+        text = chapter_check.vet(  # grounded in what it merges, else a digest of it
+            text, instruction=LONGTERM_PROMPT, sources=sources, counter=self._counter,
+            limit=LONGTERM_TOKENS, extra=listing.splitlines(), what="long-term summary",
+        )  # fmt: skip
         try:
             await self._store.save_longterm_summary(
                 conversation_id,
@@ -329,7 +369,9 @@ class SessionKeeper:
                     [ChatMessage("system", SESSION_PROMPT), ChatMessage("user", chat)],
                     max_tokens=SESSION_SUMMARY_TOKENS,
                 )
-                title, summary = parse_session_summary(completion.text)
+                title, summary = grounded_summary(
+                    completion.text, messages[-SESSION_MAX_MESSAGES:], self._counter
+                )
                 await self._store.set_session_summary(
                     session.id, title=title, summary=summary, tokens=self._counter.count(summary)
                 )

@@ -34,14 +34,16 @@ Invariants:
   is retried after ``retry_seconds``.
 - A continuation cut by ``max_tokens`` is kept as it is, up to its last full sentence with a
   visible "[…]" (the fold completes with what it has); one with no text at all becomes the
-  person's own lines of the block, cut to the word limit. A standalone chapter cut by
-  ``max_tokens`` is asked again shorter; if still cut, it is saved up to its last full
-  sentence with a visible "[…]" and a warning. Nothing is dropped silently: the log stays
-  the record, and every skip is logged.
-- A merge or fold-time fact extraction starts only when the gate expects it to fit (never
-  holding up the next fold); what is not read for facts at a fold is read at the session's
-  close. After a debt fold both run in tasks of their own: ``settle`` waits for the chapter,
-  never for background work (which waits for the very turn that settles).
+  digest of the block (``own_lines``: the person's sentences first, verbatim). A standalone
+  chapter cut by ``max_tokens`` is asked again shorter; if still cut, it is saved up to its
+  last full sentence with a visible "[…]" and a warning. Nothing is dropped silently: the
+  log stays the record, and every skip is logged.
+- A merge or fold-time fact extraction by the model starts only when the gate expects it to
+  fit (never holding up the next fold); what is not read for facts at a fold is read at the
+  session's close. The person's plain statements are kept as facts at every fold
+  (``FactExtractor.at_fold``, no model call). After a debt fold both run in tasks of their
+  own: ``settle`` waits for the chapter, never for background work (which waits for the
+  very turn that settles).
 - A summary begun before a ``!reset`` is refused by the store at save time.
 - Nothing forgotten is sent: before every model call of a fold or a merge (the continuation,
   the standalone chapter, its "shorter" retry, the merge) the conversation is read again
@@ -69,7 +71,7 @@ from bot.llm.gate import BackgroundPreempted, LLMGate, hold_for_debt
 from bot.llm.port import LLM, TRUNCATED_MARK, ChatMessage
 from bot.llm.server_limits import Room, no_limit
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
-from bot.memory import chapter_check
+from bot.memory import chapter_check, grounding
 from bot.memory.chapter_text import (
     CHAPTER_PROMPT,
     CONTINUATION_PROMPT,
@@ -86,7 +88,7 @@ from bot.memory.chapter_text import (
 from bot.memory.facts import EXTRACT_TOKENS, FactExtractor
 from bot.memory.forgotten import Forgotten, gone, still_there
 from bot.memory.port import MemoryStore
-from bot.memory.records import FACTS_CLAIM, SUMMARY_CLAIM
+from bot.memory.records import SUMMARY_CLAIM
 from bot.memory.store import Conversation, StoredMessage
 
 log = logging.getLogger("bot.memory.summary")
@@ -126,7 +128,7 @@ class FoldStats:
     completed: int = 0  # chapters saved
     continued: int = 0  # of those, written as a continuation
     debts: int = 0  # run in the debt lane
-    extractive: int = 0  # debts with no room for the model: the person's own lines
+    extractive: int = 0  # debts with no room for the model: a digest, the person first
     late: int = 0  # saved more than two turns after coming due
     settle_waits: list[float] = field(default_factory=list)  # turns waiting for a debt fold
 
@@ -353,14 +355,14 @@ class Summarizer:
         return min(limit, fit)
 
     def _no_call(self, conversation_id: int, pending: list[StoredMessage]) -> str:
-        """A debt with no room for the model: the chapter is the person's own lines (nothing
+        """A debt with no room for the model: the chapter is a digest, the person first (nothing
         waits for it; the slot its reply kept is let go)."""
         self._let_go(conversation_id)
         self.stats.extractive += 1
         log.info("conversation %d: no room for the model at this fold; chapter kept from "
                  "the person's own lines", conversation_id)  # fmt: skip
         words = max(20, int(self._config.max_tokens * CHAPTER_WORDS_SHARE))
-        return own_lines(pending, words)
+        return own_lines(pending, words, self._counter)
 
     async def _refresh(
         self, conversation: Conversation, *, window_start_id: int, lane: str = "background"
@@ -402,8 +404,8 @@ class Summarizer:
         assert text is not None
         text = chapter_check.vet(  # junk (an echoed instruction ...) becomes a digest
             text, instruction=CHAPTER_PROMPT + "\n" + CONTINUATION_PROMPT,
-            sources=[(m.author, m.text) for m in pending], counter=self._counter,
-            limit=chapter_check.words_limit(words, self._config.max_tokens),
+            sources=grounding.lines_of(pending), extra=grounding.dates_of(pending),
+            counter=self._counter, limit=chapter_check.words_limit(words, self._config.max_tokens),
         )  # fmt: skip
         saved = await self._store.save_summary(
             conversation.id,
@@ -424,8 +426,9 @@ class Summarizer:
             self.stats.late += turns > 2  # counted at each reply since it came due
             self._due.pop(conversation.id, None)
         log.debug("conversation %d: chapter up to message %d", conversation.id, pending[-1].id)
-        if self._extractor is not None and self._room_for(EXTRACT_SIZE):
-            self._aside(self._extract_fold(conversation.id, pending))  # folds are not held up
+        if self._extractor is not None:  # folds are not held up; plain facts need no model
+            self._aside(self._extractor.at_fold(conversation.id, pending,
+                                                model=self._room_for(EXTRACT_SIZE)))  # fmt: skip
         total = sum(c.tokens for c in chapters) + self._counter.count(text)
         if total > self._config.max_tokens * MERGE_FACTOR:
             self._merge_due.pop(conversation.id, None)
@@ -516,7 +519,7 @@ class Summarizer:
             log.info("conversation %d: chapter cut at %d tokens; kept what it has",
                      conversation.id, tokens)  # fmt: skip
             return (cut or text) + TRUNCATED_MARK
-        return text or own_lines(pending, words)
+        return text or own_lines(pending, words, self._counter)
 
     async def merge(self, conversation: Conversation) -> bool:
         """Merge every chapter into one longer-term summary (session end, idle, or too long);
@@ -527,19 +530,6 @@ class Summarizer:
             except Forgotten:
                 log.debug("conversation %d forgotten during its merge", conversation.id)
                 return False
-
-    async def _extract_fold(self, conversation_id: int, pending: list[StoredMessage]) -> None:
-        """Facts from a folded chapter's messages (the chapter stands whatever happens here;
-        what is missed is read again at the session's close)."""
-        assert self._extractor is not None
-        try:
-            async with self._store.claim(FACTS_CLAIM, conversation_id) as mine:
-                if mine:  # (a session close holding it reads these messages too)
-                    await self._extractor.extract(conversation_id, pending)
-        except (LLMUnavailable, BackgroundPreempted) as exc:
-            log.info("facts at the fold of conversation %d postponed: %s", conversation_id, exc)
-        except Exception:  # loop boundary: facts must never take the bot down
-            log.exception("facts at the fold of conversation %d failed", conversation_id)
 
     async def _merge(self, conversation: Conversation) -> bool:
         chapters = await self._store.summaries(conversation)

@@ -14,7 +14,7 @@ from typing import Any
 class MemoryScript:
     title: str = "Radio antennas"
     summary: str = "They compared antennas. The person chose a 5 dBi whip."
-    longterm: str = "LONGTERM: the person builds LoRa radios and prefers whips."
+    longterm: str = "LONGTERM: the person compared radio antennas and chose a 5 dBi whip."
     facts: str = '{"facts": []}'
     reply: str = "ok"
     seen: list[str] = field(default_factory=list)
