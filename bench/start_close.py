@@ -77,7 +77,7 @@ async def run(server: Server, tail: LogTail, *, messages: int, first_at: float) 
             arrived = time.monotonic()
             inbound = Inbound(
                 transport=TRANSPORT, sender="bob", text="hello, which radio should I buy first?",
-                message_id="bob-1", sender_name="Bob",
+                message_id="bob-1", sender_name="Bob", authenticated=True,
             )  # fmt: skip
             await transport.inject(inbound)
             while not any(r.inbound.sender == "bob" for r in transport.sent):  # noqa: ASYNC110

@@ -180,7 +180,8 @@ async def run(
                 clock.now = T0 + n * STEP
                 inbound = Inbound(transport=transport.name, sender=PERSON, text=text,
                                   message_id=f"m{n}", sender_name=PERSON.title(),
-                                  received_at=datetime.fromtimestamp(clock.now, UTC))  # fmt: skip
+                                  received_at=datetime.fromtimestamp(clock.now, UTC),
+                                  authenticated=True)  # fmt: skip
                 await transport.inject(inbound)
                 await app.responder.wait_idle()
                 await app.summarizer.wait_quiet()

