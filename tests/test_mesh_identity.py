@@ -195,7 +195,7 @@ async def test_a_link_code_sent_without_pki_is_refused_and_used_up(
         assert await r.app.store._all("SELECT * FROM link_codes") == []  # used up
         # even the right person, authenticated, cannot use it now
         await r.dm(f"!link {code}", frm=VICTIM)
-        assert "That code does not work" in r.texts_to(VICTIM)[-1]
+        assert "No link made" in r.texts_to(VICTIM)[-1]
         merged = await r.app.store._val(
             "SELECT count(*) FROM conversations WHERE merged_into IS NOT NULL"
         )

@@ -273,6 +273,7 @@ def test_ble_factory_passes_address_and_closes_a_half_built_interface(
     assert isinstance(iface, BLEInterface) and calls == [("init", ("AA:BB:CC:DD:EE:FF", 42))]
     calls.clear()
     broken = cfg.model_copy(update={"address": "AA:BB:CC:DD:EE:00"})
-    with pytest.raises(MeshInterface.MeshInterfaceError):
+    with pytest.raises(TransportError, match="bluetoothctl") as failed:  # the cause and the fix
         default_interface_factory(broken)()
+    assert isinstance(failed.value.__cause__, MeshInterface.MeshInterfaceError)
     assert [c[0] for c in calls] == ["init", "close"]  # BlueZ is not left connected
