@@ -3,4 +3,4 @@
 Importing this package does nothing: no config, no logging, no clients, no event loops.
 """
 
-__version__ = "0.3.1"
+__version__ = "0.4.0"

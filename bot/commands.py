@@ -231,6 +231,7 @@ class Commands:
             text += f" {p}persona"
         if self.is_operator(inbound):
             text += f" | operator: {p}stats" + (f" {p}model" if self.settings else "")
+            text += f" {p}repin [node]" if self._pins is not None else ""
         return self._say(text)
 
     async def _reset(self, inbound: Inbound, arg: str, room: int) -> CommandResult:

@@ -239,6 +239,11 @@ async def test_a_reset_radio_is_refused_until_the_operator_repins_it(
         await r.discord.say(f"!repin {VICTIM_ID}", sender="mallory")
         await r.app.responder.wait_idle()
         assert r.discord.texts()[-1].startswith("Unknown command !repin")
+        # !help names it to the operator only
+        for who, listed in (("op", True), ("mallory", False)):
+            await r.discord.say("!help", sender=who)
+            await r.app.responder.wait_idle()
+            assert ("!repin" in r.discord.texts()[-1]) is listed
         # and the CLI shows the same pins, and re-pins to a key given by the operator
         lines: list[str] = []
         assert await pins_command(r.app.store, r.app.config, repin=None, key=None,
