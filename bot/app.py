@@ -46,6 +46,7 @@ from bot.bridge import Bridge
 from bot.chat_settings import ChatSettings
 from bot.clock import CLOCK_FILE, ClockWatch, SyncState, SystemSync
 from bot.commands import Commands
+from bot.commands_facts import FactCommands
 from bot.commands_settings import SettingsCommands
 from bot.config import Config
 from bot.errors import MeshsageError
@@ -492,10 +493,14 @@ async def build(
         pins = PinnedKeys(store=store, configured=configured_keys(config))
         commands = Commands(
             store=store,
-            counter=counter,
+            facts=FactCommands(
+                store=store,
+                counter=counter,
+                prefix=config.bot.command_prefix,
+                max_facts=config.memory.max_facts,
+            ),
             prefix=config.bot.command_prefix,
             operators=config.bot.operators,
-            max_facts=config.memory.max_facts,
             model_name=lambda: gate.model_name,
             links=LinkCodes(store),
             trust=policy_for(config),  # who may do what (bot.trust)
