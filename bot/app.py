@@ -2,7 +2,8 @@
 
 Invariants:
 - Nothing else constructs collaborators; classes receive them as keyword arguments.
-- Adapter modules for Meshtastic and Discord are imported only when their section is enabled.
+- Adapter modules for Meshtastic and Discord are imported only when their section is enabled
+  (``bot.app_edges`` builds the transports, the relay bridge and the web view for ``build``).
 - A transport that fails to start is logged and left out; the others keep running. The app
   ends when it is asked to stop, or when every transport has ended by itself (console EOF).
 - Shutdown order: stop taking turns and finish the ones in flight (replies still go out),
@@ -36,18 +37,18 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from bot.answering import unavailable_notice
+from bot.app_edges import build_bridge, build_transport, build_web
 from bot.bridge import Bridge
 from bot.chat_settings import ChatSettings
 from bot.clock import CLOCK_FILE, ClockWatch, SyncState, SystemSync
-from bot.commands import COMMAND_NAMES, Commands
+from bot.commands import Commands
+from bot.commands_facts import FactCommands
 from bot.commands_settings import SettingsCommands
 from bot.config import Config
-from bot.domain import ConversationKey
 from bot.errors import MeshsageError
 from bot.identity import PinnedKeys, configured_keys, policy_for
 from bot.llm.gate import LLMGate
@@ -492,10 +493,14 @@ async def build(
         pins = PinnedKeys(store=store, configured=configured_keys(config))
         commands = Commands(
             store=store,
-            counter=counter,
+            facts=FactCommands(
+                store=store,
+                counter=counter,
+                prefix=config.bot.command_prefix,
+                max_facts=config.memory.max_facts,
+            ),
             prefix=config.bot.command_prefix,
             operators=config.bot.operators,
-            max_facts=config.memory.max_facts,
             model_name=lambda: gate.model_name,
             links=LinkCodes(store),
             trust=policy_for(config),  # who may do what (bot.trust)
@@ -562,132 +567,20 @@ async def build(
         if transports is None:
             names = only if only is not None else config.enabled_transports()
             transports = [
-                _build_transport(name, app, env=env, stdin=stdin, stdout=stdout) for name in names
+                build_transport(name, app, env=env, stdin=stdin, stdout=stdout) for name in names
             ]
         app.transports = transports
         for transport in transports:
             if isinstance(transport, Identifies):  # the mesh: who speaks (mesh_keys)
                 transport.admission.pins = pins
         if config.web.enabled and only is None:  # `run` only: chat and the tools serve no view
-            app.web = _build_web(app, env=env, latencies=latencies, counters=counters)
+            app.web = build_web(app, env=env, latencies=latencies, counters=counters)
         # chat, memory tools and reindex build one transport or none: no bridge to make
         if config.relay.pairs and only is None and transports:
-            app.bridge = _build_bridge(config, transports)
+            app.bridge = build_bridge(config, transports)
             bridge = app.bridge
             commands.stat_sources.append(bridge.stats)
         return app
     except BaseException:
         await store.close()
         raise
-
-
-def _build_web(
-    app: App, *, env: Mapping[str, str], latencies: Latencies, counters: Counters
-) -> WebServer:
-    """The web view (``web:``); refuses without the token a non-loopback bind needs."""
-    from bot.web.checks import web_problems, web_token
-    from bot.web.model import Collector
-    from bot.web.server import WebServer
-
-    problems = web_problems(app.config, env=env)
-    if problems:
-        raise MeshsageError(" ".join(problems))
-    collector = Collector(
-        status=app.status_now,
-        transports=lambda: app.transports,
-        store=app.store,
-        latencies=latencies,
-        counters=counters,
-        last_error=app.last_error,
-        waiting=app.responder.waiting,
-        model_name=lambda: app.gate.model_name,
-        backups=app.config.database_path.parent / "backups",
-    )
-    return WebServer(
-        config=app.config.web,
-        token=web_token(app.config, env),
-        collector=collector,
-        name=app.config.bot.name,
-    )
-
-
-def _build_bridge(config: Config, transports: list[Transport]) -> Bridge:
-    """Connect the meshtastic and discord transports through the bridge (``relay:``)."""
-    from bot.transports.discord import DiscordTransport
-    from bot.transports.meshtastic import MeshtasticTransport
-
-    mesh = next((t for t in transports if isinstance(t, MeshtasticTransport)), None)
-    chat = next((t for t in transports if isinstance(t, DiscordTransport)), None)
-    if mesh is None or chat is None:
-        raise MeshsageError(
-            "relay: pairs need both the meshtastic: and the discord: sections enabled. Fix: "
-            "enable both, or remove the relay: pairs."
-        )
-    discord_side = chat.attach_relay(config.relay)
-    bridge = Bridge(config.relay, mesh=mesh, discord=discord_side)
-    discord_side.bind(bridge)
-    mesh.channel_listener = bridge.mesh_heard
-    return bridge
-
-
-async def _not_incognito(app: App, key: ConversationKey) -> bool:
-    """The console's history file keeps a line only while this is true."""
-    conv = await app.store.find_conversation(key)
-    return conv is None or not conv.incognito
-
-
-def _build_transport(
-    name: str,
-    app: App,
-    *,
-    env: Mapping[str, str],
-    stdin: IO[bytes] | None,
-    stdout: IO[str] | None,
-) -> Transport:
-    config = app.config
-    if name == "console":
-        from bot.transports.console import ConsoleTransport
-
-        cc = config.console_config()
-        return ConsoleTransport(
-            user=cc.user,
-            context_tokens=cc.context_tokens,
-            max_tokens=cc.max_tokens,
-            wait_idle=app.responder.wait_idle,
-            export_dir=config.database_path.parent / "exports",
-            history_file=config.database_path.parent / "console_history",
-            keep_line=partial(_not_incognito, app, ConversationKey("console", cc.user)),
-            stdin=stdin,
-            stdout=stdout,
-        )
-    if name == "meshtastic" and config.meshtastic is not None:
-        from bot.transports.meshtastic import build_meshtastic
-
-        return build_meshtastic(
-            config.meshtastic,
-            bot_name=config.bot.name,
-            command_prefix=config.bot.command_prefix,
-            command_names=COMMAND_NAMES,
-        )
-    if name == "discord" and config.discord is not None:
-        try:
-            from bot.transports.discord import build_discord
-        except ImportError as exc:
-            if exc.name != "discord":
-                raise
-            raise MeshsageError(
-                "the discord: section needs discord.py, which is not installed. Fix: "
-                "pip install 'meshsage[discord]' (or remove the discord: section)."
-            ) from None
-        store = app.store
-        return build_discord(
-            config.discord,
-            env=env,
-            max_message_chars=config.bot.max_message_chars,
-            vision=config.llm.vision,
-            command_prefix=config.bot.command_prefix,
-            command_names=COMMAND_NAMES,
-            seen_path=config.database_path.parent / "discord-seen.json",
-            known=lambda ids, since: store.known_platform_ids("discord", ids, since=since),
-        )
-    raise MeshsageError(f"transport '{name}' is not available in this build")

@@ -12,8 +12,8 @@ Invariants:
   person's spaces on that transport), never on anyone else's.
 - ``!forget`` deletes only after ``!forget yes`` from the same person within 60 s of the moment
   the prompt was *delivered* (``CommandResult.on_delivered``), not of the command's arrival.
-- No argument raises: numbers are parsed with ``_number`` (ASCII digits only; ``"²"`` and
-  ``"③"`` pass ``isdigit()`` but not ``int()``), anything else gets the usage line.
+- No argument raises: numbers are parsed with ``bot.text.small_number`` (ASCII digits only;
+  ``"²"`` and ``"③"`` pass ``isdigit()`` but not ``int()``), anything else gets the usage line.
 - ``!more`` returns the stored rest of the last cut answer unfitted (``more=True``): the
   responder cuts it for the transport and keeps what is left for the next ``!more``. With no
   rest stored, under an answer the model broke off at max_tokens (it ends in
@@ -26,12 +26,8 @@ Invariants:
 - Before any handler runs, ``bot.trust`` (``SenderPolicy.refusal``) decides whether this
   sender may run the command at all: the one identity gate. A refused ``!link <code>`` spends
   the code.
-- ``!remember`` refuses an exact or near duplicate of a pinned fact; a new value for the
-  subject of a known fact ("my door code is 7788" after "... is 4521") updates that fact
-  (pinned), keeps the old value in its history and says what changed ("door code: 4521 ->
-  7788"). ``!facts`` lists pinned and extracted facts, numbered, each with its provenance in
-  brackets ("you, 3 Nov" for ``!remember``; 'inferred today from "..."' for an extracted
-  one) and the value it replaced, if any.
+- ``!remember``, ``!facts`` and ``!unremember`` are ``bot.commands_facts`` (its docstring
+  states how a fact is pinned, updated, listed and removed).
 - A command with an effect (``!remember``, ``!unremember``, ``!reset``, ``!link <code>``,
   ``!unlink``, ``!pin``, ``!model``, ``!persona``) run from ``held_commands`` writes its
   effect with ``done=`` the held id: the effect and the command's done mark commit in one
@@ -39,8 +35,6 @@ Invariants:
   harmlessly. A replay after a kill then tells the person instead of running it again
   (``bot.recovery``). ``!forget yes`` is recognised on replay by nothing of the person
   being left.
-- ``!unremember`` removes the fact with its history, deletes the finished outbox rows that
-  quote it, and does not quote it in its reply.
 - ``!link``/``!unlink`` act only on DMs; a wrong, expired or used code gets one answer that
   reveals nothing, and tries are rate-limited (bot.memory.links).
 - ``!export`` on a transport that cannot carry files says how to get the export instead.
@@ -54,20 +48,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from bot.commands_facts import FactCommands
 from bot.commands_settings import SettingsCommands
 from bot.domain import DM_SPACE, Attachment, Inbound
 from bot.errors import MeshsageError
 from bot.llm.port import TRUNCATED_MARK
-from bot.llm.tokens import TokenCounter
 from bot.memory import chapter_check
 from bot.memory.chapter_text import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.memory.export import export_person
-from bot.memory.fact_values import change_line, same_value
-from bot.memory.facts import find_duplicate, find_same_subject, history_note, provenance
 from bot.memory.links import LinkCodes
 from bot.memory.port import MemoryStore
-from bot.memory.records import RUNNING_COMMAND, Conversation, Fact
-from bot.text import MESH_COMMAND_BYTES, counted, fit_bytes
+from bot.memory.records import RUNNING_COMMAND
+from bot.text import MESH_COMMAND_BYTES, counted, fit_bytes, small_number
 from bot.trust import SenderPolicy
 
 if TYPE_CHECKING:
@@ -80,7 +72,6 @@ COMMAND_NAMES = ("help", "reset", "forget", "history", "summary", "remember", "f
                  "incognito", "persona", "stats", "model", "repin")  # fmt: skip
 HISTORY_DEFAULT = 3
 HISTORY_MAX = 10
-FACT_MAX_CHARS = 300
 SESSIONS_SHOWN = 5
 NO_FILES = ("meshtastic",)  # transports that cannot carry an attachment
 PROMPTS = (CHAPTER_PROMPT, MERGE_PROMPT)  # what a chapter must never be an echo of
@@ -106,10 +97,9 @@ class Commands:
         self,
         *,
         store: MemoryStore,
-        counter: TokenCounter,
+        facts: FactCommands,
         prefix: str,
         operators: tuple[str, ...],
-        max_facts: int,
         model_name: Callable[[], str],
         links: LinkCodes,
         clock: Callable[[], float] = time.monotonic,
@@ -121,9 +111,8 @@ class Commands:
         self.trust = trust or SenderPolicy(operators=frozenset(operators))  # who may do what
         self._links = links
         self._store = store
-        self._counter = counter
+        self.facts = facts  # !remember, !facts, !unremember (bot.commands_facts)
         self.prefix = prefix
-        self._max_facts = max_facts
         self._model_name = model_name
         self._clock = clock
         self._started = clock()
@@ -297,7 +286,7 @@ class Commands:
     async def _history(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         n = HISTORY_DEFAULT
         if arg:
-            number = _number(arg)
+            number = small_number(arg)
             if number is None or not 1 <= number <= HISTORY_MAX:
                 return self._say(f"Usage: {self.prefix}history [n], n from 1 to {HISTORY_MAX}")
             n = number
@@ -325,113 +314,13 @@ class Commands:
         return self._say("Summary: " + " ".join(c.text for c in shown))
 
     async def _remember(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
-        fact = " ".join(arg.split())
-        if not fact:
-            return self._say(
-                f"Usage: {self.prefix}remember <fact>, e.g. {self.prefix}remember I am vegetarian"
-            )
-        if len(fact) > FACT_MAX_CHARS:
-            return self._say(
-                f"That fact is too long ({len(fact)} chars); keep it under {FACT_MAX_CHARS}."
-            )
-        conv = await self._store.conversation(inbound.key)
-        facts = await self._store.facts(conv.id)
-        dup = find_duplicate(fact, facts)
-        same = find_same_subject(fact, facts)
-        if same is not None and (dup is None or dup.id == same.id):
-            return await self._revise(conv, facts, same, fact)
-        if dup is not None and dup.pinned:
-            n = facts.index(dup) + 1
-            return self._say(f"I already have that as fact {n}: {dup.text}")
-        pinned = [f for f in facts if f.pinned]
-        if len(pinned) >= self._max_facts:
-            return self._say(
-                f"You have {len(pinned)} pinned facts, the most I keep. Remove one with "
-                f"{self.prefix}unremember <n>."
-            )
-        # Provenance: the latest exchange, which a fact usually refers to; kept from pruning.
-        recent = await self._store.recent_messages(conv, limit=2)
-        if dup is not None:  # I had inferred it; now the person pins it
-            await self._store.remove_fact(conv.id, dup.id)
-        await self._store.add_fact(
-            conv.id,
-            text=fact,
-            tokens=self._counter.count(fact),
-            source_ids=sorted(m.id for m in recent),
-            done=RUNNING_COMMAND.get(),  # the effect and the command's done mark: one commit
-        )
-        n = len(await self._store.facts(conv.id))
-        return self._say(f"Noted as fact {n} (pinned). I'll keep it in mind in this chat.")
-
-    async def _revise(
-        self, conv: Conversation, facts: list[Fact], same: Fact, fact: str
-    ) -> CommandResult:
-        """``!remember`` of a new value for a known subject: the fact takes it (pinned), the
-        old value goes to its history, and the reply says what changed."""
-        n = facts.index(same) + 1
-        if same.pinned and same_value(fact, same.text):
-            return self._say(f"I already have that as fact {n}: {same.text}")
-        if not same.pinned and sum(f.pinned for f in facts) >= self._max_facts:
-            return self._say(
-                f"You have {self._max_facts} pinned facts, the most I keep. Remove one with "
-                f"{self.prefix}unremember <n>."
-            )
-        recent = await self._store.recent_messages(conv, limit=2)
-        old = await self._store.revise_fact(
-            conv.id,
-            same.id,
-            text=fact,
-            tokens=self._counter.count(fact),
-            pinned=True,
-            source_ids=sorted(m.id for m in recent),
-            done=RUNNING_COMMAND.get(),
-        )
-        if old is None:
-            return self._say("That fact changed meanwhile. Send it again.")
-        return self._say(
-            f"Updated fact {n}: {change_line(old.text, fact)} (the old value stays in its "
-            f"history, {self.prefix}facts)."
-        )
+        return self._say(await self.facts.remember(inbound, arg))
 
     async def _facts(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
-        conv = await self._store.find_conversation(inbound.key)
-        facts = [] if conv is None else await self._store.facts(conv.id)
-        if not facts:
-            return self._say(f"No facts yet. Add one with {self.prefix}remember <fact>.")
-        each = max(16, (room - 10) // len(facts))
-        firsts = {f.id: f.source_ids[0] for f in facts if f.source_ids}
-        sources = {m.id: m for m in await self._store.messages_by_ids(sorted(set(firsts.values())))}
-        now = time.time()
-        items = []
-        for i, f in enumerate(facts, 1):  # provenance: when, and from what (bot.memory.facts)
-            note = history_note(f, today=now)  # the value it replaced, and whose it was
-            why = f" [{provenance(f, sources.get(firsts.get(f.id, -1)), today=now)}"
-            why += f"; {note}]" if note else "]"
-            why = fit_bytes(why, each - 16) if each >= 28 else ""
-            items.append(f"{i}) {fit_bytes(f.text, each - len(why.encode()))}{why}")
-        return self._say(" ".join(items))
+        return self._say(await self.facts.facts(inbound, room))
 
     async def _unremember(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
-        conv = await self._store.find_conversation(inbound.key)
-        facts = [] if conv is None else await self._store.facts(conv.id)
-        if conv is None or not facts:
-            return self._say(f"No facts to remove. Add one with {self.prefix}remember <fact>.")
-        number = _number(arg)
-        if number is None or not 1 <= number <= len(facts):
-            return self._say(
-                f"Usage: {self.prefix}unremember <n>, n from 1 to {len(facts)} "
-                f"(see {self.prefix}facts)"
-            )
-        fact = facts[number - 1]
-        # Its text leaves the outbox too (earlier !facts and !remember replies); this reply
-        # does not quote it, so no new row holds it. Scrubbed first: the removal is the
-        # effect marked done, after which a replay never picks "fact n" again.
-        await self._store.scrub_outbox(conv.id, fact.text)
-        await self._store.remove_fact(conv.id, fact.id, done=RUNNING_COMMAND.get())
-        left = len(facts) - 1
-        return self._say(
-            f"Removed fact {number} and its history; {left} left ({self.prefix}facts)."
-        )
+        return self._say(await self.facts.unremember(inbound, arg))
 
     async def _more(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
         rest = await self._store.take_more(inbound.key)
@@ -607,14 +496,6 @@ class Commands:
         for source in self.stat_sources:
             stats.update(source())
         return self._say(", ".join(f"{k}: {v}" for k, v in stats.items()))
-
-
-def _number(text: str) -> int | None:
-    """A small positive number written in ASCII digits, else None (never raises)."""
-    text = text.strip()
-    if not text or len(text) > 6 or not all("0" <= c <= "9" for c in text):
-        return None
-    return int(text)
 
 
 def _duration(seconds: int) -> str:

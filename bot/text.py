@@ -1,8 +1,9 @@
 """Small pure text helpers shared by the responder and commands.
 
 Invariant: ``fit_bytes`` never cuts inside a UTF-8 sequence and never returns more than
-``limit`` bytes; ``clean_inbound`` keeps every printable character (emoji, RTL, CJK) and
-newlines/tabs, and removes NULs and other control characters. ``fill_prompt`` replaces only
+``limit`` bytes; ``small_number`` never raises (ASCII digits only); ``clean_inbound`` keeps
+every printable character (emoji, RTL, CJK) and newlines/tabs, and removes NULs and other
+control characters. ``fill_prompt`` replaces only
 the placeholders ``{date}`` and ``{time}`` (UTC); any other brace text stays as written.
 """
 
@@ -23,6 +24,14 @@ def counted(n: int, singular: str, plural: str | None = None) -> str:
     if plural is None:
         plural = singular[:-1] + "ies" if singular.endswith("y") else singular + "s"
     return f"{n} {plural}"
+
+
+def small_number(text: str) -> int | None:
+    """A small positive number written in ASCII digits, else None (never raises)."""
+    text = text.strip()
+    if not text or len(text) > 6 or not all("0" <= c <= "9" for c in text):
+        return None
+    return int(text)
 
 
 def fit_bytes(text: str, limit: int = MESH_COMMAND_BYTES) -> str:

@@ -361,15 +361,17 @@ async def test_relay_without_both_transports_says_how_to_fix(tmp_path: Any, fake
 
 async def test_stats_show_relay_counters(fake_discord: FakeDiscord, tmp_path: Any) -> None:
     from bot.commands import Commands
+    from bot.commands_facts import FactCommands
     from bot.llm.tokens import make_counter
     from bot.memory.links import LinkCodes
     from bot.memory.store import SqliteStore
 
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
+        facts = FactCommands(store=store, counter=make_counter(), prefix="!", max_facts=5)
         commands = Commands(
-            store=store, counter=make_counter(), prefix="!", operators=(), max_facts=5,
-            model_name=lambda: "m", links=LinkCodes(store),
+            store=store, facts=facts, prefix="!", operators=(), model_name=lambda: "m",
+            links=LinkCodes(store),
         )  # fmt: skip
         async with rig(fake_discord) as r:
             commands.stat_sources.append(r.bridge.stats)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bot.errors import LLMUnavailable
-from bot.llm.openai_compat import MAX_ANSWER_CHARS, MAX_JSON_BYTES, OpenAICompatLLM
+from bot.llm.body import MAX_JSON_BYTES
+from bot.llm.openai_compat import MAX_ANSWER_CHARS, OpenAICompatLLM
 from bot.llm.port import TRUNCATED_MARK, ChatMessage
 from tests.conftest import make_config
 from tests.fakes.flood_llm import FloodLLM

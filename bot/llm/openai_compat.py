@@ -19,8 +19,8 @@ Invariants:
   no message, empty text after removing ``<think>`` blocks) is a failure of that attempt:
   retried, then the fallbacks, then ``LLMUnavailable``.
 - Overflow in every form is ``ContextTooLong``, never an outage: HTTP 400 in the server's
-  wording (``_CONTEXT_ERROR``), an error event inside the stream, a prompt the server reports
-  it truncated (``"truncated": true``), and a streamed HTTP 200 with an empty body
+  wording (``body.CONTEXT_ERROR``), an error event inside the stream, a prompt the server
+  reports it truncated (``"truncated": true``), and a streamed HTTP 200 with an empty body
   (llama-cpp-python's answer to an over-long streamed prompt): an empty stream is asked
   again once, not streamed, with ``max_tokens: 1``, and the server's answer to that decides
   (its 400 names the context; a success means the prompt fits, and the attempt failed).
@@ -37,11 +37,11 @@ Invariants:
   characters (NUL included; newlines and tabs kept) and bidi overrides/isolates are removed.
   Over-long answers are cut to ``MAX_ANSWER_CHARS``; an answer cut by ``max_tokens`` (or here)
   ends with ``TRUNCATED_MARK``.
-- Memory is bounded whatever a server sends: the body is read as it arrives, never whole. A
-  stream stops being read (and the connection is closed, which stops generation) once its
-  text reaches ``MAX_RAW_CHARS`` (the answer is then cut, as by ``max_tokens``); one stream
-  line over ``MAX_LINE_BYTES`` or a plain JSON answer over ``MAX_JSON_BYTES`` is a failed
-  attempt (no chat answer is that large), read no further.
+- Memory is bounded whatever a server sends: the body is read as it arrives, never whole
+  (``bot.llm.body``). A stream stops being read (and the connection is closed, which stops
+  generation) once its text reaches ``MAX_RAW_CHARS`` (the answer is then cut, as by
+  ``max_tokens``); one stream line over ``body.MAX_LINE_BYTES`` or a plain JSON answer over
+  ``body.MAX_JSON_BYTES`` is a failed attempt (no chat answer is that large), read no further.
 - ``complete(schema=...)`` asks for structured output in the endpoint's mode
   (bot.llm.structured); a server that refuses a mode is asked in the next one at once (the
   refusal is no failed attempt), down to a plain request.
@@ -57,12 +57,11 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import re
 import unicodedata
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +70,17 @@ import openai
 from bot.config import Endpoint, LLMConfig
 from bot.errors import LLMUnavailable
 from bot.llm import structured
+from bot.llm.body import (
+    CONTEXT_ERROR,
+    CutRaw,
+    Empty,
+    TooLong,
+    Unusable,
+    read_body,
+    read_json,
+    read_lines,
+    read_stream,
+)
 from bot.llm.port import (
     CUT_MARK,
     MODEL_CHOICE,
@@ -92,8 +102,6 @@ log = logging.getLogger("bot.llm")
 MAX_ANSWER_CHARS = 16_000
 # What is read of one answer: room for reasoning (<think>) before MAX_ANSWER_CHARS of answer.
 MAX_RAW_CHARS = 4 * MAX_ANSWER_CHARS
-MAX_LINE_BYTES = 1 << 20  # one SSE line (a delta is a few hundred bytes)
-MAX_JSON_BYTES = 1 << 20  # a whole non-streamed answer (MAX_RAW_CHARS, JSON-escaped, fits)
 PLACEHOLDER_KEY = "not-needed"
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
@@ -101,11 +109,6 @@ _THINK_LEADING_OPEN = re.compile(r"\A\s*<think>(?!.*</think>).*\Z", re.DOTALL | 
 _THINK_CLOSE = re.compile(r"\A.*?</think>", re.DOTALL | re.IGNORECASE)
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-_CONTEXT_ERROR = re.compile(
-    r"context_length_exceeded|context (?:length|window|size)|maximum context|n_ctx|too many tokens"
-    r"|exceeds? the (?:available )?context",
-    re.IGNORECASE,
-)
 
 _RETRYABLE: tuple[type[Exception], ...] = (
     openai.APIConnectionError,  # includes APITimeoutError
@@ -238,7 +241,7 @@ class OpenAICompatLLM:
                     lost = isinstance(exc, openai.APIConnectionError | TimeoutError)
                     if lost and self._connection_lost is not None:
                         self._connection_lost()
-                except _TooLong as exc:
+                except TooLong as exc:
                     too_long = exc.server_message[:300]
                     problems.append(f"{ep.base_url} ({ep.model}): prompt too long")
                     log.warning(
@@ -256,14 +259,14 @@ class OpenAICompatLLM:
                         cut is None or len(exc.completion.text) > len(cut.text)
                     ):
                         cut = exc.completion
-                except _Unusable as exc:
+                except Unusable as exc:
                     problems.append(f"{ep.base_url} ({ep.model}): {exc}")
                     log.warning("LLM attempt %d unusable: %s", attempt + 1, problems[-1])
                     fix = FIX_DOWN
                 except openai.APIError as exc:
                     problems.append(f"{ep.base_url} ({ep.model}): {describe_error(exc)}")
                     server = _server_message(exc)
-                    if isinstance(exc, openai.BadRequestError) and _CONTEXT_ERROR.search(server):
+                    if isinstance(exc, openai.BadRequestError) and CONTEXT_ERROR.search(server):
                         too_long = server[:300]
                         log.warning(
                             "LLM server %s says the prompt is too long: %s. The turn is "
@@ -357,31 +360,32 @@ class OpenAICompatLLM:
                 kind = resp.http_response.headers.get("content-type", "")
                 try:
                     if "text/event-stream" in kind:
-                        raw, finish, model = await _read_stream(
-                            _lines(resp.iter_bytes()),
+                        raw, finish, model = await read_stream(
+                            read_lines(resp.iter_bytes()),
+                            max_chars=MAX_RAW_CHARS,
                             on_raw=grown if on_text is not None else None,
                             on_usage=usage.update,
                         )
                     else:  # a server that ignores stream=true, or an error page with status 200
-                        raw, finish, model = _read_json(
-                            await _body(resp.iter_bytes()), on_usage=usage.update
+                        raw, finish, model = read_json(
+                            await read_body(resp.iter_bytes()), on_usage=usage.update
                         )
-                except _CutRaw as exc:
+                except CutRaw as exc:
                     cut = self._finish_cut(exc.raw, exc.model or target.endpoint.model)
                     raise _Cut(cut) from None
-                except (_Unusable, _TooLong, asyncio.CancelledError):
+                except (Unusable, TooLong, asyncio.CancelledError):
                     raise
                 except Exception as exc:  # the HTTP library's own errors while reading a body
                     if "timeout" in type(exc).__name__.lower():
                         raise TimeoutError("no byte within read_timeout") from exc
-                    raise _Unusable(f"the answer broke off ({type(exc).__name__})") from exc
-            if isinstance(raw, _Empty):
+                    raise Unusable(f"the answer broke off ({type(exc).__name__})") from exc
+            if isinstance(raw, Empty):
                 await self._diagnose_empty(target, payload)
         assert isinstance(raw, str)
         text = clean_output(raw)
         text = strip_thinking(text) if self._config.strip_thinking else text.strip()
         if not text:
-            raise _Unusable("empty answer")
+            raise Unusable("empty answer")
         truncated = finish == "length"
         if len(text) > MAX_ANSWER_CHARS:
             text, truncated = text[: MAX_ANSWER_CHARS - len(TRUNCATED_MARK)], True
@@ -404,7 +408,7 @@ class OpenAICompatLLM:
     async def _diagnose_empty(self, target: _Target, payload: list[dict[str, Any]]) -> None:
         """A streamed 200 with nothing in it: llama-cpp-python's answer to a prompt longer
         than its context. Ask once without streaming and one token: a 400 in context words is
-        ``_TooLong``; anything else leaves the attempt failed as unusable. That server closes
+        ``TooLong``; anything else leaves the attempt failed as unusable. That server closes
         the connection after an empty stream, and the first request after it may meet the
         closed connection (measured: "connection failed"), so a failed connection is tried
         again twice."""
@@ -421,17 +425,17 @@ class OpenAICompatLLM:
                     )
             except openai.BadRequestError as exc:
                 server = _server_message(exc)
-                if _CONTEXT_ERROR.search(server):
-                    raise _TooLong(server) from None
-                raise _Unusable(f"an empty stream, then {describe_error(exc)}") from None
+                if CONTEXT_ERROR.search(server):
+                    raise TooLong(server) from None
+                raise Unusable(f"an empty stream, then {describe_error(exc)}") from None
             except openai.APIConnectionError as exc:
                 if tries == 2 or isinstance(exc, openai.APITimeoutError):
-                    raise _Unusable(f"an empty stream, then {describe_error(exc)}") from None
+                    raise Unusable(f"an empty stream, then {describe_error(exc)}") from None
                 await self._sleep(0.2 * (tries + 1))
                 continue
             except (openai.APIError, TimeoutError) as exc:
-                raise _Unusable(f"an empty stream, then {describe_error(exc)}") from None
-            raise _Unusable("an empty stream (the same prompt fits when not streamed)")
+                raise Unusable(f"an empty stream, then {describe_error(exc)}") from None
+            raise Unusable("an empty stream (the same prompt fits when not streamed)")
 
 
 def _payload(message: ChatMessage) -> dict[str, Any]:
@@ -443,168 +447,12 @@ def _payload(message: ChatMessage) -> dict[str, Any]:
     return {"role": message.role, "content": parts}
 
 
-class _Unusable(Exception):
-    """The server answered, but not with a usable chat completion."""
-
-
-class _TooLong(Exception):
-    """The server said, in a form other than HTTP 400, that the prompt exceeds its context."""
-
-    def __init__(self, server_message: str) -> None:
-        super().__init__(server_message)
-        self.server_message = server_message
-
-
-class _CutRaw(Exception):
-    """The stream ended before the server said the answer was complete."""
-
-    def __init__(self, raw: str, model: str) -> None:
-        super().__init__("the stream broke off")
-        self.raw = raw
-        self.model = model
-
-
 class _Cut(Exception):
     """A cut stream, as the person would see it (None when nothing visible came)."""
 
     def __init__(self, completion: Completion | None) -> None:
         super().__init__("the stream broke off")
         self.completion = completion
-
-
-class _Empty(str):
-    """An SSE body with no event at all (llama-cpp-python's over-long streamed prompt)."""
-
-
-async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
-    """The lines of a body as it arrives (LF or CRLF); a line longer than ``MAX_LINE_BYTES``
-    is ``_Unusable``, so a server that never sends a newline cannot fill the memory."""
-    pending = b""
-    async for chunk in chunks:
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            yield line.removesuffix(b"\r").decode("utf-8", errors="replace")
-        if len(pending) > MAX_LINE_BYTES:
-            raise _Unusable(f"a stream line over {MAX_LINE_BYTES} bytes")
-    if pending:
-        yield pending.removesuffix(b"\r").decode("utf-8", errors="replace")
-
-
-async def _body(chunks: AsyncIterator[bytes]) -> bytes:
-    """A whole (non-streamed) body of at most ``MAX_JSON_BYTES``; larger is ``_Unusable``."""
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > MAX_JSON_BYTES:
-            raise _Unusable(
-                f"an answer over {MAX_JSON_BYTES >> 20} MB, not streamed (the server ignores "
-                "max_tokens and stream)"
-            )
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-async def _read_stream(
-    lines: AsyncIterator[str],
-    *,
-    on_raw: Callable[[str], Awaitable[None]] | None = None,
-    on_usage: Callable[[dict[str, Any]], None] | None = None,
-) -> tuple[str, str | None, str]:
-    """Concatenated content deltas, the finish reason and the model from an SSE stream;
-    ``on_raw`` (streamed answers) gets the text so far after each delta. Returns ``_Empty``
-    for a body with no line at all; raises ``_CutRaw`` when the body ends before ``[DONE]``
-    or a ``finish_reason`` (a close-delimited connection cut mid-answer). Stops reading at
-    ``MAX_RAW_CHARS`` of text, finish reason ``length`` (the caller closes the stream)."""
-    parts: list[str] = []
-    size = 0
-    finish: str | None = None
-    model = ""
-    events = 0
-    done = False
-    seen = 0
-    async for line in lines:
-        seen += 1
-        if not line.startswith("data:"):
-            continue  # comments, event names, blank separators
-        data = line[5:].strip()
-        if data == "[DONE]":
-            done = True
-            break
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise _Unusable("a stream event that is not JSON") from None
-        if not isinstance(chunk, dict):
-            raise _Unusable("a stream event that is not an object")
-        if "error" in chunk:
-            said = _error_text(chunk["error"])
-            if _CONTEXT_ERROR.search(said):
-                raise _TooLong(said)
-            raise _Unusable(f"error in stream: {said[:200]}")
-        if chunk.get("truncated") is True:  # llama.cpp: the prompt was cut to fit n_ctx
-            raise _TooLong("the server truncated the prompt to fit its context (n_ctx)")
-        events += 1
-        model = str(chunk.get("model") or model)
-        if on_usage is not None and isinstance(chunk.get("usage"), dict):
-            on_usage(chunk["usage"])  # include_usage: the last chunk, its choices empty
-        for choice in chunk.get("choices") or []:
-            if not isinstance(choice, dict):
-                continue
-            delta = choice.get("delta") or {}
-            content = delta.get("content") if isinstance(delta, dict) else None
-            if isinstance(content, str):
-                content = content[: MAX_RAW_CHARS - size]
-                parts.append(content)
-                size += len(content)
-                if on_raw is not None and content:
-                    await on_raw("".join(parts))
-            finish = choice.get("finish_reason") or finish
-        if size >= MAX_RAW_CHARS:  # enough: read no more of what the server writes
-            finish, done = "length", True
-            break
-    if not seen:
-        return _Empty(""), None, model
-    if not events:
-        raise _Unusable("no completion in the stream")
-    if not done and finish is None:
-        raise _CutRaw("".join(parts), model)
-    return "".join(parts), finish, model
-
-
-def _error_text(error: Any) -> str:
-    if isinstance(error, dict):
-        return str(error.get("message") or error.get("code") or error)
-    return str(error)
-
-
-def _read_json(
-    body: bytes, *, on_usage: Callable[[dict[str, Any]], None] | None = None
-) -> tuple[str, str | None, str]:
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        looks = "an HTML page" if body.lstrip()[:1] == b"<" else "not JSON"
-        raise _Unusable(f"the answer was {looks}") from None
-    if not isinstance(doc, dict):
-        raise _Unusable("the answer was not a JSON object")
-    if "error" in doc and "choices" not in doc:  # an error object with status 200
-        said = _error_text(doc["error"])
-        if _CONTEXT_ERROR.search(said):
-            raise _TooLong(said)
-        raise _Unusable(f"an error with status 200: {said[:200]}")
-    if doc.get("truncated") is True:  # llama.cpp: the prompt was cut to fit n_ctx
-        raise _TooLong("the server truncated the prompt to fit its context (n_ctx)")
-    choices = doc.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise _Unusable("no choices in the answer")
-    message = choices[0].get("message")
-    content = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(content, str):
-        raise _Unusable("no message content in the answer")
-    if on_usage is not None and isinstance(doc.get("usage"), dict):
-        on_usage(doc["usage"])
-    return content, choices[0].get("finish_reason"), str(doc.get("model") or "")
 
 
 FIX_DOWN = (

@@ -4,8 +4,9 @@ Four modules, one class: ``meshtastic_link`` (the library interface, its worker 
 reconnects, the watchdog), ``meshtastic_outbox`` (fair paced sending and ACK bookkeeping; its
 docstring states the sending model), ``meshtastic_holds`` (capacity, why replies wait, the
 airtime rules at each write) and this one (receiving, the Transport protocol, wiring).
-Text fitting lives in ``mesh_text``, receive rules and bookkeeping in ``mesh_rules`` (both
-pure). Only ``meshtastic*.py`` modules import ``meshtastic``/``pubsub``.
+Text fitting lives in ``mesh_text``, receive rules and bookkeeping in ``mesh_rules``, the
+bridge's view of a channel text and the node table's names in ``mesh_heard`` (all pure).
+Only ``meshtastic*.py`` modules import ``meshtastic``/``pubsub``.
 
 Invariants:
 - A received text is answered only when ``mesh_rules.classify`` accepts it (DMs; channel texts
@@ -52,6 +53,7 @@ from bot.domain import (
 from bot.errors import TransportError
 from bot.transports.base import OnMessage, Transport, TransportHealth
 from bot.transports.mesh_airtime import HOUR, Pacer
+from bot.transports.mesh_heard import long_name, node_table, relay_text
 from bot.transports.mesh_keys import REFUSED, Admission, packet_key
 from bot.transports.mesh_rules import (
     BROADCAST_NUM,
@@ -310,8 +312,13 @@ class MeshtasticTransport(MeshOutbox):
         if self._my_num is None:
             return
         verdict = classify(packet, my_num=self._my_num, rules=self._rules)
-        if self.channel_listener is not None:
-            self._tap(packet, addressed=isinstance(verdict, Accepted))
+        if self.channel_listener is not None:  # the bridge: channel texts, before the rules
+            heard = relay_text(
+                packet, addressed=isinstance(verdict, Accepted), my_num=self._my_num,
+                nodes=self._iface,
+            )  # fmt: skip
+            if heard is not None:
+                self.channel_listener(heard)
         if isinstance(verdict, Dropped):
             if verdict.reason in QUIET_DROPS or verdict.reason.endswith(
                 "not enabled"
@@ -346,7 +353,7 @@ class MeshtasticTransport(MeshOutbox):
             space=msg.space,
             message_id=str(msg.packet_id) if msg.packet_id else None,
             reply_to=str(msg.reply_to) if msg.reply_to else None,
-            sender_name=self._sender_name(msg.sender_num),
+            sender_name=long_name(self._iface, msg.sender_num),
         )
         try:
             self._inbound.put_nowait((inbound, packet_key(packet)))
@@ -361,54 +368,6 @@ class MeshtasticTransport(MeshOutbox):
             utf8_len(msg.text),
             max(0, int(packet.get("hopStart", 0)) - int(packet.get("hopLimit", 0))),
         )
-
-    def _tap(self, packet: Mapping[str, Any], *, addressed: bool) -> None:
-        """Hand a channel text broadcast to the bridge (DMs and other ports never)."""
-        decoded = packet.get("decoded")
-        frm = packet.get("from")
-        if (
-            self.channel_listener is None
-            or not isinstance(decoded, Mapping)
-            or decoded.get("portnum") != "TEXT_MESSAGE_APP"
-            or packet.get("to") != BROADCAST_NUM
-            or not isinstance(frm, int)
-        ):
-            return
-        text = decoded.get("text")
-        if not isinstance(text, str) or not text.strip():
-            return
-        hop_start = packet.get("hopStart")
-        snr = packet.get("rxSnr")
-        reply = decoded.get("replyId")
-        self.channel_listener(
-            MeshText(
-                sender=node_id(frm),
-                short_name=self._short_name(frm),
-                channel=int(packet.get("channel", 0)),
-                packet_id=int(packet.get("id", 0)),
-                text=text.strip(),
-                addressed=addressed,
-                own=frm == self._my_num,
-                via_mqtt=bool(packet.get("viaMqtt")),
-                hops=(
-                    max(0, int(hop_start) - int(packet.get("hopLimit", 0)))
-                    if isinstance(hop_start, int)
-                    else None
-                ),
-                snr=float(snr) if isinstance(snr, int | float) else None,
-                reply_id=reply if isinstance(reply, int) and reply > 0 else None,
-                tapback=bool(decoded.get("emoji")),
-            )
-        )
-
-    def _short_name(self, num: int) -> str | None:
-        iface = self._iface
-        try:
-            user = (iface.nodesByNum or {}).get(num, {}).get("user", {}) if iface else {}
-        except AttributeError:
-            return None
-        name = user.get("shortName") if isinstance(user, dict) else None
-        return name if isinstance(name, str) and name.strip() else None
 
     # --- bridge: relayed text out -------------------------------------------------------------
     def fit_relay(self, text: str, *, max_parts: int) -> str:
@@ -468,17 +427,6 @@ class MeshtasticTransport(MeshOutbox):
         except asyncio.CancelledError:
             self._drop(job)
             raise
-
-    def _sender_name(self, num: int) -> str | None:
-        iface = self._iface
-        try:
-            user = (iface.nodesByNum or {}).get(num, {}).get("user", {}) if iface else {}
-        except AttributeError:
-            return None
-        name = user.get("longName") if isinstance(user, dict) else None
-        if not isinstance(name, str) or not name or name == f"Meshtastic {node_id(num)[-4:]}":
-            return None  # the library's placeholder for a node that never sent its NodeInfo
-        return name
 
     async def _inbound_loop(self) -> None:
         while True:
@@ -581,14 +529,7 @@ class MeshtasticTransport(MeshOutbox):
         """The operator's view (``bot.transports.mesh_view``): cheap, non-blocking; the
         library's node table is copied here (its thread may be writing it)."""
         now = self._clock.monotonic()
-        table: dict[Any, Any] = {}
-        iface = self._iface
-        for _ in range(3):  # the library's thread may grow the table while it is copied
-            try:
-                table = dict((iface.nodesByNum or {}) if iface is not None else {})
-                break
-            except (RuntimeError, AttributeError):
-                continue
+        table = node_table(self._iface)
         me = node_id(self._my_num) if self._my_num is not None else None
         m = self._pacer.metrics
         return MeshView(
