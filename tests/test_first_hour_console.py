@@ -11,7 +11,6 @@ import asyncio
 import fcntl
 import os
 import pty
-import select
 import sqlite3
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 from bot.interrupts import Interrupts
 from bot.transports.console import STOPPED
 from tests.fakes.fake_llm import FakeLLM
+from tests.test_console_tty import _read_until as read_until
 
 
 def _env(tmp_path: Path, fake_llm: FakeLLM) -> dict[str, str]:
@@ -31,16 +31,7 @@ def _env(tmp_path: Path, fake_llm: FakeLLM) -> dict[str, str]:
 
 
 def _read_until(fd: int, marker: bytes, timeout: float = 30.0) -> bytes:
-    buf = b""
-    while marker not in buf:
-        ready, _, _ = select.select([fd], [], [], timeout)
-        if not ready:
-            raise AssertionError(f"no {marker!r} in {buf!r}")
-        try:
-            buf += os.read(fd, 4096)
-        except OSError:
-            break
-    return buf
+    return read_until(fd, marker, timeout)
 
 
 def _controlling_tty() -> None:

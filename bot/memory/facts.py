@@ -322,15 +322,9 @@ class FactExtractor:
             and not any(max(f.source_ids, default=0) > p.source[0]
                         for f in facts if fact_values.same_subject(p.text, f.text))
         ]  # fmt: skip
-        try:
-            applied = await self.apply(conversation_id, fresh, messages) if fresh else Applied()
-        except Exception:
-            if not await self._alive(conversation_id, messages):
-                log.debug("facts: conversation %d forgotten meanwhile", conversation_id)
-                return Applied()
-            raise
-        return Applied(applied.added, applied.updated, applied.deleted,
-                       applied.ignored + len(proposals) - len(fresh))  # fmt: skip
+        if not fresh:
+            return Applied(ignored=len(proposals))
+        return await self._apply_some(conversation_id, fresh, messages, proposed=len(proposals))
 
     async def at_fold(
         self, conversation_id: int, messages: Sequence[StoredMessage], *, model: bool
@@ -453,6 +447,18 @@ class FactExtractor:
             if p.op == "add" and _covered(text, facts):
                 continue  # says nothing a stored fact does not (a plain statement kept it)
             kept.append(Proposal(p.op, text, p.fact_id, p.source) if text else p)
+        return await self._apply_some(conversation_id, kept, messages, proposed=len(proposals))
+
+    async def _apply_some(
+        self,
+        conversation_id: int,
+        kept: Sequence[Proposal],
+        messages: Sequence[StoredMessage],
+        *,
+        proposed: int,
+    ) -> Applied:
+        """Apply the ``kept`` of ``proposed`` proposals (the rest count as ignored); a
+        conversation forgotten meanwhile applies nothing, quietly."""
         try:
             applied = await self.apply(conversation_id, kept, messages)
         except Exception:
@@ -461,7 +467,7 @@ class FactExtractor:
                 return Applied()
             raise
         return Applied(applied.added, applied.updated, applied.deleted,
-                       applied.ignored + len(proposals) - len(kept))  # fmt: skip
+                       applied.ignored + proposed - len(kept))  # fmt: skip
 
     async def apply(
         self,
