@@ -74,9 +74,14 @@ async def flood(forged: int, llm: FakeLLM) -> Flood:
                 unanswered = await app.store._all(
                     "SELECT count(*) FROM messages WHERE role = 'user' AND status = 'pending'"
                 )
-                stored = await app.store._all("SELECT count(*) FROM messages WHERE role='user'")
+                # forged DMs arrive without PKI: answered from no memory, stored nowhere
+                # (meshtastic.unauthenticated_dm: chat), so Alice's answer on air is the mark
+                alice_answered = any(
+                    p.to == ALICE and p.decoded.payload.decode() in ANSWER
+                    for _, p in h.radio.sent_texts()
+                )
                 if (
-                    stored[0][0] == forged + 1
+                    alice_answered
                     and open_rows[0][0] == 0
                     and unanswered[0][0] == 0
                     and app.responder.idle
