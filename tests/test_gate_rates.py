@@ -4,40 +4,9 @@ and nothing is limited before a speed is known."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from bot.llm.gate import CHARS_PER_TOKEN, LLMGate
-from bot.llm.port import ChatMessage, Completion, JsonSchema, OnText
-
-
-class SlowServer:
-    """Evaluates a prompt at ``rate`` tokens a second (on the gate's clock) before its first
-    text; the gate's cache estimate counts ``CHARS_PER_TOKEN`` characters a token."""
-
-    model_name = "slow"
-
-    def __init__(self, clock: list[float], *, rate: float, latency: float = 0.2) -> None:
-        self._clock = clock
-        self._rate = rate
-        self._latency = latency
-        self._seen = ""
-
-    async def complete(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        max_tokens: int,
-        on_text: OnText | None = None,
-        schema: JsonSchema | None = None,
-    ) -> Completion:
-        text = "".join(m.content for m in messages)
-        new = text[len(self._seen) :] if text.startswith(self._seen) else text
-        self._seen = text
-        self._clock[0] += self._latency + len(new) / CHARS_PER_TOKEN / self._rate
-        if on_text is not None:
-            await on_text("ok")
-        self._clock[0] += 0.1
-        return Completion(text="ok", model="slow")
+from bot.llm.gate import LLMGate
+from bot.llm.port import ChatMessage
+from tests.fakes.slow_server import SlowServer
 
 
 async def test_recall_seconds_become_tokens_at_the_learned_prompt_speed() -> None:

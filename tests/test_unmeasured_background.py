@@ -21,41 +21,9 @@ from bot.llm.gate import CHARS_PER_TOKEN, START_FREE, UNMEASURED_TOKENS, LLMGate
 from bot.llm.port import ChatMessage, Completion, JsonSchema, OnText
 from bot.memory.store import SqliteStore
 from tests.conftest import start_harness
-from tests.fakes.fake_llm import OneSlotLLM, is_probe
+from tests.fakes.fake_llm import OneSlotLLM
+from tests.fakes.slow_server import SlowServer
 from tests.test_one_slot import UNLIMITED, answer, is_background
-
-
-class VirtualServer:
-    """Evaluates the uncached part of a prompt at ``rate`` tokens a second on the gate's
-    virtual clock before its first text, and logs what it was sent (kind, tokens, start)."""
-
-    model_name = "virtual"
-
-    def __init__(self, clock: list[float], *, rate: float) -> None:
-        self._clock = clock
-        self._rate = rate
-        self._seen = ""
-        self.calls: list[tuple[str, int, float]] = []
-
-    async def complete(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        max_tokens: int,
-        on_text: OnText | None = None,
-        schema: JsonSchema | None = None,
-    ) -> Completion:
-        text = "".join(m.content for m in messages)
-        new = text[len(self._seen) :] if text.startswith(self._seen) else text
-        self._seen = text
-        tokens = int(len(new) / CHARS_PER_TOKEN)
-        kind = "probe" if is_probe({"messages": [{"content": text}]}) else text.split(":", 1)[0]
-        self.calls.append((kind, tokens, self._clock[0]))
-        self._clock[0] += 0.2 + tokens / self._rate
-        if on_text is not None:
-            await on_text("ok")
-        self._clock[0] += 0.1
-        return Completion(text="ok", model="virtual")
 
 
 def _prompt(kind: str, tokens: int) -> list[ChatMessage]:
@@ -70,7 +38,7 @@ async def _until(predicate: object, *, seconds: float = 5.0) -> None:
 
 async def test_a_fresh_start_measures_first_and_keeps_a_long_prompt_for_after_the_reply() -> None:
     clock = [0.0]
-    server = VirtualServer(clock, rate=40.0)
+    server = SlowServer(clock, rate=40.0)
     gate = LLMGate(llm=server, limit=1, clock=lambda: clock[0])
     close = asyncio.create_task(gate.background.complete(_prompt("summary", 3637), max_tokens=9))
     await _until(lambda: server.calls)
@@ -92,7 +60,7 @@ async def test_a_fresh_start_measures_first_and_keeps_a_long_prompt_for_after_th
 
 async def test_before_any_reply_background_prompts_stay_within_a_few_seconds() -> None:
     clock = [0.0]
-    server = VirtualServer(clock, rate=40.0)
+    server = SlowServer(clock, rate=40.0)
     gate = LLMGate(llm=server, limit=1, clock=lambda: clock[0])
     await gate.background.complete(_prompt("small", 60), max_tokens=9)  # measured by this one
     assert gate.prompt_rate is not None
@@ -104,7 +72,7 @@ async def test_before_any_reply_background_prompts_stay_within_a_few_seconds() -
 
 async def test_commands_typed_in_a_row_keep_a_long_prompt_out_of_the_gap() -> None:
     clock = [0.0]
-    server = VirtualServer(clock, rate=40.0)
+    server = SlowServer(clock, rate=40.0)
     commands = [0]
     gate = LLMGate(llm=server, limit=1, clock=lambda: clock[0], activity=lambda: commands[0])
     for _ in range(3):  # a person who writes 6 s after each answer
