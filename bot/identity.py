@@ -19,35 +19,16 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 from bot.config import Config
 from bot.errors import ConfigError
-from bot.memory.records import KeyPin
+from bot.memory.port_identity import PinStore
 from bot.transports.mesh_keys import PUBLIC_KEY_BYTES, Identity, fingerprint
 from bot.trust import SenderPolicy
 
 log = logging.getLogger("bot.identity")
 
 MESH = "meshtastic"
-
-
-class PinStore(Protocol):
-    async def key_pin(self, transport: str, person: str) -> KeyPin | None: ...
-
-    async def pin_key(
-        self,
-        transport: str,
-        person: str,
-        key: bytes,
-        *,
-        replace: bool = False,
-        pinned_at: float | None = None,
-    ) -> bytes: ...
-
-    async def unpin_key(self, transport: str, person: str) -> bool: ...
-
-    async def key_pins(self) -> list[KeyPin]: ...
 
 
 def policy_for(config: Config) -> SenderPolicy:

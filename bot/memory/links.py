@@ -28,31 +28,15 @@ import hashlib
 import secrets
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from bot.domain import DM_SPACE, ConversationKey
+from bot.memory.port_identity import CodeStore
 
 CODE_TTL = 600.0
 MAX_ATTEMPTS = 5  # failures per account per CODE_TTL
 MAX_FAILURES = 30  # failures of all accounts together per CODE_TTL: then codes get long
 DIGITS = 6
 LONG_DIGITS = 10
-
-
-class CodeStore(Protocol):
-    """What link codes need from the memory store (both backends implement it)."""
-
-    async def save_link_code(
-        self, code_hash: str, transport: str, person: str, *, expires_at: float, now: float
-    ) -> bool: ...
-
-    async def take_link_code(
-        self, code_hash: str, *, transport: str, now: float
-    ) -> tuple[str, str] | None: ...
-
-    async def note_link_failure(self, transport: str, person: str, *, now: float) -> None: ...
-
-    async def link_failures(self, *, since: float) -> tuple[int, dict[tuple[str, str], int]]: ...
 
 
 def code_hash(code: str) -> str:

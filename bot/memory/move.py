@@ -19,10 +19,10 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
 
 from bot.errors import StorageError
+from bot.memory.port_upkeep import Movable
 
 # (table, key column) parents first; tables a store does not have are skipped.
 ORDER: tuple[tuple[str, str], ...] = (
@@ -48,32 +48,6 @@ WHOLE = {"outbox_parts", "outbox_packets", "shown_parts", "chat_settings", "key_
 DERIVED = {"search", "gateway", "claimed_by", "claimed_at"}
 DEFERRED = {("conversations", "merged_into")}
 BATCH = 2000
-
-
-class Movable(Protocol):
-    async def table_columns(self, table: str) -> list[str]: ...
-
-    async def count_rows(self, table: str) -> int: ...
-
-    async def export_rows(
-        self, table: str, key: str, columns: tuple[str, ...], *, after: int, limit: int
-    ) -> list[tuple[Any, ...]]: ...
-
-    async def import_rows(
-        self, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
-    ) -> None: ...
-
-    async def update_rows(
-        self, table: str, key: str, column: str, rows: list[tuple[Any, Any]]
-    ) -> None: ...
-
-    async def finish_import(self) -> None: ...
-
-    async def copy_unfinished(self) -> bool: ...
-
-    async def mark_copy(self, *, unfinished: bool) -> None: ...
-
-    async def empty_tables(self, tables: Sequence[str]) -> None: ...
 
 
 Progress = Callable[[str, int, int], None]  # table, rows done, rows in all tables

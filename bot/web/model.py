@@ -18,8 +18,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from bot.memory.port_work import Outbox
 from bot.ops import backup as backup_order
 from bot.ops import status as status_file
 from bot.ops.metrics import Counters, LastError, Latencies
@@ -81,7 +82,7 @@ class Collector:
         *,
         status: Callable[[], Awaitable[status_file.Status]],
         transports: Callable[[], Sequence[Transport]],
-        store: Any,
+        store: Outbox,
         latencies: Latencies,
         counters: Counters,
         last_error: LastError,
@@ -138,7 +139,7 @@ class Collector:
             turns_waiting=turns,
             outbox=outbox,
             mesh=mesh,
-            gateway=_gateway(self._store),
+            gateway=self._store.outbox_gateway,
             other_gateways=others,
             last_backup=newest_backup(self._backups),
             errors=tuple(self._last_error.recent),
@@ -147,44 +148,24 @@ class Collector:
         )
 
 
-def _gateway(store: Any) -> str | None:
-    dialect = getattr(store, "dialect", None)
-    if dialect is not None and getattr(dialect, "outbox_gateway", False):
-        return str(store._claim_gateway())
-    return None
-
-
-async def outbox_states(store: Any, *, now: float) -> tuple[OutboxState, ...]:
-    """Outbox rows by state with the age of the oldest (this gateway's rows on PostgreSQL).
-    Finished rows are pruned by age (``bot.memory.keep``), so the table stays small."""
-    gateway = _gateway(store)
-    where, params = ("WHERE gateway = ?", (gateway,)) if gateway is not None else ("", ())
-    rows = await store._all(
-        f"SELECT state, count(*), min(created_at) FROM outbox {where} GROUP BY state", params
-    )
-    found = {str(r[0]): (int(r[1]), r[2]) for r in rows}
+async def outbox_states(store: Outbox, *, now: float) -> tuple[OutboxState, ...]:
+    """Outbox rows by state with the age of the oldest (this gateway's rows on PostgreSQL)."""
+    found = await store.outbox_by_state()
     return tuple(
         OutboxState(
             state,
-            found.get(state, (0, None))[0],
-            None if found.get(state, (0, None))[1] is None else max(0.0, now - found[state][1]),
+            found[state][0] if state in found else 0,
+            max(0.0, now - found[state][1]) if state in found else None,
         )
         for state in OUTBOX_STATES
     )
 
 
-async def other_gateways(store: Any, *, now: float) -> tuple[tuple[str, float], ...]:
+async def other_gateways(store: Outbox, *, now: float) -> tuple[tuple[str, float], ...]:
     """Other gateways sharing the store that queued a reply within ``GATEWAY_WINDOW``, with
     how long ago (SQLite: none, it has one gateway)."""
-    gateway = _gateway(store)
-    if gateway is None:
-        return ()
-    rows = await store._all(
-        "SELECT gateway, max(updated_at) FROM outbox WHERE gateway <> ? AND updated_at > ? "
-        "GROUP BY gateway ORDER BY gateway",
-        (gateway, now - GATEWAY_WINDOW),
-    )
-    return tuple((str(r[0]), max(0.0, now - float(r[1]))) for r in rows if r[0])
+    rows = await store.outbox_gateways(since=now - GATEWAY_WINDOW)
+    return tuple((name, max(0.0, now - at)) for name, at in rows)
 
 
 def newest_backup(directory: Path) -> tuple[str, float] | None:

@@ -348,6 +348,34 @@ class OutboxMixin(CoreBase):
         )
         return {str(r[0]): int(r[1]) for r in rows}
 
+    @property
+    def outbox_gateway(self) -> str | None:
+        """The gateway whose rows this store lists (PostgreSQL), None on a one-gateway store."""
+        return self._claim_gateway() if self.dialect.outbox_gateway else None
+
+    async def outbox_by_state(self) -> dict[str, tuple[int, float]]:
+        """Rows by state (this gateway's): how many, and the oldest's ``created_at``. Finished
+        rows are pruned by age (``bot.memory.keep``), so the table stays small."""
+        gateway = self.outbox_gateway
+        where, params = ("WHERE gateway = ?", (gateway,)) if gateway is not None else ("", ())
+        rows = await self._all(
+            f"SELECT state, count(*), min(created_at) FROM outbox {where} GROUP BY state", params
+        )
+        return {str(r[0]): (int(r[1]), float(r[2])) for r in rows}
+
+    async def outbox_gateways(self, *, since: float) -> list[tuple[str, float]]:
+        """Other gateways that wrote a row after ``since``, by name, with their newest
+        ``updated_at`` (none on a one-gateway store)."""
+        gateway = self.outbox_gateway
+        if gateway is None:
+            return []
+        rows = await self._all(
+            "SELECT gateway, max(updated_at) FROM outbox WHERE gateway <> ? AND updated_at > ? "
+            "GROUP BY gateway ORDER BY gateway",
+            (gateway, since),
+        )
+        return [(str(r[0]), float(r[1])) for r in rows if r[0]]
+
     async def outbox_row(self, outbox_id: int) -> OutboxRow | None:
         row = await self._one(f"SELECT {_COLS} FROM outbox WHERE id = ?", (outbox_id,))
         return None if row is None else await self._outbox_row(row)
