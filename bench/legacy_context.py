@@ -26,13 +26,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bot.llm.port import ChatMessage, Role
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
 from bot.memory.context import LongtermRead
-from bot.memory.port import MemoryStore
+from bot.memory.port_derived import Derived, SessionLog
+from bot.memory.port_log import ConversationLog
 from bot.memory.retrieval import RetrievedBlock, Retriever
 from bot.memory.store import ASSISTANT, USER, Conversation, StoredMessage
+
+
+class LegacyStore(ConversationLog, Derived, SessionLog, Protocol):
+    """What the legacy context builder reads."""
+
 
 FACTS_HEADER = "Notes this person asked you to remember:"
 SUMMARY_HEADER = "Summary of the earlier conversation:"
@@ -89,7 +96,7 @@ class ContextBuilder:
     def __init__(
         self,
         *,
-        store: MemoryStore,
+        store: LegacyStore,
         retriever: Retriever,
         counter: TokenCounter,
         system_prompt: str,

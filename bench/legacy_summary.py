@@ -21,13 +21,15 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from bot.config import SummaryConfig
 from bot.errors import LLMUnavailable
 from bot.llm.gate import BackgroundPreempted
 from bot.llm.port import LLM, ChatMessage
 from bot.llm.tokens import TokenCounter
-from bot.memory.port import MemoryStore
+from bot.memory.port_derived import Derived
+from bot.memory.port_log import ConversationLog
 from bot.memory.store import Conversation, StoredMessage
 
 log = logging.getLogger("bot.memory.summary")
@@ -38,6 +40,12 @@ PROMPT = (
     "words. Keep names, dates, decisions, preferences and open questions; drop small talk. "
     "Write plain sentences, no preamble."
 )
+
+
+class LegacySummaryStore(ConversationLog, Derived, Protocol):
+    """What the legacy summarizer reads and writes."""
+
+
 MAX_FOLD_MESSAGES = 60
 
 
@@ -45,7 +53,7 @@ class Summarizer:
     def __init__(
         self,
         *,
-        store: MemoryStore,
+        store: LegacySummaryStore,
         llm: LLM,
         counter: TokenCounter,
         config: SummaryConfig,

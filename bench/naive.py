@@ -12,14 +12,16 @@ from bench.legacy_context import _alternate, _turn_cost
 from bot.llm.port import ChatMessage
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter
 from bot.memory.context import AssembledContext, Block, LongtermRead, group_turns
-from bot.memory.port import MemoryStore
+from bot.memory.port_log import ConversationLog
 from bot.memory.store import Conversation, StoredMessage
 
 WHOLE_CONVERSATION = 1 << 62
 
 
 class NaiveContextBuilder:
-    def __init__(self, *, store: MemoryStore, counter: TokenCounter, system_prompt: str) -> None:
+    def __init__(
+        self, *, store: ConversationLog, counter: TokenCounter, system_prompt: str
+    ) -> None:
         self._store = store
         self._counter = counter
         self._system_prompt = system_prompt

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from bot.domain import DM_SPACE, Inbound
-from bot.memory.port import MemoryStore
+from bot.memory.port_settings import Settings
 from bot.memory.records import RUNNING_COMMAND, ChatSetting
 
 BOT_SCOPE = "*"
@@ -37,7 +37,7 @@ def scopes_for(transport: str, space: str, person: str | None = None) -> list[st
 
 
 class ChatSettings:
-    def __init__(self, *, store: MemoryStore, personas: Mapping[str, str]) -> None:
+    def __init__(self, *, store: Settings, personas: Mapping[str, str]) -> None:
         self._store = store
         self.personas = dict(personas)
         self._rows: dict[str, ChatSetting] = {}

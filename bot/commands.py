@@ -46,7 +46,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from bot.commands_facts import FactCommands
 from bot.commands_settings import SettingsCommands
@@ -57,13 +57,22 @@ from bot.memory import chapter_check
 from bot.memory.chapter_text import CHAPTER_PROMPT, MERGE_PROMPT
 from bot.memory.export import export_person
 from bot.memory.links import LinkCodes
-from bot.memory.port import MemoryStore
+from bot.memory.port_derived import Derived, SessionLog
+from bot.memory.port_identity import Identities
+from bot.memory.port_log import ConversationLog
+from bot.memory.port_upkeep import Upkeep
+from bot.memory.port_work import Outbox
 from bot.memory.records import RUNNING_COMMAND
 from bot.text import MESH_COMMAND_BYTES, counted, fit_bytes, small_number
 from bot.trust import SenderPolicy
 
 if TYPE_CHECKING:
     from bot.identity import PinnedKeys
+
+
+class CommandStore(ConversationLog, Derived, SessionLog, Identities, Upkeep, Outbox, Protocol):
+    """What the chat commands read and change in the store."""
+
 
 FORGET_CONFIRM_SECONDS = 60.0
 # Every command name (user, then operator): on shared channels only these trigger the bot.
@@ -96,7 +105,7 @@ class Commands:
     def __init__(
         self,
         *,
-        store: MemoryStore,
+        store: CommandStore,
         facts: FactCommands,
         prefix: str,
         operators: tuple[str, ...],

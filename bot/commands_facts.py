@@ -21,21 +21,29 @@ Invariants:
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from bot.domain import Inbound
 from bot.llm.tokens import TokenCounter
 from bot.memory.fact_values import change_line, same_value
 from bot.memory.facts import find_duplicate, find_same_subject, history_note, provenance
-from bot.memory.port import MemoryStore
+from bot.memory.port_derived import Derived
+from bot.memory.port_log import ConversationLog
+from bot.memory.port_work import Outbox
 from bot.memory.records import RUNNING_COMMAND, Conversation, Fact
 from bot.text import fit_bytes, small_number
+
+
+class FactCommandStore(ConversationLog, Derived, Outbox, Protocol):
+    """What ``!remember``/``!unremember`` read and change in the store."""
+
 
 FACT_MAX_CHARS = 300
 
 
 class FactCommands:
     def __init__(
-        self, *, store: MemoryStore, counter: TokenCounter, prefix: str, max_facts: int
+        self, *, store: FactCommandStore, counter: TokenCounter, prefix: str, max_facts: int
     ) -> None:
         self._store = store
         self._counter = counter

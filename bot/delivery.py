@@ -64,7 +64,7 @@ from collections.abc import Callable, Mapping
 from bot.clock import ClockWatch, Sync
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, ReplyKind
 from bot.errors import StorageError
-from bot.memory.port import MemoryStore
+from bot.memory.port_work import Outbox
 from bot.memory.records import OutboxEntry, OutboxRow
 from bot.transports.base import AnswerStream, Busy, Congested, ExplainsBusy, Streams, Transport
 
@@ -99,7 +99,7 @@ class OutboxSender:
     def __init__(
         self,
         *,
-        store: MemoryStore,
+        store: Outbox,
         transports: Mapping[str, Transport],
         max_age: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -123,7 +123,7 @@ class OutboxSender:
         self._behind: dict[tuple[str, str, str], set[int]] = {}
 
     @property
-    def store(self) -> MemoryStore:
+    def store(self) -> Outbox:
         return self._store
 
     @property

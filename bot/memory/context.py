@@ -69,13 +69,15 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, Protocol
 
 from bot.llm.port import ChatMessage, merge_system
 from bot.llm.tokens import MESSAGE_OVERHEAD, TokenCounter, prefix_within
 from bot.memory.facts import INFERRED_TOKENS, fact_line
 from bot.memory.older_chapter import CHAPTER_SESSIONS, NOTE_END, older_chapter
-from bot.memory.port import MemoryStore
+from bot.memory.port_derived import Derived, SessionLog
+from bot.memory.port_log import ConversationLog
+from bot.memory.port_recall import Recall
 from bot.memory.reads import at_once
 from bot.memory.records import Session
 from bot.memory.retrieval import RetrievedBlock, Retriever
@@ -105,6 +107,12 @@ NEW_FACTS_HEADER = (
     "(New notes about this person (a plain line: they asked you to remember it; a line marked "
     "inferred: they did not ask):"
 )
+
+
+class ContextStore(ConversationLog, Derived, SessionLog, Recall, Protocol):
+    """What a prompt is built from."""
+
+
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 RETRIEVED_HEADER = "(Earlier messages that may be relevant, dated:"
 MORE_HEADER = "(More earlier messages that may be relevant to the new message, dated:"
@@ -199,7 +207,7 @@ class ContextBuilder:
     def __init__(
         self,
         *,
-        store: MemoryStore,
+        store: ContextStore,
         retriever: Retriever,
         counter: TokenCounter,
         system_prompt: str,

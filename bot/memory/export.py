@@ -28,11 +28,13 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bot.domain import ConversationKey
 from bot.errors import MemoryRefused, MeshsageError
-from bot.memory.port import MemoryStore
+from bot.memory.port_identity import Identities
+from bot.memory.port_log import ConversationLog
+from bot.memory.port_upkeep import Upkeep
 from bot.memory.records import (
     CONVERSATION_FIELDS,
     FACT_FIELDS,
@@ -42,6 +44,11 @@ from bot.memory.records import (
     SUMMARY_FIELDS,
 )
 from bot.transports.mesh_keys import PUBLIC_KEY_BYTES, fingerprint
+
+
+class PortableStore(ConversationLog, Identities, Upkeep, Protocol):
+    """What a person's export and import read and write."""
+
 
 log = logging.getLogger("bot.memory.export")
 
@@ -71,7 +78,7 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
-async def person_document(store: MemoryStore, transport: str, person: str) -> dict[str, Any]:
+async def person_document(store: PortableStore, transport: str, person: str) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
@@ -101,7 +108,7 @@ def render(doc: dict[str, Any], fmt: str) -> str:
     raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
-async def export_person(store: MemoryStore, transport: str, person: str) -> tuple[str, str]:
+async def export_person(store: PortableStore, transport: str, person: str) -> tuple[str, str]:
     """(markdown, json) documents, as ``!export`` sends them."""
     doc = await person_document(store, transport, person)
     return render(doc, "md"), render(doc, "json")
@@ -449,7 +456,7 @@ def _unique(seen: set[int], value: int, where: str, bad: Callable[[str], ImportF
     seen.add(value)
 
 
-async def import_document(store: MemoryStore, doc: dict[str, Any]) -> dict[str, int]:
+async def import_document(store: PortableStore, doc: dict[str, Any]) -> dict[str, int]:
     """Write a validated document (one transaction; raises when ids are taken), then restore
     its links whose other side is already there (``links`` in the counts when any)."""
     counts = await store.load_dump(doc["transport"], doc["person"], doc["conversations"])
@@ -466,7 +473,7 @@ async def import_document(store: MemoryStore, doc: dict[str, Any]) -> dict[str, 
     return counts
 
 
-async def restore_links(store: MemoryStore, doc: dict[str, Any]) -> int:
+async def restore_links(store: PortableStore, doc: dict[str, Any]) -> int:
     """Link again each imported DM whose export says it was linked, once both sides are in the
     database (import the two sides' exports in any order): the absorbed side's rows move into
     the home with their origin, as ``!link`` did."""

@@ -40,7 +40,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from bot.errors import LLMUnavailable
 from bot.llm.gate import BackgroundPreempted
@@ -48,8 +48,15 @@ from bot.llm.port import LLM, ChatMessage
 from bot.llm.server_limits import Room, no_limit
 from bot.llm.tokens import TokenCounter
 from bot.memory import fact_values, grounding, plain_facts
-from bot.memory.port import MemoryStore
+from bot.memory.port_derived import Derived
+from bot.memory.port_log import ConversationLog
+from bot.memory.port_work import Claims
 from bot.memory.records import FACTS_CLAIM, USER, Fact, StoredMessage
+
+
+class FactStore(ConversationLog, Derived, Claims, Protocol):
+    """What fact extraction reads and writes."""
+
 
 log = logging.getLogger("bot.memory.facts")
 
@@ -264,7 +271,7 @@ class FactExtractor:
     def __init__(
         self,
         *,
-        store: MemoryStore,
+        store: FactStore,
         llm: LLM,
         counter: TokenCounter,
         max_facts: int,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlite3
 
 from bot.errors import StorageError
-from bot.memory.port import MemoryStore
+from bot.memory.port_log import ConversationLog
 from bot.memory.records import Conversation
 
 
@@ -21,7 +21,7 @@ class Forgotten(Exception):
     """The conversation was forgotten while background work on it was in flight."""
 
 
-async def gone(store: MemoryStore, conversation: Conversation) -> bool:
+async def gone(store: ConversationLog, conversation: Conversation) -> bool:
     try:
         found = await store.find_conversation(conversation.key)
     except (sqlite3.Error, StorageError):  # not known to be gone (the caller reports it)
@@ -29,7 +29,7 @@ async def gone(store: MemoryStore, conversation: Conversation) -> bool:
     return found is None or found.id != conversation.id
 
 
-async def still_there(store: MemoryStore, conversation: Conversation) -> None:
+async def still_there(store: ConversationLog, conversation: Conversation) -> None:
     """Called right before a model call: raises ``Forgotten`` when the conversation is no
     longer in the store, so nothing it held is sent again."""
     if await gone(store, conversation):

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from bot.errors import EmbeddingUnavailable
 from bot.memory.embeddings import Embedder
-from bot.memory.port import MemoryStore
+from bot.memory.port_recall import Recall
 from bot.memory.store import StoredMessage
 
 log = logging.getLogger("bot.memory.indexer")
@@ -60,7 +60,7 @@ class Indexer:
     def __init__(
         self,
         *,
-        store: MemoryStore,
+        store: Recall,
         embedder: Embedder,
         batch: int,
         idle: Callable[[], bool] = lambda: True,

@@ -22,13 +22,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Protocol
 
 from bot.llm.port import ChatMessage
 from bot.llm.tokens import TokenCounter
 from bot.memory.context import JOIN_OVERHEAD, AssembledContext, Block, ContextBuilder
-from bot.memory.port import MemoryStore
+from bot.memory.port_derived import SessionLog
+from bot.memory.port_recall import Recall
 from bot.memory.records import Conversation
 from bot.memory.sessions import LONGTERM_TOKENS
+
+
+class LayerStore(SessionLog, Recall, Protocol):
+    """What the long-term layer reads and notes."""
+
 
 LONGTERM_HEADER = "What you know from earlier sessions with this person:"
 INCOGNITO_HEADER = "(Earlier in this incognito session, not stored:"
@@ -37,7 +44,7 @@ INCOGNITO_MAX_SHARE = 0.3
 
 
 class LayeredContext:
-    def __init__(self, *, inner: ContextBuilder, store: MemoryStore, counter: TokenCounter) -> None:
+    def __init__(self, *, inner: ContextBuilder, store: LayerStore, counter: TokenCounter) -> None:
         self.inner = inner
         self._store = store
         self._counter = counter

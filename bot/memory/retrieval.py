@@ -44,12 +44,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Protocol
 
 from bot.config import RetrievalConfig
 from bot.errors import EmbeddingUnavailable
 from bot.llm.tokens import TokenCounter
 from bot.memory.embeddings import Embedder
-from bot.memory.port import MemoryStore
+from bot.memory.port_log import ConversationLog
+from bot.memory.port_recall import Recall
 from bot.memory.ranking import Outline, Ranked, bm25_rank, partners
 from bot.memory.reads import at_once
 from bot.memory.store import USER, Conversation, StoredMessage
@@ -70,6 +72,11 @@ STOPWORDS = frozenset(
     you you'd you'll you're you've your yours yourself yourselves also just like get got really
     yes yeah oh ok okay well will s t d ll m re ve tell told said say remember know think""".split()  # noqa: SIM905
 )
+
+
+class RetrievalStore(ConversationLog, Recall, Protocol):
+    """What retrieval searches and reads."""
+
 
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?", re.UNICODE)
 MAX_QUERY_TERMS = 24
@@ -183,7 +190,7 @@ class Retriever:
     def __init__(
         self,
         *,
-        store: MemoryStore,
+        store: RetrievalStore,
         counter: TokenCounter,
         config: RetrievalConfig,
         embedder: Embedder | None = None,

@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from bot.errors import LLMUnavailable
 from bot.llm.port import LLM, ChatMessage
@@ -40,7 +41,9 @@ from bot.llm.tokens import TokenCounter
 from bot.memory import chapter_check, grounding
 from bot.memory.facts import FactExtractor
 from bot.memory.grounding import cut_words
-from bot.memory.port import MemoryStore
+from bot.memory.port_derived import SessionLog
+from bot.memory.port_log import ConversationLog
+from bot.memory.port_work import Claims
 from bot.memory.records import FACTS_CLAIM, Session, SessionSpan, StoredMessage
 from bot.memory.schema import FTS_STRIDE
 from bot.memory.window import date_lines, dated_transcript, group_turns
@@ -58,6 +61,12 @@ LONGTERM_PROMPT = (
     "summary of at most {words} words. Keep durable things: names, preferences, plans, "
     "ongoing topics and their dates. Plain sentences, no preamble."
 )
+
+
+class SessionStore(ConversationLog, SessionLog, Claims, Protocol):
+    """What the session keeper reads and writes."""
+
+
 SESSION_MAX_MESSAGES = 80  # a long session is summarized from its last messages
 SESSION_SUMMARY_TOKENS = 160
 TITLE_MAX_CHARS = 80
@@ -144,7 +153,7 @@ class SessionKeeper:
     def __init__(
         self,
         *,
-        store: MemoryStore,
+        store: SessionStore,
         llm: LLM,
         counter: TokenCounter,
         gap: float,

@@ -64,6 +64,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bot.config import SummaryConfig
 from bot.errors import LLMUnavailable
@@ -87,9 +88,16 @@ from bot.memory.chapter_text import (
 )
 from bot.memory.facts import EXTRACT_TOKENS, FactExtractor
 from bot.memory.forgotten import Forgotten, gone, still_there
-from bot.memory.port import MemoryStore
+from bot.memory.port_derived import Derived
+from bot.memory.port_log import ConversationLog
+from bot.memory.port_work import Claims
 from bot.memory.records import SUMMARY_CLAIM
 from bot.memory.store import Conversation, StoredMessage
+
+
+class SummaryStore(ConversationLog, Derived, Claims, Protocol):
+    """What summaries read and write."""
+
 
 log = logging.getLogger("bot.memory.summary")
 
@@ -137,7 +145,7 @@ class Summarizer:
     def __init__(
         self,
         *,
-        store: MemoryStore,
+        store: SummaryStore,
         llm: LLM,
         counter: TokenCounter,
         config: SummaryConfig,
