@@ -1,5 +1,6 @@
 """Contract suite for what several gateways need from the memory port (messages heard twice,
-a conversation's turn lock, claims on derived work), run against every implementation in
+a conversation's turn lock and claims on derived work: the ``Claims`` Protocol, each gateway's
+own outbox rows), run against every implementation in
 ``test_store_contract.IMPLEMENTATIONS``."""
 
 from __future__ import annotations
@@ -103,6 +104,28 @@ async def test_two_postgres_gateways_claiming_the_same_row_one_wins() -> None:
             oid = await first.queue_delivery(OutboxEntry(ALICE, "answer", f"row {i}"))
             a, b = await asyncio.gather(first.claim_delivery(oid), second.claim_delivery(oid))
             assert (a is None) != (b is None), f"row {i}: {a!r} {b!r}"
+    finally:
+        await second.close()
+        await first.close()
+
+
+async def test_each_postgres_gateway_counts_its_own_rows_and_sees_the_others() -> None:
+    from bot.memory.postgres import PostgresStore
+    from bot.memory.records import OutboxEntry
+    from tests import pg_server
+
+    first = await pg_server.open_store()
+    second = await PostgresStore.open(first.url, password=pg_server.BOT_PASSWORD, gateway="other")
+    try:
+        await first.queue_delivery(OutboxEntry(ALICE, "answer", "mine"))
+        await second.queue_delivery(OutboxEntry(BOB, "answer", "theirs"))
+        await second.queue_delivery(OutboxEntry(BOB, "notice", "theirs too"))
+        assert {s: n for s, (n, _) in (await first.outbox_by_state()).items()} == {"pending": 1}
+        assert {s: n for s, (n, _) in (await second.outbox_by_state()).items()} == {"pending": 2}
+        [(name, at)] = await first.outbox_gateways(since=0.0)
+        assert name == "other" and at > 0
+        assert [n for n, _ in await second.outbox_gateways(since=0.0)] == [first.gateway]
+        assert await first.outbox_gateways(since=at) == []  # nothing newer than its last row
     finally:
         await second.close()
         await first.close()

@@ -1,5 +1,6 @@
-"""Contract suite for the vector part of the memory port (memory.embeddings), run against every
-implementation in ``test_store_contract.IMPLEMENTATIONS``."""
+"""Contract suite for the vector part of the ``Recall`` Protocol (bot.memory.port_recall;
+used by memory.embeddings), run against every implementation in
+``test_store_contract.IMPLEMENTATIONS``."""
 
 from __future__ import annotations
 
