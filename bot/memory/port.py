@@ -16,17 +16,20 @@ The durable work queue (``port_work``): ``Outbox`` (what must still reach someon
 ``WorkQueue`` (pending questions, held commands), ``Claims`` (turn locks, one-off claims).
 Settings (``port_settings``): ``Settings``, the per-chat settings.
 
-Each Protocol module's docstring states the invariants its methods keep.
+Each Protocol module's docstring states the invariants its methods keep. One holds for all:
+database failures surface as ``StorageError`` or ``sqlite3.Error`` (SQLite only).
 
 ``MemoryStore`` is the union: what app.py wires and what a backend must implement whole. A
-class that needs several jobs declares its own union next to itself (``class _Store(
-ConversationLog, Derived, Protocol)``) rather than taking ``MemoryStore``.
+class that needs several jobs declares its own union next to itself (``SummaryStore(
+ConversationLog, Derived, Claims, Protocol)`` in bot.memory.summary) rather than taking
+``MemoryStore``.
 
 Adding a feature's store methods (reminders, named sessions, ...): write them in a new core
-mixin listed by both backends, declare them in a new Protocol module next to this one
-(``port_<feature>.py``, docstring with its invariants, at most 40 methods), add its contract
-tests on both backends (the ``memory`` fixture), and add it to ``MemoryStore``'s bases below:
-one line. tests/test_store_ports.py fails until every public store method sits in one Protocol.
+mixin listed by both backends (``SqliteStore``, ``PostgresStore``), declare them in a new
+Protocol module next to this one (``port_<feature>.py``: its invariants in the docstring, at
+most 40 methods), add its contract tests on both backends (the ``memory`` fixture), and add it
+to ``MemoryStore``'s bases below (one line, and its import). tests/test_store_ports.py fails
+until every public store method sits in exactly one Protocol and each is called by a test.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from bot.memory.port_derived import Derived, SessionLog
-from bot.memory.port_identity import CodeStore, Identities, PinStore
+from bot.memory.port_identity import Identities
 from bot.memory.port_log import ConversationLog
 from bot.memory.port_recall import Recall
 from bot.memory.port_settings import Settings
@@ -57,21 +60,3 @@ class MemoryStore(
     Protocol,
 ):
     """Every job of the store: what each backend implements (one line per Protocol above)."""
-
-
-__all__ = [
-    "Claims",
-    "CodeStore",
-    "ConversationLog",
-    "Derived",
-    "Identities",
-    "MemoryStore",
-    "Movable",
-    "Outbox",
-    "PinStore",
-    "Recall",
-    "SessionLog",
-    "Settings",
-    "Upkeep",
-    "WorkQueue",
-]

@@ -15,7 +15,6 @@ Invariants every implementation keeps:
   is not wedged); ``tidy`` is upkeep for idle moments and changes no row.
 - ``mark_copy(unfinished=True)`` makes every other opening of the store refuse it until
   ``mark_copy(unfinished=False)``; ``import_rows`` keeps the rows' ids.
-- Database failures surface as ``StorageError`` or ``sqlite3.Error`` (SQLite only).
 """
 
 from __future__ import annotations

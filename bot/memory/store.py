@@ -1,5 +1,6 @@
 """The memory store's public names: ``SqliteStore`` (bot.memory.sqlite) and its records
-(bot.memory.records). Import from here; the table families live in ``bot.memory.sqlite``."""
+(bot.memory.records). Import from here. The table families are written once for both backends
+in ``bot.memory.core``; what a consumer may ask of a store is ``bot.memory.port``."""
 
 from __future__ import annotations
 
