@@ -75,6 +75,11 @@ def test_the_union_covers_every_public_store_method(store: type) -> None:
     assert not unimplemented, f"{store.__name__} lacks {sorted(unimplemented)}"
 
 
+def _both_are_memory_stores(sqlite: SqliteStore, postgres: PostgresStore) -> list[MemoryStore]:
+    """mypy checks here that each backend implements every Protocol, types included."""
+    return [sqlite, postgres]
+
+
 def _shape(function: Any) -> list[tuple[str, Any, Any]]:
     params = list(inspect.signature(function).parameters.values())
     return [(p.name, p.kind, p.default) for p in params]
