@@ -1,5 +1,6 @@
-"""The PostgreSQL memory store, for several gateways sharing one memory: one module per table
-family, as for SQLite (``bot.memory.sqlite``), sharing one pool (``base``).
+"""The PostgreSQL memory store, for several gateways sharing one memory: the table families of
+``bot.memory.core``, as for SQLite (``bot.memory.sqlite``), over one pool (``base``), with this
+package's search, upkeep and derived rows. It implements every Protocol of ``bot.memory.port``.
 
 Importing this package imports ``asyncpg`` (the optional ``meshsage[postgres]`` extra): only
 ``bot.memory.open`` does, and only for a ``postgresql://`` URL, so a Pi never needs it.

@@ -1,6 +1,8 @@
-"""The SQLite memory store, one module per table family sharing one connection
-(``base``): conversations and messages, the outbox, search and vectors, summaries and facts,
-sessions and long-term summaries, linked identities and incognito, export/import rows, upkeep.
+"""The SQLite memory store: the table families written once in ``bot.memory.core``
+(conversations and messages, the outbox, search and vectors, summaries and facts, sessions and
+long-term summaries, linked identities and incognito, export/import rows, upkeep) over this
+package's connection (``base``), full-text search and vectors (``search``) and erase and tidy
+(``upkeep``). It implements every Protocol of ``bot.memory.port``.
 
 The raw log (``messages``) is the ground truth; summaries and facts are derived from it and
 record which messages they cover.
