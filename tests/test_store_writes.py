@@ -96,3 +96,21 @@ async def test_a_busy_store_still_checkpoints_by_the_number_of_changes(
         assert store._checkpointed_changes == store._db.total_changes
     finally:
         await store.close()
+
+
+async def test_clearing_a_recall_note_that_is_not_there_writes_nothing(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        conv = await store.conversation(KEY)
+        mid = await store.add_message(conv.id, role=USER, author="a", text="hello", tokens=1,
+                                      status="answered")  # fmt: skip
+        wal = store.path.with_name(store.path.name + "-wal")
+        changes, wal_size = store._db.total_changes, wal.stat().st_size
+        await store.save_recall_note(mid, "")  # every turn without a note says this
+        assert (store._db.total_changes, wal.stat().st_size) == (changes, wal_size)
+        await store.save_recall_note(mid, "Earlier: the dog is Biscuit.", [mid])
+        assert await store.recall_notes([mid]) == {mid: "Earlier: the dog is Biscuit."}
+        await store.save_recall_note(mid, "")  # a retried turn clears the old note
+        assert await store.recall_notes([mid]) == {}
+    finally:
+        await store.close()
