@@ -15,7 +15,9 @@ seconds after the last answer (background summaries and the index catch up first
 
 ``--runtime-dir DIR`` sets ``RUNTIME_DIRECTORY`` for the bot, as systemd's
 ``RuntimeDirectory=meshsage`` does (point it at a tmpfs such as /dev/shm to measure the
-systemd setup; the default measures a bot started by hand, everything on the disk).
+systemd setup); ``--session-dir DIR`` sets ``XDG_RUNTIME_DIR``, as a login session does for a
+bot started by hand (logind's /run/user/<uid>, a tmpfs: point it at one). The default measures
+a bot started with neither (cron, a bare container), everything on the disk.
 
 It prints what it measured and writes nothing else.
 Usage: python -m bench.io_writes [--turns 50] [--idle 3] [--code /other/checkout]
@@ -113,6 +115,14 @@ def one_run(args: argparse.Namespace, llm_url: str) -> dict[str, float]:
         if runtime is not None:
             runtime.mkdir(mode=0o700, exist_ok=True)
             env["RUNTIME_DIRECTORY"] = str(runtime)
+        session = (
+            Path(args.session_dir) / f"meshsage-bench-session-{os.getpid()}"
+            if args.session_dir
+            else None
+        )
+        if session is not None:
+            session.mkdir(mode=0o700, exist_ok=True)
+            env["XDG_RUNTIME_DIR"] = str(session)
         cmd = [sys.executable, "-m", "bot.cli", "run", "--config", str(config)]
         if args.strace:
             trace = "trace=write,pwrite64,fsync,fdatasync,rename,openat,unlink"
@@ -191,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--code", type=Path, default=ROOT, help="checkout whose bot/ to run")
     p.add_argument("--dir", default="", help="where the state dir goes (a disk, not tmpfs)")
     p.add_argument("--runtime-dir", default="", help="RUNTIME_DIRECTORY parent (a tmpfs)")
+    p.add_argument("--session-dir", default="", help="XDG_RUNTIME_DIR parent (a tmpfs)")
     p.add_argument("--strace", default="", metavar="FILE", help="run the bot under strace")
     args = p.parse_args(argv)
     server = _LLMThread()

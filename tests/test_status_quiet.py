@@ -151,3 +151,36 @@ def test_the_service_and_the_image_keep_the_report_in_ram() -> None:
     assert "\nRuntimeDirectory=meshsage\n" in unit
     docker = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     assert "RUNTIME_DIRECTORY=/dev/shm/meshsage" in docker  # a tmpfs in every container
+
+
+def test_a_bot_started_by_hand_keeps_its_report_in_the_session_runtime_dir(
+    tmp_path: Path,
+) -> None:
+    """A login session's $XDG_RUNTIME_DIR is a tmpfs: a bot started by hand writes its
+    heartbeat there, not on the SD card; systemd's RuntimeDirectory= still wins."""
+    state, session = tmp_path / "state", tmp_path / "user-1000"
+    session.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": str(session)}
+    assert report_path(state, env) == session / "meshsage" / STATUS_FILE
+    run = tmp_path / "run"
+    assert report_path(state, {**env, "RUNTIME_DIRECTORY": str(run)}) == run / STATUS_FILE
+    # not a usable directory: the state dir, as before
+    assert report_path(state, {"XDG_RUNTIME_DIR": str(tmp_path / "missing")}) == (
+        state / STATUS_FILE
+    )
+    assert report_path(state, {"XDG_RUNTIME_DIR": "relative/dir"}) == state / STATUS_FILE
+
+
+def test_status_reads_the_newest_report_wherever_it_is(tmp_path: Path) -> None:
+    state, session, unit_run = tmp_path / "state", tmp_path / "user", tmp_path / "unit"
+    for d in (state, session / "meshsage", unit_run):
+        d.mkdir(parents=True)
+    env = {"XDG_RUNTIME_DIR": str(session)}
+    old = unit_run / STATUS_FILE  # a service that ran last week
+    old.write_text("{}")
+    os.utime(old, (1_000_000, 1_000_000))
+    mine = session / "meshsage" / STATUS_FILE  # the bot started by hand now
+    mine.write_text("{}")
+    assert find(state, env, systemd_dir=unit_run) == mine
+    os.utime(mine, (900_000, 900_000))  # or the other way round
+    assert find(state, env, systemd_dir=unit_run) == old

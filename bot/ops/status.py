@@ -7,9 +7,11 @@ Invariants:
   times), by writing a private temporary file and renaming it over the old one (atomic: a
   reader sees the old or the new file, never half of one). Mode 0600 like every state file.
 - Where: systemd's ``RuntimeDirectory=`` (``$RUNTIME_DIRECTORY``, a tmpfs: no SD-card writes)
-  when it gives one, else the state dir (``report_path``). ``meshsage status`` looks in
-  ``$RUNTIME_DIRECTORY``, then ``/run/meshsage`` (the unit's runtime dir, for an operator's
-  shell), then the state dir (``find``).
+  when it gives one; else, for a bot started by hand in a login session, ``meshsage/`` in the
+  session's ``$XDG_RUNTIME_DIR`` (also a tmpfs, /run/user/<uid>) when that is a writable
+  directory; else the state dir (``report_path``). ``meshsage status`` reads the newest report
+  of ``$RUNTIME_DIRECTORY``, the session's runtime dir, ``/run/meshsage`` (the unit's, for an
+  operator's shell) and the state dir (``find``).
 - A report is *fresh* when written less than ``STALE_AFTER`` seconds ago and not dated in the
   future (more than ``FUTURE_SLACK``: the clock went back since, e.g. a dead bot's file from
   before a Pi's clock was stepped); ``status`` exits 0 only for a fresh, healthy report whose
@@ -42,34 +44,57 @@ FUTURE_SLACK = 5.0  # a report dated further ahead than this was written on anot
 # lands before the report goes stale.
 STATUS_HEARTBEAT = 30.0
 RUNTIME_ENV = "RUNTIME_DIRECTORY"  # set by systemd for RuntimeDirectory=
+SESSION_ENV = "XDG_RUNTIME_DIR"  # a login session's tmpfs (pam_systemd/logind)
 SYSTEMD_RUNTIME_DIR = Path("/run/meshsage")  # RuntimeDirectory=meshsage in systemd/
 
 
 def report_path(state_dir: Path, env: Mapping[str, str]) -> Path:
     """Where the running bot writes its report: the runtime directory systemd gave it (the
-    first, if it lists several), else the state dir."""
+    first, if it lists several), else the login session's runtime dir (``session_dir``),
+    else the state dir."""
     runtime = env.get(RUNTIME_ENV, "").split(":")[0]
-    return Path(runtime) / STATUS_FILE if runtime else state_dir / STATUS_FILE
+    if runtime:
+        return Path(runtime) / STATUS_FILE
+    session = session_dir(env)
+    return session / STATUS_FILE if session is not None else state_dir / STATUS_FILE
+
+
+def session_dir(env: Mapping[str, str]) -> Path | None:
+    """``$XDG_RUNTIME_DIR/meshsage`` when the session's runtime dir (a tmpfs that logind
+    creates for each logged-in user) is a directory this user may write; else None."""
+    base = env.get(SESSION_ENV, "")
+    if not base or not os.path.isabs(base):
+        return None
+    if not (os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK)):
+        return None
+    return Path(base) / "meshsage"
 
 
 def find(
     state_dir: Path, env: Mapping[str, str], *, systemd_dir: Path = SYSTEMD_RUNTIME_DIR
 ) -> Path:
-    """Where ``meshsage status`` reads the report: the first that holds one of
-    ``$RUNTIME_DIRECTORY`` (the bot's own environment: the HEALTHCHECK), the systemd unit's
-    runtime dir (an operator's shell) and the state dir; a report it may not read counts (the
-    reader then says why). When none holds one, where this environment's bot would write it."""
+    """Where ``meshsage status`` reads the report: the newest of ``$RUNTIME_DIRECTORY`` (the
+    bot's own environment: the HEALTHCHECK), the session's runtime dir (a bot started by hand),
+    the systemd unit's runtime dir (an operator's shell) and the state dir (a report left
+    behind elsewhere by a bot started another way is older); a report it may not read wins
+    (the reader then says why). When none holds one, where this environment's bot would write
+    it."""
     own, state = report_path(state_dir, env), state_dir / STATUS_FILE
-    order = ([] if own == state else [own]) + [systemd_dir / STATUS_FILE, state]
-    for candidate in order:
+    session = session_dir(env)
+    order = [] if own == state else [own]  # on a tie, the earlier place wins
+    order += [p / STATUS_FILE for p in (session,) if p is not None]
+    order += [systemd_dir / STATUS_FILE, state]
+    newest: tuple[float, Path] | None = None
+    for candidate in dict.fromkeys(order):
         try:
-            candidate.stat()
+            mtime = candidate.stat().st_mtime
         except PermissionError:
             return candidate
         except OSError:
             continue
-        return candidate
-    return own
+        if newest is None or mtime > newest[0]:
+            newest = (mtime, candidate)
+    return newest[1] if newest is not None else own
 
 
 @dataclass(frozen=True)

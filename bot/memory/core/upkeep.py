@@ -167,9 +167,12 @@ class UpkeepMixin(CoreBase):
     ) -> None:
         """Keep the recall note sent with a person's message (replaces an earlier one) and the
         ids of the messages it quotes (``bot.memory.core.notes``)."""
+        # Clearing a note that is not there matches no row, so it writes no page (most turns:
+        # a person's new message has no note, and SQLite rewrites a page even for equal values).
         await self._exec(
-            "UPDATE messages SET recall_note = ?, recall_ids = ? WHERE id = ?",
-            (note or None, quoted_json(note, quoted), message_id),
+            "UPDATE messages SET recall_note = ?, recall_ids = ? "
+            "WHERE id = ? AND (recall_note IS NOT NULL OR CAST(? AS TEXT) IS NOT NULL)",
+            (note or None, quoted_json(note, quoted), message_id, note or None),
             durable=False,  # a note lost with the server is only not shown again
         )
 

@@ -12,7 +12,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 from bot.memory.core.db import Tx
@@ -20,7 +19,11 @@ from bot.memory.sqlite.base import SqliteBase
 
 WAL_FORCE_BYTES = 64 * 1024 * 1024
 WAL_FLOOR_BYTES = 256 * 1024
-FTS_MERGE_PAGES = 64  # a bounded slice of merge work per idle tick
+FTS_MERGE_PAGES = 64  # a bounded slice of merge work per checkpoint
+# A checkpoint waits for this many changed rows (about 80 turns), this long a quiet spell, or
+# a WAL past wal_limit (a small database: every few turns).
+CHECKPOINT_CHANGES = 2000
+QUIET_SECONDS = 900.0
 
 
 class SqliteUpkeepMixin(SqliteBase):
@@ -55,17 +58,35 @@ class SqliteUpkeepMixin(SqliteBase):
 
     # --- operations -------------------------------------------------------------------------
     async def tidy(self) -> None:
-        """Upkeep for idle moments: checkpoint the WAL, do a little FTS5 merge work."""
+        """Upkeep for idle moments, only when there is something to do: a little FTS5 merge
+        work and a WAL checkpoint once ``CHECKPOINT_CHANGES`` rows changed since the last one
+        or the store has been quiet for ``QUIET_SECONDS`` after a change; the WAL truncated
+        once it outgrows ``wal_limit``. A checkpoint copies each page the WAL holds to the
+        database once, however many commits rewrote it: checkpointing after every turn wrote
+        the same leaf pages again each turn (about a quarter of a turn's bytes)."""
+        now = time.monotonic()
+        changes = self._db.total_changes
+        if changes != self._tidy_changes:
+            self._tidy_changes, self._changed_at = changes, now
+        pending = changes - self._checkpointed_changes
+        if pending <= 0:
+            return  # nothing written since the last checkpoint: an idle bot writes nothing
+        wal = self.path.with_name(self.path.name + "-wal")
+        try:
+            oversized = wal.stat().st_size > wal_limit(self.path.stat().st_size)
+        except OSError:
+            oversized = False
+        quiet = now - self._changed_at >= QUIET_SECONDS
+        if not (oversized or quiet or pending >= CHECKPOINT_CHANGES):
+            return
         async with self._lock:
-            await self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
             await self._db.execute(
                 "INSERT INTO messages_fts (messages_fts, rank) VALUES ('merge', ?)",
                 (FTS_MERGE_PAGES,),
             )
-            wal = self.path.with_name(self.path.name + "-wal")
-            with contextlib.suppress(OSError):
-                if wal.stat().st_size > wal_limit(self.path.stat().st_size):
-                    await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            mode = "TRUNCATE" if oversized else "PASSIVE"
+            await self._db.execute(f"PRAGMA wal_checkpoint({mode})")
+            self._checkpointed_changes = self._tidy_changes = self._db.total_changes
 
     # --- moving (bot.memory.move) -----------------------------------------------------------
     async def table_columns(self, table: str) -> list[str]:
