@@ -290,6 +290,7 @@ class Answerer:
             else:  # nothing may go on air now: told in the lane as soon as the radio may
                 self._notices.tell_early(inbound, message_id)
         limits = transport.limits
+        model = self._model(inbound)  # every LLM call of this turn, and the fold continuing it
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
         try:
             with self._writes(inbound):
@@ -301,6 +302,7 @@ class Answerer:
                         speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
                         before_call=lambda c: self._summarizer.before_reply(
                             conv.id, c.window_start_id),
+                        model=model,
                     )  # fmt: skip
         except LLMUnavailable as exc:
             log.warning("no answer for %s: %s", inbound.key, exc)
@@ -358,7 +360,7 @@ class Answerer:
             return
         # Before the delivery: a debt fold takes the slot this reply kept (bot.llm.gate).
         base = (
-            FoldBase((*ctx.messages, ChatMessage("assistant", whole)), ctx.window[0].id)
+            FoldBase((*ctx.messages, ChatMessage("assistant", whole)), ctx.window[0].id, model)
             if (ctx.window and not inbound.images)
             else None
         )  # a fold continues this prompt: the server has it cached
@@ -405,6 +407,7 @@ class Answerer:
                     _ctx, completion = await self._fit.ask(
                         conv, inbound, None, limits, ephemeral=list(turns),
                         speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
+                        model=self._model(inbound),
                     )  # fmt: skip
         except LLMUnavailable as exc:
             log.warning("no answer for %s: %s", inbound.key, exc)

@@ -289,6 +289,7 @@ class LLMGate:
         lane: Lane,
         on_text: OnText | None = None,
         schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion:
         hold = False
         if lane == "foreground":
@@ -300,7 +301,7 @@ class LLMGate:
                 self._bg_running += 1
                 self.stats.background_calls += 1
                 self.stats.debt_calls += 1
-                return await self._run_held(messages, max_tokens=max_tokens)
+                return await self._run_held(messages, max_tokens=max_tokens, model=model)
             if lane != "background":
                 arrived = self._clock()
                 # a command first seen now: its gap (up to now) is this request's too
@@ -364,17 +365,17 @@ class LLMGate:
         try:
             if lane == "foreground":
                 completion = await self._foreground_call(
-                    messages, max_tokens=max_tokens, on_text=on_text, schema=schema
+                    messages, max_tokens=max_tokens, on_text=on_text, schema=schema, model=model
                 )
                 kept = hold
                 return completion
             if lane == "debt":
                 completion = await self._timed(
-                    messages, max_tokens=max_tokens, on_text=None, schema=schema
+                    messages, max_tokens=max_tokens, on_text=None, schema=schema, model=model
                 )
             else:
                 completion = await self._background_call(
-                    messages, max_tokens=max_tokens, schema=schema
+                    messages, max_tokens=max_tokens, schema=schema, model=model
                 )
             self.stats.background_completed += 1
             return completion
@@ -421,11 +422,15 @@ class LLMGate:
             self._bg_running -= 1
             self._changed.notify_all()
 
-    async def _run_held(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion:
+    async def _run_held(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, model: str | None = None
+    ) -> Completion:
         """A debt call in the slot its reply kept (the condition's lock is held on entry)."""
         self._changed.release()
         try:
-            completion = await self._timed(messages, max_tokens=max_tokens, on_text=None)
+            completion = await self._timed(
+                messages, max_tokens=max_tokens, on_text=None, model=model
+            )
             self.stats.background_completed += 1
             return completion
         finally:
@@ -468,6 +473,7 @@ class LLMGate:
         max_tokens: int,
         on_text: OnText | None,
         schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion:
         """One call to the adapter, streamed, learning the prompt and generation rates."""
         new_tokens = self.uncached_tokens(messages)
@@ -483,7 +489,7 @@ class LLMGate:
         rendered = render(messages)
         try:
             completion = await self._llm.complete(
-                messages, max_tokens=max_tokens, on_text=seen, schema=schema
+                messages, max_tokens=max_tokens, on_text=seen, schema=schema, model=model
             )
         except BaseException:
             # Whatever the server holds now, it starts with this prompt (or part of it).
@@ -514,11 +520,12 @@ class LLMGate:
         max_tokens: int,
         on_text: OnText | None = None,
         schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion:
         self._fg_running += 1
         try:
             completion = await self._timed(
-                messages, max_tokens=max_tokens, on_text=on_text, schema=schema
+                messages, max_tokens=max_tokens, on_text=on_text, schema=schema, model=model
             )
         except ContextTooLong:
             raise  # this prompt's problem, not the server's
@@ -535,10 +542,15 @@ class LLMGate:
         return completion
 
     async def _background_call(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, schema: JsonSchema | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion:
         task = asyncio.ensure_future(
-            self._timed(messages, max_tokens=max_tokens, on_text=None, schema=schema)
+            self._timed(messages, max_tokens=max_tokens, on_text=None, schema=schema, model=model)
         )
         self._background.add(task)
         try:
@@ -584,7 +596,13 @@ class _Bound:
         max_tokens: int,
         on_text: OnText | None = None,
         schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion:
         return await self._gate._run(
-            messages, max_tokens=max_tokens, lane=self._lane, on_text=on_text, schema=schema
+            messages,
+            max_tokens=max_tokens,
+            lane=self._lane,
+            on_text=on_text,
+            schema=schema,
+            model=model,
         )

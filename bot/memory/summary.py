@@ -114,10 +114,12 @@ UNTIL_WORDS = 8  # words of the first kept message quoted in the continuation ta
 class FoldBase:
     """The prompt a reply was answered from, with its answer last (``assistant``): a fold
     sent as its continuation reuses the server's cached prefix. ``first_id``: the first
-    message its window holds."""
+    message its window holds; ``model``: the model the reply asked (None: the configured
+    one), which the continuation asks too."""
 
     messages: tuple[ChatMessage, ...]
     first_id: int
+    model: str | None = None
 
 
 @dataclass
@@ -512,7 +514,7 @@ class Summarizer:
         task = CONTINUATION_PROMPT.format(until=until) + "\n" + LIMIT_LINE.format(words=words)
         messages = [*base.messages, ChatMessage("user", task)]
         await still_there(self._store, conversation)
-        completion = await self._lane(lane).complete(messages, max_tokens=tokens)
+        completion = await self._lane(lane).complete(messages, max_tokens=tokens, model=base.model)
         text = completion.text.removesuffix(TRUNCATED_MARK).strip()
         if completion.truncated and text:
             cut = last_sentence(text)
