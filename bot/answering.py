@@ -71,7 +71,6 @@ UNREADABLE = "I could not read your message (it was not valid text). Please send
 TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
 ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
-MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
 
 
 def _speaker(inbound: Inbound, limits: TransportLimits) -> str | None:

@@ -113,13 +113,11 @@ UNTIL_WORDS = 8  # words of the first kept message quoted in the continuation ta
 @dataclass(frozen=True, slots=True)
 class FoldBase:
     """The prompt a reply was answered from, with its answer last (``assistant``): a fold
-    sent as its continuation reuses the server's cached prefix. ``first_id``: the first
-    message its window holds; ``model``: the model the reply asked (None: the configured
-    one), which the continuation asks too."""
+    sent as its continuation (to the reply's ``model``) reuses the server's cached prefix."""
 
     messages: tuple[ChatMessage, ...]
-    first_id: int
-    model: str | None = None
+    first_id: int  # the first message its window holds
+    model: str | None = None  # the model the reply asked (None: the configured one)
 
 
 @dataclass
