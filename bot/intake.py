@@ -80,8 +80,8 @@ class Intake:
         inbound = replace(inbound, text=text)
         if not text.replace("\ufffd", "").strip():  # nothing, or only bytes that were not text
             unreadable = UNREADABLE if "\ufffd" in text else EMPTY
-            text = unreadable.format(prefix=self._commands.prefix)
-            await self._notices.intake_notice(inbound, text)
+            notice = unreadable.format(prefix=self._commands.prefix)
+            await self._notices.intake_notice(inbound, notice)
             return
         if inbound.edited:
             await self._edited(inbound)
