@@ -60,8 +60,11 @@ class WithoutSchema:
         max_tokens: int,
         on_text: OnText | None = None,
         schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion:
-        return await self._inner.complete(messages, max_tokens=max_tokens, on_text=on_text)
+        return await self._inner.complete(
+            messages, max_tokens=max_tokens, on_text=on_text, model=model
+        )
 
 
 def blocks(turns: Sequence[Any], count: int, size: int) -> list[tuple[int, int]]:

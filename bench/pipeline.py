@@ -149,6 +149,7 @@ class TimingLLM:
         max_tokens: int,
         on_text: OnText | None = None,
         schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion:
         started = time.perf_counter()
         background = bool(messages) and (
@@ -157,7 +158,7 @@ class TimingLLM:
         )
         try:
             completion = await self.inner.complete(
-                messages, max_tokens=max_tokens, on_text=on_text, schema=schema
+                messages, max_tokens=max_tokens, on_text=on_text, schema=schema, model=model
             )
         finally:
             if not background:

@@ -87,7 +87,7 @@ from bot.memory.context import (
     SUMMARY_HEADER,
     ContextBuilder,
 )
-from bot.memory.layers import LONGTERM_HEADER, LayeredContext
+from bot.memory.layers import LONGTERM_HEADER
 from bot.memory.older_chapter import CHAPTER_HEADER
 from bot.memory.summary import Summarizer
 from bot.transports.base import OnMessage
@@ -242,10 +242,10 @@ def bench_config(state_dir: Path, base_url: str, *, share: float | None = None) 
 
 def use_layout(app: App, layout: str) -> None:
     """Swap the old builder and summarizer into a built app, or pick the recall mode."""
-    responder: Any = app.responder
-    layered = getattr(responder, "_context", None)
-    assert isinstance(layered, LayeredContext) and layered is app.context, (
-        "Responder no longer keeps its layered context in _context; update bench.prefix"
+    parts: Any = app.responder.parts  # the turn pipeline's parts (bot.responder.Pipeline)
+    layered = app.context  # the one the answerer's FittingAsk builds prompts with
+    assert parts.answerer._fit._context is layered, (
+        "the answerer no longer builds its prompts from app.context; update bench.prefix"
     )
     if layout == "old":
         cfg = app.config.memory
@@ -260,7 +260,8 @@ def use_layout(app: App, layout: str) -> None:
             store=app.store, llm=app.gate.background, counter=app.counter, config=cfg.summary
         )
         layered.inner = cast(ContextBuilder, context)  # the memory tiers stay around it
-        responder._summarizer = summarizer
+        parts.answerer._summarizer = summarizer  # folds after answers
+        parts.command_turns._summarizer = summarizer  # !reset / !forget stop its folds
         app.summarizer = cast(Summarizer, summarizer)
     else:
         layered.inner.recall = "notes" if layout == "new-notes" else "inline"

@@ -158,6 +158,7 @@ class Recorder:
         max_tokens: int,
         on_text: OnText | None = None,
         schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion:
         call = Call(list(messages), is_background(messages), time.monotonic())
         call.chars = sum(len(m.content) for m in messages)
@@ -171,7 +172,7 @@ class Recorder:
 
         try:
             out: Completion = await self._inner.complete(
-                messages, max_tokens=max_tokens, on_text=seen, schema=schema
+                messages, max_tokens=max_tokens, on_text=seen, schema=schema, model=model
             )
             call.ok = True
             return out

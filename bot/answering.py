@@ -4,7 +4,10 @@ incognito turn, answered without storing anything.
 
 Invariants: those of ``bot.responder`` for a turn (one answer per stored question, claimed
 under the person's turn lock; a failed LLM call ends in a stored notice that settles the
-question; a question forgotten meanwhile ends quietly). State lives in ``Responder``.
+question; a question forgotten meanwhile ends quietly). ``Answerer`` owns the answers being
+written now (``stop_answers``); the queue (``bot.turn_queue``) runs it, one job at a time per
+conversation. The model and the persona chosen for the conversation (``bot.chat_settings``)
+are read per turn and passed to the LLM call as arguments.
 - The "LLM unavailable" notice names where the bot looked (the base URL, no password) and the
   fix, in one mesh packet (``unavailable_notice``: at most ``MESH_COMMAND_BYTES``).
 - ``stop_answers`` (the console's Ctrl-C) stops only an answer being written: the LLM call is
@@ -20,17 +23,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from urllib.parse import urlsplit
 
-from bot.commands import Commands
+from bot.chat_settings import ChatSettings
 from bot.config import BotConfig
-from bot.delivery import busy_now
+from bot.delivery import OutboxSender, busy_now
 from bot.domain import Inbound, Reply, TransportLimits
 from bot.errors import LLMUnavailable, StorageError
 from bot.fitting import TOO_LONG, FittingAsk
@@ -38,6 +40,7 @@ from bot.llm.port import ChatMessage, ContextTooLong
 from bot.llm.tokens import TokenCounter
 from bot.memory.indexer import Indexer
 from bot.memory.keep import CLAIM_STALE_SECONDS
+from bot.memory.port import MemoryStore
 from bot.memory.records import (
     Conversation,
     OutboxEntry,
@@ -46,17 +49,15 @@ from bot.memory.records import (
 from bot.memory.store import USER
 from bot.memory.stretch import HeldStretches, Turns
 from bot.memory.summary import FoldBase, Summarizer
+from bot.notice_lanes import Notices, busy_text
 from bot.ops.metrics import Counters
-from bot.recovery import Recovery
+from bot.restarts import Lateness
 from bot.text import MESH_COMMAND_BYTES, fit_bytes
-from bot.transports.base import (
-    AnswerStream,
-    Paginates,
-    Transport,
-)
+from bot.transports.base import AnswerStream, Paginates, Rereads, Transport
+from bot.turn_queue import QueueKey, queue_key
 from bot.urls import redact
 
-log = logging.getLogger("bot.responder")
+log = logging.getLogger("bot.answering")
 
 UNAVAILABLE = "LLM unavailable, try again later."  # where the app did not say where it looked
 UNAVAILABLE_AT = (
@@ -70,8 +71,6 @@ UNREADABLE = "I could not read your message (it was not valid text). Please send
 TRIMMED_NOTE = "your message was long; I read only its beginning"
 NOT_STORED = "I could not save your message (storage problem), so I did not answer. Try later."
 ANSWER_NOT_STORED = "I could not save my answer (storage problem). Please try again later."
-BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
-MIN_RETRY_BUDGET = 256  # a server refusing even this needs its context raised
 
 
 def _speaker(inbound: Inbound, limits: TransportLimits) -> str | None:
@@ -103,65 +102,90 @@ def _host(url: str) -> str:
         return url
 
 
-class Answering(Recovery):
-    """The answering half of ``Responder`` (state is set up in its ``__init__``)."""
+def cut(transport: Transport, text: str) -> tuple[str, str | None]:
+    """What goes out now, and the rest for ``!more`` (transports that paginate)."""
+    if isinstance(transport, Paginates):
+        return transport.fit_more(text)
+    return transport.fit(text), None
 
-    counters: Counters
-    _unavailable: str  # the notice when no endpoint answered (``unavailable_notice``)
-    _workers: dict[tuple[str, str, str], asyncio.Task[None]]
-    _writing: set[tuple[str, str, str]]  # people whose answer is being written now
-    _stop_asked: set[tuple[str, str, str]]  # ... and asked to stop (``stop_answers``)
-    _config: BotConfig
-    _summarizer: Summarizer
-    _indexer: Indexer | None
-    _fit: FittingAsk
-    _commands: Commands
-    _stretches: HeldStretches
-    _counter: TokenCounter
-    _told: set[int]  # questions told of a hold in their notice lane at intake
+
+class Answerer:
+    """Answers claimed questions and incognito turns (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: MemoryStore,
+        transports: Mapping[str, Transport],
+        outbox: OutboxSender,
+        fit: FittingAsk,
+        summarizer: Summarizer,
+        counter: TokenCounter,
+        config: BotConfig,
+        counters: Counters,
+        notices: Notices,
+        lateness: Lateness,
+        stretches: HeldStretches,
+        prefix: str,
+        settings: ChatSettings | None = None,
+        indexer: Indexer | None = None,
+        wall: Callable[[], float] = time.time,
+        unavailable: str = UNAVAILABLE,
+    ) -> None:
+        self._store = store
+        self._transports = transports
+        self._outbox = outbox
+        self._fit = fit  # every LLM call: a prompt within what the server holds
+        self._summarizer = summarizer
+        self._counter = counter
+        self._config = config
+        self._counters = counters
+        self._notices = notices
+        self._lateness = lateness
+        self._stretches = stretches
+        self._prefix = prefix
+        self._settings = settings  # model and persona per channel, server, bot or person
+        self._indexer = indexer
+        self._wall = wall  # dates of answers (bench: replayed dates)
+        self._unavailable = unavailable  # the notice when no endpoint answered (app: its URL)
+        self._writing: dict[QueueKey, asyncio.Task[object]] = {}  # answers being written now
+        self._stop_asked: set[QueueKey] = set()  # ... and asked to stop (``stop_answers``)
 
     def _persona(self, inbound: Inbound) -> str | None:
-        raise NotImplementedError
+        """The persona's prompt chosen for this conversation (None: ``bot.system_prompt``)."""
+        return None if self._settings is None else self._settings.persona(inbound)[1]
 
-    async def _notice(self, inbound: Inbound, text: str) -> None:
-        raise NotImplementedError
-
-    def _tell_early(self, inbound: Inbound, message_id: int) -> None:
-        raise NotImplementedError
-
-    @staticmethod
-    def _cut(transport: Transport, text: str) -> tuple[str, str | None]:
-        """What goes out now, and the rest for ``!more`` (transports that paginate)."""
-        if isinstance(transport, Paginates):
-            return transport.fit_more(text)
-        return transport.fit(text), None
+    def _model(self, inbound: Inbound) -> str | None:
+        """The model chosen for this conversation (None: the configured one)."""
+        return None if self._settings is None else self._settings.model(inbound)
 
     def stop_answers(self, transport: str) -> int:
         """Stop the answers being written now for people on ``transport`` (the console's
         Ctrl-C). Returns how many were asked to stop (0: nothing was being written)."""
         n = 0
-        for qkey in self._writing:
+        for qkey, task in self._writing.items():
             if qkey[0] == transport and qkey not in self._stop_asked:
                 self._stop_asked.add(qkey)
-                self._workers[qkey].cancel()
+                task.cancel()
                 n += 1
         return n
 
     @contextlib.contextmanager
     def _writes(self, inbound: Inbound) -> Iterator[None]:
         """While the answer is being written: ``stop_answers`` may cancel it."""
-        key = inbound.key
-        qkey = (key.transport, key.person, key.space)
-        self._writing.add(qkey)
+        qkey = queue_key(inbound)
+        task = asyncio.current_task()
+        if task is not None:
+            self._writing[qkey] = task
         try:
             yield
         finally:
-            self._writing.discard(qkey)
+            self._writing.pop(qkey, None)
 
     def _was_stopped(self, inbound: Inbound) -> bool:
         """True (and the cancel taken back) when ``stop_answers`` cancelled this turn."""
         key = inbound.key
-        qkey = (key.transport, key.person, key.space)
+        qkey = queue_key(inbound)
         if qkey not in self._stop_asked:
             return False
         self._stop_asked.discard(qkey)
@@ -171,7 +195,26 @@ class Answering(Recovery):
         log.info("the answer for %s was stopped by the person", key)
         return True
 
-    async def _go_on(self, inbound: Inbound, ask: str, command_id: int | None) -> None:
+    async def failed(
+        self, inbound: Inbound, *, message_id: int | None = None, command_id: int | None = None
+    ) -> None:
+        """A turn that crashed: tell the person briefly (first: the store may be what failed)
+        and mark the message failed, so it is not retried (and crashing again) at every
+        restart."""
+        if command_id is not None:  # told below: never run (and crash) again
+            with contextlib.suppress(Exception):  # loop boundary: the store may have failed
+                await self._store.release_command(command_id)
+        try:
+            await self._notices.notice(inbound, INTERNAL_ERROR)
+        except Exception:  # loop boundary: the transport may be what failed
+            log.exception("could not tell %s about the failed turn", inbound.key)
+        try:
+            if message_id is not None:
+                await self._store.set_status(message_id, "failed")
+        except Exception:  # loop boundary: the store may be what failed (disk full)
+            log.exception("could not mark the failed turn in %s", inbound.key)
+
+    async def go_on(self, inbound: Inbound, ask: str, command_id: int | None) -> None:
         """``!more`` under an answer cut at max_tokens: ``ask`` is stored as the person's
         message (the held command released with it) and answered as a turn."""
         conv = await self._store.conversation(inbound.key)
@@ -188,9 +231,9 @@ class Answering(Recovery):
         )
         if command_id is not None:
             await self._store.release_command(command_id)
-        await self._turn(replace(inbound, text=ask), message_id, conv)
+        await self.turn(replace(inbound, text=ask), message_id, conv)
 
-    async def _turn(
+    async def turn(
         self,
         inbound: Inbound,
         message_id: int,
@@ -198,20 +241,33 @@ class Answering(Recovery):
         *,
         recovered: bool = False,
     ) -> None:
-        if conv is None:  # something ran for this person since intake (see _Job.conv)
+        """Answer the stored question ``message_id`` (``recovered``: stored before a restart or
+        by a gateway that died; its transport may reread it, for its images)."""
+        try:
+            await self._turn(inbound, message_id, conv, recovered=recovered)
+        finally:
+            self._notices.forget_told(message_id)
+
+    async def _turn(
+        self, inbound: Inbound, message_id: int, conv: Conversation | None, *, recovered: bool
+    ) -> None:
+        transport = self._transports.get(inbound.transport)
+        if recovered and isinstance(transport, Rereads):
+            inbound = await transport.reread(inbound)  # images, not stored
+        if conv is None:  # something ran for this person since intake (see TurnJob.conv)
             conv = await self._store.conversation(inbound.key)
         # Gateways sharing one store take a person's turns one at a time, and a message that
         # another gateway (or an earlier recovery) answered meanwhile is not answered again.
         async with self._store.turn_lock(conv.id):
             # The claim takes only a message still pending (one statement, no read before it).
             # another gateway's live claim is theirs; on a stepped clock every claim is
-            stale = time.time() - CLAIM_STALE_SECONDS if self._trust.trusted() else 0.0
+            stale = time.time() - CLAIM_STALE_SECONDS if self._outbox.trust.trusted() else 0.0
             if not await self._store.claim_question(message_id, stale_before=stale):
                 log.debug("message %d in %s answered, gone or claimed by another gateway; "
                           "skipped", message_id, conv.id)  # fmt: skip
                 return
-            if recovered and self._too_old(inbound):
-                await self._tell_unanswered(inbound, message_id)
+            if recovered and self._lateness.too_old(inbound):
+                await self._lateness.tell_unanswered(inbound, message_id)
                 return
             await self._answer(inbound, message_id, conv)
 
@@ -219,19 +275,21 @@ class Answering(Recovery):
         """Answer the claimed question. ``conv`` was read before the turn lock: only a turn
         takes the lock, and a turn changes no conversation row, so waiting for another
         gateway's turn leaves it as read."""
-        self.counters.add("turns")
+        self._counters.add("turns")
         transport = self._transports[inbound.transport]
         busy = busy_now(transport)
         if busy is not None and busy.cause == "queue":
             log.warning("outbox of %s full; %s is told to try again", transport.name, inbound.key)
-            await self._outbox.busy_notice(inbound, _busy(busy.seconds), question_id=message_id)
+            await self._outbox.busy_notice(inbound, busy_text(busy.seconds), question_id=message_id)
             return
-        if busy is not None and message_id not in self._told:  # a hold (not told at intake)
+        told = self._notices.was_told(message_id)  # at intake, in the lane
+        if busy is not None and not told:  # a hold
             if busy.notice_now:
                 await self._outbox.tell_held(inbound, busy)
             else:  # nothing may go on air now: told in the lane as soon as the radio may
-                self._tell_early(inbound, message_id)
+                self._notices.tell_early(inbound, message_id)
         limits = transport.limits
+        model = self._model(inbound)  # every LLM call of this turn, and the fold continuing it
         stream: AnswerStream | None = await self._outbox.open_stream(inbound, message_id)
         try:
             with self._writes(inbound):
@@ -243,6 +301,7 @@ class Answering(Recovery):
                         speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
                         before_call=lambda c: self._summarizer.before_reply(
                             conv.id, c.window_start_id),
+                        model=model,
                     )  # fmt: skip
         except LLMUnavailable as exc:
             log.warning("no answer for %s: %s", inbound.key, exc)
@@ -250,12 +309,12 @@ class Answering(Recovery):
                 await stream.abort()
             notice = self._unavailable
             if isinstance(exc, ContextTooLong):
-                notice = TOO_LONG.format(prefix=self._commands.prefix)
+                notice = TOO_LONG.format(prefix=self._prefix)
             entry = OutboxEntry(
                 inbound.key, "notice", transport.fit(notice), question_id=message_id
             )
             row = await self._store.queue_claimed(entry, question_status="failed")
-            self.counters.add("notices")
+            self._counters.add("notices")
             await self._outbox.deliver_now(inbound, row)
             return
         except asyncio.CancelledError:
@@ -266,7 +325,7 @@ class Answering(Recovery):
             await self._store.set_status(message_id, "failed")  # settled: never answered later
             return
         whole = completion.text.strip()
-        text, rest = self._cut(transport, whole)
+        text, rest = cut(transport, whole)
         trimmed = ctx.trimmed or len(inbound.text) > self._config.max_message_chars
         entry = OutboxEntry(
             inbound.key,
@@ -296,11 +355,11 @@ class Answering(Recovery):
                     await stream.abort()
                 return
             log.error("could not store the answer for %s: %s", inbound.key, exc)
-            await self._notice(inbound, ANSWER_NOT_STORED)
+            await self._notices.notice(inbound, ANSWER_NOT_STORED)
             return
         # Before the delivery: a debt fold takes the slot this reply kept (bot.llm.gate).
         base = (
-            FoldBase((*ctx.messages, ChatMessage("assistant", whole)), ctx.window[0].id)
+            FoldBase((*ctx.messages, ChatMessage("assistant", whole)), ctx.window[0].id, model)
             if (ctx.window and not inbound.images)
             else None
         )  # a fold continues this prompt: the server has it cached
@@ -308,8 +367,8 @@ class Answering(Recovery):
         delivery = await self._outbox.deliver_now(
             inbound, row, note=TRIMMED_NOTE if trimmed else None, stream=stream
         )
-        self.counters.add("answers")
-        self.counters.replied(max(0.0, time.time() - inbound.received_at.timestamp()))
+        self._counters.add("answers")
+        self._counters.replied(max(0.0, time.time() - inbound.received_at.timestamp()))
         log.info(
             "answered %s: %d context tokens (%s), %d answer chars, %s",
             inbound.key,
@@ -329,7 +388,7 @@ class Answering(Recovery):
         except (sqlite3.Error, StorageError):
             return False  # the store is failing: the storage notice is the right one
 
-    async def _incognito_turn(self, inbound: Inbound, *, bare: bool = False) -> None:
+    async def incognito_turn(self, inbound: Inbound, *, bare: bool = False) -> None:
         """Answer without storing: stored memory plus this session's in-memory turns; ``bare``
         (a sender who may not use its memory, bot.trust): no memory and no turns at all."""
         transport = self._transports[inbound.transport]
@@ -347,12 +406,13 @@ class Answering(Recovery):
                     _ctx, completion = await self._fit.ask(
                         conv, inbound, None, limits, ephemeral=list(turns),
                         speaker=_speaker(inbound, limits), system_prompt=self._persona(inbound),
+                        model=self._model(inbound),
                     )  # fmt: skip
         except LLMUnavailable as exc:
             log.warning("no answer for %s: %s", inbound.key, exc)
             too_long = isinstance(exc, ContextTooLong)
-            prefix = self._commands.prefix
-            await self._notice(inbound, TOO_LONG.format(prefix=prefix) if too_long
+            prefix = self._prefix
+            await self._notices.notice(inbound, TOO_LONG.format(prefix=prefix) if too_long
                                else self._unavailable)  # fmt: skip
             return
         except asyncio.CancelledError:
@@ -366,7 +426,3 @@ class Answering(Recovery):
 
 
 BLANK_ID = 0  # a conversation id no row has (ids start at 1): a memory with nothing in it
-
-
-def _busy(seconds: float) -> str:
-    return BUSY.format(minutes=max(1, math.ceil(seconds / 60)))

@@ -1,7 +1,9 @@
 """The one wiring place: builds every part from the config, owns startup and shutdown.
 
 Invariants:
-- Nothing else constructs collaborators; classes receive them as keyword arguments.
+- Nothing else constructs collaborators (the turn pipeline's parts are composed by the one
+  factory ``build`` calls, ``bot.responder.build_responder``); classes receive them as
+  keyword arguments and are never patched after construction.
 - Adapter modules for Meshtastic and Discord are imported only when their section is enabled
   (``bot.app_edges`` builds the transports, the relay bridge and the web view for ``build``).
 - A transport that fails to start is logged and left out; the others keep running. The app
@@ -73,7 +75,7 @@ from bot.ops.metrics import Counters, LastError, Latencies, TimedLLM
 from bot.ops.monitor import Monitor
 from bot.ops.sdnotify import Notifier
 from bot.ops.status import STATUS_FILE, Status, report_path
-from bot.responder import Responder
+from bot.responder import Responder, build_responder
 from bot.transports.base import Transport
 from bot.transports.mesh_keys import Identifies
 
@@ -491,6 +493,7 @@ async def build(
         await chat_settings.load()
         listing = llm if isinstance(llm, OpenAICompatLLM) else None
         pins = PinnedKeys(store=store, configured=configured_keys(config))
+        sender_policy = policy_for(config)  # who may do what (bot.trust)
         commands = Commands(
             store=store,
             facts=FactCommands(
@@ -503,19 +506,18 @@ async def build(
             operators=config.bot.operators,
             model_name=lambda: gate.model_name,
             links=LinkCodes(store),
-            trust=policy_for(config),  # who may do what (bot.trust)
+            trust=sender_policy,
             pins=pins,
+            settings=SettingsCommands(
+                settings=chat_settings,
+                list_models=listing.models if listing is not None else None,
+                prefix=config.bot.command_prefix,
+                configured_model=lambda: gate.model_name,
+                is_operator=sender_policy.is_operator,
+            ),
         )
-        commands.settings = SettingsCommands(
-            settings=chat_settings,
-            list_models=listing.models if listing is not None else None,
-            prefix=config.bot.command_prefix,
-            configured_model=lambda: gate.model_name,
-            is_operator=commands.is_operator,
-        )
-        commands.enable_settings()
         counters = Counters()
-        responder = Responder(
+        responder = build_responder(
             counters=counters,
             store=store,
             llm=gate.foreground,

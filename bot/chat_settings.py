@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from bot.domain import DM_SPACE, Inbound
 from bot.memory.port_settings import Settings
-from bot.memory.records import RUNNING_COMMAND, ChatSetting
+from bot.memory.records import ChatSetting
 
 BOT_SCOPE = "*"
 
@@ -45,9 +45,11 @@ class ChatSettings:
     async def load(self) -> None:
         self._rows = {r.scope: r for r in await self._store.chat_settings()}
 
-    async def set(self, scope: str, field: str, value: str | None) -> None:
+    async def set(
+        self, scope: str, field: str, value: str | None, *, held: int | None = None
+    ) -> None:
         # a held !model/!persona: marked done with the change (a replay tells, never redoes)
-        await self._store.set_chat_setting(scope, field, value, done=RUNNING_COMMAND.get())
+        await self._store.set_chat_setting(scope, field, value, done=held)
         self._rows = {r.scope: r for r in await self._store.chat_settings()}
 
     def _first(self, scopes: list[str], field: str) -> tuple[str | None, str | None]:

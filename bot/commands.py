@@ -62,7 +62,6 @@ from bot.memory.port_identity import Identities
 from bot.memory.port_log import ConversationLog
 from bot.memory.port_upkeep import Upkeep
 from bot.memory.port_work import Outbox
-from bot.memory.records import RUNNING_COMMAND
 from bot.text import MESH_COMMAND_BYTES, counted, fit_bytes, small_number
 from bot.trust import SenderPolicy
 
@@ -97,7 +96,9 @@ class CommandResult:
     go_on: bool = False  # text is a message to answer with the LLM (``!more`` after a cut)
 
 
-Handler = Callable[[Inbound, str, int], Awaitable[CommandResult]]
+# (the message, the argument, the reply's room in bytes, the command's ``held_commands`` id:
+# the write that is its effect passes it as ``done=``, so the mark commits with the effect)
+Handler = Callable[[Inbound, str, int, int | None], Awaitable[CommandResult]]
 UNLIMITED_ROOM = 20_000
 
 
@@ -183,11 +184,7 @@ class Commands:
         """Run one command. ``command_id``: its row in ``held_commands``; the write that is
         the command's effect marks it done in the same transaction (``done=``), so a replay
         after a kill never applies it twice."""
-        token = RUNNING_COMMAND.set(command_id)
-        try:
-            return await self._run(inbound, name, arg, room)
-        finally:
-            RUNNING_COMMAND.reset(token)
+        return await self._run(inbound, name, arg, room, command_id)
 
     def allowed(self, inbound: Inbound, name: str) -> bool:
         """Whether ``bot.trust`` lets this sender run ``name`` (``run`` refuses it otherwise)."""
@@ -198,7 +195,9 @@ class Commands:
             inbound, name, prefix=self.prefix, operator_commands=self._operator_handlers
         )
 
-    async def _run(self, inbound: Inbound, name: str, arg: str, room: int) -> CommandResult:
+    async def _run(
+        self, inbound: Inbound, name: str, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         refused = self._refusal(inbound, name)
         if refused is not None:
             if name == "link" and arg:  # used up: a forged packet gets no second try
@@ -210,7 +209,7 @@ class Commands:
         if handler is None:
             unknown = f"Unknown command {self.prefix}{name}. Send {self.prefix}help."
             return CommandResult(fit_bytes(unknown, room))
-        result = await handler(inbound, arg, room)
+        result = await handler(inbound, arg, room, held)
         if result.more:
             return result
         return replace(result, text=fit_bytes(result.text, room))
@@ -219,7 +218,7 @@ class Commands:
         return CommandResult(text)  # ``run`` fits it to the transport
 
     # --- handlers ---------------------------------------------------------------------------
-    async def _help(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _help(self, inbound: Inbound, arg: str, room: int, held: int | None) -> CommandResult:
         p = self.prefix
         names = ["help", "reset", "forget", "history [n]", "summary", "remember <fact>",
                  "facts", "unremember <n>", "status", "export", "more", "sessions", "pin",
@@ -232,7 +231,9 @@ class Commands:
             text += f" {p}repin [node]" if self._pins is not None else ""
         return self._say(text)
 
-    async def _reset(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _reset(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         conv = await self._store.conversation(inbound.key)
         # Inferred facts came from what was said before now: they go with it. Pinned facts
         # are the person's own notes (!remember): they stay, and the reply says so. Dropped
@@ -242,7 +243,7 @@ class Commands:
         for fact in await self._store.facts(conv.id):
             if not fact.pinned:
                 dropped += await self._store.remove_fact(conv.id, fact.id, extracted_only=True)
-        await self._store.reset(conv.id, done=RUNNING_COMMAND.get())
+        await self._store.reset(conv.id, done=held)
         n = sum(f.pinned for f in await self._store.facts(conv.id))
         p = self.prefix
         kept = (
@@ -256,7 +257,9 @@ class Commands:
             f"messages stay stored ({p}forget deletes them)."
         )
 
-    async def _forget(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _forget(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         who = (inbound.transport, inbound.sender)
         now = self._clock()
         asked = self._forget_pending.get(who)
@@ -292,7 +295,9 @@ class Commands:
             on_delivered=opened,
         )
 
-    async def _history(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _history(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         n = HISTORY_DEFAULT
         if arg:
             number = small_number(arg)
@@ -313,7 +318,9 @@ class Commands:
         ]
         return self._say("\n".join(lines))
 
-    async def _summary(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _summary(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         chapters = [] if conv is None else await self._store.summaries(conv)
         # A chapter stored before bot.memory.chapter_check existed may be an echoed instruction.
@@ -322,16 +329,22 @@ class Commands:
             return self._say("No summary yet: our conversation is still short.")
         return self._say("Summary: " + " ".join(c.text for c in shown))
 
-    async def _remember(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
-        return self._say(await self.facts.remember(inbound, arg))
+    async def _remember(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
+        return self._say(await self.facts.remember(inbound, arg, held=held))
 
-    async def _facts(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _facts(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         return self._say(await self.facts.facts(inbound, room))
 
-    async def _unremember(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
-        return self._say(await self.facts.unremember(inbound, arg))
+    async def _unremember(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
+        return self._say(await self.facts.unremember(inbound, arg, held=held))
 
-    async def _more(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _more(self, inbound: Inbound, arg: str, room: int, held: int | None) -> CommandResult:
         rest = await self._store.take_more(inbound.key)
         if rest:
             return CommandResult(rest, more=True)
@@ -341,7 +354,9 @@ class Commands:
             return CommandResult(GO_ON, go_on=True)  # cut at max_tokens: the model goes on
         return self._say("Nothing more: my last answer was complete.")
 
-    async def _status(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _status(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         up = int(self._clock() - self._started)
         if inbound.space == DM_SPACE:  # private: the whole picture on this transport
             count = await self._store.count_person_messages(inbound.transport, inbound.sender)
@@ -361,7 +376,9 @@ class Commands:
             text += f" Incognito is ON here: nothing new is stored ({self.prefix}incognito off)."
         return self._say(text)
 
-    async def _export(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _export(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         if inbound.transport in NO_FILES:
             return self._say(
                 "Files cannot travel over the mesh. Get your export from the operator "
@@ -381,7 +398,9 @@ class Commands:
             ),
         )
 
-    async def _sessions(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _sessions(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         sessions = [] if conv is None else await self._store.sessions(conv.id, limit=20)
         done = [s for s in sessions if s.title][-SESSIONS_SHOWN:]
@@ -403,7 +422,7 @@ class Commands:
         later = " (the newest is still being summarized)" if waiting else ""
         return self._say("Sessions: " + "; ".join(lines) + later)
 
-    async def _pin(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _pin(self, inbound: Inbound, arg: str, room: int, held: int | None) -> CommandResult:
         conv = await self._store.find_conversation(inbound.key)
         if conv is None:
             return self._say("Nothing to pin yet.")
@@ -414,7 +433,7 @@ class Commands:
                 target = [found]
         if not target:  # no reply: the latest exchange
             target = [m.id for m in await self._store.recent_messages(conv, limit=2)]
-        n = await self._store.mark_important(conv.id, target, done=RUNNING_COMMAND.get())
+        n = await self._store.mark_important(conv.id, target, done=held)
         if not n:
             return self._say("Nothing to pin: reply to one of our messages with "
                              f"{self.prefix}pin.")  # fmt: skip
@@ -423,7 +442,7 @@ class Commands:
             f"Pinned {counted(n, 'message')}: {what} kept when old turns are forgotten."
         )
 
-    async def _link(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _link(self, inbound: Inbound, arg: str, room: int, held: int | None) -> CommandResult:
         p = self.prefix
         if not inbound.is_dm:
             return self._say(f"Send {p}link in a direct message: links join DM memory only.")
@@ -441,7 +460,7 @@ class Commands:
                              "from your other account (not the one that got it). Send "
                              f"{p}link again for a new code.")  # fmt: skip
         try:
-            moved = await self._store.link_dm(home, inbound.key, done=RUNNING_COMMAND.get())
+            moved = await self._store.link_dm(home, inbound.key, done=held)
         except MeshsageError as exc:
             return self._say(f"Not linked: {exc}")
         return self._say(
@@ -449,15 +468,19 @@ class Commands:
             f"({counted(moved, 'message')} joined). {p}unlink separates them again."
         )
 
-    async def _unlink(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _unlink(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         if not inbound.is_dm:
             return self._say(f"Send {self.prefix}unlink in a direct message.")
-        moved = await self._store.unlink_dm(inbound.key, done=RUNNING_COMMAND.get())
+        moved = await self._store.unlink_dm(inbound.key, done=held)
         if moved is None:
             return self._say("This account is not linked.")
         return self._say("Unlinked: each account keeps its own messages and facts again.")
 
-    async def _incognito(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _incognito(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         p = self.prefix
         if arg.lower() not in ("", "on", "off"):
             return self._say(f"Usage: {p}incognito, or {p}incognito off")
@@ -480,15 +503,21 @@ class Commands:
         self._handlers["persona"] = self._persona
         self._operator_handlers["model"] = self._model
 
-    async def _persona(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _persona(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         assert self.settings is not None
-        return self._say(await self.settings.persona(inbound, arg))
+        return self._say(await self.settings.persona(inbound, arg, held=held))
 
-    async def _model(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _model(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         assert self.settings is not None
-        return self._say(await self.settings.model(inbound, arg))
+        return self._say(await self.settings.model(inbound, arg, held=held))
 
-    async def _repin(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _repin(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         """``!repin``: the pins (ids and fingerprints); ``!repin !id``: drop that node's pin,
         so its next PKI DM pins its new key (a reset or replaced radio)."""
         assert self._pins is not None
@@ -500,7 +529,9 @@ class Commands:
             return self._say(f"Usage: {self.prefix}repin !1234abcd (a mesh node id)")
         return self._say(await self._pins.repin(node))
 
-    async def _stats(self, inbound: Inbound, arg: str, room: int) -> CommandResult:
+    async def _stats(
+        self, inbound: Inbound, arg: str, room: int, held: int | None
+    ) -> CommandResult:
         stats = dict(await self._store.stats())
         for source in self.stat_sources:
             stats.update(source())

@@ -13,8 +13,8 @@ Invariants:
   one) and the value it replaced, if any.
 - ``!unremember`` removes the fact with its history, deletes the finished outbox rows that
   quote it, and does not quote it in its reply.
-- Each write that is a command's effect carries ``done=`` the held command's id
-  (``RUNNING_COMMAND``), so the effect and the command's done mark commit together.
+- Each write that is a command's effect carries ``done=`` the held command's id (``held``,
+  passed in by ``bot.commands``), so the effect and the command's done mark commit together.
 - Only the sender's own conversation is read or changed.
 """
 
@@ -30,7 +30,7 @@ from bot.memory.facts import find_duplicate, find_same_subject, history_note, pr
 from bot.memory.port_derived import Derived
 from bot.memory.port_log import ConversationLog
 from bot.memory.port_work import Outbox
-from bot.memory.records import RUNNING_COMMAND, Conversation, Fact
+from bot.memory.records import Conversation, Fact
 from bot.text import fit_bytes, small_number
 
 
@@ -50,7 +50,7 @@ class FactCommands:
         self.prefix = prefix
         self._max_facts = max_facts
 
-    async def remember(self, inbound: Inbound, arg: str) -> str:
+    async def remember(self, inbound: Inbound, arg: str, *, held: int | None = None) -> str:
         fact = " ".join(arg.split())
         if not fact:
             return (
@@ -63,7 +63,7 @@ class FactCommands:
         dup = find_duplicate(fact, facts)
         same = find_same_subject(fact, facts)
         if same is not None and (dup is None or dup.id == same.id):
-            return await self._revise(conv, facts, same, fact)
+            return await self._revise(conv, facts, same, fact, held=held)
         if dup is not None and dup.pinned:
             n = facts.index(dup) + 1
             return f"I already have that as fact {n}: {dup.text}"
@@ -82,12 +82,14 @@ class FactCommands:
             text=fact,
             tokens=self._counter.count(fact),
             source_ids=sorted(m.id for m in recent),
-            done=RUNNING_COMMAND.get(),  # the effect and the command's done mark: one commit
+            done=held,  # the effect and the command's done mark: one commit
         )
         n = len(await self._store.facts(conv.id))
         return f"Noted as fact {n} (pinned). I'll keep it in mind in this chat."
 
-    async def _revise(self, conv: Conversation, facts: list[Fact], same: Fact, fact: str) -> str:
+    async def _revise(
+        self, conv: Conversation, facts: list[Fact], same: Fact, fact: str, *, held: int | None
+    ) -> str:
         """``!remember`` of a new value for a known subject: the fact takes it (pinned), the
         old value goes to its history, and the reply says what changed."""
         n = facts.index(same) + 1
@@ -106,7 +108,7 @@ class FactCommands:
             tokens=self._counter.count(fact),
             pinned=True,
             source_ids=sorted(m.id for m in recent),
-            done=RUNNING_COMMAND.get(),
+            done=held,
         )
         if old is None:
             return "That fact changed meanwhile. Send it again."
@@ -133,7 +135,7 @@ class FactCommands:
             items.append(f"{i}) {fit_bytes(f.text, each - len(why.encode()))}{why}")
         return " ".join(items)
 
-    async def unremember(self, inbound: Inbound, arg: str) -> str:
+    async def unremember(self, inbound: Inbound, arg: str, *, held: int | None = None) -> str:
         conv = await self._store.find_conversation(inbound.key)
         facts = [] if conv is None else await self._store.facts(conv.id)
         if conv is None or not facts:
@@ -149,6 +151,6 @@ class FactCommands:
         # does not quote it, so no new row holds it. Scrubbed first: the removal is the
         # effect marked done, after which a replay never picks "fact n" again.
         await self._store.scrub_outbox(conv.id, fact.text)
-        await self._store.remove_fact(conv.id, fact.id, done=RUNNING_COMMAND.get())
+        await self._store.remove_fact(conv.id, fact.id, done=held)
         left = len(facts) - 1
         return f"Removed fact {number} and its history; {left} left ({self.prefix}facts)."

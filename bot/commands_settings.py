@@ -69,7 +69,7 @@ class SettingsCommands:
         except Exception as exc:
             return f"the LLM server did not list its models ({type(exc).__name__})"
 
-    async def model(self, inbound: Inbound, arg: str) -> str:
+    async def model(self, inbound: Inbound, arg: str, *, held: int | None = None) -> str:
         p = self._p
         words = arg.split()
         usage = f"Usage: {p}model NAME [here|server|bot], {p}model clear [here|server|bot]"
@@ -84,17 +84,17 @@ class SettingsCommands:
         if scope is None:
             return f"There is no server here; use {p}model {name} here or bot."
         if name.lower() == "clear":
-            await self._settings.set(scope, "model", None)
+            await self._settings.set(scope, "model", None, held=held)
             return f"Model for {where}: back to the default ({self.model_here(inbound)})."
         models = await self._models()
         if isinstance(models, str):
             return f"Not changed: {models}."
         if name not in models:
             return f"The server has no model {name}. It offers: {', '.join(models) or 'none'}."
-        await self._settings.set(scope, "model", name)
+        await self._settings.set(scope, "model", name, held=held)
         return f"Model for {where}: {name}."
 
-    async def persona(self, inbound: Inbound, arg: str) -> str:
+    async def persona(self, inbound: Inbound, arg: str, *, held: int | None = None) -> str:
         p = self._p
         allowed = ", ".join(sorted(self._settings.personas)) or "none"
         words = arg.split(maxsplit=1)
@@ -114,21 +114,21 @@ class SettingsCommands:
                 scope = scope_of(inbound, where) if where in WHERE else None
                 if scope is None:
                     return f"Usage: {p}persona clear [here|server|bot]"
-                await self._settings.set(scope, "persona", None)
+                await self._settings.set(scope, "persona", None, held=held)
                 return f"Persona for {where}: back to the default."
             scope = scope_of(inbound, first)
             text = words[1].strip() if len(words) > 1 else ""
             if scope is None or not text:
                 return f"Usage: {p}persona here|server|bot NAME-or-prompt"
-            await self._settings.set(scope, "persona", text)
+            await self._settings.set(scope, "persona", text, held=held)
             shown = text if text in self._settings.personas else "custom"
             return f"Persona for {first}: {shown}."
         mine = f"{inbound.transport}:person:{inbound.sender}"
         if first == "off":
-            await self._settings.set(mine, "persona", None)
+            await self._settings.set(mine, "persona", None, held=held)
             return "Your persona: back to the default."
         name = arg.strip()
         if name not in self._settings.personas:
             return f"No persona {name}. You may choose: {allowed}."
-        await self._settings.set(mine, "persona", name)
+        await self._settings.set(mine, "persona", name, held=held)
         return f"Your persona: {name} (in your conversations on {inbound.transport})."

@@ -104,6 +104,7 @@ class OutboxSender:
         max_age: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         trust: ClockWatch | None = None,
+        first_part: Callable[[float], None] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -114,7 +115,7 @@ class OutboxSender:
         self.in_flight: set[int] = set()  # outbox rows queued or being sent
         self._delivering: Counter[tuple[str, str, str]] = Counter()  # sends on a transport
         # Told the seconds from a message to its answer's first part accepted (operator's view).
-        self.first_part: Callable[[float], None] | None = None
+        self._first_part = first_part
         self._unreleased: set[int] = set()  # own claims a store error kept us from giving back
         self._unstored: deque[OutboxEntry] = deque(maxlen=UNSTORED_KEPT)  # notices to store
         self._expiry_told: dict[tuple[str, str, str], int] = {}  # person -> expiry notice row
@@ -205,8 +206,8 @@ class OutboxSender:
 
         async def progress(part: int, platform_id: str) -> None:
             await self._store.record_part(row.id, part, platform_id)
-            if part == 0 and fresh_answer and self.first_part is not None:
-                self.first_part(max(0.0, time.time() - inbound.received_at.timestamp()))
+            if part == 0 and fresh_answer and self._first_part is not None:
+                self._first_part(max(0.0, time.time() - inbound.received_at.timestamp()))
 
         async def plan(part: int, packet_id: int) -> int:
             return await self._store.plan_part(row.id, part, packet_id)

@@ -77,10 +77,12 @@ class FittingAsk:
         speaker: str | None = None,
         system_prompt: str | None = None,
         before_call: Callable[[AssembledContext], None] | None = None,
+        model: str | None = None,
     ) -> tuple[AssembledContext, Completion]:
         """Build the prompt within the budget and ask; a prompt the server refuses as too long
         is rebuilt smaller and asked again (see the module docstring). ``before_call`` sees
-        each prompt just before it is sent (the summarizer keeps the slot for a debt fold)."""
+        each prompt just before it is sent (the summarizer keeps the slot for a debt fold);
+        ``model``: the one chosen for the conversation (None: the configured one)."""
         budget, answer = await self.budget(limits)
         shrinks = 0
         while True:
@@ -106,7 +108,9 @@ class FittingAsk:
             if before_call is not None:
                 before_call(ctx)
             try:
-                completion = await self._llm.complete(messages, max_tokens=answer, on_text=on_text)
+                completion = await self._llm.complete(
+                    messages, max_tokens=answer, on_text=on_text, model=model
+                )
                 return ctx, completion
             except ContextTooLong as exc:  # the server holds less than we thought
                 smaller = ctx.tokens * 2 // 3

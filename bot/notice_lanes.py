@@ -1,10 +1,11 @@
 """Notice lanes: a person's notices on a paced radio go beside their turns, never behind them.
 
-``NoticeLanes`` runs them; ``NoticeIntake`` (mixed into ``bot.responder.Responder``) decides
-which notices from intake take a lane: limit notices on a paced radio; the hold notice of a
-question whose person's worker is busy (or whose turn finds no notice may go on air now); and,
-when that worker is busy and the radio's queue is full, the "busy, try again" refusal (stored
-with the question ``limited`` in one transaction, exactly what the turn would have done later).
+``NoticeLanes`` runs them; ``Notices`` (composed by ``bot.responder``, used by the intake and
+the answerer) sends notices and decides which notices from intake take a lane: limit notices on
+a paced radio; the hold notice of a question whose person's worker is busy (or whose turn finds
+no notice may go on air now); and, when that worker is busy and the radio's queue is full, the
+"busy, try again" refusal (stored with the question ``limited`` in one transaction, exactly what
+the turn would have done later).
 
 On the mesh a person's turn worker (``bot.responder``) can wait a long time on the transport:
 an answer held by the airtime rules waits up to ``busy_max_wait`` in the radio's outbox, and
@@ -28,18 +29,27 @@ import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
-from bot.answering import BUSY
 from bot.delivery import STORE_ERRORS, OutboxSender, busy_now
 from bot.domain import Inbound
 from bot.limits import PersonLimits
 from bot.memory.records import OutboxEntry, OutboxRow
+from bot.ops.metrics import Counters
 from bot.transports.base import AwaitsAnswer, Congested, Transport
+from bot.turn_queue import QueueKey, TurnQueue, queue_key
 
-log = logging.getLogger("bot.responder")
+log = logging.getLogger("bot.notice_lanes")
 
-Key = tuple[str, str, str]  # (transport, person, space)
+Key = QueueKey
+BUSY = "Busy: many replies are waiting to go out. Try again in {minutes} min."
+
+
+def busy_text(seconds: float) -> str:
+    """The "busy, try again in N min" notice for a queue that frees in ``seconds``."""
+    return BUSY.format(minutes=max(1, math.ceil(seconds / 60)))
+
+
 Step = Callable[[], Awaitable[object]]
 
 
@@ -90,33 +100,53 @@ class NoticeLanes:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class NoticeIntake:
-    """The intake half of the responder's notices (state is set up in ``Responder``)."""
+class Notices:
+    """The notices of intake and turns (see the module docstring): the lanes, the limit
+    notices, the hold notices, and which questions were told of a hold already."""
 
-    _transports: dict[str, Transport]
-    _outbox: OutboxSender
-    _limits: PersonLimits
-    _lanes: NoticeLanes
-    _told: set[int]
-    _accepting: bool
+    def __init__(
+        self,
+        *,
+        transports: Mapping[str, Transport],
+        outbox: OutboxSender,
+        limits: PersonLimits,
+        lanes: NoticeLanes,
+        queue: TurnQueue,
+        counters: Counters,
+    ) -> None:
+        self._transports = transports
+        self._outbox = outbox
+        self._limits = limits
+        self._lanes = lanes
+        self._queue = queue  # whether new work is taken (shutdown)
+        self._counters = counters
+        self._told: set[int] = set()  # questions told of a hold in their lane (not again)
 
-    async def _notice(self, inbound: Inbound, text: str) -> None:
-        raise NotImplementedError
+    def was_told(self, message_id: int) -> bool:
+        """True when the question was told of a hold in its lane at intake (not again)."""
+        return message_id in self._told
 
-    async def _refuse_early(self, inbound: Inbound, message_id: int) -> bool:
+    def forget_told(self, message_id: int) -> None:
+        self._told.discard(message_id)
+
+    async def notice(self, inbound: Inbound, text: str) -> None:
+        """A notice sent at once (never stored as something the model said)."""
+        self._counters.add("notices")
+        await self._outbox.notice(inbound, text)
+
+    async def refuse_early(self, inbound: Inbound, message_id: int) -> bool:
         """A question arriving while the person's worker is busy (perhaps waiting on their
         earlier answer in a long radio queue) and the radio's queue is full: the turn would
         refuse it anyway, so refuse it now, truthfully: the question ``limited`` and the "busy,
         try again" notice stored in one transaction, sent in the person's lane. True when done
         (the turn is not queued)."""
         transport = self._transports.get(inbound.transport)
-        if not isinstance(transport, Congested) or not self._accepting:
+        if not isinstance(transport, Congested) or not self._queue.accepting:
             return False
         busy = busy_now(transport)
         if busy is None or busy.cause != "queue":
             return False
-        minutes = max(1, math.ceil(busy.seconds / 60))
-        text = transport.fit(BUSY.format(minutes=minutes))
+        text = transport.fit(busy_text(busy.seconds))
         entry = OutboxEntry(inbound.key, "notice", text, reply_to=inbound.message_id,
                             question_id=message_id)  # fmt: skip
         try:
@@ -127,27 +157,23 @@ class NoticeIntake:
         self._outbox.written(row.id)  # aged from now, on the monotonic clock
         log.info("outbox of %s full and %s waits on an earlier reply: told to try again",
                  inbound.transport, inbound.key)  # fmt: skip
-        key = inbound.key
-        self._lanes.add(
-            (key.transport, key.person, key.space),
-            lambda: self._outbox.deliver_now(inbound, row),
-        )
+        self._lanes.add(queue_key(inbound), lambda: self._outbox.deliver_now(inbound, row))
         return True
 
-    async def _notice_once(self, inbound: Inbound, text: str) -> None:
+    async def notice_once(self, inbound: Inbound, text: str) -> None:
         who = (inbound.transport, inbound.sender)
         transport = self._transports.get(inbound.transport)
         waiting = isinstance(transport, AwaitsAnswer) and transport.awaits_answer(inbound)
         # one per window: a flood must not make us flood back (a slash command waits for one)
         if self._limits.may_notice(who) or waiting:
-            await self._intake_notice(inbound, text)
+            await self.intake_notice(inbound, text)
 
-    async def _intake_notice(self, inbound: Inbound, text: str) -> None:
+    async def intake_notice(self, inbound: Inbound, text: str) -> None:
         """A notice from intake: a paced radio (``Congested``) gets it as an outbox row sent by
         the person's worker next, so its receive loop never waits for airtime; others at once."""
         if isinstance(self._transports[inbound.transport], Congested):
             row = await self._outbox.notice_later(inbound, text)
-            if row is not None and self._accepting:  # else the next round (or start) sends it
+            if row is not None and self._queue.accepting:  # else the next round (or start) sends it
                 self._outbox.in_flight.add(row.id)
 
                 async def send(row: OutboxRow = row) -> None:
@@ -156,17 +182,16 @@ class NoticeIntake:
                     finally:
                         self._outbox.in_flight.discard(row.id)
 
-                key = inbound.key
-                self._lanes.add((key.transport, key.person, key.space), send)
+                self._lanes.add(queue_key(inbound), send)
         else:
-            await self._notice(inbound, text)
+            await self.notice(inbound, text)
 
-    def _tell_early(self, inbound: Inbound, message_id: int) -> None:
+    def tell_early(self, inbound: Inbound, message_id: int) -> None:
         """A question arriving during a hold while the person's worker is busy (perhaps
         waiting on their held answer), or a turn that finds no notice may go on air now: tell
         them of the hold in their notice lane, as soon as the radio may transmit."""
         transport = self._transports.get(inbound.transport)
-        if not isinstance(transport, Congested) or not self._accepting:
+        if not isinstance(transport, Congested) or not self._queue.accepting:
             return
         busy = busy_now(transport)
         if busy is None or busy.cause == "queue":
@@ -178,5 +203,4 @@ class NoticeIntake:
             if held is not None and held.cause != "queue":  # (the hold may have ended)
                 await self._outbox.tell_held(inbound, held, wait=True)
 
-        key = inbound.key
-        self._lanes.add((key.transport, key.person, key.space), tell)
+        self._lanes.add(queue_key(inbound), tell)

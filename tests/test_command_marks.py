@@ -168,7 +168,7 @@ async def test_a_command_killed_after_its_effect_is_told_not_run_again(
     name, _, arg = command[1:].partition(" ")
     inbound = _inbound(command)
     # the effect commits (with its mark); the process dies before the reply is queued
-    await h.app.responder._commands.run(inbound, name, arg, command_id=held)
+    await h.app.commands.run(inbound, name, arg, command_id=held)
     await h.app.close()
     h = await start_harness(tmp_path, fake_llm)
     try:
@@ -191,7 +191,7 @@ async def test_a_reset_killed_after_its_effect_keeps_later_questions(
     held = await h.store.hold_command(
         key, "!reset", platform_id="p8", author="alice", authenticated=True
     )
-    await h.app.responder._commands.run(_inbound("!reset"), "reset", "",
+    await h.app.commands.run(_inbound("!reset"), "reset", "",
                                         command_id=held)  # fmt: skip
     conv = await h.store.conversation(key)
     mark = await h.store.reset_mark(conv.id)
@@ -224,7 +224,7 @@ async def test_a_command_killed_inside_its_effect_runs_once_at_restart(
     with monkeypatch.context() as m:
         m.setattr(CoreBase, "_command_done", die)
         with pytest.raises(Killed):
-            await h.app.responder._commands.run(_inbound("!unremember 1"),
+            await h.app.commands.run(_inbound("!unremember 1"),
                                                 "unremember", "1", command_id=held)  # fmt: skip
     await h.app.close()
     h = await start_harness(tmp_path, fake_llm)
@@ -243,11 +243,11 @@ async def test_recovery_skips_a_command_this_process_held_itself(
 ) -> None:
     """A command heard live (e.g. read back by Discord catch-up) before recovery ran is queued
     once, by the live path; recovery does not queue it a second time."""
-    from bot.responder import Responder, _Job
+    from bot.turn_queue import Job, TurnQueue
 
     h = await start_harness(tmp_path, fake_llm)
-    queued: list[_Job] = []
-    monkeypatch.setattr(Responder, "_enqueue", lambda self, job: queued.append(job))
+    queued: list[Job] = []
+    monkeypatch.setattr(TurnQueue, "put", lambda self, job: queued.append(job))
     try:
         await h.transport.say("!remember my boat is the Heron")
         assert [j.inbound.text for j in queued] == ["!remember my boat is the Heron"]

@@ -80,9 +80,8 @@ def test_a_cut_is_said_once() -> None:
 async def test_five_images_with_vision_download_four(fake_discord: FakeDiscord) -> None:
     echo = Echo()
     transport: DiscordTransport = await connect(
-        fake_discord, echo, CONFIG.model_copy(update={"stream": False})
+        fake_discord, echo, CONFIG.model_copy(update={"stream": False}), vision=True
     )
-    transport._vision = True
     try:
         msg = fake_discord.dm_message("what are these?")
         msg["attachments"] = [fake_discord.attachment(f"{i}.png", PNG, "image/png")

@@ -20,9 +20,10 @@ import pytest
 from bot.app import App
 from bot.domain import DM_SPACE, ConversationKey
 from bot.memory.store import SqliteStore
-from bot.responder import Responder, _Job
 from bot.transports import discord as transport_module
 from bot.transports.discord_catchup import SeenMarks
+from bot.turn_jobs import CommandJob
+from bot.turn_queue import Job, TurnQueue
 from tests.conftest import make_config
 from tests.fakes.fake_discord import ALICE, CHANNEL_ID, FakeDiscord
 from tests.fakes.fake_llm import FakeLLM
@@ -55,14 +56,14 @@ async def test_a_command_held_at_a_kill_runs_once_though_catch_up_reads_it_again
         await said(app, "!remember my boat is the Heron")
         # The kill: the command is held, then the process dies before it runs and before the
         # catch-up mark that covers it reaches the disk.
-        enqueue = Responder._enqueue
+        put = TurnQueue.put
 
-        def dropping(self: Responder, job: _Job) -> None:
-            if not job.command:
-                enqueue(self, job)
+        def dropping(self: TurnQueue, job: Job) -> None:
+            if not isinstance(job, CommandJob):
+                put(self, job)
 
         with monkeypatch.context() as m:
-            m.setattr(Responder, "_enqueue", dropping)
+            m.setattr(TurnQueue, "put", dropping)
             m.setattr(SeenMarks, "_save", lambda self: None)
             await fake_discord.say(fake_discord.dm_message("!unremember 1"))
             await asyncio.sleep(0.3)

@@ -159,7 +159,7 @@ async def test_a_restart_while_the_stream_finishes_edits_it_from_the_outbox(
         await fake_discord.say(fake_discord.guild_message("what is LoRa?", mention_bot=True))
         # the first words are shown; the next edit waits 60 s: the stream is finishing
         await until(lambda: bool(fake_discord.sent))
-        await until(lambda: bool(app.responder._outbox.delivering))
+        await until(lambda: bool(app.responder.parts.outbox.delivering))
     [half] = fake_discord.visible(CHANNEL_ID)
     assert half.content != SHORT
     async with started(tmp_path, fake_llm, fake_discord, backend) as app:

@@ -82,9 +82,9 @@ class Echo:
 
 
 async def connect(
-    fake_discord: FakeDiscord, echo: Echo, config: DiscordConfig = CONFIG
+    fake_discord: FakeDiscord, echo: Echo, config: DiscordConfig = CONFIG, *, vision: bool = False
 ) -> DiscordTransport:
-    transport = build_discord(config, env={"DISCORD_TOKEN": TOKEN})
+    transport = build_discord(config, env={"DISCORD_TOKEN": TOKEN}, vision=vision)
     echo.transport = transport
     await transport.start(echo)
     await asyncio.wait_for(fake_discord.ready.wait(), 5)

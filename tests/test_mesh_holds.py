@@ -219,7 +219,7 @@ async def test_a_disk_that_fills_during_a_hold_still_gets_the_person_told(
         monkeypatch.setattr(app.store, "queue_delivery", full)
         h.radio.inject_text("q1 weather?", frm=ALICE)
         await h.until(lambda: len(fake_llm.chat_requests()) == 1, "the answer")
-        await h.until(lambda: len(app.responder._outbox._unstored) == 1, "kept in memory")
+        await h.until(lambda: len(app.responder.parts.outbox._unstored) == 1, "kept in memory")
         monkeypatch.undo()  # room on the disk again: the next round stores the notice
         await h.clock.sleep(30)
         rows = await app.store._all("SELECT kind, state, text FROM outbox")

@@ -108,7 +108,7 @@ async def test_close_keeps_one_deadline_and_the_restart_answers_each_once(
         assert side.stop_cancelled.is_set()
         assert app.cut_at_stop[0] == "stopping mesh"  # background steps may follow it
         assert "the database" not in app.cut_at_stop
-        assert not app.responder._workers  # the drain cut both turns at its share
+        assert not app.responder.parts.queue.workers  # the drain cut both turns at its share
     finally:
         side.release.set()
 

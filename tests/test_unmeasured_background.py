@@ -134,6 +134,7 @@ class DownServer:
         max_tokens: int,
         on_text: OnText | None = None,
         schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion:
         self.calls += 1
         raise LLMUnavailable("no LLM endpoint answered")

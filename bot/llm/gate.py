@@ -101,6 +101,15 @@ class BackgroundPreempted(LLMUnavailable):
         super().__init__("background LLM call preempted by a reply; it will be retried")
 
 
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """What a call asks of the adapter beside the prompt (``LLM.complete``'s arguments)."""
+
+    max_tokens: int
+    schema: JsonSchema | None = None
+    model: str | None = None  # the model chosen for the conversation (None: the configured)
+
+
 @dataclass
 class GateStats:
     """What the gate saw (status, logs, benchmarks, tests)."""
@@ -282,14 +291,9 @@ class LLMGate:
 
     # --- calls ----------------------------------------------------------------------------------
     async def _run(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        max_tokens: int,
-        lane: Lane,
-        on_text: OnText | None = None,
-        schema: JsonSchema | None = None,
+        self, messages: Sequence[ChatMessage], ask: _Ask, *, lane: Lane, on_text: OnText | None
     ) -> Completion:
+        max_tokens = ask.max_tokens
         hold = False
         if lane == "foreground":
             hold = _HOLD_FOR_DEBT.get()
@@ -300,7 +304,7 @@ class LLMGate:
                 self._bg_running += 1
                 self.stats.background_calls += 1
                 self.stats.debt_calls += 1
-                return await self._run_held(messages, max_tokens=max_tokens)
+                return await self._run_held(messages, ask)
             if lane != "background":
                 arrived = self._clock()
                 # a command first seen now: its gap (up to now) is this request's too
@@ -363,19 +367,13 @@ class LLMGate:
         kept = False
         try:
             if lane == "foreground":
-                completion = await self._foreground_call(
-                    messages, max_tokens=max_tokens, on_text=on_text, schema=schema
-                )
+                completion = await self._foreground_call(messages, ask, on_text=on_text)
                 kept = hold
                 return completion
             if lane == "debt":
-                completion = await self._timed(
-                    messages, max_tokens=max_tokens, on_text=None, schema=schema
-                )
+                completion = await self._timed(messages, ask, on_text=None)
             else:
-                completion = await self._background_call(
-                    messages, max_tokens=max_tokens, schema=schema
-                )
+                completion = await self._background_call(messages, ask)
             self.stats.background_completed += 1
             return completion
         finally:
@@ -403,7 +401,7 @@ class LLMGate:
                 self.probes += 1
                 try:
                     await self._background_call(
-                        [ChatMessage("user", text)], max_tokens=PROBE_ANSWER_TOKENS
+                        [ChatMessage("user", text)], _Ask(PROBE_ANSWER_TOKENS)
                     )
                 except BackgroundPreempted:
                     break  # a reply came: it measures the server itself
@@ -421,11 +419,11 @@ class LLMGate:
             self._bg_running -= 1
             self._changed.notify_all()
 
-    async def _run_held(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> Completion:
+    async def _run_held(self, messages: Sequence[ChatMessage], ask: _Ask) -> Completion:
         """A debt call in the slot its reply kept (the condition's lock is held on entry)."""
         self._changed.release()
         try:
-            completion = await self._timed(messages, max_tokens=max_tokens, on_text=None)
+            completion = await self._timed(messages, ask, on_text=None)
             self.stats.background_completed += 1
             return completion
         finally:
@@ -462,12 +460,7 @@ class LLMGate:
         asyncio.get_running_loop().call_later(HOLD_SECONDS, let_go)
 
     async def _timed(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        max_tokens: int,
-        on_text: OnText | None,
-        schema: JsonSchema | None = None,
+        self, messages: Sequence[ChatMessage], ask: _Ask, *, on_text: OnText | None
     ) -> Completion:
         """One call to the adapter, streamed, learning the prompt and generation rates."""
         new_tokens = self.uncached_tokens(messages)
@@ -483,7 +476,11 @@ class LLMGate:
         rendered = render(messages)
         try:
             completion = await self._llm.complete(
-                messages, max_tokens=max_tokens, on_text=seen, schema=schema
+                messages,
+                max_tokens=ask.max_tokens,
+                on_text=seen,
+                schema=ask.schema,
+                model=ask.model,
             )
         except BaseException:
             # Whatever the server holds now, it starts with this prompt (or part of it).
@@ -508,18 +505,11 @@ class LLMGate:
             self.gen_rate = ewma(self.gen_rate, tokens / gen_s)
 
     async def _foreground_call(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        max_tokens: int,
-        on_text: OnText | None = None,
-        schema: JsonSchema | None = None,
+        self, messages: Sequence[ChatMessage], ask: _Ask, *, on_text: OnText | None
     ) -> Completion:
         self._fg_running += 1
         try:
-            completion = await self._timed(
-                messages, max_tokens=max_tokens, on_text=on_text, schema=schema
-            )
+            completion = await self._timed(messages, ask, on_text=on_text)
         except ContextTooLong:
             raise  # this prompt's problem, not the server's
         except LLMUnavailable:
@@ -534,12 +524,8 @@ class LLMGate:
         self._down = False
         return completion
 
-    async def _background_call(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, schema: JsonSchema | None = None
-    ) -> Completion:
-        task = asyncio.ensure_future(
-            self._timed(messages, max_tokens=max_tokens, on_text=None, schema=schema)
-        )
+    async def _background_call(self, messages: Sequence[ChatMessage], ask: _Ask) -> Completion:
+        task = asyncio.ensure_future(self._timed(messages, ask, on_text=None))
         self._background.add(task)
         try:
             while not task.done():
@@ -584,7 +570,7 @@ class _Bound:
         max_tokens: int,
         on_text: OnText | None = None,
         schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion:
-        return await self._gate._run(
-            messages, max_tokens=max_tokens, lane=self._lane, on_text=on_text, schema=schema
-        )
+        ask = _Ask(max_tokens, schema, model)
+        return await self._gate._run(messages, ask, lane=self._lane, on_text=on_text)

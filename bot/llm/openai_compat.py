@@ -83,7 +83,6 @@ from bot.llm.body import (
 )
 from bot.llm.port import (
     CUT_MARK,
-    MODEL_CHOICE,
     TRUNCATED_MARK,
     ChatMessage,
     Completion,
@@ -219,6 +218,7 @@ class OpenAICompatLLM:
         max_tokens: int,
         on_text: OnText | None = None,
         schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion:
         problems: list[str] = []
         too_long: str | None = None
@@ -233,7 +233,10 @@ class OpenAICompatLLM:
                     delay = self._config.retry_backoff * 2 ** (attempt - 1)
                     await self._sleep(delay * random.uniform(0.5, 1.0))
                 try:
-                    return await self._structured(target, payload, max_tokens, on_text, schema)
+                    chosen = model if target is self._targets[0] else None  # fallbacks: theirs
+                    return await self._structured(
+                        target, payload, max_tokens, on_text, schema, chosen=chosen
+                    )
                 except _RETRYABLE as exc:
                     problems.append(f"{ep.base_url} ({ep.model}): {describe_error(exc)}")
                     log.warning("LLM attempt %d failed: %s", attempt + 1, problems[-1])
@@ -295,9 +298,12 @@ class OpenAICompatLLM:
         max_tokens: int,
         on_text: OnText | None,
         schema: JsonSchema | None,
+        *,
+        chosen: str | None = None,
     ) -> Completion:
-        """One attempt; with a schema, in the endpoint's structured-output mode, moving on to
-        the next mode (bot.llm.structured) when the server refuses this one."""
+        """One attempt (``chosen``: the model asked instead of the endpoint's); with a schema,
+        in the endpoint's structured-output mode, moving on to the next mode
+        (bot.llm.structured) when the server refuses this one."""
         if schema is not None and not target.mode_known and self._learning is not None:
             target.mode = await self._learning.probe_mode(
                 target.client, target.endpoint, target.mode, schema
@@ -307,7 +313,9 @@ class OpenAICompatLLM:
             mode = structured.MODES[target.mode] if schema is not None else "plain"
             extra = structured.request_fields(mode, schema)
             try:
-                return await self._attempt(target, payload, max_tokens, on_text, extra=extra)
+                return await self._attempt(
+                    target, payload, max_tokens, on_text, extra=extra, chosen=chosen
+                )
             except openai.APIStatusError as exc:
                 if not extra or not structured.rejected(exc.status_code, _server_message(exc)):
                     raise
@@ -328,6 +336,7 @@ class OpenAICompatLLM:
         on_text: OnText | None = None,
         *,
         extra: dict[str, Any] | None = None,
+        chosen: str | None = None,
     ) -> Completion:
         shown = ""
 
@@ -347,7 +356,6 @@ class OpenAICompatLLM:
         deadline = self._config.connect_timeout + 2 * self._config.read_timeout
         counting = self._learning is not None
         usage: dict[str, Any] = {}
-        chosen = MODEL_CHOICE.get() if target is self._targets[0] else None
         async with asyncio.timeout(deadline):
             async with target.client.chat.completions.with_streaming_response.create(
                 model=chosen or target.endpoint.model,

@@ -14,6 +14,9 @@ Invariants:
   (reasoning stripped) as it grows; a retry or a fallback starts again from "" (so the text
   may shrink); the returned ``Completion`` is what counts. Adapters that cannot stream
   ignore ``on_text``.
+- With ``model`` (the model chosen for the conversation being answered, ``bot.chat_settings``)
+  the primary endpoint is asked for that model instead of ``llm.model``; fallbacks keep theirs.
+  None: the configured model.
 - With ``schema`` (a JSON schema of the answer) the adapter asks the server for structured
   output where it has one (OpenAI ``json_schema``, llama.cpp ``json_object`` with a schema,
   bot.llm.structured) and sends a plain request where it has none, so the caller must still
@@ -23,7 +26,6 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -63,13 +65,8 @@ class LLM(Protocol):
         max_tokens: int,
         on_text: OnText | None = None,
         schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion: ...
-
-
-# The model chosen for the conversation being answered (bot.chat_settings), set by the
-# responder around its call: the primary endpoint asks for it instead of ``llm.model``
-# (fallbacks keep theirs). A context variable, so it follows the call through the gate.
-MODEL_CHOICE: ContextVar[str | None] = ContextVar("meshsage_model_choice", default=None)
 
 
 class ContextTooLong(LLMUnavailable):

@@ -6,7 +6,6 @@ Invariants: frozen and platform-free; a ``StoredMessage`` is one row of the raw 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,9 +13,6 @@ from bot.domain import ConversationKey
 
 USER = "user"
 ASSISTANT = "assistant"
-# The held command (``held_commands`` id) being run in this task, if any: its effect's write
-# passes it as ``done=`` so the mark commits with the effect (``bot.commands``).
-RUNNING_COMMAND: ContextVar[int | None] = ContextVar("running_command", default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,11 +121,11 @@ UNTIL_WORDS = 8  # words of the first kept message quoted in the continuation ta
 @dataclass(frozen=True, slots=True)
 class FoldBase:
     """The prompt a reply was answered from, with its answer last (``assistant``): a fold
-    sent as its continuation reuses the server's cached prefix. ``first_id``: the first
-    message its window holds."""
+    sent as its continuation (to the reply's ``model``) reuses the server's cached prefix."""
 
     messages: tuple[ChatMessage, ...]
-    first_id: int
+    first_id: int  # the first message its window holds
+    model: str | None = None  # the model the reply asked (None: the configured one)
 
 
 @dataclass
@@ -520,7 +520,7 @@ class Summarizer:
         task = CONTINUATION_PROMPT.format(until=until) + "\n" + LIMIT_LINE.format(words=words)
         messages = [*base.messages, ChatMessage("user", task)]
         await still_there(self._store, conversation)
-        completion = await self._lane(lane).complete(messages, max_tokens=tokens)
+        completion = await self._lane(lane).complete(messages, max_tokens=tokens, model=base.model)
         text = completion.text.removesuffix(TRUNCATED_MARK).strip()
         if completion.truncated and text:
             cut = last_sentence(text)

@@ -1,6 +1,7 @@
 """Discord transport on discord.py 2.x: DMs and @mentions in allowed channels in, replies out.
-Only ``bot/transports/discord*.py`` import discord: this module owns the transport's state
-and the flow between the parts, which do one job each: ``discord_connect`` (client, login,
+Only ``bot/transports/discord*.py`` import discord: this module owns the connection and the
+sending side, composes the inbound side (``discord_events.DiscordEvents``, which owns its
+state) and the flow between the parts, which do one job each: ``discord_connect`` (client, login,
 shutdown of its tasks), ``discord_inbound`` (which messages are answered, as what
 ``Inbound``), ``discord_read`` (message -> text), ``discord_send`` (posts and files),
 ``discord_stream`` (streamed answers), ``discord_resume`` (finishing what an interrupted
@@ -77,7 +78,6 @@ import contextlib
 import logging
 import random
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -89,10 +89,7 @@ from bot.config import DiscordConfig, RelayConfig
 from bot.domain import Delivery, DeliveryStatus, Inbound, Reply, TransportLimits
 from bot.transports.base import OnMessage, ShownRecord, TransportHealth
 from bot.transports.discord_attach import merge_notes
-from bot.transports.discord_catchup import (
-    Known,
-    SeenMarks,
-)
+from bot.transports.discord_catchup import Known, SeenMarks
 from bot.transports.discord_connect import (
     MISSING_TOKEN,
     STOP_TIMEOUT,
@@ -105,7 +102,7 @@ from bot.transports.discord_connect import (
     login,
     settle_event_tasks,
 )
-from bot.transports.discord_events import EDITED_NOTE, DiscordEvents
+from bot.transports.discord_events import EDITED_NOTE, DiscordEvents, Recent
 from bot.transports.discord_inbound import NAME, OwnMessages
 from bot.transports.discord_policy import retry_delay
 from bot.transports.discord_read import read_attachments
@@ -161,7 +158,9 @@ SEND_ERRORS: tuple[type[BaseException], ...] = (
 DELIVERY_ERRORS: tuple[type[BaseException], ...] = (*SEND_ERRORS, ValueError)
 
 
-class DiscordTransport(DiscordEvents):
+class DiscordTransport:
+    """The Discord transport (see the module docstring); its inbound side is ``DiscordEvents``."""
+
     name = NAME
 
     def __init__(
@@ -188,12 +187,7 @@ class DiscordTransport(DiscordEvents):
         )
         self._config = config
         self._max_message_chars = max_message_chars
-        self._marks = SeenMarks(seen_path)
-        self._known = known
-        self._catchup_task: asyncio.Task[None] | None = None
         self._typing: dict[str, discord.context_managers.Typing] = {}
-        self.relay: DiscordRelay | None = None  # the bridge's Discord side, when relay: is set
-        self.caught_up = asyncio.Event()  # set when the latest session's catch-up is done
         self._token = token
         self._client_factory = client_factory
         self._sleep = sleep
@@ -201,32 +195,51 @@ class DiscordTransport(DiscordEvents):
         self._clock = clock
         self._vision = vision
         self._client: discord.Client | None = None
-        self._on_message: OnMessage | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
-        # inbound message id -> the discord Message, so a reply can reference and type in it
-        self._recent: OrderedDict[str, discord.Message] = OrderedDict()
-        # inbound message id -> a note for its answer (attachments not read, text cut)
-        self._notes: OrderedDict[str, str] = OrderedDict()
+        self._recent = Recent(limit=config.remembered_messages)  # shared with the events
         self._mine = OwnMessages(limit=config.remembered_messages)  # the bot's own messages
-        self._prefix = command_prefix
-        self._opened: dict[str, discord.Thread] = {}  # question id -> the thread opened for it
-        self._threads = Threads(config=config, marks=self._marks, prefix=command_prefix)
+        self._link = Link()  # what health() reports
+        self._stopping = False
+        self._restarts = 0  # unexpected failures since the last ready
         self.slash = (
             SlashCommands(
                 config=config,
                 prefix=command_prefix,
                 names=command_names,
-                handle=lambda: self._on_message,
+                handle=lambda: self._events.on_message,
                 transport=NAME,
             )
             if config.slash_commands
             else None
         )
-        self._tree: discord.app_commands.CommandTree[discord.Client] | None = None
-        self._link = Link()  # what health() reports
-        self._stopping = False
-        self._restarts = 0  # unexpected failures since the last ready
+        marks = SeenMarks(seen_path)
+        self._events = DiscordEvents(
+            config=config,
+            max_message_chars=max_message_chars,
+            vision=vision,
+            link=self._link,
+            marks=marks,
+            known=known,
+            mine=self._mine,
+            threads=Threads(config=config, marks=marks, prefix=command_prefix),
+            slash=self.slash,
+            recent=self._recent,
+            on_ready=self._ready,
+        )
+
+    @property
+    def caught_up(self) -> asyncio.Event:
+        """Set when the latest session's catch-up is done."""
+        return self._events.caught_up
+
+    @property
+    def relay(self) -> DiscordRelay | None:
+        """The bridge's Discord side, when ``relay:`` is set (``attach_relay``)."""
+        return self._events.relay
+
+    def _ready(self) -> None:
+        self._restarts = 0
 
     # --- port -------------------------------------------------------------------------------
     def fit(self, text: str) -> str:
@@ -238,12 +251,12 @@ class DiscordTransport(DiscordEvents):
             self._link.stopped(MISSING_TOKEN.format(env=self._config.token_env))
             self._closed.set()
             return
-        self._on_message = on_message
+        self._events.start(on_message)
         self._task = asyncio.create_task(self._run(self._token), name="discord")
 
     @contextlib.asynccontextmanager
     async def working(self, inbound: Inbound) -> AsyncIterator[None]:
-        message = self._recent.get(inbound.message_id or "")
+        message = self._recent.message(inbound.message_id)
         if message is None or self._client is None or self._client.is_closed():
             yield
             return
@@ -307,7 +320,7 @@ class DiscordTransport(DiscordEvents):
                         self._mine.answered(msg.id, reply.inbound.sender)
                 await earlier.drop(channel)
             if reply.attachments:
-                recent = self._recent.get(reply.inbound.message_id or "")
+                recent = self._recent.message(reply.inbound.message_id)
                 for msg in await send_attachments(
                     client, reply, recent, limit=self._config.upload_limit
                 ):
@@ -393,29 +406,30 @@ class DiscordTransport(DiscordEvents):
         except DELIVERY_ERRORS as exc:
             log.warning("could not read the images of %s again after the restart: %s",
                         inbound.key, describe(exc))  # fmt: skip
-            self._notes[inbound.message_id] = IMAGES_LOST
+            self._recent.note(inbound.message_id, IMAGES_LOST)
             return inbound
         if note is not None:
-            self._notes[inbound.message_id] = note
+            self._recent.note(inbound.message_id, note)
         return replace(inbound, images=images)
 
     def attach_relay(self, config: RelayConfig) -> DiscordRelay:
         """The bridge's Discord side, fed by this transport's messages."""
-        self.relay = DiscordRelay(
+        relay = DiscordRelay(
             client=lambda: self._client,
             channels=frozenset(p.discord_channel for p in config.pairs),
             webhook=config.webhook,
         )
-        return self.relay
+        self._events.feed(relay)
+        return relay
 
     async def _target(self, client: discord.Client, inbound: Inbound) -> Target:
-        thread = self._opened.get(inbound.message_id or "")
+        thread = self._recent.thread(inbound.message_id)
         if thread is not None:  # open_threads: the answer opens the conversation there
             return thread, None
-        return await reply_target(client, inbound, self._recent.get(inbound.message_id or ""))
+        return await reply_target(client, inbound, self._recent.message(inbound.message_id))
 
     def _note_for(self, reply: Reply) -> str | None:
-        pending = self._notes.pop(reply.inbound.message_id or "", None)
+        pending = self._recent.pop_note(reply.inbound.message_id)
         return note_line(merge_notes(reply.note, pending))
 
     def _stop_typing(self, inbound: Inbound) -> None:
@@ -433,10 +447,7 @@ class DiscordTransport(DiscordEvents):
     async def stop(self) -> None:
         self._stopping = True
         client, task = self._client, self._task
-        if self._catchup_task is not None and not self._catchup_task.done():
-            self._catchup_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._catchup_task
+        await self._events.stop()  # a catch-up in progress
         if client is not None:
             cancel_ready_wait(client)
             with contextlib.suppress(*SEND_ERRORS):
@@ -502,7 +513,7 @@ class DiscordTransport(DiscordEvents):
 
     async def _login(self, token: str) -> discord.Client:
         def current(client: discord.Client) -> None:
-            self._register(client)
+            self._events.register(client)
             self._client = client
 
         return await login(

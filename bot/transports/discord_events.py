@@ -1,17 +1,22 @@
-"""The Discord transport's inbound events (``bot.transports.discord``): the handlers it
-registers on each client (ready, message, edit, reaction), catch-up after a new session, and
-the path every message takes to the responder. State lives in ``DiscordTransport``; this half
-only reads and updates it.
+"""The Discord transport's inbound events (``bot.transports.discord`` composes them): the
+handlers registered on each client (ready, message, edit, reaction), catch-up after a new
+session, and the path every message takes to the responder. ``DiscordEvents`` owns the
+inbound state (the catch-up task, ``caught_up``, the slash command tree, the handler, the
+relay's feed); ``Recent`` holds what the transport remembers of the messages it handed on
+(the message, a note for its answer, the thread opened for it), shared with the sending side.
 
 Invariants: the module docstring of ``bot.transports.discord`` (inbound, catch-up, edits,
-threads); one bad message never stops the next (each handler is an event boundary).
+threads); one bad message never stops the next (each handler is an event boundary); ``Recent``
+keeps at most ``remembered_messages`` of each kind, the oldest dropped first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import replace
 
 import discord
@@ -34,29 +39,99 @@ log = logging.getLogger("bot.transport.discord")
 EDITED_NOTE = "answer to your edited message"
 
 
+class Recent:
+    """The messages handed on lately (see the module docstring), by message id."""
+
+    def __init__(self, *, limit: int) -> None:
+        self._limit = limit
+        # inbound message id -> the discord Message, so a reply can reference and type in it
+        self.messages: OrderedDict[str, discord.Message] = OrderedDict()
+        # inbound message id -> a note for its answer (attachments not read, text cut)
+        self._notes: OrderedDict[str, str] = OrderedDict()
+        self._opened: dict[str, discord.Thread] = {}  # question id -> the thread opened for it
+
+    def remember(self, message_id: str, message: discord.Message) -> None:
+        self.messages[message_id] = message
+        while len(self.messages) > self._limit:
+            self.messages.popitem(last=False)
+
+    def message(self, message_id: str | None) -> discord.Message | None:
+        return self.messages.get(message_id or "")
+
+    def note(self, message_id: str, text: str) -> None:
+        """``text`` goes with the answer to ``message_id``, as its note line."""
+        self._notes[message_id] = text
+        while len(self._notes) > self._limit:
+            self._notes.popitem(last=False)
+
+    def pop_note(self, message_id: str | None) -> str | None:
+        return self._notes.pop(message_id or "", None)
+
+    def opened(self, message_id: str, thread: discord.Thread) -> None:
+        """The answer to ``message_id`` goes into ``thread`` (opened for it)."""
+        self._opened[message_id] = thread
+        while len(self._opened) > self._limit:
+            self._opened.pop(next(iter(self._opened)))
+
+    def thread(self, message_id: str | None) -> discord.Thread | None:
+        return self._opened.get(message_id or "")
+
+
 class DiscordEvents:
-    """The inbound half of ``DiscordTransport`` (state is set up in its ``__init__``)."""
+    """The inbound side of ``DiscordTransport`` (see the module docstring)."""
 
-    _config: DiscordConfig
-    _max_message_chars: int
-    _link: Link
-    _catchup_task: asyncio.Task[None] | None
-    caught_up: asyncio.Event
-    slash: SlashCommands | None
-    _threads: Threads
-    relay: DiscordRelay | None
-    _marks: SeenMarks
-    _known: Known | None
-    _mine: OwnMessages
-    _recent: OrderedDict[str, discord.Message]
-    _notes: OrderedDict[str, str]
-    _opened: dict[str, discord.Thread]
-    _on_message: OnMessage | None
-    _tree: discord.app_commands.CommandTree[discord.Client] | None
-    _vision: bool
-    _restarts: int
+    def __init__(
+        self,
+        *,
+        config: DiscordConfig,
+        max_message_chars: int,
+        vision: bool,
+        link: Link,
+        marks: SeenMarks,
+        known: Known | None,
+        mine: OwnMessages,
+        threads: Threads,
+        slash: SlashCommands | None,
+        recent: Recent,
+        on_ready: Callable[[], None],
+    ) -> None:
+        self._config = config
+        self._max_message_chars = max_message_chars
+        self._vision = vision
+        self._link = link
+        self._marks = marks
+        self._known = known
+        self._mine = mine
+        self._threads = threads
+        self._slash = slash
+        self._recent = recent
+        self._on_ready = on_ready  # a session is up (the transport's restart count starts over)
+        self._on_message: OnMessage | None = None
+        self._catchup_task: asyncio.Task[None] | None = None
+        self.caught_up = asyncio.Event()  # set when the latest session's catch-up is done
+        self._tree: discord.app_commands.CommandTree[discord.Client] | None = None
+        self.relay: DiscordRelay | None = None  # the bridge's Discord side, when relay: is set
 
-    def _register(self, client: discord.Client) -> None:
+    @property
+    def on_message(self) -> OnMessage | None:
+        """Where messages go (the responder), once ``start`` gave it."""
+        return self._on_message
+
+    def start(self, on_message: OnMessage) -> None:
+        self._on_message = on_message
+
+    def feed(self, relay: DiscordRelay) -> None:
+        """Live messages of the relay's channels (and reactions) go to ``relay`` too."""
+        self.relay = relay
+
+    async def stop(self) -> None:
+        """Cancel a catch-up in progress and wait for it to end."""
+        if self._catchup_task is not None and not self._catchup_task.done():
+            self._catchup_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._catchup_task
+
+    def register(self, client: discord.Client) -> None:
         async def on_ready() -> None:
             me = client.user
             log.info(
@@ -68,15 +143,15 @@ class DiscordEvents:
             )
 
             self._link.up()
-            self._restarts = 0
+            self._on_ready()
             # A new session (start, or a reconnect Discord could not resume): what was said
             # meanwhile is read from history. A resumed session replays events by itself.
             if self._catchup_task is not None and not self._catchup_task.done():
                 self._catchup_task.cancel()
             self.caught_up.clear()
             self._catchup_task = asyncio.create_task(self._catch_up(client), name="catch-up")
-            if self.slash is not None and self._tree is not None:
-                await self.slash.sync(self._tree)
+            if self._slash is not None and self._tree is not None:
+                await self._slash.sync(self._tree)
 
         async def on_message(message: discord.Message) -> None:
             await self._handle(client, message)
@@ -103,8 +178,8 @@ class DiscordEvents:
         client.event(on_raw_reaction_add)
         client.event(on_resumed)
         client.event(on_disconnect)
-        if self.slash is not None:
-            self._tree = self.slash.install(client)
+        if self._slash is not None:
+            self._tree = self._slash.install(client)
 
     # --- inbound ----------------------------------------------------------------------------
     async def _catch_up(self, client: discord.Client) -> None:
@@ -148,7 +223,7 @@ class DiscordEvents:
                 me=client.user,
                 config=self._config,
                 mine=self._mine,
-                handled=self._recent,
+                handled=self._recent.messages,
                 followed=self._threads.followed(channel),
             )
             if inbound is not None and not await self._threads.admitted(message, inbound):
@@ -156,9 +231,7 @@ class DiscordEvents:
             if inbound is not None and message.guild is not None:
                 opened = await self._threads.open_for(message, inbound)
                 if opened is not None:  # the question and its answer belong to the new thread
-                    self._opened[str(message.id)] = opened
-                    while len(self._opened) > self._config.remembered_messages:
-                        self._opened.pop(next(iter(self._opened)))
+                    self._recent.opened(str(message.id), opened)
                     space = channel_space(message.guild.id, opened.id)
                     inbound = replace(inbound, space=space)
             relay = self.relay
@@ -182,7 +255,7 @@ class DiscordEvents:
                 self._check_content(client, message)
             if inbound is None or self._on_message is None:
                 return
-            self._remember(str(message.id), message)
+            self._recent.remember(str(message.id), message)
             if message.attachments:
                 inbound = await self._with_attachments(message, inbound)
             await self._on_message(inbound)
@@ -225,7 +298,7 @@ class DiscordEvents:
         """A person edited a message: handed on as an edit (``Inbound.edited``) when its text
         changed; a link preview appearing (no ``edited_at``) is no edit."""
         try:
-            before = cached or self._recent.get(str(message.id))
+            before = cached or self._recent.message(str(message.id))
             if message.edited_at is None or (
                 before is not None and before.content == message.content
             ):
@@ -241,8 +314,8 @@ class DiscordEvents:
             if inbound is None or self._on_message is None:
                 return
             if not inbound.edit_only:
-                self._remember(str(message.id), message)
-                self._notes[str(message.id)] = EDITED_NOTE
+                self._recent.remember(str(message.id), message)
+                self._recent.note(str(message.id), EDITED_NOTE)
             if message.attachments:
                 inbound = await self._with_attachments(message, inbound)
             await self._on_message(inbound)
@@ -254,12 +327,5 @@ class DiscordEvents:
             message, inbound.text, budget=self._max_message_chars, vision=self._vision
         )
         if note is not None:  # goes with the answer, as its note line
-            self._notes[str(message.id)] = note
-            while len(self._notes) > self._config.remembered_messages:
-                self._notes.popitem(last=False)
+            self._recent.note(str(message.id), note)
         return replace(inbound, text=text, images=images)
-
-    def _remember(self, message_id: str, message: discord.Message) -> None:
-        self._recent[message_id] = message
-        while len(self._recent) > self._config.remembered_messages:
-            self._recent.popitem(last=False)

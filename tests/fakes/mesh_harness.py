@@ -302,5 +302,5 @@ def hold_clock_while_busy(h: Harness, app: Any) -> None:
     for name in dir(type(store)):
         if not name.startswith("_") and inspect.iscoroutinefunction(getattr(type(store), name)):
             wrap(store, name)
-    wrap(app.responder._llm, "complete")
+    wrap(app.responder.parts.llm, "complete")
     h.clock.settle_hooks.append(lambda: inflight[0] > 0 or h.transport._inbound.qsize() > 0)

@@ -34,6 +34,7 @@ class SlowServer:
         max_tokens: int,
         on_text: OnText | None = None,
         schema: JsonSchema | None = None,
+        model: str | None = None,
     ) -> Completion:
         text = "".join(m.content for m in messages)
         new = text[len(self._seen) :] if text.startswith(self._seen) else text

@@ -26,6 +26,7 @@ class _Never:
         max_tokens: int,
         on_text: OnText | None = None,
         schema: object = None,
+        model: str | None = None,
     ) -> Completion:
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
