@@ -252,9 +252,10 @@ def bench_config(*, state_dir: Path, base_url: str, strategy: str) -> Config:
 
 def use_context(app: App, context: NaiveContextBuilder) -> None:
     """Wire an alternative context builder into a built app (the responder holds it)."""
-    layered = getattr(app.responder, "_context", None)
-    assert isinstance(layered, LayeredContext) and layered is app.context, (
-        "Responder no longer keeps its layered context in _context; update bench.pipeline"
+    layered = app.context  # the one the answerer's FittingAsk builds prompts with
+    fit: Any = app.responder.parts.answerer._fit
+    assert isinstance(layered, LayeredContext) and fit._context is layered, (
+        "the answerer no longer builds its prompts from app.context; update bench.pipeline"
     )
     layered.inner = cast(ContextBuilder, context)
 
