@@ -51,8 +51,9 @@ async def _damaged_database(path: Path) -> None:
                                 tokens=1, status="answered")  # fmt: skip
     await store.close()
     data = bytearray(path.read_bytes())
-    assert len(data) > 8 * PAGE
-    data[3 * PAGE : 7 * PAGE] = b"\x5a" * (4 * PAGE)
+    page = int.from_bytes(data[16:18], "big")  # the file's own page size (header offset 16)
+    assert page in (1024, PAGE) and len(data) > 8 * page
+    data[3 * page : 7 * page] = b"\x5a" * (4 * page)
     path.write_bytes(bytes(data))
     with sqlite3.connect(path) as con:  # the header still says "SQLite format 3"
         assert con.execute("PRAGMA quick_check(1)").fetchone()[0] != "ok"
