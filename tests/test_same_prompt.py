@@ -35,6 +35,10 @@ FIXED = (
     "bot:\n  system_prompt: You are a test bot.\n"
     "  rate_limit:\n    messages: 1000\n    per_seconds: 1\n"
     "memory:\n  summary:\n    enabled: false\n  extract_facts: false\n"
+    # Recall held to what the server reads in a few seconds depends on each fake server's
+    # measured speed, which a loaded machine makes differ between the two apps: unbounded here,
+    # since this test compares the backends, not the time limit (tests/test_gate_rates.py).
+    "  retrieval:\n    recall_seconds: null\n"
 )
 SCRIPT = [
     "my cat Biscuit loves tuna fish",
