@@ -534,6 +534,7 @@ async def build(
                 for name, section in (
                     ("console", config.console),
                     ("meshtastic", config.meshtastic),
+                    ("meshcore", config.meshcore),
                     ("discord", config.discord),
                 )
                 if section is not None

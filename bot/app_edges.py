@@ -120,6 +120,22 @@ def build_transport(
             command_prefix=config.bot.command_prefix,
             command_names=COMMAND_NAMES,
         )
+    if name == "meshcore" and config.meshcore is not None:
+        try:
+            import meshcore  # noqa: F401  (only to say what is missing, before anything runs)
+        except ImportError:
+            raise MeshsageError(
+                "the meshcore: section needs the meshcore library, which is not installed. "
+                "Fix: pip install 'meshsage[meshcore]' (or remove the meshcore: section)."
+            ) from None
+        from bot.transports.meshcore import build_meshcore
+
+        return build_meshcore(
+            config.meshcore,
+            bot_name=config.bot.name,
+            command_prefix=config.bot.command_prefix,
+            command_names=COMMAND_NAMES,
+        )
     if name == "discord" and config.discord is not None:
         try:
             from bot.transports.discord import build_discord

@@ -346,7 +346,7 @@ def _setup_logging(level: str, *, quiet: bool = False) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for noisy in ("httpx", "httpx2", "openai", "aiosqlite", "discord", "meshtastic"):
+    for noisy in ("httpx", "httpx2", "openai", "aiosqlite", "discord", "meshtastic", "meshcore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 

@@ -39,6 +39,7 @@ from bot.config_schema import (
     Endpoint,
     LLMConfig,
     MemoryConfig,
+    MeshCoreConfig,
     MeshtasticConfig,
     RateLimit,
     RelayConfig,
@@ -70,6 +71,7 @@ __all__ = [
     "Endpoint",
     "LLMConfig",
     "MemoryConfig",
+    "MeshCoreConfig",
     "MeshtasticConfig",
     "RateLimit",
     "RelayConfig",
@@ -100,7 +102,7 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None
     if path is not None:
         source = str(path)
         raw = _read_yaml(Path(path), from_env=path == env.get(ENV_CONFIG))
-    for section in ("console", "meshtastic", "discord"):
+    for section in ("console", "meshtastic", "meshcore", "discord"):
         if section in raw and raw[section] is None:
             raw[section] = {}  # "meshtastic:" with nothing under it means "on, with defaults"
     raw, env_keys = _apply_env(raw, env)

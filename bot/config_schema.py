@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationInfo,
@@ -34,6 +32,10 @@ from pydantic import (
     model_validator,
 )
 
+from bot.config_base import DeliveryConfig as DeliveryConfig
+from bot.config_base import TransportBase as TransportBase
+from bot.config_base import _Strict
+from bot.config_meshcore import MeshCoreConfig as MeshCoreConfig
 from bot.transports.mesh_keys import PUBLIC_KEY_BYTES
 from bot.transports.mesh_text import MIN_PACKET_SPACING_SECONDS
 
@@ -48,10 +50,6 @@ def _http_url(v: str) -> str:
     if not v.startswith(("http://", "https://")):
         raise ValueError("must start with http:// or https:// (e.g. http://localhost:11434/v1)")
     return v.rstrip("/")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 class Endpoint(_Strict):
@@ -102,7 +100,7 @@ class BotConfig(_Strict):
     max_message_chars: int = Field(4000, ge=100, le=100_000)  # longer inbound text is cut
     # Named personas (system prompts) people may choose with !persona NAME; operators may also
     # set any text for a channel, a server or the whole bot (docs/discord.md).
-    personas: dict[str, str] = {}
+    personas: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("operators")
     @classmethod
@@ -197,20 +195,6 @@ class MemoryConfig(_Strict):
     max_turns_per_person: int = Field(0, ge=0, le=10_000_000)
 
 
-class DeliveryConfig(_Strict):
-    """The durable outbox, per transport: how old an undelivered reply may get before it is
-    dropped (marked expired) instead of sent after an outage or restart."""
-
-    max_age: float = Field(3600.0, ge=0, le=30 * 86_400)
-
-
-class TransportBase(_Strict):
-    enabled: bool = True
-    delivery: DeliveryConfig = DeliveryConfig()
-    context_tokens: int = Field(2048, ge=256, le=1_000_000)
-    max_tokens: int = Field(400, ge=16, le=100_000)
-
-
 class ConsoleConfig(TransportBase):
     user: str = Field(default_factory=lambda: _login_name(), min_length=1)
 
@@ -246,7 +230,7 @@ class MeshtasticConfig(TransportBase):
     # its conversation is stored and recalled), and public keys pinned up front (node id ->
     # base64 key, e.g. the operators'), which a first PKI DM can never replace.
     unauthenticated_dm: Literal["chat", "memory"] = "chat"
-    pinned_keys: dict[str, str] = {}
+    pinned_keys: dict[str, str] = Field(default_factory=dict)
     # sending
     reply_in_channel: bool = True  # False: answer channel triggers by DM
     # between any two packets on air
@@ -492,6 +476,7 @@ class Config(_Strict):
     memory: MemoryConfig = MemoryConfig()
     console: ConsoleConfig | None = None
     meshtastic: MeshtasticConfig | None = None
+    meshcore: MeshCoreConfig | None = None
     discord: DiscordConfig | None = None
     relay: RelayConfig = RelayConfig()
     storage: StorageConfig = StorageConfig()
@@ -527,6 +512,7 @@ class Config(_Strict):
             for name, section in (
                 ("console", self.console),
                 ("meshtastic", self.meshtastic),
+                ("meshcore", self.meshcore),
                 ("discord", self.discord),
             )
             if section is not None

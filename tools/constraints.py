@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNTIME_EXTRAS = {"meshtastic", "discord", "embeddings", "postgres", "web", "all"}
+RUNTIME_EXTRAS = {"meshtastic", "meshcore", "discord", "embeddings", "postgres", "web", "all"}
 
 
 def closure(name: str, extras: set[str]) -> dict[str, str]:
