@@ -81,7 +81,7 @@ COMMAND_NAMES = ("help", "reset", "forget", "history", "summary", "remember", "f
 HISTORY_DEFAULT = 3
 HISTORY_MAX = 10
 SESSIONS_SHOWN = 5
-NO_FILES = ("meshtastic",)  # transports that cannot carry an attachment
+NO_FILES = ("meshtastic", "meshcore")  # transports that cannot carry an attachment
 PROMPTS = (CHAPTER_PROMPT, MERGE_PROMPT)  # what a chapter must never be an echo of
 GO_ON = "Please go on: continue your last answer from where it stopped, without repeating it."
 

@@ -22,7 +22,7 @@ from bot.domain import DM_SPACE, Inbound
 
 ListModels = Callable[[], Awaitable[list[str]]]
 WHERE = ("here", "server", "bot")
-OPERATORS_ONLY = ("meshtastic",)  # transports where choosing a persona is for operators
+OPERATORS_ONLY = ("meshtastic", "meshcore")  # transports where choosing a persona is for operators
 
 
 def scope_of(inbound: Inbound, where: str) -> str | None:

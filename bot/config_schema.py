@@ -36,6 +36,7 @@ from bot.config_base import DeliveryConfig as DeliveryConfig
 from bot.config_base import TransportBase as TransportBase
 from bot.config_base import _Strict
 from bot.config_meshcore import MeshCoreConfig as MeshCoreConfig
+from bot.config_meshcore import key_text
 from bot.transports.mesh_keys import PUBLIC_KEY_BYTES
 from bot.transports.mesh_text import MIN_PACKET_SPACING_SECONDS
 
@@ -94,7 +95,8 @@ class BotConfig(_Strict):
     name: str = Field("meshsage", min_length=1, max_length=40)
     system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, min_length=1)
     command_prefix: str = Field("!", min_length=1, max_length=3)
-    operators: tuple[str, ...] = ()  # "transport:person", e.g. "meshtastic:!1234abcd"
+    # "transport:person", e.g. "meshtastic:!1234abcd", "meshcore:<public key or 6+ byte prefix>"
+    operators: tuple[str, ...] = ()
     rate_limit: RateLimit = RateLimit()
     queue_limit: int = Field(3, ge=1, le=100)  # turns waiting per person before we say "slow down"
     max_message_chars: int = Field(4000, ge=100, le=100_000)  # longer inbound text is cut
@@ -105,10 +107,15 @@ class BotConfig(_Strict):
     @field_validator("operators")
     @classmethod
     def _ops(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
         for op in v:
             if ":" not in op:
                 raise ValueError(f"{op!r} must be 'transport:person', e.g. 'console:alice'")
-        return v
+            transport, _, person = op.partition(":")
+            if transport == "meshcore":  # a public key or a 6+ byte prefix, in lower-case hex
+                op = f"meshcore:{key_text(person)}"
+            out.append(op)
+        return tuple(out)
 
 
 class RetrievalConfig(_Strict):

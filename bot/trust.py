@@ -15,7 +15,8 @@ Invariants:
 - A ``!link <code>`` refused here still uses the code up (``Commands`` burns it), so a forged
   packet cannot try it again and then hand the code's owner's memory to its sender.
 - Operator power (``is_operator``) needs an authenticated sender: the console, a Discord
-  account listed in ``bot.operators``, a mesh node listed there in an authenticated DM. A
+  account listed in ``bot.operators``, a mesh node listed there in an authenticated DM (on
+  MeshCore: a DM from the listed public key, or a key starting with a listed prefix). A
   listed mesh id without it is an ordinary person, and is told why. So a bot-wide setting
   (``!persona bot``, ``!model NAME bot``) is exactly as strong as the weakest of these: an
   authenticated operator, never a channel, never a bare ``from`` field.
@@ -39,6 +40,8 @@ CHANGES = frozenset({"remember", "unremember", "forget", "reset", "link", "unlin
 # Commands that read the person's own memory in the space they are sent in.
 READS = frozenset({"history", "summary", "facts", "sessions", "more"})
 CONSOLE = "console"  # the machine's own user: always an operator
+MESHCORE = "meshcore"  # DM senders are public keys; operators may be listed by a key prefix
+KEY_PREFIX_MIN = 12  # hex digits: the 6 bytes a MeshCore contact is addressed by
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +53,21 @@ class SenderPolicy:
     memory_transports: frozenset[str] = frozenset()
 
     def listed(self, inbound: Inbound) -> bool:
-        """The sender's id is an operator's (whether or not it proved it)."""
-        return (
+        """The sender's id is an operator's (whether or not it proved it). A MeshCore
+        operator may be listed by a prefix of its public key (``KEY_PREFIX_MIN`` hex digits
+        or more): the key the DM resolved to starts with it."""
+        if (
             inbound.transport == CONSOLE
             or f"{inbound.transport}:{inbound.sender}" in self.operators
+        ):
+            return True
+        if inbound.transport != MESHCORE:
+            return False
+        head = MESHCORE + ":"
+        return any(
+            len(op) - len(head) >= KEY_PREFIX_MIN and inbound.sender.startswith(op[len(head) :])
+            for op in self.operators
+            if op.startswith(head)
         )
 
     def is_operator(self, inbound: Inbound) -> bool:
@@ -102,5 +116,10 @@ def _needs_proof(name: str, inbound: Inbound) -> str:
         return (
             f"{name} needs a DM from a radio with firmware 2.5 or newer (PKI, its key known "
             "to me): without it anyone could claim your node id. Nothing changed."
+        )
+    if inbound.transport == MESHCORE:
+        return (
+            f"{name} needs a DM from a node my radio holds the key of (its advert heard, or "
+            "added as a contact): then your key proves who you are. Nothing changed."
         )
     return f"{name} needs a sender this transport verified. Nothing changed."
