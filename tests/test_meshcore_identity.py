@@ -24,7 +24,9 @@ def test_a_dm_resolved_to_one_contact_is_that_key_authenticated() -> None:
 
 
 @pytest.mark.parametrize("contacts", [(), ((KEY, "Alice"), (OTHER, "Mallory"))])
-def test_an_unknown_or_ambiguous_prefix_is_not_an_identity(contacts: tuple) -> None:
+def test_an_unknown_or_ambiguous_prefix_is_not_an_identity(
+    contacts: tuple[tuple[str, str], ...],
+) -> None:
     got = classify_dm(_dm(), rules=RULES, resolve=lambda p: contacts)
     assert got.sender == KEY[:12] and not got.authenticated  # type: ignore[union-attr]
 
