@@ -3,6 +3,7 @@
 #   sudo systemd/install.sh                       (asks which radio / Discord / LLM)
 #   sudo systemd/install.sh --serial /dev/serial/by-id/usb-... [--discord] [--model NAME]
 #   sudo systemd/install.sh --tcp 192.168.1.50 --llm-url http://gpu-box:11434/v1 --yes
+#   sudo systemd/install.sh --meshcore-serial /dev/serial/by-id/usb-...   (a MeshCore companion)
 # Idempotent: re-run it after "git pull" to upgrade. It never overwrites /etc/meshsage/config.yaml
 # (a re-run with other flags shows the difference and keeps it) or a token already in
 # /etc/meshsage/env, repairs a half-made virtualenv, checks the options before it installs
@@ -38,6 +39,10 @@ usage() {
 Usage: sudo systemd/install.sh [options]
   --serial DEVICE     Meshtastic radio on USB (use its /dev/serial/by-id/... path)
   --tcp HOST[:PORT]   Meshtastic node over WiFi/Ethernet, or meshtasticd
+  --meshcore-serial DEVICE
+                      MeshCore companion radio on USB (docs/meshcore.md)
+  --meshcore-tcp HOST[:PORT]
+                      MeshCore WiFi companion (port 5000 unless given)
   --discord           enable Discord (token from $DISCORD_TOKEN or asked; see docs/discord.md)
   --llm-url URL       OpenAI-compatible server (default http://localhost:11434/v1, Ollama)
   --model NAME        model name on that server (default llama3.2:3b)
@@ -48,7 +53,7 @@ Usage: sudo systemd/install.sh [options]
   --no-backup-timer   do not install the daily backup timer (meshsage-backup.timer)
   --yes               ask nothing; fail when something needed is missing
   --interactive       ask even when stdin is not a terminal
-Without --serial, --tcp or --discord (and with a terminal), it asks. An existing
+Without --serial, --tcp, --meshcore-* or --discord (and with a terminal), it asks. An existing
 /etc/meshsage/config.yaml is kept and only validated.
 Dry run: MESHSAGE_ROOT=DIR systemd/install.sh [options] installs into DIR only (no root
 needed, no user created, no chown; systemctl calls are recorded in DIR/systemctl.log), e.g.
@@ -56,12 +61,14 @@ needed, no user created, no chown; systemctl calls are recorded in DIR/systemctl
 EOF
 }
 
-SERIAL="" TCP="" DISCORD=no LLM_URL="http://localhost:11434/v1" MODEL="llama3.2:3b" ASK=auto
+SERIAL="" TCP="" MC_SERIAL="" MC_TCP="" DISCORD=no LLM_URL="http://localhost:11434/v1" MODEL="llama3.2:3b" ASK=auto
 TIMER=yes FLAGS=no WEB=no
 while [ $# -gt 0 ]; do
     case "$1" in
     --serial) SERIAL=${2:?--serial needs a device path}; FLAGS=yes; shift 2 ;;
     --tcp) TCP=${2:?--tcp needs a host}; FLAGS=yes; shift 2 ;;
+    --meshcore-serial) MC_SERIAL=${2:?--meshcore-serial needs a device path}; FLAGS=yes; shift 2 ;;
+    --meshcore-tcp) MC_TCP=${2:?--meshcore-tcp needs a host}; FLAGS=yes; shift 2 ;;
     --discord) DISCORD=yes; FLAGS=yes; shift ;;
     --llm-url) LLM_URL=${2:?--llm-url needs a URL}; FLAGS=yes; shift 2 ;;
     --model) MODEL=${2:?--model needs a name}; FLAGS=yes; shift 2 ;;
@@ -76,7 +83,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ "$ASK" = auto ]; then
-    if [ -t 0 ] && [ -z "$SERIAL$TCP" ] && [ "$DISCORD" = no ]; then ASK=yes; else ASK=no; fi
+    if [ -t 0 ] && [ -z "$SERIAL$TCP$MC_SERIAL$MC_TCP" ] && [ "$DISCORD" = no ]; then ASK=yes; else ASK=no; fi
 fi
 
 if [ -z "$ROOT" ] && [ "$(id -u)" -ne 0 ]; then
@@ -141,6 +148,12 @@ render_config() { # the config these options make, on stdout
             printf 'meshtastic:\n  connection: tcp\n  host: %s\n' "${TCP%%:*}"
             [ "$TCP" = "${TCP#*:}" ] || printf '  port: %s\n' "${TCP#*:}"
         fi
+        if [ -n "$MC_SERIAL" ]; then
+            printf 'meshcore:\n  connection: serial\n  device: %s\n' "$MC_SERIAL"
+        elif [ -n "$MC_TCP" ]; then
+            printf 'meshcore:\n  connection: tcp\n  host: %s\n' "${MC_TCP%%:*}"
+            [ "$MC_TCP" = "${MC_TCP#*:}" ] || printf '  port: %s\n' "${MC_TCP#*:}"
+        fi
         if [ "$DISCORD" = yes ]; then
             printf 'discord:\n  # token: DISCORD_TOKEN in /etc/meshsage/env (docs/discord.md)\n  dms: true\n'
         fi
@@ -164,16 +177,24 @@ svc() { # systemctl, or in a test root only a line in its log (nothing outside t
 # --- the options, checked before anything is installed ----------------------------------------
 check_options() {
     [ -z "$SERIAL" ] || [ -z "$TCP" ] || die "choose one radio: --serial or --tcp, not both"
+    [ -z "$MC_SERIAL" ] || [ -z "$MC_TCP" ] ||
+        die "choose one MeshCore companion: --meshcore-serial or --meshcore-tcp, not both"
+    if [ -n "$MC_SERIAL$MC_TCP" ]; then
+        case ",$EXTRAS," in *,meshcore,*) ;; *) EXTRAS="$EXTRAS,meshcore" ;; esac
+    fi
     case "$LLM_URL" in
     http://?* | https://?*) ;;
     *) die "--llm-url must start with http:// or https:// (got '$LLM_URL'), e.g. http://localhost:11434/v1" ;;
     esac
+    if [ -n "$MC_SERIAL" ] && [ ! -e "$MC_SERIAL" ]; then
+        say "warning: $MC_SERIAL does not exist now (companion unplugged?); the bot retries until it appears"
+    fi
     if [ -n "$SERIAL" ] && [ ! -e "$SERIAL" ]; then
         say "warning: $SERIAL does not exist now (radio unplugged?); the bot retries until it appears"
     fi
     [ -e "$ETC/config.yaml" ] && return 0
-    if [ -z "$SERIAL$TCP" ] && [ "$DISCORD" = no ]; then
-        die "choose at least one transport: --serial DEVICE, --tcp HOST or --discord (a service has no terminal for the console; for a terminal chat run: meshsage chat)"
+    if [ -z "$SERIAL$TCP$MC_SERIAL$MC_TCP" ] && [ "$DISCORD" = no ]; then
+        die "choose at least one transport: --serial DEVICE, --tcp HOST, --meshcore-serial DEVICE, --meshcore-tcp HOST or --discord (a service has no terminal for the console; for a terminal chat run: meshsage chat)"
     fi
     if [ "$DISCORD" = yes ] && [ -z "${DISCORD_TOKEN:-}" ] && [ "$ASK" != yes ] &&
         ! grep -qs '^DISCORD_TOKEN=.' "$ETC/env"; then

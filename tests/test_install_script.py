@@ -301,3 +301,30 @@ def test_the_interactive_web_question_serves_this_machine_only(root: Path) -> No
     config = load_config(root / "etc" / "meshsage" / "config.yaml", env={})
     assert config.web.enabled and config.web.bind == "127.0.0.1" and config.web.token_env is None
     assert "MESHSAGE_WEB_TOKEN=" not in (root / "etc" / "meshsage" / "env").read_text()
+
+
+@pytest.mark.parametrize(
+    ("flags", "expect"),
+    [
+        (("--meshcore-tcp", "192.0.2.9"), {"connection": "tcp", "host": "192.0.2.9", "port": 5000}),
+        (("--meshcore-tcp", "192.0.2.9:5001"), {"connection": "tcp", "port": 5001}),
+        (("--meshcore-serial", "/dev/ttyUSB7"), {"connection": "serial", "device": "/dev/ttyUSB7"}),
+    ],
+)
+def test_meshcore_flags_write_a_meshcore_section_and_install_its_extra(
+    root: Path, flags: tuple[str, ...], expect: dict[str, object]
+) -> None:
+    result = install(root, *flags, "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = load_config(root / "etc" / "meshsage" / "config.yaml", env={})
+    assert config.meshcore is not None and config.meshtastic is None
+    assert {k: getattr(config.meshcore, k) for k in expect} == expect
+    assert "OK (transports: meshcore" in result.stdout
+    pip = (root / "opt" / "meshsage" / "pip.log").read_text()
+    assert f"{REPO}[meshtastic,discord,meshcore]" in pip
+
+
+def test_two_meshcore_links_are_refused(root: Path) -> None:
+    result = install(root, "--meshcore-tcp", "192.0.2.9", "--meshcore-serial", "/dev/x", "--yes")
+    assert result.returncode != 0 and "one MeshCore companion" in result.stderr
+    assert not (root / "opt").exists()

@@ -197,3 +197,25 @@ async def test_a_full_contact_table_is_an_operator_problem() -> None:
         run.radio.contacts_full()
         await run.until(lambda: run.transport.contacts_full)
         assert "contact table is full" in run.transport.health().problem
+
+
+async def test_doctor_opens_a_session_and_reports_the_companion() -> None:
+    from bot.ops.doctor import Level
+    from bot.ops.doctor_meshcore import check_companion
+
+    async with meshcore_run(start=False, radio_kwargs={"name": "MeshBot", "sf": 11}) as run:
+        checks = await check_companion(run.config)
+    (check,) = checks
+    assert check.level is Level.OK, check
+    assert "'MeshBot'" in check.detail and "SF11" in check.detail and "v1.9.0" in check.detail
+    assert run.radio.commands.count(1) == 1 and 2 not in run.radio.commands  # nothing sent
+
+
+async def test_doctor_says_when_no_companion_answers() -> None:
+    from bot.config import MeshCoreConfig
+    from bot.ops.doctor import Level
+    from bot.ops.doctor_meshcore import check_companion
+
+    cfg = MeshCoreConfig(connection="tcp", host="127.0.0.1", port=1, connect_timeout=2)
+    (check,) = await check_companion(cfg)
+    assert check.level is Level.FAIL and "cannot open tcp 127.0.0.1:1" in check.detail

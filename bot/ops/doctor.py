@@ -109,6 +109,10 @@ async def diagnose(
 
         checks.append(await check_radio(config.meshtastic))
         checks.append(check_identity(config))
+    if config.meshcore is not None and "meshcore" in used:
+        from bot.ops.doctor_meshcore import check_companion
+
+        checks += await check_companion(config.meshcore)
     if config.discord is not None and "discord" in used:
         checks.append(
             await check_discord(

@@ -26,7 +26,7 @@ from bot.config import Config, default_state_dir
 from bot.errors import ConfigError
 from bot.urls import redact
 
-_EXTRAS = {"meshtastic": "meshtastic", "discord": "discord"}
+_EXTRAS = {"meshtastic": "meshtastic", "meshcore": "meshcore", "discord": "discord"}
 TARGETS = ("service", "chat")  # check-config/doctor --for
 
 
@@ -74,6 +74,10 @@ def problems(
         )
     if "meshtastic" in names and config.meshtastic is not None:
         link = config.meshtastic.link_problem()
+        if link is not None:
+            found.append(f"{src}: {link}")
+    if "meshcore" in names and config.meshcore is not None:
+        link = config.meshcore.link_problem()
         if link is not None:
             found.append(f"{src}: {link}")
     if "discord" in names and config.discord is not None:

@@ -502,6 +502,9 @@ class MeshCoreTransport:
         up = self._companion is not None and not self._lost.is_set()
         link = "up" if up else "connecting" if self._connecting else "down"
         detail = f"loop {self._broken} died" if self._broken else "" if up else self._lost_reason
+        if up and not detail:
+            firmware = self.device.get("ver") or "firmware ?"
+            detail = f"node {self._name!r}, {firmware}"
         if self.hung and up:
             detail = f"re-opened {self.hung} time(s) after the companion stopped answering"
         problem = ""
