@@ -32,7 +32,7 @@ async def test_a_dm_is_answered_through_the_app_and_stored_under_the_key(
                 "conversations c ON c.id = m.conversation_id ORDER BY m.id"
             )
             key = alice.key.hex()
-            assert rows == [
+            assert [tuple(r) for r in rows] == [
                 ("meshcore", key, "user", "answered"),
                 ("meshcore", key, "assistant", "delivered"),
             ]
