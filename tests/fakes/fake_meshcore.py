@@ -30,6 +30,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 
+from bot.transports.meshcore_rules import lora_airtime, packet_bytes
 from tests.fakes.fake_clock import FakeClock
 
 MAX_TEXT_LEN = 160
@@ -69,7 +70,7 @@ class FakeCompanion:
         *,
         clock: FakeClock,
         name: str = "meshsage",
-        sf: int = 10,
+        sf: int = 11,
         bw_khz: float = 250.0,
         cr: int = 5,
         manual_add: bool = False,
@@ -88,8 +89,8 @@ class FakeCompanion:
         self.on_air: list[OnAir] = []
         self.commands: list[int] = []
         self.hung = False
-        self.tx_air = 0
-        self.rx_air = 0
+        self.tx_air = 0.0  # seconds on air of what it sent (its radio counters)
+        self.others_share = 0.0  # percent of the time other nodes fill the channel (received)
         self.connections = 0
         self._writer: asyncio.StreamWriter | None = None
         self._server: asyncio.Server | None = None
@@ -161,6 +162,10 @@ class FakeCompanion:
     def contacts_full(self) -> None:
         self._send(bytes([0x90]))
 
+    def airtime(self, text_bytes: int, *, dm: bool) -> float:
+        size = packet_bytes(text_bytes, dm=dm, name_bytes=len(self.name.encode()))
+        return lora_airtime(size, sf=self.sf, bw_khz=self.bw, cr=self.cr)
+
     def channel_shown(self, index: int) -> list[bytes]:
         return [a.text for a in self.on_air if a.kind == "channel" and a.to == f"ch{index}"]
 
@@ -224,9 +229,9 @@ class FakeCompanion:
         elif cmd == 5:
             self._send(bytes([9]) + int(self.clock.monotonic()).to_bytes(4, "little"))
         elif cmd == 56 and len(p) > 1 and p[1] == 1:
-            self._send(
-                bytes([24, 1]) + struct.pack("<hbbII", -110, -80, 20, self.tx_air, self.rx_air)
-            )
+            rx = int(self.others_share / 100.0 * self.clock.monotonic())
+            stats = struct.pack("<hbbII", -110, -80, 20, int(self.tx_air), rx)
+            self._send(bytes([24, 1]) + stats)
         else:
             self._send(bytes([1, 1]))  # ERR_CODE_UNSUPPORTED_CMD
 
@@ -272,7 +277,7 @@ class FakeCompanion:
         flood = person.out_path_len < 0
         self._send(bytes([6, int(flood)]) + ack + self.suggested_timeout_ms.to_bytes(4, "little"))
         self.on_air.append(OnAir(self.clock.monotonic(), "dm", person.name, text, attempt))
-        self.tx_air += 1
+        self.tx_air += self.airtime(len(text), dm=True)
         decoded = text.decode("utf-8", "replace")
         if (ts, decoded) not in person.seen:
             person.seen.add((ts, decoded))
@@ -286,7 +291,7 @@ class FakeCompanion:
         index, text = p[2], p[7:]
         on_air = (self.name.encode() + b": " + text)[:MAX_TEXT_LEN]  # the firmware's silent cut
         self.on_air.append(OnAir(self.clock.monotonic(), "channel", f"ch{index}", on_air))
-        self.tx_air += 1
+        self.tx_air += self.airtime(len(text), dm=False)
         self._send(bytes([0]))
 
     def _later(self, delay: float, payload: bytes) -> None:
