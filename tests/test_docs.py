@@ -19,6 +19,7 @@ TOPICS = (
     "benchmarks",
     "reliability",
     "meshtastic",
+    "meshcore",
     "discord",
     "bridge",
     "postgresql",
