@@ -219,3 +219,16 @@ async def test_doctor_says_when_no_companion_answers() -> None:
     cfg = MeshCoreConfig(connection="tcp", host="127.0.0.1", port=1, connect_timeout=2)
     (check,) = await check_companion(cfg)
     assert check.level is Level.FAIL and "cannot open tcp 127.0.0.1:1" in check.detail
+
+
+async def test_a_lost_reply_frame_reopens_the_link_and_the_part_is_shown_once() -> None:
+    async with meshcore_run() as run:
+        alice = run.radio.person("Alice")
+        run.radio.dm_from(alice, "hi")
+        await run.until(lambda: len(run.inbox) == 1)
+        run.radio.lose_replies = 1  # MSG_SENT for the first write never reaches the library
+        delivery = await run.transport.send(Reply(inbound=run.inbox[0], text="Once only."))
+        assert delivery.status is DeliveryStatus.DELIVERED
+        assert alice.shown == ["Once only."]  # on air twice, the same packet: shown once
+        assert len([a for a in run.radio.on_air if a.kind == "dm"]) == 2
+        assert run.radio.connections == 2

@@ -134,7 +134,7 @@ class MeshCoreTransport:
         self.outbox = MeshCoreOutbox(
             config=config,
             clock=clock,
-            link=lambda: self._companion,
+            link=lambda: None if self._lost.is_set() else self._companion,
             lost=self._link_lost,
             own_name=lambda: self._name,
             readd=self._readd,
@@ -149,6 +149,10 @@ class MeshCoreTransport:
     @property
     def chunk_bytes(self) -> int:
         return chunk_bytes(self._name, cap=self._cfg.chunk_bytes)
+
+    def command_room(self) -> int:
+        """A command's reply fits one packet (airtime; ``SmallCommands``)."""
+        return self.chunk_bytes
 
     def fit(self, text: str) -> str:
         return self.fit_more(text)[0]

@@ -17,7 +17,10 @@ The sending model:
   radio: other jobs are written meanwhile. Parts not ACKed are re-sent (the same timestamp and
   text, the attempt number + 1, so a receiver that already has one drops the copy) after
   ``ack_backoff`` doubling per try, at most ``ack_retries`` times; after ``flood_after`` of
-  them the contact's path is reset, so the next try floods. A part that never got its ACK
+  them the contact's path is reset, so the next try floods. An ACK that matches no part yet is
+  kept a while (``EARLY_ACKS``): when a ``MSG_SENT`` was lost on the wire and the same packet is
+  written again, the code is the same, and the ACK of the first copy confirms it (the
+  recipient does not ACK a copy it already has). A part that never got its ACK
   fails the job, and the person is told in one DM notice (which is itself never re-sent).
 - A channel part gets no ACK: the job is SENT once its parts are written.
 - Every part's timestamp is stored before it is written (``reply.plan``): a re-send after a
@@ -35,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -48,6 +52,7 @@ from bot.transports.meshcore_rules import lora_airtime, packet_bytes
 
 log = logging.getLogger("bot.transport.meshcore")
 
+EARLY_ACKS = 256  # ACK codes kept that matched no part yet (their MSG_SENT was lost)
 NOT_FOUND = "ERR_CODE_NOT_FOUND"  # the companion has no contact with that key prefix
 ACK_FACTOR = 1.2  # the library's own margin over the firmware's suggested timeout
 FAILED_NOTICE = (
@@ -115,6 +120,7 @@ class MeshCoreOutbox:
         self.jobs: list[Job] = []
         self._changed = asyncio.Event()
         self._acks: dict[str, tuple[Job, Part]] = {}
+        self._early: OrderedDict[str, None] = OrderedDict()  # ACK codes nobody waited for
         self._served: dict[str, float] = {}
         self._cooldown = Cooldown(seconds=config.cooldown)
         self._last_ts = 0
@@ -152,8 +158,11 @@ class MeshCoreOutbox:
     # --- ACKs -----------------------------------------------------------------------------------
     def ack(self, code: str) -> None:
         found = self._acks.pop(code, None)
-        if found is None:
-            return  # a late ACK of an earlier attempt already counted, or not ours
+        if found is None:  # not ours, counted already, or its MSG_SENT was lost: keep it a while
+            self._early[code] = None
+            while len(self._early) > EARLY_ACKS:
+                self._early.popitem(last=False)
+            return
         _job, part = found
         if part.state == "failed":
             return
@@ -328,6 +337,8 @@ class MeshCoreOutbox:
                 wait = max(self._cfg.ack_timeout, sent.timeout * ACK_FACTOR)
                 part.deadline = self._clock.monotonic() + wait
                 self._acks[sent.expected_ack] = (job, part)
+                if self._early.pop(sent.expected_ack, False) is None:
+                    self.ack(sent.expected_ack)  # the same packet went out before and was ACKed
             else:
                 assert job.channel is not None
                 await companion.send_channel(job.channel, part.text, timestamp=part.timestamp)

@@ -17,8 +17,9 @@ ACKs are late (``ack_delay`` of the virtual clock) or lost (``lose_acks``); the 
 hang (``hang()``: reads every command, answers none) or drop the link (``drop()``).
 
 Every packet it puts on air is recorded (``on_air``) with the virtual time; each person's
-radio keeps what it showed (``shown``), dropping a packet it already has (same timestamp and
-text, as the firmware's seen-table does) so a test can check "delivered once".
+radio keeps what it showed (``shown``), dropping a packet it already has (same timestamp, text
+and attempt, as the firmware's seen-table does: no ACK for it either) so a test can check
+"delivered once"; a re-send with a new attempt number is ACKed but not shown again.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class FakeCompanion:
         self.on_air: list[OnAir] = []
         self.commands: list[int] = []
         self.hung = False
+        self.lose_replies = 0  # the next N answers to commands are lost on the wire
         self.tx_air = 0.0  # seconds on air of what it sent (its radio counters)
         self.others_share = 0.0  # percent of the time other nodes fill the channel (received)
         self.connections = 0
@@ -202,6 +204,13 @@ class FakeCompanion:
                 self._writer = None
             writer.close()
 
+    def _answer(self, payload: bytes) -> None:
+        """A command's answer, unless the wire loses it (a frame lost on a noisy UART)."""
+        if self.lose_replies > 0:
+            self.lose_replies -= 1
+            return
+        self._send(payload)
+
     def _command(self, p: bytes) -> None:
         cmd = p[0]
         if cmd == 1:
@@ -275,10 +284,12 @@ class FakeCompanion:
         plain = ts.to_bytes(4, "little") + bytes([attempt & 3]) + text
         ack = hashlib.sha256(plain + self.key).digest()[:4]
         flood = person.out_path_len < 0
-        self._send(bytes([6, int(flood)]) + ack + self.suggested_timeout_ms.to_bytes(4, "little"))
+        self._answer(bytes([6, int(flood)]) + ack + self.suggested_timeout_ms.to_bytes(4, "little"))
         self.on_air.append(OnAir(self.clock.monotonic(), "dm", person.name, text, attempt))
         self.tx_air += self.airtime(len(text), dm=True)
         decoded = text.decode("utf-8", "replace")
+        if (ts, decoded) in person.seen and attempt == 0:
+            return  # the very same packet again: the recipient's seen-table drops it, no ACK
         if (ts, decoded) not in person.seen:
             person.seen.add((ts, decoded))
             person.shown.append(decoded)
