@@ -232,3 +232,20 @@ async def test_a_lost_reply_frame_reopens_the_link_and_the_part_is_shown_once() 
         assert alice.shown == ["Once only."]  # on air twice, the same packet: shown once
         assert len([a for a in run.radio.on_air if a.kind == "dm"]) == 2
         assert run.radio.connections == 2
+
+
+async def test_the_operators_view_shows_contacts_counts_and_the_channel() -> None:
+    async with meshcore_run(probe_every=60.0, probe_timeout=2.0) as run:
+        alice = run.radio.person("Alice")
+        run.radio.others_share = 12.0
+        run.radio.dm_from(alice, "hi")
+        await run.until(lambda: len(run.inbox) == 1)
+        await run.transport.send(Reply(inbound=run.inbox[0], text="hello"))
+        await run.virtual(121.0)  # two radio-counter readings: the channel's use is known
+        view = run.transport.mesh_view()
+        assert view.link == "up" and view.outbox_waiting == 0
+        (node,) = [n for n in view.nodes if n.id == alice.prefix]
+        assert node.name == "Alice" and node.from_node == 1 and node.to_node == 1
+        assert view.channel_utilization is not None and 11.0 <= view.channel_utilization <= 14.0
+        health = run.transport.health()
+        assert health.link == "up" and "node 'meshsage', v1.9.0" in health.detail

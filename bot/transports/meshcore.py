@@ -184,7 +184,7 @@ class MeshCoreTransport:
             return Delivery(DeliveryStatus.FAILED, detail="nothing to send (empty reply)")
         if len(self.outbox.jobs) >= self._cfg.outbox_limit * 4:
             return Delivery(DeliveryStatus.PENDING, detail="outbox full")
-        self._nodes.reply_to(reply.inbound.sender)
+        self._nodes.reply_to(_book_id(reply.inbound.sender))
         self.outbox.add(job)
         try:
             return await asyncio.shield(job.future)
@@ -554,6 +554,11 @@ class MeshCoreTransport:
             outbox_waiting=len(self.outbox.jobs),
             nodes=tuple(sorted(nodes, key=lambda n: (-(n.last_heard or 0.0), n.id))),
         )
+
+
+def _book_id(sender: str) -> str:
+    """A node's id in the operator's view: a key's 12-digit prefix, a channel name as is."""
+    return sender if sender.startswith("~") else sender[:12]
 
 
 def _resolve(companion: Companion, prefix: str) -> tuple[tuple[str, str], ...]:
