@@ -49,7 +49,7 @@ from bot.transports.base import OnMessage, TransportHealth
 from bot.transports.mesh_airtime import CHANNEL_WINDOW, Metrics
 from bot.transports.mesh_rules import Backoff, Clock, Cooldown, Dedup, SystemClock
 from bot.transports.mesh_text import MARKER, fit_more, render_parts, split_parts, utf8_len
-from bot.transports.mesh_view import MeshView, NodeBook, NodeSeen
+from bot.transports.mesh_view import MeshView, NodeBook
 from bot.transports.meshcore_link import Companion, CompanionTimeout, open_companion
 from bot.transports.meshcore_outbox import Job, MeshCoreOutbox, Part
 from bot.transports.meshcore_rules import (
@@ -59,6 +59,7 @@ from bot.transports.meshcore_rules import (
     chunk_bytes,
     classify_channel,
     classify_dm,
+    contact_nodes,
     space_channel,
 )
 
@@ -527,20 +528,7 @@ class MeshCoreTransport:
         pacer = self.outbox.pacer
         companion = self._companion
         contacts = companion.contacts() if companion is not None else {}
-        nodes = []
-        for key, c in contacts.items():
-            mine = self._nodes.get(key[:12])
-            heard = c.get("last_advert")
-            nodes.append(
-                NodeSeen(
-                    id=key[:12],
-                    name=str(c.get("adv_name") or ""),
-                    last_heard=float(heard) if isinstance(heard, int) and heard else None,
-                    hops=c.get("out_path_len") if isinstance(c.get("out_path_len"), int) else None,
-                    from_node=int(mine.get("from", 0)),
-                    to_node=int(mine.get("to", 0)),
-                )
-            )
+        nodes = contact_nodes(contacts, self._nodes)
         return MeshView(
             link=self.health().link,
             channel_utilization=pacer.fresh(now).channel_utilization,
@@ -552,7 +540,7 @@ class MeshCoreTransport:
             holding="",
             holds={},
             outbox_waiting=len(self.outbox.jobs),
-            nodes=tuple(sorted(nodes, key=lambda n: (-(n.last_heard or 0.0), n.id))),
+            nodes=nodes,
         )
 
 

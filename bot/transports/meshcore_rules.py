@@ -44,6 +44,7 @@ from typing import Any
 from bot.domain import DM_SPACE
 from bot.transports.mesh_rules import strip_trigger
 from bot.transports.mesh_text import utf8_len
+from bot.transports.mesh_view import NodeBook, NodeSeen
 
 MAX_TEXT_LEN = 160  # BaseChatMesh.h: 10 * CIPHER_BLOCK_SIZE
 DM_TEXT_BYTES = MAX_TEXT_LEN - 2  # re-sendable after the fourth attempt (composeMsgPacket)
@@ -231,3 +232,29 @@ def lora_airtime(size: int, *, sf: int, bw_khz: float, cr: int) -> float:
     denom = 4 * (sf - 2 * low_rate)
     n = 8 + max(math.ceil((8 * size - 4 * sf + 28 + 16) / denom) * cr, 0)
     return float((PREAMBLE + 4.25) * t_sym + n * t_sym)
+
+
+# --- the operator's view --------------------------------------------------------------------
+
+
+def contact_nodes(
+    contacts: Mapping[str, Mapping[str, Any]], book: NodeBook
+) -> tuple[NodeSeen, ...]:
+    """The companion's contacts (the library's dicts) as the Nodes page shows them, with the
+    book's message counts (keyed by the 12-digit key prefix); newest advert first."""
+    nodes = []
+    for key, c in contacts.items():
+        mine = book.get(key[:12])
+        heard = c.get("last_advert")
+        path = c.get("out_path_len")
+        nodes.append(
+            NodeSeen(
+                id=key[:12],
+                name=str(c.get("adv_name") or ""),
+                last_heard=float(heard) if isinstance(heard, int) and heard else None,
+                hops=path if isinstance(path, int) and path >= 0 else None,
+                from_node=int(mine.get("from", 0)),
+                to_node=int(mine.get("to", 0)),
+            )
+        )
+    return tuple(sorted(nodes, key=lambda n: (-(n.last_heard or 0.0), n.id)))
