@@ -14,11 +14,10 @@ Invariants:
 from __future__ import annotations
 
 import re
-from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from bot.config_base import TransportBase
+from bot.config_base import RadioLinkBase
 
 KEY_PREFIX_HEX = 12  # 6 bytes: how the companion protocol addresses a contact
 PUBLIC_KEY_HEX = 64  # a MeshCore public key (Ed25519, 32 bytes)
@@ -38,23 +37,21 @@ def key_text(value: str) -> str:
     return text
 
 
-class MeshCoreConfig(TransportBase):
+class MeshCoreConfig(RadioLinkBase):
     """Every key is documented in config.example.yaml and docs/meshcore.md; times are seconds."""
+
+    SECTION = "meshcore"
+    HOST_EXAMPLE = "192.168.1.60"
 
     context_tokens: int = Field(1536, ge=256, le=1_000_000)
     max_tokens: int = Field(100, ge=16, le=4000)
     # link
-    connection: Literal["serial", "tcp", "ble"] = "serial"
-    device: str | None = None  # serial: /dev/serial/by-id/... (required for serial)
     baudrate: int = Field(115200, ge=1200, le=4_000_000)
     host: str | None = None  # tcp: a WiFi companion (required for tcp)
     port: int = Field(5000, ge=1, le=65535)
-    address: str | None = None  # ble: MAC address or device name (required for ble)
     ble_pin: str | None = Field(None, pattern=r"^[0-9]{6}$")
     connect_timeout: float = Field(20.0, ge=1, le=600)
     call_timeout: float = Field(15.0, ge=0.1, le=600)  # one companion command
-    reconnect_initial: float = Field(5.0, gt=0, le=3600)
-    reconnect_max: float = Field(300.0, gt=0, le=86_400)
     probe_every: float = Field(60.0, ge=0, le=86_400)  # asks the companion; 0 disables
     probe_timeout: float = Field(10.0, gt=0, le=600)  # no answer: hung, reconnect
     # receiving
@@ -100,24 +97,6 @@ class MeshCoreConfig(TransportBase):
     @classmethod
     def _names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(n.strip() for n in v if n.strip())
-
-    @model_validator(mode="after")
-    def _backoff(self) -> MeshCoreConfig:
-        if self.reconnect_initial > self.reconnect_max:
-            raise ValueError("reconnect_initial must not exceed reconnect_max")
-        return self
-
-    def link_problem(self) -> str | None:
-        """What is missing to open the companion link (checked when the transport is built)."""
-        needed = {"serial": "device", "tcp": "host", "ble": "address"}[self.connection]
-        if getattr(self, needed):
-            return None
-        example = {
-            "device": "device: /dev/serial/by-id/usb-...",
-            "host": "host: 192.168.1.60",
-            "address": "address: AA:BB:CC:DD:EE:FF",
-        }[needed]
-        return f"meshcore: connection: {self.connection} needs '{needed}'. Fix: add {example}"
 
     def where(self) -> str:
         """The link in a few words (logs, doctor)."""

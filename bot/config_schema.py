@@ -29,12 +29,11 @@ from pydantic import (
     PrivateAttr,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
 
 from bot.config_base import DeliveryConfig as DeliveryConfig
+from bot.config_base import RadioLinkBase, _Strict
 from bot.config_base import TransportBase as TransportBase
-from bot.config_base import _Strict
 from bot.config_meshcore import MeshCoreConfig as MeshCoreConfig
 from bot.config_meshcore import key_text
 from bot.transports.mesh_keys import PUBLIC_KEY_BYTES
@@ -207,21 +206,18 @@ class ConsoleConfig(TransportBase):
 
 
 # --- meshtastic: section (transport adapter in bot/transports/meshtastic.py) -----------------
-class MeshtasticConfig(TransportBase):
+class MeshtasticConfig(RadioLinkBase):
     """Every key is documented in config.example.yaml; times are seconds."""
+
+    SECTION = "meshtastic"
 
     context_tokens: int = Field(1536, ge=256, le=1_000_000)
     max_tokens: int = Field(120, ge=16, le=4000)
     # link
-    connection: Literal["serial", "tcp", "ble"] = "serial"
-    device: str | None = None  # serial: /dev/serial/by-id/... (required for serial)
     host: str | None = None  # tcp: WiFi node or meshtasticd (required for tcp)
     port: int = Field(4403, ge=1, le=65535)
-    address: str | None = None  # ble: MAC address or device name (required for ble)
     connect_timeout: float = Field(60.0, ge=1, le=600)
     call_timeout: float = Field(60.0, ge=0.1, le=600)  # one library call; longer means reconnect
-    reconnect_initial: float = Field(5.0, gt=0, le=3600)
-    reconnect_max: float = Field(300.0, gt=0, le=86_400)
     stale_after: float = Field(900.0, ge=0, le=86_400)  # quiet this long -> probe; 0 disables
     probe_timeout: float = Field(30.0, gt=0, le=600)
     # receiving
@@ -307,24 +303,6 @@ class MeshtasticConfig(TransportBase):
                 )
             out["!" + text.lstrip("!")] = key.strip()
         return out
-
-    @model_validator(mode="after")
-    def _backoff(self) -> MeshtasticConfig:
-        if self.reconnect_initial > self.reconnect_max:
-            raise ValueError("reconnect_initial must not exceed reconnect_max")
-        return self
-
-    def link_problem(self) -> str | None:
-        """What is missing to open the radio link (checked when the transport is built)."""
-        needed = {"serial": "device", "tcp": "host", "ble": "address"}[self.connection]
-        if getattr(self, needed):
-            return None
-        example = {
-            "device": "device: /dev/serial/by-id/usb-...",
-            "host": "host: 192.168.1.50",
-            "address": "address: AA:BB:CC:DD:EE:FF",
-        }[needed]
-        return f"meshtastic: connection: {self.connection} needs '{needed}'. Fix: add {example}"
 
 
 # --- discord: section (transport adapter in bot/transports/discord.py) ------------------------
